@@ -1,0 +1,25 @@
+"""Online feature format v1: field ids, value encoding and decoding (README "Online format")."""
+
+from serializers.columnar import encode_column
+from serializers.scalar import (
+    FEATURE_TYPES,
+    BadValue,
+    DecodeError,
+    decode,
+    encode,
+    field_id,
+    field_id_int,
+    freshness_field_name,
+)
+
+__all__ = [
+    "FEATURE_TYPES",
+    "BadValue",
+    "DecodeError",
+    "decode",
+    "encode",
+    "encode_column",
+    "field_id",
+    "field_id_int",
+    "freshness_field_name",
+]

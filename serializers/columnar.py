@@ -1,0 +1,179 @@
+"""Column-wise encoder: one Arrow array of a feature in, one binary array of values out.
+
+Produces exactly the bytes of :func:`serializers.scalar.encode` (tests pin this), but
+works on whole columns with Arrow compute and numpy. The only per-value Python call
+left is Snappy compression of list values (no vectorised Snappy exists).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import snappy
+
+from serializers.floats import format_float_array
+from serializers.scalar import BadValue
+
+_TAG_FIELD1_LEN = 0x0A  # field 1, wire type 2 (length-delimited): the only field of each message
+
+
+def varint_encode(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Protobuf varints of uint64 values: (concatenated bytes, byte length per value)."""
+    v = values.astype(np.uint64, copy=False)
+    lengths = np.ones(v.shape, dtype=np.int64)
+    for k in range(1, 10):
+        lengths += v >= np.uint64(1 << (7 * k))
+    starts = np.zeros(v.shape, dtype=np.int64)
+    if v.size:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    for k in range(10):
+        sel = lengths > k
+        if not sel.any():
+            break
+        byte = ((v[sel] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        more = lengths[sel] > k + 1
+        out[starts[sel] + k] = byte | (more.astype(np.uint8) << 7)
+    return out, lengths
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    off = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    return off
+
+
+def concat_rows(a: np.ndarray, a_len: np.ndarray, b: np.ndarray, b_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise a[i] ++ b[i] for two packed byte sequences; returns (bytes, row lengths)."""
+    out_len = a_len + b_len
+    out_off = _offsets(out_len)
+    out = np.empty(int(out_off[-1]), dtype=np.uint8)
+    a_off, b_off = _offsets(a_len), _offsets(b_len)
+    out[np.arange(a.size) + np.repeat(out_off[:-1] - a_off[:-1], a_len)] = a
+    out[np.arange(b.size) + np.repeat(out_off[:-1] + a_len - b_off[:-1], b_len)] = b
+    return out, out_len
+
+
+def _binary_array(data: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """Build a binary array from packed bytes; null rows must have length 0."""
+    offsets = _offsets(lengths)
+    if offsets[-1] >= 2**31:
+        raise OverflowError("encoded batch is over 2 GiB: lower the Arrow batch size")
+    validity = pa.array(valid, pa.bool_()).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(valid),
+        [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)],
+        null_count=int(len(valid) - np.count_nonzero(valid)),
+    )
+
+
+def _row_lengths(arr: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    """(valid mask, number of elements per row with 0 for null rows)."""
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return valid, lengths
+
+
+def _flat_values(arr: pa.ListArray, kind: str) -> pa.Array:
+    flat = arr.flatten()
+    if flat.null_count:
+        raise BadValue(f"null element in {kind}")
+    return flat
+
+
+def _encode_embedding(arr: pa.ListArray, dimension: int) -> pa.Array:
+    valid, lengths = _row_lengths(arr)
+    if np.any(lengths[valid] != dimension):
+        bad = int(np.flatnonzero(valid & (lengths != dimension))[0])
+        raise BadValue(f"embedding at batch row {bad} has {lengths[bad]} values, declared dimension is {dimension}")
+    floats = np.ascontiguousarray(_flat_values(arr, "embedding").to_numpy(zero_copy_only=False), dtype="<f4")
+    if not np.all(np.isfinite(floats)):
+        raise BadValue("embedding element is not a finite number")
+    # Every row has the same size, so the header (tag + payload length) is one constant.
+    size, _ = varint_encode(np.array([4 * dimension], dtype=np.uint64))
+    header = np.concatenate([np.array([_TAG_FIELD1_LEN], dtype=np.uint8), size])
+    n = int(np.count_nonzero(valid))
+    rows = np.empty((n, header.size + 4 * dimension), dtype=np.uint8)
+    rows[:, : header.size] = header
+    rows[:, header.size :] = floats.view(np.uint8).reshape(n, 4 * dimension)
+    return _scatter_valid(rows.ravel(), np.full(n, rows.shape[1], dtype=np.int64), valid)
+
+
+def _scatter_valid(rows: np.ndarray, row_len: np.ndarray, valid: np.ndarray) -> pa.Array:
+    lengths = np.zeros(valid.size, dtype=np.int64)
+    lengths[valid] = row_len
+    return _binary_array(rows, lengths, valid)
+
+
+def _encode_int_list(arr: pa.ListArray) -> pa.Array:
+    valid, lengths = _row_lengths(arr)
+    ints = _flat_values(arr, "int_list").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    payload, elem_len = varint_encode(ints.view(np.uint64))
+    # payload bytes per valid row: sum of its elements' varint lengths
+    counts = lengths[valid]
+    elem_row = np.repeat(np.arange(counts.size), counts)
+    payload_len = np.bincount(elem_row, weights=elem_len, minlength=counts.size).astype(np.int64)
+    nonempty = payload_len > 0
+    size, size_len = varint_encode(payload_len[nonempty])
+    hdr_full, hdr_full_len = concat_rows(
+        np.full(size_len.size, _TAG_FIELD1_LEN, dtype=np.uint8), np.ones_like(size_len), size, size_len
+    )
+    hdr_len = np.zeros(counts.size, dtype=np.int64)
+    hdr_len[nonempty] = hdr_full_len
+    rows, row_len = concat_rows(hdr_full, hdr_len, payload, payload_len)
+    return _scatter_valid(rows, row_len, valid)
+
+
+def _encode_string_list(arr: pa.ListArray) -> pa.Array:
+    valid, lengths = _row_lengths(arr)
+    flat = _flat_values(arr, "string_list").cast(pa.binary())
+    str_len = pc.binary_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
+    data_off = flat.buffers()[1]
+    start = np.frombuffer(data_off, dtype=np.int32, count=len(flat) + 1 + flat.offset)[flat.offset :] if len(flat) else np.zeros(1, np.int32)
+    raw = np.frombuffer(flat.buffers()[2], dtype=np.uint8) if len(flat) and flat.buffers()[2] is not None else np.empty(0, np.uint8)
+    raw = raw[int(start[0]) : int(start[-1])]
+    size, size_len = varint_encode(str_len)
+    hdr, hdr_len = concat_rows(np.full(size_len.size, _TAG_FIELD1_LEN, dtype=np.uint8), np.ones_like(size_len), size, size_len)
+    elems, elem_len = concat_rows(hdr, hdr_len, raw, str_len)
+    # each row's message is its elements back to back
+    counts = lengths[valid]
+    elem_row = np.repeat(np.arange(counts.size), counts)
+    row_len = np.bincount(elem_row, weights=elem_len, minlength=counts.size).astype(np.int64)
+    return _scatter_valid(elems, row_len, valid)
+
+
+def _snappy_column(arr: pa.Array) -> pa.Array:
+    return pa.array([None if v is None else snappy.compress(v) for v in arr.to_pylist()], pa.binary())
+
+
+def encode_column(feature_type: str, arr: pa.Array, **options: Any) -> tuple[pa.Array, int]:
+    """Encode one feature column. Returns (binary array, count of NaN/inf turned into null)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if feature_type == "float":
+        text, non_finite = format_float_array(arr, float32=options.get("precision") == "float32")
+        return text.cast(pa.binary()), non_finite
+    if feature_type == "int":
+        return pc.cast(pc.cast(arr, pa.int64()), pa.string()).cast(pa.binary()), 0
+    if feature_type == "bool":
+        return pc.if_else(arr, pa.scalar(b"1"), pa.scalar(b"0")), 0
+    if feature_type == "string":
+        max_length = options.get("max_length")
+        if max_length is not None and len(arr) and (pc.max(pc.utf8_length(arr)).as_py() or 0) > max_length:
+            raise BadValue(f"string longer than max_length {max_length}")
+        return arr.cast(pa.binary()), 0
+    if feature_type == "embedding":
+        return _encode_embedding(arr, options.get("dimension")), 0
+    if feature_type == "int_list":
+        out = _encode_int_list(arr)
+    elif feature_type == "string_list":
+        out = _encode_string_list(arr)
+    else:
+        raise ValueError(f"unknown feature type {feature_type!r}")
+    if options.get("compression", "snappy") == "snappy":
+        out = _snappy_column(out)
+    return out, 0
