@@ -1,0 +1,141 @@
+"""Typed models of the feature definitions (one YAML file per source table)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from serializers import field_id_int, freshness_field_name
+
+FeatureName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}$")]
+# Identifiers end up in SQL and Delta paths: keep them boring.
+Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")]
+Prefix = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
+FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeyColumn(_Strict):
+    name: Identifier
+    """Column name of this key part (in the entity and, by default, in every source)."""
+    type: Literal["int", "string"]
+    """int parts are written in decimal, string parts as UTF-8 (no ':' or control characters)."""
+
+
+class EntityDef(_Strict):
+    name: Identifier
+    """Entity type name, e.g. consumer."""
+    prefix: Prefix
+    """Short Redis key prefix, e.g. c for consumer."""
+    keys: list[KeyColumn] = Field(min_length=1)
+    """Key parts, in the order they are joined with ':' in the key."""
+    ttl_seconds: PositiveInt | None = None
+    """Redis key TTL (plus up to 10% jitter); None keeps keys until removed."""
+    sql_table: Identifier
+    """Table of this entity type in the SQL store."""
+    description: str = ""
+
+
+class FeatureDef(_Strict):
+    name: FeatureName
+    type: FeatureType
+    column: Identifier | None = None
+    """Source column (wide layout) or feature_name value (long layout); defaults to name."""
+    dimension: PositiveInt | None = None
+    """embedding only: the fixed number of float32 values."""
+    precision: Literal["float64", "float32"] | None = None
+    """float only: float32 features are written in their shortest float32 form."""
+    compression: Literal["snappy", "none"] | None = None
+    """int_list/string_list only: Snappy (default) or none."""
+    max_length: PositiveInt | None = None
+    """string only: longer strings (in characters) are bad input."""
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _options_fit_type(self) -> FeatureDef:
+        allowed = {
+            "dimension": {"embedding"},
+            "precision": {"float"},
+            "compression": {"int_list", "string_list"},
+            "max_length": {"string"},
+        }
+        for option, types in allowed.items():
+            if getattr(self, option) is not None and self.type not in types:
+                raise ValueError(f"option '{option}' does not apply to type {self.type} (only {', '.join(sorted(types))})")
+        if self.type == "embedding" and self.dimension is None:
+            raise ValueError("an embedding needs a 'dimension'")
+        return self
+
+    @property
+    def source_column(self) -> str:
+        return self.column or self.name
+
+    @property
+    def options(self) -> dict:
+        """Keyword options for serializers.encode/decode."""
+        opts = {"precision": self.precision, "dimension": self.dimension, "max_length": self.max_length}
+        if self.type in ("int_list", "string_list"):
+            opts["compression"] = self.compression or "snappy"
+        return {k: v for k, v in opts.items() if v is not None}
+
+    @property
+    def field_id(self) -> int:
+        return field_id_int(self.name)
+
+
+class SourceDef(_Strict):
+    name: Identifier
+    """The ETL table's name; also the source name in the freshness field and SQL rows."""
+    entity: Identifier
+    location: str = Field(min_length=1)
+    """Delta table path: relative to the data root, or an absolute path / URI."""
+    layout: Literal["wide", "long"]
+    """wide: one row per entity with a column per feature; long: entity, feature_name, value rows."""
+    date_column: Identifier = "ds"
+    """Date partition column: a run reads the rows of one date."""
+    timestamp_column: Identifier | None = None
+    """Orders rows of one entity within a date: the latest wins."""
+    key_columns: list[Identifier] | None = None
+    """Source columns of the entity key parts, in key order; defaults to the entity's key names."""
+    name_column: Identifier | None = None
+    """long only: the column holding the feature name."""
+    value_column: Identifier | None = None
+    """long only: the column holding the value."""
+    schedule: str = "nightly"
+    """Schedule group (one nightly DAG per group)."""
+    features: list[FeatureDef] = Field(min_length=1)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _layout_columns(self) -> SourceDef:
+        if self.layout == "long":
+            missing = [c for c in ("name_column", "value_column") if getattr(self, c) is None]
+            if missing:
+                raise ValueError(f"a long layout needs {' and '.join(missing)}")
+        else:
+            extra = [c for c in ("name_column", "value_column") if getattr(self, c) is not None]
+            if extra:
+                raise ValueError(f"{' and '.join(extra)} only apply to the long layout")
+        return self
+
+    @property
+    def freshness_field_id(self) -> int:
+        return field_id_int(freshness_field_name(self.name))
+
+    def feature(self, name: str) -> FeatureDef:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise KeyError(f"source {self.name!r} has no feature {name!r}")
+
+
+class EntitiesFile(_Strict):
+    entities: list[EntityDef] = Field(min_length=1)
+
+
+class SourceFile(_Strict):
+    source: SourceDef

@@ -1,0 +1,135 @@
+"""``materialize``: the command line of feature-materializer."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import sys
+from collections.abc import Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
+    p.add_argument("--data-root", help="folder of the source Delta tables (overrides data_root)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="materialize",
+        description="Materialize ML features from Delta tables into the online stores (Redis).",
+        epilog="Examples:\n  materialize sample-data\n  materialize run --env local --date 2026-11-20\n"
+        "  materialize defs --source consumer_daily",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="materialize one date of one or all sources", description="Read one date's snapshot, check it, quarantine bad rows, write it to Redis and print a summary.")
+    _common(run)
+    run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
+    run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
+    run.add_argument("--redis-url", help="Redis URL overriding the config (put no password in it: use the password env var)")
+
+    sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
+    _common(sample)
+    sample.add_argument("--days", type=int, default=5, help="number of dates (default 5)")
+    sample.add_argument("--end", type=_date, default=dt.date(2026, 11, 20), help="last date (default 2026-11-20)")
+    sample.add_argument("--consumers", type=int, default=2000, help="consumers per date (default 2000)")
+    sample.add_argument("--stores", type=int, default=300, help="stores per date (default 300)")
+
+    defs = sub.add_parser("defs", help="check the feature definitions and list field ids", description="Load and check feature_defs; print every feature with its type, options and field id.")
+    _common(defs)
+    defs.add_argument("--source", help="only this source")
+    return parser
+
+
+def _load(args):
+    from feature_defs import load_definitions
+    from jobs.config import load_config
+
+    overrides = {"data_root": args.data_root} if getattr(args, "data_root", None) else {}
+    conf = load_config(args.env, overrides)
+    defs = load_definitions(conf.path(conf.definitions_dir))
+    return conf, defs
+
+
+def cmd_defs(args) -> int:
+    _, defs = _load(args)
+    from serializers import field_id_int, freshness_field_name
+
+    for source in defs.sources.values():
+        if args.source and source.name != args.source:
+            continue
+        entity = defs.entity_of(source)
+        print(f"{source.name}  (entity {entity.name}, key {entity.prefix}:<{':'.join(k.name for k in entity.keys)}>, layout {source.layout})")
+        print(f"  {'_ts:' + source.name:<34} {'freshness':<12} field id {field_id_int(freshness_field_name(source.name)):>10}")
+        for f in source.features:
+            opts = ", ".join(f"{k}={v}" for k, v in f.options.items())
+            print(f"  {f.name:<34} {f.type:<12} field id {f.field_id:>10}  {opts}")
+    return EXIT_OK
+
+
+def cmd_sample_data(args) -> int:
+    from jobs.sample_data import sample_dates, write_sample_tables
+    from jobs.spark import build_spark
+
+    conf, _ = _load(args)
+    spark = build_spark(conf.spark)
+    dates = sample_dates(args.days, args.end)
+    counts = write_sample_tables(spark, conf.data_path, dates, args.consumers, args.stores)
+    for table, rows in counts.items():
+        print(f"wrote {rows:,} rows to {conf.data_path / table} ({dates[0]} .. {dates[-1]})")
+    return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from jobs.run import report_path, run_source
+    from jobs.spark import build_spark
+
+    conf, defs = _load(args)
+    names = args.source or conf.sources or list(defs.sources)
+    for name in names:
+        defs.source(name)  # unknown names fail before Spark starts
+    spark = build_spark(conf.spark)
+    failed = []
+    for name in names:
+        print(f"== {name} {args.date} (env {conf.env})", flush=True)
+        try:
+            summary = run_source(spark, conf, defs, name, args.date, redis_url=args.redis_url)
+        except Exception as exc:  # one source failing does not stop the others
+            failed.append(name)
+            print(f"error: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"summary: {report_path(conf, name, args.date)}", file=sys.stderr)
+            continue
+        print(summary.table())
+        print(f"summary: {report_path(conf, name, args.date)}", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    from feature_defs import DefinitionError
+    from jobs.config import ConfigError
+
+    try:
+        return {"run": cmd_run, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
+    except (ConfigError, DefinitionError, KeyError, FileNotFoundError) as exc:
+        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Run configuration: ``conf/base/*.yaml`` overlaid by ``conf/<env>/*.yaml``.
+
+The env comes from ``--env``, else ``FM_ENV``, else ``local``. Secrets never live in
+these files: a config names the environment variable that holds one (``password_env``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from feature_defs.yamlio import YamlFileError, describe_validation_error, load_yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_VAR = "FM_ENV"
+CONF_DIR_VAR = "FM_CONF_DIR"
+DEFAULT_ENV = "local"
+_SECRET_KEYS = ("password", "secret", "token")
+
+
+class ConfigError(ValueError):
+    """Configuration that cannot be used; says which files were read."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_literal_secrets(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith("_env"):
+                    raise ValueError(f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env'")
+        return data
+
+
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class SparkConf(_Strict):
+    master: str = "local[2]"
+    """Used when the job is not started by spark-submit (which sets its own master)."""
+    app_name: str = "feature-materializer"
+    shuffle_partitions: int = Field(4, ge=1)
+    arrow_batch_rows: int = Field(5000, ge=1)
+    """Rows per Arrow batch handed to the writers: bounds executor memory per task."""
+    extra: dict[str, str] = {}
+    """Any further spark.* settings."""
+
+
+class RedisConf(_Strict):
+    url: str = "redis://127.0.0.1:6379/0"
+    password_env: str | None = None
+    """Env var holding the Redis password (AUTH); unset means no password."""
+    username: str | None = None
+    namespace: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] | None = None
+    """Optional deployment namespace put in front of every key."""
+    pipeline_entities: int = Field(500, ge=1)
+    """Entities per pipeline round trip (each is HSET + HDEL? + EXPIRE)."""
+    max_fill: Fraction = 0.85
+    """Refuse a write whose projection passes this fraction of capacity."""
+    hard_fill: Fraction = 0.95
+    """Stop a running write when used memory passes this fraction of capacity."""
+    capacity_bytes: int | None = Field(None, gt=0)
+    """Capacity when the server has no maxmemory; required then."""
+    recheck_every: int = Field(20, ge=1)
+    """Re-read used memory every N pipeline chunks during the write."""
+    sample_entities: int = Field(1000, ge=10)
+    """Entities encoded on the driver to project the write's memory growth."""
+    ttl_jitter: float = Field(0.1, ge=0, le=1)
+    socket_timeout: float = Field(30.0, gt=0)
+    retries: int = Field(3, ge=0)
+    """Retries of a chunk after a dropped connection (writes are idempotent)."""
+
+
+class QualityConf(_Strict):
+    max_bad_fraction: float = Field(0.01, ge=0, le=1)
+    """Fail the run when more than this fraction of rows read is bad input."""
+
+
+class RunConf(_Strict):
+    env: str = DEFAULT_ENV
+    data_root: str = "data"
+    """Where source Delta tables live (relative paths are under the project root)."""
+    quarantine_root: str | None = None
+    """Delta tables of bad rows; defaults to <data_root>/_quarantine."""
+    reports_dir: str = "reports"
+    definitions_dir: str | None = None
+    """Feature definitions folder; defaults to the project's feature_defs/."""
+    sinks: list[Literal["redis"]] = ["redis"]
+    spark: SparkConf = SparkConf()
+    redis: RedisConf = RedisConf()
+    quality: QualityConf = QualityConf()
+    sources: list[str] | None = None
+    """Sources a run materializes when none is named; None means all defined."""
+
+    def path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        p = Path(value)
+        return p if p.is_absolute() or "://" in value else PROJECT_ROOT / p
+
+    @property
+    def data_path(self) -> Path:
+        return self.path(self.data_root)
+
+    @property
+    def quarantine_path(self) -> Path:
+        return self.path(self.quarantine_root) if self.quarantine_root else self.data_path / "_quarantine"
+
+    @property
+    def reports_path(self) -> Path:
+        return self.path(self.reports_dir)
+
+    def redis_password(self) -> SecretStr | None:
+        name = self.redis.password_env
+        if not name:
+            return None
+        value = os.environ.get(name)
+        if value is None:
+            raise ConfigError(f"redis.password_env names {name!r}, but that environment variable is not set")
+        return SecretStr(value)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def conf_dir() -> Path:
+    return Path(os.environ.get(CONF_DIR_VAR) or PROJECT_ROOT / "conf")
+
+
+def load_config(env: str | None = None, overrides: dict | None = None) -> RunConf:
+    """Read base + env config; ``overrides`` (from CLI flags) win over both."""
+    env = env or os.environ.get(ENV_VAR) or DEFAULT_ENV
+    root = conf_dir()
+    folders = [root / "base", root / env]
+    if not (root / env).is_dir():
+        known = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "base") if root.is_dir() else []
+        raise ConfigError(f"unknown env {env!r}: no folder {root / env} (envs: {', '.join(known) or 'none'})")
+    merged: dict = {}
+    read: list[Path] = []
+    problems: list[str] = []
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")):
+            try:
+                data, node = load_yaml(path)
+            except YamlFileError as exc:
+                problems.append(str(exc))
+                continue
+            if not isinstance(data, dict):
+                problems.append(f"{path}: expected a mapping at the top level")
+                continue
+            try:
+                RunConf.model_validate({k: v for k, v in data.items()})  # per-file check for line numbers
+            except ValidationError as exc:
+                problems.extend(m for m in describe_validation_error(exc, path, node) if "required" not in m)
+            merged = _deep_merge(merged, data)
+            read.append(path)
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    merged = _deep_merge(merged, {"env": env, **(overrides or {})})
+    try:
+        return RunConf.model_validate(merged)
+    except ValidationError as exc:
+        where = ", ".join(str(p) for p in read) or f"{root}/base and {root}/{env} (no files)"
+        raise ConfigError(f"invalid configuration (read {where}):\n{exc}") from exc

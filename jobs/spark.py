@@ -1,0 +1,50 @@
+"""SparkSession with Delta, for local runs, tests and spark-submit alike."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from jobs.config import PROJECT_ROOT, SparkConf
+
+DELTA_JARS = ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
+
+
+def delta_jars() -> list[Path]:
+    """The Delta jars fetched by the set-up (no Ivy download at run time)."""
+    folder = Path(os.environ.get("FM_JARS_DIR") or PROJECT_ROOT / "jars")
+    jars = [folder / name for name in DELTA_JARS]
+    missing = [str(j) for j in jars if not j.is_file()]
+    if missing:
+        raise FileNotFoundError(f"Delta jars missing: {', '.join(missing)}; run `make setup` (scripts/setup.sh) to fetch them")
+    return jars
+
+
+def build_spark(conf: SparkConf):
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Workers must run the same interpreter (and so see the same installed packages).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(conf.app_name)
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit already chose master and jars
+    if not under_submit:
+        builder = builder.master(conf.master).config("spark.jars", ",".join(str(j) for j in delta_jars()))
+    settings = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.shuffle.partitions": str(conf.shuffle_partitions),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(conf.arrow_batch_rows),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.sql.adaptive.enabled": "true",
+        **conf.extra,
+    }
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,72 @@
+"""The run summary: a readable table on the console and the same facts as JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunSummary:
+    source: str
+    entity: str
+    date: str
+    env: str
+    as_of: int
+    status: str = "running"
+    error: str | None = None
+    rows_read: int = 0
+    bad_rows: int = 0
+    bad_reasons: dict[str, int] = field(default_factory=dict)
+    superseded_rows: int = 0
+    ignored_rows: int = 0
+    """Long layout: rows of feature names that are not defined."""
+    entities: int = 0
+    """Entities in the snapshot that passed the checks (the ones written)."""
+    quarantine_table: str = ""
+    sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.bad_rows / self.rows_read if self.rows_read else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "bad_fraction": self.bad_fraction}
+
+    def write_json(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return path
+
+    def table(self) -> str:
+        rows: list[tuple[str, str]] = [
+            ("source", f"{self.source} ({self.entity})"),
+            ("date / as-of", f"{self.date} / {self.as_of}"),
+            ("status", self.status + (f": {self.error}" if self.error else "")),
+            ("rows read", f"{self.rows_read:,}"),
+            ("bad rows (quarantined)", f"{self.bad_rows:,} ({self.bad_fraction:.2%})"),
+        ]
+        rows += [(f"  {reason}", f"{n:,}") for reason, n in sorted(self.bad_reasons.items())]
+        rows += [("superseded rows", f"{self.superseded_rows:,}")]
+        if self.ignored_rows:
+            rows.append(("rows of undefined features", f"{self.ignored_rows:,}"))
+        rows.append(("entities", f"{self.entities:,}"))
+        for name, stats in self.sinks.items():
+            for key, value in stats.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    text = f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
+                elif isinstance(value, str):
+                    text = value
+                else:
+                    continue
+                rows.append((f"{name}: {key.replace('_', ' ')}", text))
+        rows.append(("seconds", f"{self.seconds:,.1f}"))
+        width = max(len(k) for k, _ in rows)
+        lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        rule = "-" * (width + 30)
+        return "\n".join([rule, *lines, rule])

@@ -1,0 +1,216 @@
+"""Pure DataFrame-in/DataFrame-out steps from a source snapshot to encode-ready rows.
+
+snapshot -> check_schema -> tag_key_problems -> latest rows -> (pivot long rows)
+-> tag_value_problems -> with_entity_id. Rows with problems carry ``_reasons``
+(a non-empty array of strings) and go to quarantine; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from feature_defs import EntityDef, FeatureDef, SourceDef
+
+REASONS = "_reasons"
+ENTITY_ID = "_id"
+
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
+
+
+class SchemaDriftError(ValueError):
+    """The source table does not have the columns or types its definition declares."""
+
+
+def spark_type(feature: FeatureDef) -> T.DataType:
+    """The Spark type a feature is cast to before encoding."""
+    return {
+        "float": T.FloatType() if feature.precision == "float32" else T.DoubleType(),
+        "int": T.LongType(),
+        "bool": T.BooleanType(),
+        "string": T.StringType(),
+        "embedding": T.ArrayType(T.FloatType()),
+        "int_list": T.ArrayType(T.LongType()),
+        "string_list": T.ArrayType(T.StringType()),
+    }[feature.type]
+
+
+def _accepts(feature_type: str, found: T.DataType) -> bool:
+    if feature_type == "float":
+        return isinstance(found, _NUMERIC)
+    if feature_type == "int":
+        return isinstance(found, _INTEGRAL)
+    if feature_type == "bool":
+        return isinstance(found, T.BooleanType)
+    if feature_type == "string":
+        return isinstance(found, T.StringType)
+    if not isinstance(found, T.ArrayType):
+        return False
+    element = found.elementType
+    return {
+        "embedding": isinstance(element, (T.FloatType, T.DoubleType)),
+        "int_list": isinstance(element, _INTEGRAL),
+        "string_list": isinstance(element, T.StringType),
+    }[feature_type]
+
+
+def key_columns(source: SourceDef, entity: EntityDef) -> list[str]:
+    return source.key_columns or [k.name for k in entity.keys]
+
+
+def check_schema(df: DataFrame, source: SourceDef, entity: EntityDef) -> None:
+    """Fail before anything is written when the table does not match the definition."""
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    problems = []
+
+    def need(column: str | None, ok, expected: str) -> None:
+        if column is None:
+            return
+        if column not in fields:
+            problems.append(f"column {column!r} is missing (expected {expected})")
+        elif not ok(fields[column]):
+            problems.append(f"column {column!r} has type {fields[column].simpleString()}, expected {expected}")
+
+    for column, key in zip(key_columns(source, entity), entity.keys):
+        if key.type == "int":
+            need(column, lambda t: isinstance(t, _INTEGRAL), "an integer key")
+        else:
+            need(column, lambda t: isinstance(t, T.StringType), "a string key")
+    need(source.timestamp_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
+    if source.layout == "wide":
+        for f in source.features:
+            need(f.source_column, lambda t, f=f: _accepts(f.type, t), f"{f.type} ({spark_type(f).simpleString()})")
+    else:
+        need(source.name_column, lambda t: isinstance(t, T.StringType), "a string feature name")
+        need(source.value_column, lambda t: isinstance(t, (*_NUMERIC, T.StringType, T.BooleanType)), "a numeric or string value")
+        bad = [f.name for f in source.features if f.type not in ("float", "int", "bool", "string")]
+        if bad:
+            problems.append(f"features {bad} have list/embedding types, which a long layout cannot carry")
+    if problems:
+        raise SchemaDriftError(f"source {source.name!r} does not match its definition:\n  " + "\n  ".join(problems))
+
+
+def _reason(condition: Column, text: str) -> Column:
+    return F.when(condition, F.lit(text))
+
+
+def _collect_reasons(df: DataFrame, reasons: list[Column]) -> DataFrame:
+    tagged = F.filter(F.array(*reasons), lambda r: r.isNotNull()) if reasons else F.array().cast("array<string>")
+    if REASONS in df.columns:
+        tagged = F.concat(F.col(REASONS), tagged)
+    return df.withColumn(REASONS, tagged)
+
+
+def tag_key_problems(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+    """Add ``_reasons`` for rows whose entity key cannot be written."""
+    reasons = []
+    for column, key in zip(key_columns(source, entity), entity.keys):
+        c = F.col(column)
+        reasons.append(_reason(c.isNull(), f"null key {column}"))
+        if key.type == "string":
+            reasons.append(_reason(c == "", f"empty key {column}"))
+            reasons.append(_reason(c.contains(":"), f"key {column} contains ':'"))
+            reasons.append(_reason(c.rlike(r"[\x00-\x1f\x7f]"), f"key {column} contains a control character"))
+    return _collect_reasons(df, reasons)
+
+
+def is_bad(df: DataFrame) -> Column:
+    return F.size(F.col(REASONS)) > 0
+
+
+def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> list[Column]:
+    # Latest first; exact ties broken by a hash of the whole row so reruns pick the same row.
+    order = [F.col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
+    content = [c for c in df.columns if c not in partition and c != REASONS]
+    return order + [F.xxhash64(*content).desc(), F.to_json(F.struct(*content)).desc()]
+
+
+def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str]) -> DataFrame:
+    """Keep the latest row per ``partition`` key (deterministic on ties)."""
+    window = Window.partitionBy(*partition).orderBy(*_order_columns(df, source, partition))
+    return df.withColumn("_rank", F.row_number().over(window)).where("_rank = 1").drop("_rank")
+
+
+def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+    """Latest row per entity, features cast to their encode types and named by feature."""
+    keys = key_columns(source, entity)
+    latest = latest_per_key(df, source, keys)
+    return latest.select(
+        *keys,
+        *[F.col(f.source_column).cast(spark_type(f)).alias(f.name) for f in source.features],
+        *([source.timestamp_column] if source.timestamp_column else []),
+        REASONS,
+    )
+
+
+def long_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+    """Latest value per (entity, feature), pivoted into one row per entity.
+
+    Rows of feature names that are not defined are not part of the snapshot (counted
+    by the job as ``ignored_rows``). A value that does not fit its feature's type is
+    bad input for the whole entity.
+    """
+    keys = key_columns(source, entity)
+    by_column = {f.source_column: f for f in source.features}
+    rows = df.where(F.col(source.name_column).isin(list(by_column)))
+    latest = latest_per_key(rows, source, [*keys, source.name_column])
+    value = F.col(source.value_column)
+    aggs, reasons = [], []
+    for column, feature in by_column.items():
+        picked = F.first(F.when(F.col(source.name_column) == column, value), ignorenulls=True)
+        aggs.append(picked.alias(f"_raw_{feature.name}"))
+    pivoted = latest.groupBy(*keys).agg(*aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS))
+    cols = []
+    for feature in by_column.values():
+        raw = F.col(f"_raw_{feature.name}")
+        typed = raw.cast(spark_type(feature))
+        if feature.type == "int":
+            reasons.append(_reason(raw.isNotNull() & (typed.isNull() | (raw.cast("double") != typed.cast("double"))), f"{feature.name}: not an integer"))
+        elif feature.type == "bool":
+            reasons.append(_reason(raw.isNotNull() & ~raw.cast("string").isin("0", "1", "0.0", "1.0", "true", "false"), f"{feature.name}: not a bool (0/1)"))
+        elif feature.type == "float":
+            reasons.append(_reason(raw.isNotNull() & typed.isNull(), f"{feature.name}: not a number"))
+        cols.append(typed.alias(feature.name))
+    out = pivoted.select(*keys, *cols, REASONS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
+    out = _collect_reasons(out, reasons)
+    return out.drop(*[f"_raw_{f.name}" for f in by_column.values()])
+
+
+def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
+    """Add reasons for values the format cannot represent (bad input, not nulls)."""
+    reasons = []
+    for f in source.features:
+        c = F.col(f.name)
+        if f.type == "embedding":
+            reasons.append(_reason(c.isNotNull() & (F.size(c) != f.dimension), f"{f.name}: embedding dimension is not {f.dimension}"))
+            reasons.append(_reason(F.exists(c, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == float("inf"))), f"{f.name}: embedding element is null or not finite"))
+        elif f.type in ("int_list", "string_list"):
+            reasons.append(_reason(F.exists(c, lambda x: x.isNull()), f"{f.name}: null list element"))
+        elif f.type == "string" and f.max_length:
+            reasons.append(_reason(F.length(c) > f.max_length, f"{f.name}: longer than {f.max_length} characters"))
+    return _collect_reasons(df, reasons)
+
+
+def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+    """``_id``: the key parts joined by ':' (ints in decimal), as in the Redis key."""
+    parts = [F.col(c).cast("string") for c in key_columns(source, entity)]
+    return df.withColumn(ENTITY_ID, F.concat_ws(":", *parts))
+
+
+def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> DataFrame:
+    """Bad rows as kept aside: the whole original row as JSON, with the reasons."""
+    content = [c for c in df.columns if c != REASONS]
+    return df.where(is_bad(df)).select(
+        F.lit(source.name).alias("source"),
+        F.lit(date).cast("date").alias("ds"),
+        F.lit(stage).alias("stage"),
+        F.col(REASONS).alias("reasons"),
+        F.to_json(F.struct(*content)).alias("row"),
+    )
+
+
+def encode_ready(df: DataFrame, source: SourceDef) -> DataFrame:
+    """The good rows, only the columns the writers need: _id then features in order."""
+    return df.where(~is_bad(df)).select(ENTITY_ID, *[f.name for f in source.features])
