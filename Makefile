@@ -1,0 +1,38 @@
+# feature-materializer: the two commands are `make demo` and `make test`.
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DATE   ?= 2026-11-20
+ENV    ?= local
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+
+.PHONY: setup demo test services-start services-stop sample-data submit proto clean
+
+setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
+	bash scripts/setup.sh
+
+services-start: setup       ## start the local Redis on 127.0.0.1:6390
+	bash scripts/local_services.sh start
+
+services-stop:
+	bash scripts/local_services.sh stop
+
+sample-data: setup          ## (re)write the sample Delta tables under data/
+	$(BIN)/materialize sample-data --env $(ENV)
+
+demo: services-start        ## set up, write sample data once, run the nightly job for DATE
+	test -d data/consumer_daily/_delta_log -a -d data/store_features_long/_delta_log || $(BIN)/materialize sample-data --env $(ENV)
+	$(BIN)/materialize run --env $(ENV) --date $(DATE)
+
+submit: services-start      ## the same job under spark-submit
+	$(BIN)/spark-submit --master 'local[2]' --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \
+	  jobs/materialize.py --env $(ENV) --date $(DATE)
+
+test: setup                 ## set up and run the whole suite (real Redis servers, local Spark)
+	$(BIN)/python -m pytest
+
+proto:                      ## regenerate serializers/features_pb2.py after editing the .proto
+	cd serializers && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. features.proto
+
+clean:
+	rm -rf data reports .run spark-warehouse

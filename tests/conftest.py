@@ -1,0 +1,114 @@
+"""Shared fixtures: one local[2] Spark session, real redis-servers on free loopback ports,
+and small sample Delta tables written once per session."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from jobs.config import QualityConf, RedisConf, RunConf, SparkConf
+from jobs.sample_data import sample_dates, write_sample_tables
+
+SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
+DAY2_STR = SAMPLE_DATES[1].isoformat()
+SAMPLE_CONSUMERS = 300
+SAMPLE_STORES = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    port: int
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def start_redis(tmp: Path, *args: str) -> RedisServer:
+    """A real redis-server on a free loopback port (no persistence)."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed: run `make setup` (scripts/setup.sh installs it)"
+    port = free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    server = RedisServer(port, process)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            server.client().ping()
+            return server
+        except redis.ConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start (exit {process.poll()})") from None
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
+    server = start_redis(tmp_path_factory.mktemp("redis"), "--maxmemory", "256mb", "--hash-max-listpack-value", "256")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_db(redis_server) -> redis.Redis:
+    """The session's Redis, emptied for this test."""
+    client = redis_server.client()
+    client.flushall()
+    return client
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from jobs.spark import build_spark
+
+    session = build_spark(SparkConf(master="local[2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests"))
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def sample_root(spark, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    write_sample_tables(spark, root, SAMPLE_DATES, consumers=SAMPLE_CONSUMERS, stores=SAMPLE_STORES)
+    return root
+
+
+@pytest.fixture
+def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
+    """Config of a run over the sample tables into the session's Redis."""
+    return RunConf(
+        env="test",
+        data_root=str(sample_root),
+        quarantine_root=str(tmp_path / "quarantine"),
+        reports_dir=str(tmp_path / "reports"),
+        spark=SparkConf(),
+        redis=RedisConf(url=redis_server.url, password_env=None, pipeline_entities=64, sample_entities=50),
+        quality=QualityConf(max_bad_fraction=0.05),
+    )

@@ -1,0 +1,221 @@
+"""End to end: sample Delta tables -> the job -> a real redis-server, read back raw."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from feature_defs import load_definitions
+from jobs.run import BadInputError, as_of_epoch, run_source
+from jobs.transforms import SchemaDriftError
+from serializers import decode, field_id
+from sinks.errors import CapacityError
+
+from .conftest import SAMPLE_DATES, start_redis
+
+DEFS = load_definitions()
+CONSUMER = DEFS.sources["consumer_daily"]
+STORE = DEFS.sources["store_features_long"]
+DAY1, DAY2 = SAMPLE_DATES
+
+
+def source_rows(spark, sample_root, name: str, day: dt.date) -> pd.DataFrame:
+    df = spark.read.format("delta").load(str(sample_root / name)).where(f"ds = '{day}'")
+    return df.toPandas()
+
+
+def expected_consumers(spark, sample_root, day) -> dict[int, dict]:
+    """The latest good row per consumer, computed here with pandas (not the job's code)."""
+    pdf = source_rows(spark, sample_root, "consumer_daily", day)
+    pdf = pdf[pdf["consumer_id"].notna()]
+    pdf = pdf[pdf["taste_embedding"].map(len) == 32]
+    pdf = pdf[pdf["favorite_cuisine"].isna() | (pdf["favorite_cuisine"].str.len() <= 32)]
+    latest = pdf.sort_values("updated_at").groupby("consumer_id").tail(1)
+    return {int(r["consumer_id"]): r for _, r in latest.iterrows()}
+
+
+def same_value(feature, decoded, source_value) -> bool:
+    if feature.type == "float":
+        if feature.precision == "float32":
+            return np.float32(decoded) == np.float32(source_value)
+        return decoded == float(source_value)
+    if feature.type == "embedding":
+        return np.array_equal(np.asarray(decoded, np.float32), np.asarray(source_value, np.float32))
+    if feature.type in ("int_list", "string_list"):
+        return list(decoded) == list(source_value)
+    return decoded == source_value
+
+
+def is_null(value) -> bool:
+    return value is None or (not isinstance(value, (list, np.ndarray)) and pd.isna(value))
+
+
+def check_consumer_hashes(redis_db, expected: dict[int, dict], day) -> int:
+    checked = 0
+    for consumer_id, row in expected.items():
+        raw = redis_db.hgetall(f"c:{consumer_id}".encode())
+        assert raw.pop(field_id("_ts:consumer_daily")) == str(as_of_epoch(day)).encode()
+        for feature in CONSUMER.features:
+            value = row[feature.name]
+            fid = field_id(feature.name)
+            if is_null(value):
+                assert fid not in raw, f"c:{consumer_id} {feature.name} should be deleted"
+            else:
+                decoded = decode(feature.type, raw.pop(fid), **feature.options)
+                assert same_value(feature, decoded, value), (consumer_id, feature.name, decoded, value)
+                checked += 1
+        assert raw == {}, f"c:{consumer_id} has unexpected fields {list(raw)}"
+    return checked
+
+
+def test_consumer_snapshot_round_trips_through_redis(spark, sample_root, run_conf, redis_db):
+    summary = run_source(spark, run_conf, DEFS, "consumer_daily", DAY2)
+    expected = expected_consumers(spark, sample_root, DAY2)
+    assert summary.status == "succeeded"
+    assert summary.entities == len(expected) == redis_db.dbsize()
+    checked = check_consumer_hashes(redis_db, expected, DAY2)
+    assert summary.sinks["redis"]["values_set"] == checked
+    assert summary.sinks["redis"]["memory_after"] > summary.sinks["redis"]["memory_before"]
+    ttl = redis_db.ttl(f"c:{next(iter(expected))}")
+    assert 2592000 * 0.99 <= ttl <= 2592000 * 1.1
+    assert (run_conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").is_file()
+
+
+def test_null_deletes_field_other_source_untouched_and_rerun_identical(spark, sample_root, run_conf, redis_db):
+    other = {field_id("some_other_feature"): b"42", field_id("_ts:other_source"): b"1700000000"}
+    for cid in range(1, 400):
+        redis_db.hset(f"c:{cid}", mapping=other)
+    run_source(spark, run_conf, DEFS, "consumer_daily", DAY1)
+    day1 = expected_consumers(spark, sample_root, DAY1)
+    day2 = expected_consumers(spark, sample_root, DAY2)
+    # features set on day 1 and null on day 2 must be gone after the day-2 run
+    became_null = [
+        (cid, f.name) for cid in set(day1) & set(day2) for f in CONSUMER.features
+        if not is_null(day1[cid][f.name]) and is_null(day2[cid][f.name])
+    ]  # fmt: skip
+    assert len(became_null) > 10
+    for cid, name in became_null:
+        assert redis_db.hexists(f"c:{cid}", field_id(name))
+    summary = run_source(spark, run_conf, DEFS, "consumer_daily", DAY2)
+    assert summary.sinks["redis"]["values_deleted"] >= len(became_null)
+    for cid, name in became_null:
+        assert not redis_db.hexists(f"c:{cid}", field_id(name))
+    for cid in range(1, 400):
+        raw = redis_db.hgetall(f"c:{cid}")
+        assert {k: raw[k] for k in other} == other  # another source's fields are never touched
+    snapshot = {k: (redis_db.hgetall(k), redis_db.ttl(k)) for k in redis_db.scan_iter()}
+    run_source(spark, run_conf, DEFS, "consumer_daily", DAY2)
+    again = {k: (redis_db.hgetall(k), redis_db.ttl(k)) for k in redis_db.scan_iter()}
+    assert {k: v[0] for k, v in again.items()} == {k: v[0] for k, v in snapshot.items()}
+    assert all(abs(again[k][1] - snapshot[k][1]) <= 60 for k in snapshot if snapshot[k][1] > 0)
+
+
+def test_long_layout_store_features(spark, sample_root, run_conf, redis_db):
+    summary = run_source(spark, run_conf, DEFS, "store_features_long", DAY2)
+    pdf = source_rows(spark, sample_root, "store_features_long", DAY2)
+    good = pdf[pdf["store_id"].notna() & ~pdf["store_id"].fillna("").str.contains(":")]
+    assert summary.ignored_rows == int((good["feature_name"] == "experimental_score").sum())
+    latest = good.sort_values("event_ts").groupby(["store_id", "feature_name"]).tail(1)
+    assert summary.entities == good["store_id"].nunique() == redis_db.dbsize()
+    for _, r in latest.iterrows():
+        if r["feature_name"] not in [f.name for f in STORE.features]:
+            continue
+        feature = STORE.feature(r["feature_name"])
+        raw = redis_db.hget(f"s:{r['store_id']}", field_id(feature.name))
+        expected = {"float": r["value"], "int": int(r["value"]), "bool": bool(r["value"])}[feature.type]
+        assert decode(feature.type, raw) == expected
+    assert summary.bad_reasons == {"key store_id contains ':'": 1, "null key store_id": 1}
+
+
+def test_bad_rows_are_quarantined_and_counted(spark, run_conf, redis_db):
+    summary = run_source(spark, run_conf, DEFS, "consumer_daily", DAY2)
+    assert summary.bad_rows == 3
+    assert summary.bad_reasons == {
+        "null key consumer_id": 1,
+        "taste_embedding: embedding dimension is not 32": 1,
+        "favorite_cuisine: longer than 32 characters": 1,
+    }
+    q = spark.read.format("delta").load(summary.quarantine_table).where(f"ds = '{DAY2}'").toPandas()
+    assert sorted(r[0] for r in q["reasons"]) == sorted(summary.bad_reasons)
+    assert all('"updated_at"' in row for row in q["row"])  # the whole original row is kept
+    # rerun replaces, not appends
+    run_source(spark, run_conf, DEFS, "consumer_daily", DAY2)
+    assert spark.read.format("delta").load(summary.quarantine_table).where(f"ds = '{DAY2}'").count() == 3
+
+
+def test_too_many_bad_rows_fail_before_writing(spark, run_conf, redis_db):
+    strict = run_conf.model_copy(update={"quality": run_conf.quality.model_copy(update={"max_bad_fraction": 0.001})})
+    with pytest.raises(BadInputError, match=r"3 of .* rows are bad input.*nothing was written"):
+        run_source(spark, strict, DEFS, "consumer_daily", DAY2)
+    assert redis_db.dbsize() == 0
+
+
+def dump_all(client) -> dict:
+    return {k: client.dump(k) for k in client.scan_iter()}
+
+
+def test_capacity_refusal_leaves_redis_unchanged(spark, run_conf, tmp_path):
+    server = start_redis(tmp_path / "small", "--maxmemory", "1200000")
+    try:
+        client = server.client()
+        client.hset("c:1", mapping={b"x": b"1"})
+        client.set("unrelated", "value")
+        before = dump_all(client)
+        conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": server.url})})
+        with pytest.raises(CapacityError, match=r"refusing to write .* consumer entities.*Nothing was written"):
+            run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+        assert dump_all(client) == before
+    finally:
+        server.stop()
+
+
+def test_hard_ceiling_stops_the_write_and_says_how_much(spark, run_conf, tmp_path):
+    server = start_redis(tmp_path / "ceiling", "--maxmemory", "4000000")
+    try:
+        used = int(server.client().info("memory")["used_memory"])
+        redis_conf = run_conf.redis.model_copy(
+            update={"url": server.url, "max_fill": 1.0, "hard_fill": (used + 200_000) / 4_000_000, "recheck_every": 1, "pipeline_entities": 16}
+        )
+        conf = run_conf.model_copy(update={"redis": redis_conf})
+        with pytest.raises(CapacityError, match=r"stopped at the hard ceiling.* of \d+ entities .* were written") as info:
+            run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+        written = server.client().dbsize()
+        assert 0 < written < 290
+        assert f"{written:,} of" in str(info.value)
+    finally:
+        server.stop()
+
+
+def test_schema_drift_fails_before_writing(spark, sample_root, run_conf, redis_db, tmp_path):
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    for path in DEFS.files.values():
+        (folder / path.name).write_text(path.read_text())
+    text = (folder / "consumer_daily.yaml").read_text().replace("{name: orders_7d, type: int}", "{name: orders_7d, type: int, column: orders_7days}")
+    (folder / "consumer_daily.yaml").write_text(text.replace("{name: is_subscriber, type: bool}", "{name: is_subscriber, type: string}"))
+    defs = load_definitions(folder)
+    with pytest.raises(SchemaDriftError) as info:
+        run_source(spark, run_conf, defs, "consumer_daily", DAY2)
+    assert "column 'orders_7days' is missing" in str(info.value)
+    assert "column 'is_subscriber' has type boolean, expected string" in str(info.value)
+    assert redis_db.dbsize() == 0
+
+
+def test_non_finite_floats_are_not_written_and_counted(spark, run_conf, redis_db, tmp_path):
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
+    (folder / "tiny.yaml").write_text(
+        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n"
+        "  features:\n    - {name: score, type: float}\n"
+    )
+    rows = [(1, float("nan"), DAY2), (2, float("inf"), DAY2), (3, 0.5, DAY2)]  # not via pandas: it turns NaN into null
+    spark.createDataFrame(rows, "consumer_id long, score double, ds date").write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
+    conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
+    summary = run_source(spark, conf, load_definitions(folder), "tiny", DAY2)
+    assert summary.sinks["redis"]["non_finite"] == 2
+    assert redis_db.hget("c:1", field_id("score")) is None
+    assert redis_db.hget("c:3", field_id("score")) == b"0.5"

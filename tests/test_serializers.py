@@ -1,0 +1,206 @@
+"""Golden bytes of the online format, and the column-wise encoder against the scalar one.
+
+Every expected byte string here was written down from the format's rules (README
+"Online format"), the published xxh32 test vectors, the protobuf wire format and the
+Snappy block format, not produced by the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from serializers import BadValue, DecodeError, decode, encode, encode_column, field_id, field_id_int
+
+
+def test_field_id_matches_published_xxh32_vectors():
+    assert field_id_int("") == 0x02CC5D05
+    assert field_id_int("a") == 0x550D7456
+    assert field_id_int("abc") == 0x32D153FF
+    assert field_id("abc") == bytes.fromhex("ff53d132")  # little-endian
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (0.0, b"0"),
+        (-0.0, b"0"),
+        (0.1, b"0.1"),
+        (1e-7, b"1e-07"),
+        (1e22, b"1e+22"),
+        (3.0, b"3"),
+        (-12.0, b"-12"),
+        (2.5, b"2.5"),
+        (0.0001, b"0.0001"),
+        (0.00001, b"1e-05"),
+        (1e15, b"1000000000000000"),
+        (1e16, b"1e+16"),
+        (123456789012345.67, b"123456789012345.67"),
+        (5e-324, b"5e-324"),
+        (1.7976931348623157e308, b"1.7976931348623157e+308"),
+        (-2.2250738585072014e-308, b"-2.2250738585072014e-308"),
+        (float("nan"), None),
+        (float("inf"), None),
+        (float("-inf"), None),
+        (None, None),
+    ],
+)
+def test_float64_golden(value, expected):
+    assert encode("float", value) == expected
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (0.1, b"0.1"),  # the float32 nearest 0.1 prints as 0.1, not 0.10000000149011612
+        (1 / 3, b"0.33333334"),
+        (16777217.0, b"16777216"),
+        (1e-7, b"1e-07"),
+        (3.4028234663852886e38, b"3.4028235e+38"),
+        (1e39, None),  # overflows float32: not written
+        (-0.0, b"0"),
+        (123456.789, b"123456.79"),
+    ],
+)
+def test_float32_golden(value, expected):
+    assert encode("float", value, precision="float32") == expected
+
+
+@pytest.mark.parametrize(
+    "feature_type, value, options, expected",
+    [
+        ("int", 0, {}, b"0"),
+        ("int", -42, {}, b"-42"),
+        ("int", 2**63 - 1, {}, b"9223372036854775807"),
+        ("int", -(2**63), {}, b"-9223372036854775808"),
+        ("bool", True, {}, b"1"),
+        ("bool", False, {}, b"0"),
+        ("string", "", {}, b""),
+        ("string", "日本", {}, bytes.fromhex("e697a5e69cac")),
+        ("string", "café", {"max_length": 4}, b"caf\xc3\xa9"),
+        # Embedding: tag 0x0a, length 8, two little-endian float32 values
+        ("embedding", [1.0, -0.0], {"dimension": 2}, bytes.fromhex("0a08" "0000803f" "00000080")),
+        # IntList, packed varints: 1 -> 01, 300 -> ac02, -1 -> ten bytes ff..ff01
+        ("int_list", [1, 300, -1], {"compression": "none"}, bytes.fromhex("0a0d" "01" "ac02" "ffffffffffffffffff01")),
+        # Snappy raw block: varint(15) then one literal of 15 bytes (tag (15-1)<<2 = 0x38)
+        ("int_list", [1, 300, -1], {}, bytes.fromhex("0f38" "0a0d01ac02ffffffffffffffffff01")),
+        ("int_list", [], {"compression": "none"}, b""),
+        ("int_list", [], {}, b"\x00"),  # Snappy of nothing: varint(0)
+        ("string_list", ["a", ""], {"compression": "none"}, bytes.fromhex("0a0161" "0a00")),
+        ("string_list", [], {"compression": "none"}, b""),
+    ],
+)
+def test_golden_bytes(feature_type, value, options, expected):
+    assert encode(feature_type, value, **options) == expected
+    assert decode(feature_type, expected, **options) == value
+
+
+def test_snappy_pays_off_on_long_repeated_lists():
+    values = [7, 7, 7, 7, 12, 12, 12, 12] * 20
+    raw = encode("int_list", values, compression="none")
+    packed = encode("int_list", values)
+    assert len(packed) < len(raw) / 3
+    assert decode("int_list", packed) == values
+
+
+@pytest.mark.parametrize(
+    "feature_type, value, options, message",
+    [
+        ("embedding", [1.0, 2.0], {"dimension": 3}, "declared dimension is 3"),
+        ("embedding", [1.0, float("nan")], {"dimension": 2}, "not a finite number"),
+        ("string", "x" * 5, {"max_length": 4}, "longer than max_length 4"),
+        ("int", 2**63, {}, "outside int64"),
+        ("int_list", [1, None], {}, "null element"),
+        ("string_list", ["a", None], {}, "null element"),
+    ],
+)
+def test_bad_values_raise_named_errors(feature_type, value, options, message):
+    with pytest.raises(BadValue, match=message):
+        encode(feature_type, value, **options)
+
+
+ARROW_TYPES = {
+    "float": pa.float64(),
+    "int": pa.int64(),
+    "bool": pa.bool_(),
+    "string": pa.string(),
+    "embedding": pa.list_(pa.float32()),
+    "int_list": pa.list_(pa.int64()),
+    "string_list": pa.list_(pa.string()),
+}
+
+EDGE_CASES = [
+    ("float", {}, [0.0, -0.0, 0.1, 1e-7, 1e22, 1e15, 1e16, 3.0, -12.0, 5e-324, 1.7976931348623157e308, 1e-4, 1e-5, None, float("nan"), float("-inf")]),
+    ("float", {"precision": "float32"}, [0.1, 1 / 3, 1e-7, 3.4e38, 1e39, -0.0, None, 16777217.0, 1e-45]),
+    ("int", {}, [0, -1, 2**63 - 1, -(2**63), None]),
+    ("bool", {}, [True, False, None]),
+    ("string", {}, ["", "é", "日本語", "x" * 300, None]),
+    ("embedding", {"dimension": 3}, [[0.0, -0.0, 1.5], None, [1e-7, 3.4e38, -2.0]]),
+    ("int_list", {}, [[], [1, 1, 1, 2, 2], None, [-1, 2**63 - 1, -(2**63), 300], list(range(2000))]),
+    ("int_list", {"compression": "none"}, [[], [5], None, [-(2**63)] * 3]),
+    ("string_list", {}, [[], ["a", "bb", ""], None, ["x" * 200, "日本"]]),
+    ("string_list", {"compression": "none"}, [[], ["é"], None]),
+]
+
+
+@pytest.mark.parametrize("feature_type, options, values", EDGE_CASES)
+def test_columnar_matches_scalar_on_edge_cases(feature_type, options, values):
+    arrow_type = pa.float32() if options.get("precision") == "float32" else ARROW_TYPES[feature_type]
+    column, non_finite = encode_column(feature_type, pa.array(values, arrow_type), **options)
+    assert column.to_pylist() == [encode(feature_type, v, **options) for v in values]
+    if feature_type == "float" and not options:
+        assert non_finite == 2  # nan and -inf
+
+
+def test_columnar_matches_scalar_on_random_floats():
+    rng = random.Random(7)
+    values = []
+    for _ in range(50_000):
+        kind = rng.random()
+        if kind < 0.4:
+            values.append(round(rng.uniform(-1000, 1000), rng.randint(0, 4)))
+        elif kind < 0.7:
+            values.append(rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30))
+        else:
+            (v,) = struct.unpack("<d", rng.randbytes(8))
+            values.append(v)
+    arr = pa.array(values, pa.float64())
+    for options in ({}, {"precision": "float32"}):
+        column, _ = encode_column("float", arr, **options)
+        assert column.to_pylist() == [encode("float", v, **options) for v in values]
+
+
+def test_columnar_handles_sliced_arrays():
+    arr = pa.array([[1, 2], [3], None, [4, 5, 6]], pa.list_(pa.int64())).slice(1, 3)
+    column, _ = encode_column("int_list", arr)
+    assert column.to_pylist() == [encode("int_list", v) for v in ([3], None, [4, 5, 6])]
+
+
+def test_float_text_round_trips():
+    rng = np.random.default_rng(3)
+    for v in rng.standard_normal(2000) * 10.0 ** rng.integers(-10, 10, 2000):
+        assert float(encode("float", float(v))) == v
+        assert np.float32(float(encode("float", float(v), precision="float32"))) == np.float32(v)
+
+
+@pytest.mark.parametrize("feature_type", ["int", "bool", "embedding", "int_list", "string_list", "float", "string"])
+def test_decoders_reject_garbage_with_decode_error(feature_type):
+    rng = random.Random(11)
+    options = {"dimension": 4} if feature_type == "embedding" else {}
+    for _ in range(300):
+        data = rng.randbytes(rng.randint(0, 40))
+        try:
+            decode(feature_type, data, **options)
+        except DecodeError:
+            pass  # the only acceptable failure
+
+
+def test_decode_bool_is_strict():
+    with pytest.raises(DecodeError):
+        decode("bool", b"2")
+    assert math.isclose(decode("float", b"1e-07"), 1e-7)
