@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import numpy as np
 import pandas as pd
@@ -168,6 +169,12 @@ def test_capacity_refusal_leaves_redis_unchanged(spark, run_conf, tmp_path):
         with pytest.raises(CapacityError, match=r"refusing to write .* consumer entities.*Nothing was written"):
             run_source(spark, conf, DEFS, "consumer_daily", DAY2)
         assert dump_all(client) == before
+        # the summary is written on failure too; this server keeps the default 64-byte
+        # listpack limit, so the 131-byte embeddings are predicted to force hashtables
+        report = json.loads((conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").read_text())
+        assert report["status"] == "failed" and "CapacityError" in report["error"]
+        assert report["sinks"]["redis"]["predicted_encoding"] == "hashtable"
+        assert any("exceed hash-max-listpack-value 64" in w and "131 B" in w for w in report["warnings"])
     finally:
         server.stop()
 
