@@ -128,14 +128,21 @@ def _encode_int_list(arr: pa.ListArray) -> pa.Array:
     return _scatter_valid(rows, row_len, valid)
 
 
+def _value_bytes(flat: pa.Array) -> np.ndarray:
+    """The contiguous value bytes of a (possibly sliced) binary array, without copies per value."""
+    if len(flat) == 0:
+        return np.empty(0, np.uint8)
+    offsets = np.frombuffer(flat.buffers()[1], dtype=np.int32, count=flat.offset + len(flat) + 1)[flat.offset :]
+    data = flat.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    return raw[int(offsets[0]) : int(offsets[-1])]
+
+
 def _encode_string_list(arr: pa.ListArray) -> pa.Array:
     valid, lengths = _row_lengths(arr)
     flat = _flat_values(arr, "string_list").cast(pa.binary())
     str_len = pc.binary_length(flat).to_numpy(zero_copy_only=False).astype(np.int64)
-    data_off = flat.buffers()[1]
-    start = np.frombuffer(data_off, dtype=np.int32, count=len(flat) + 1 + flat.offset)[flat.offset :] if len(flat) else np.zeros(1, np.int32)
-    raw = np.frombuffer(flat.buffers()[2], dtype=np.uint8) if len(flat) and flat.buffers()[2] is not None else np.empty(0, np.uint8)
-    raw = raw[int(start[0]) : int(start[-1])]
+    raw = _value_bytes(flat)
     size, size_len = varint_encode(str_len)
     hdr, hdr_len = concat_rows(np.full(size_len.size, _TAG_FIELD1_LEN, dtype=np.uint8), np.ones_like(size_len), size, size_len)
     elems, elem_len = concat_rows(hdr, hdr_len, raw, str_len)

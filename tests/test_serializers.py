@@ -179,6 +179,9 @@ def test_columnar_handles_sliced_arrays():
     arr = pa.array([[1, 2], [3], None, [4, 5, 6]], pa.list_(pa.int64())).slice(1, 3)
     column, _ = encode_column("int_list", arr)
     assert column.to_pylist() == [encode("int_list", v) for v in ([3], None, [4, 5, 6])]
+    strings = pa.array([["x", "yy"], None, ["é", ""], ["zzz"]], pa.list_(pa.string())).slice(1, 3)
+    column, _ = encode_column("string_list", strings)
+    assert column.to_pylist() == [None, bytes.fromhex("0a02c3a9" "0a00"), bytes.fromhex("0a037a7a7a")]
 
 
 def test_float_text_round_trips():
