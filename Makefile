@@ -11,7 +11,7 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
 
-services-start: setup       ## start the local Redis on 127.0.0.1:6390
+services-start: setup       ## start the local Redis (127.0.0.1:6390) and PostgreSQL (127.0.0.1:6391)
 	bash scripts/local_services.sh start
 
 services-stop:

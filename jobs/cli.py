@@ -26,18 +26,26 @@ def _common(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="materialize",
-        description="Materialize ML features from Delta tables into the online stores (Redis).",
+        description="Materialize ML features from Delta tables into the online stores (Redis, CockroachDB).",
         epilog="Examples:\n  materialize sample-data\n  materialize run --env local --date 2026-11-20\n"
+        "  materialize run --env local --date 2026-11-20 --sink cockroach --source consumer_daily\n"
         "  materialize defs --source consumer_daily",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="materialize one date of one or all sources", description="Read one date's snapshot, check it, quarantine bad rows, write it to Redis and print a summary.")
+    run = sub.add_parser("run", help="materialize one date of one or all sources", description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.")
     _common(run)
     run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
     run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
+    run.add_argument(
+        "--sink",
+        choices=["redis", "cockroach", "all"],
+        default="all",
+        help="store to write: redis, cockroach (CockroachDB or PostgreSQL), or all = the configured 'sinks' (default)",
+    )
     run.add_argument("--redis-url", help="Redis URL overriding the config (put no password in it: use the password env var)")
+    run.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password in it: use sql.password_env)")
 
     sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
     _common(sample)
@@ -56,7 +64,11 @@ def _load(args):
     from feature_defs import load_definitions
     from jobs.config import load_config
 
-    overrides = {"data_root": args.data_root} if getattr(args, "data_root", None) else {}
+    overrides: dict = {"data_root": args.data_root} if getattr(args, "data_root", None) else {}
+    if getattr(args, "sink", "all") != "all":
+        overrides["sinks"] = [args.sink]
+    if getattr(args, "sql_dsn", None):
+        overrides["sql"] = {"dsn": args.sql_dsn}
     conf = load_config(args.env, overrides)
     defs = load_definitions(conf.path(conf.definitions_dir))
     return conf, defs

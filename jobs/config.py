@@ -77,6 +77,47 @@ class RedisConf(_Strict):
     """Retries of a chunk after a dropped connection (writes are idempotent)."""
 
 
+class SqlConf(_Strict):
+    """The SQL store: CockroachDB, or PostgreSQL (its wire-compatible stand-in)."""
+
+    dsn: str = "postgresql://root@127.0.0.1:26257/features?sslmode=disable"
+    """libpq connection string or postgresql:// URL, without a password."""
+    password_env: str | None = None
+    """Env var holding the password; unset means none (certificates, trust)."""
+    db_schema: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")] | None = None
+    """Schema of the entity tables; None means the connection's current schema."""
+    dialect: Literal["auto", "postgres", "cockroach"] = "auto"
+    """'auto' asks the server (SELECT version())."""
+    batch_rows: int = Field(25, ge=1, le=1000)
+    """Rows per upsert statement (each statement is its own transaction)."""
+    statement_timeout_ms: int = Field(30_000, ge=100)
+    connect_timeout: int = Field(10, ge=1)
+    retries: int = Field(5, ge=0)
+    """Further attempts of a statement after a transient error (40001, 40P01, dropped connection)."""
+    retry_base_delay: float = Field(0.2, ge=0)
+    retry_max_delay: float = Field(5.0, ge=0)
+    max_map_bytes: int = Field(512 * 1024, ge=2)
+    """A features JSON object larger than this is bad input (quarantined)."""
+    pre_split: int = Field(16, ge=0)
+    """CockroachDB: split the table at this many key quantiles before a large write (0: never)."""
+    pre_split_min_rows: int = Field(100_000, ge=0)
+    """Only pre-split writes of at least this many rows."""
+    split_expiration_hours: float = Field(24.0, gt=0)
+    """Splits expire after this long, so CockroachDB can merge the ranges again."""
+
+    @model_validator(mode="after")
+    def _no_password_in_dsn(self) -> SqlConf:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            parts = conninfo_to_dict(self.dsn)
+        except Exception as exc:
+            raise ValueError(f"dsn is not a valid connection string: {exc}") from None
+        if parts.get("password"):
+            raise ValueError("dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
+        return self
+
+
 class QualityConf(_Strict):
     max_bad_fraction: float = Field(0.01, ge=0, le=1)
     """Fail the run when more than this fraction of rows read is bad input."""
@@ -91,9 +132,11 @@ class RunConf(_Strict):
     reports_dir: str = "reports"
     definitions_dir: str | None = None
     """Feature definitions folder; defaults to the project's feature_defs/."""
-    sinks: list[Literal["redis"]] = ["redis"]
+    sinks: Annotated[list[Literal["redis", "cockroach"]], Field(min_length=1)] = ["redis", "cockroach"]
+    """The stores a run writes when no --sink is given (same as --sink all)."""
     spark: SparkConf = SparkConf()
     redis: RedisConf = RedisConf()
+    sql: SqlConf = SqlConf()
     quality: QualityConf = QualityConf()
     sources: list[str] | None = None
     """Sources a run materializes when none is named; None means all defined."""
@@ -117,13 +160,19 @@ class RunConf(_Strict):
         return self.path(self.reports_dir)
 
     def redis_password(self) -> SecretStr | None:
-        name = self.redis.password_env
-        if not name:
-            return None
-        value = os.environ.get(name)
-        if value is None:
-            raise ConfigError(f"redis.password_env names {name!r}, but that environment variable is not set")
-        return SecretStr(value)
+        return _secret_from_env("redis.password_env", self.redis.password_env)
+
+    def sql_password(self) -> SecretStr | None:
+        return _secret_from_env("sql.password_env", self.sql.password_env)
+
+
+def _secret_from_env(key: str, name: str | None) -> SecretStr | None:
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if value is None:
+        raise ConfigError(f"{key} names {name!r}, but that environment variable is not set")
+    return SecretStr(value)
 
 
 def _deep_merge(base: dict, override: dict) -> dict:

@@ -12,9 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from serializers.batch import FeatureSpec, encode_batch
+from sinks.errors import SinkError
 from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
+from sinks.sql_sink import SqlSink, SqlSinkConfig
 
 STATS_SCHEMA = (
     "entities long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
@@ -53,3 +56,43 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
     finally:
         sink.close()
     yield _stats_batch({**sink.stats.as_dict(), "seconds": time.perf_counter() - start, "stopped": stopped})
+
+
+SQL_STATS_SCHEMA = (
+    "rows_upserted long, duplicates long, statements long, retries long, reconnects long, "
+    "bytes_sent long, non_finite long, seconds double, error string"
+)
+_SQL_STATS_ARROW = pa.schema(
+    [(name, pa.int64()) for name in ("rows_upserted", "duplicates", "statements", "retries", "reconnects", "bytes_sent", "non_finite")]
+    + [("seconds", pa.float64()), ("error", pa.string())]
+)
+
+
+@dataclass(frozen=True)
+class SqlWritePlan:
+    sink: SqlSinkConfig
+    key_column: str = "_id"
+    json_column: str = "_features_json"
+    non_finite_column: str = "_non_finite"
+
+
+def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Upsert one partition's rows (sorted by key) through one connection; yield its stats."""
+    start = time.perf_counter()
+    error = None
+    non_finite = 0
+    sink = SqlSink(plan.sink)
+    try:
+        sink.open()
+        for batch in batches:
+            non_finite += pc.sum(batch.column(plan.non_finite_column)).as_py() or 0
+            for key, doc in zip(batch.column(plan.key_column).to_pylist(), batch.column(plan.json_column).to_pylist()):
+                sink.add(key, doc)
+        sink.flush()
+    except SinkError as exc:
+        # Retries are exhausted or the error is terminal: report it, the driver fails the run.
+        error = str(exc)
+    finally:
+        sink.close()
+    stats = {**sink.stats.as_dict(), "non_finite": non_finite, "seconds": time.perf_counter() - start, "error": error}
+    yield pa.RecordBatch.from_pylist([stats], schema=_SQL_STATS_ARROW)

@@ -10,24 +10,35 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
-from jobs.partition_writers import STATS_SCHEMA, RedisWritePlan, write_redis_partition
+from jobs.partition_writers import (
+    SQL_STATS_SCHEMA,
+    STATS_SCHEMA,
+    RedisWritePlan,
+    SqlWritePlan,
+    write_redis_partition,
+    write_sql_partition,
+)
 from jobs.progress import progress
 from jobs.summary import RunSummary
 from serializers import field_id, freshness_field_name
-from serializers.batch import FeatureSpec, encode_batch
-from sinks.errors import CapacityError
+from serializers.batch import encode_batch
+from sinks.errors import CapacityError, TerminalSinkError
 from sinks.redis_capacity import project_growth, read_memory_info
 from sinks.redis_sink import RedisSinkConfig, connect
+from sinks.sql_sink import SqlSinkConfig, detect_dialect, ensure_schema, pre_split
+from sinks.sql_sink import connect as sql_connect
+from sinks.sql_statements import Dialect, quantile_keys
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +81,19 @@ class Prepared:
     """A snapshot after the checks: rows to write, rows to quarantine, counts."""
 
     good: DataFrame
+    """Rows for the Redis writers: _id and the feature columns."""
+    sql_good: DataFrame | None
+    """Rows for the SQL writers: _id, JSON object, omitted NaN/inf (when that sink runs)."""
     quarantine: DataFrame
     cached: list[DataFrame]
 
 
 def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, summary: RunSummary) -> Prepared:
+    """Read the date's snapshot and split it into rows to write and rows to quarantine.
+
+    With the SQL sink in the run, each row's JSON object is built here, so an object over
+    ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
+    """
     raw = read_source(spark, conf, source)
     tf.check_schema(raw, source, entity)
     snapshot = raw.where(F.col(source.date_column) == F.lit(date))
@@ -94,7 +113,10 @@ def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Entit
     else:
         features = tf.long_features(good_rows, source, entity)
         summary.ignored_rows = counts["ignored"] or 0
-    checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity).persist()
+    checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity)
+    if "cockroach" in conf.sinks:
+        checked = tf.with_json_maps(checked, source, conf.sql.max_map_bytes)
+    checked = checked.persist()
     counts2 = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(tf.is_bad(checked).cast("long")).alias("bad")).first()
     value_bad = counts2["bad"] or 0
     summary.entities = counts2["rows"] - value_bad
@@ -104,7 +126,12 @@ def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Entit
     quarantine = tf.quarantine_rows(tagged, source, date.isoformat(), "key").unionByName(
         tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, date.isoformat(), "value")
     )
-    return Prepared(good=tf.encode_ready(checked, source), quarantine=quarantine, cached=[tagged, checked])
+    return Prepared(
+        good=tf.encode_ready(checked, source),
+        sql_good=tf.sql_ready(checked) if "cockroach" in conf.sinks else None,
+        quarantine=quarantine,
+        cached=[tagged, checked],
+    )
 
 
 def write_quarantine(conf: RunConf, source: SourceDef, date: dt.date, quarantine: DataFrame, summary: RunSummary) -> None:
@@ -120,10 +147,6 @@ def write_quarantine(conf: RunConf, source: SourceDef, date: dt.date, quarantine
     summary.quarantine_table = path
     reasons = quarantine.select(F.explode("reasons").alias("reason")).groupBy("reason").count().collect()
     summary.bad_reasons = {r["reason"]: r["count"] for r in reasons}
-
-
-def _feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:
-    return tuple(FeatureSpec(f.name, f.type, f.options) for f in source.features)
 
 
 def redis_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, ceiling: int | None, url: str | None = None) -> RedisSinkConfig:
@@ -152,7 +175,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
     try:
         memory = read_memory_info(client)
         capacity = memory.capacity(conf.redis.capacity_bytes)
-        specs = _feature_specs(source)
+        specs = tf.feature_specs(source)
         # Project growth from an encoded random sample (small: it comes to the driver).
         fraction = min(1.0, 2.0 * conf.redis.sample_entities / max(1, summary.entities))
         sample = good.sample(fraction=fraction, seed=17).limit(conf.redis.sample_entities).toArrow()
@@ -212,6 +235,71 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         client.close()
 
 
+def sql_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, dialect: Dialect) -> SqlSinkConfig:
+    password = conf.sql_password()
+    return SqlSinkConfig(
+        dsn=conf.sql.dsn,
+        table=entity.sql_table,
+        schema=conf.sql.db_schema,
+        source=source.name,
+        as_of=as_of_epoch(date),
+        dialect=dialect,
+        batch_rows=conf.sql.batch_rows,
+        statement_timeout_ms=conf.sql.statement_timeout_ms,
+        connect_timeout=conf.sql.connect_timeout,
+        retries=conf.sql.retries,
+        retry_base_delay=conf.sql.retry_base_delay,
+        retry_max_delay=conf.sql.retry_max_delay,
+        password=password.get_secret_value() if password else None,
+    )
+
+
+def split_keys(rows: DataFrame, splits: int, total: int, sample_per_split: int = 64) -> list[str]:
+    """Entity keys at ``splits`` quantiles, from a sorted random sample taken in Spark."""
+    if splits < 1 or total < 1:
+        return []
+    target = splits * sample_per_split
+    fraction = min(1.0, 2.0 * target / total)
+    sample = rows.select(tf.ENTITY_ID).sample(fraction=fraction, seed=23).limit(2 * target).orderBy(tf.ENTITY_ID)
+    return quantile_keys([r[0] for r in sample.collect()], splits)
+
+
+def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, rows: DataFrame, summary: RunSummary) -> dict:
+    """Schema step on the driver, then full-row upserts from inside the partitions."""
+    sink_conf = sql_sink_config(conf, source, entity, date, "postgres")
+    stats: dict = {"table": sink_conf.table_name}
+    summary.sinks["cockroach"] = stats
+    try:
+        conn = sql_connect(sink_conf)
+    except psycopg.Error as exc:
+        raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
+    with conn:
+        dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
+        sink_conf = replace(sink_conf, dialect=dialect)
+        stats["dialect"] = dialect
+        ensure_schema(conn, sink_conf)
+        if dialect == "cockroach" and conf.sql.pre_split and summary.entities >= conf.sql.pre_split_min_rows:
+            keys = split_keys(rows, conf.sql.pre_split, summary.entities)
+            expires = dt.datetime.now(dt.UTC) + dt.timedelta(hours=conf.sql.split_expiration_hours)
+            stats["splits"] = pre_split(conn, sink_conf, keys, expires)
+    start = time.perf_counter()
+    with progress(spark, f"write {source.name} to {dialect}"):
+        plan = SqlWritePlan(sink=sink_conf)
+        parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_sql_partition, plan), SQL_STATS_SCHEMA).collect()
+    seconds = time.perf_counter() - start
+    for key in ("rows_upserted", "statements", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent"):
+        stats[key] = sum(p[key] for p in parts)
+    stats["write_seconds"] = seconds
+    stats["rows_per_s"] = stats["rows_upserted"] / seconds if seconds else 0.0
+    errors = [p["error"] for p in parts if p["error"]]
+    if errors:
+        raise TerminalSinkError(
+            f"SQL write to {sink_conf.table_name} failed in {len(errors)} of {len(parts)} writer(s) after "
+            f"{stats['rows_upserted']:,} of {summary.entities:,} rows were upserted (a rerun repeats them safely); first: {errors[0]}"
+        )
+    return stats
+
+
 def run_source(
     spark: SparkSession,
     conf: RunConf,
@@ -240,6 +328,8 @@ def run_source(
             )
         if "redis" in conf.sinks:
             write_redis(spark, conf, source, entity, date, prepared.good, summary, redis_url)
+        if "cockroach" in conf.sinks:
+            write_sql(spark, conf, source, entity, date, prepared.sql_good, summary)
         summary.status = "succeeded"
         return summary
     except Exception as exc:

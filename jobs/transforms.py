@@ -7,14 +7,26 @@ snapshot -> check_schema -> tag_key_problems -> latest rows -> (pivot long rows)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import partial
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import EntityDef, FeatureDef, SourceDef
+from serializers.batch import FeatureSpec
+from serializers.json_map import encode_json_maps
 
 REASONS = "_reasons"
 ENTITY_ID = "_id"
+JSON_MAP = "_features_json"
+"""The SQL store's JSON object of the row's features (null on rows already bad)."""
+NON_FINITE = "_non_finite"
+"""NaN/inf float values the JSON object leaves out."""
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
@@ -199,9 +211,38 @@ def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataF
     return df.withColumn(ENTITY_ID, F.concat_ws(":", *parts))
 
 
+def feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:
+    return tuple(FeatureSpec(f.name, f.type, f.options) for f in source.features)
+
+
+def _json_map_partition(specs: tuple[FeatureSpec, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Append JSON_MAP and NON_FINITE to each batch, encoding only rows without reasons."""
+    for batch in batches:
+        good = np.asarray(pc.equal(pc.list_value_length(batch.column(REASONS)), 0).fill_null(True).to_numpy(zero_copy_only=False))
+        idx = np.flatnonzero(good)
+        sub = batch.take(pa.array(idx, pa.int64()))
+        maps, dropped = encode_json_maps(sub, specs)
+        # Scatter back: a null index gives a null value for the rows already bad.
+        position = np.full(batch.num_rows, -1, np.int64)
+        position[idx] = np.arange(len(idx))
+        where = pa.array(position, mask=~good)
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, maps.take(where), pa.array(dropped).take(where)],
+            names=[*batch.schema.names, JSON_MAP, NON_FINITE],
+        )
+
+
+def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFrame:
+    """Add the SQL store's JSON object per good row; a larger one than ``max_bytes`` is bad input."""
+    schema = T.StructType([*df.schema.fields, T.StructField(JSON_MAP, T.StringType()), T.StructField(NON_FINITE, T.IntegerType())])
+    out = df.mapInArrow(partial(_json_map_partition, feature_specs(source)), schema)
+    too_big = _reason(F.octet_length(JSON_MAP) > max_bytes, f"features JSON larger than {max_bytes:,} bytes (sql.max_map_bytes)")
+    return _collect_reasons(out, [too_big])
+
+
 def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> DataFrame:
     """Bad rows as kept aside: the whole original row as JSON, with the reasons."""
-    content = [c for c in df.columns if c != REASONS]
+    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE)]
     return df.where(is_bad(df)).select(
         F.lit(source.name).alias("source"),
         F.lit(date).cast("date").alias("ds"),
@@ -214,3 +255,8 @@ def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> 
 def encode_ready(df: DataFrame, source: SourceDef) -> DataFrame:
     """The good rows, only the columns the writers need: _id then features in order."""
     return df.where(~is_bad(df)).select(ENTITY_ID, *[f.name for f in source.features])
+
+
+def sql_ready(df: DataFrame) -> DataFrame:
+    """The good rows for the SQL writers: _id, JSON object, count of omitted NaN/inf."""
+    return df.where(~is_bad(df)).select(ENTITY_ID, JSON_MAP, NON_FINITE)

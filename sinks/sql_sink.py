@@ -1,0 +1,225 @@
+"""SQL sink (CockroachDB, or PostgreSQL on the same wire): one JSON row per entity and source.
+
+A writer opens one psycopg 3 connection in autocommit mode, so each multi-row upsert
+statement is its own short transaction (CockroachDB commits a single-statement implicit
+transaction in one phase). Rows arrive sorted by key; a statement holds ``batch_rows``
+distinct keys, because CockroachDB rejects an upsert that names one key twice. Every
+statement is a full-row upsert and can be repeated, so after a dropped connection or a
+serialization failure the sink reconnects and sends the same statement again.
+
+Driver-side steps (:func:`ensure_schema`, :func:`pre_split`) run before any partition
+writes, never inside partitions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from sinks import sql_statements as stmts
+from sinks.errors import TerminalSinkError, TransientSinkError
+from sinks.retry import call_with_retries
+from sinks.sql_statements import Dialect
+
+log = logging.getLogger(__name__)
+
+# Worth another attempt: serialization failure, deadlock, CockroachDB's "result is
+# ambiguous", the server shutting the session down (pg_terminate_backend, restarts),
+# a statement timeout, and the whole connection-exception class 08.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "57P01", "57P02", "57P03", "57014"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, TransientSinkError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        # No SQLSTATE: the client lost the connection (closed, reset, timed out).
+        return isinstance(exc, psycopg.OperationalError)
+    return state in TRANSIENT_SQLSTATES or state.startswith("08")
+
+
+@dataclass(frozen=True)
+class SqlSinkConfig:
+    dsn: str
+    """libpq connection string or postgresql:// URL, without a password."""
+    table: str
+    source: str
+    as_of: int
+    """Snapshot as-of time, UTC epoch seconds."""
+    dialect: Dialect
+    schema: str | None = None
+    batch_rows: int = 25
+    """Rows per upsert statement."""
+    statement_timeout_ms: int = 30_000
+    connect_timeout: int = 10
+    retries: int = 5
+    """Further attempts of a statement after a transient error."""
+    retry_base_delay: float = 0.2
+    retry_max_delay: float = 5.0
+    application_name: str = "feature-materializer"
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def table_id(self) -> sql.Identifier:
+        return stmts.table_identifier(self.table, self.schema)
+
+    @property
+    def table_name(self) -> str:
+        return f"{self.schema}.{self.table}" if self.schema else self.table
+
+
+@dataclass
+class SqlWriteStats:
+    rows_upserted: int = 0
+    duplicates: int = 0
+    """Repeated keys in the input; the last row of a key wins."""
+    statements: int = 0
+    retries: int = 0
+    reconnects: int = 0
+    bytes_sent: int = 0
+    """JSON bytes of the rows upserted."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def connect(conf: SqlSinkConfig) -> psycopg.Connection:
+    conn = psycopg.connect(
+        conf.dsn,
+        password=conf.password,
+        autocommit=True,
+        application_name=conf.application_name,
+        connect_timeout=conf.connect_timeout,
+    )
+    conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(conf.statement_timeout_ms)))
+    return conn
+
+
+def detect_dialect(conn: psycopg.Connection) -> Dialect:
+    row = conn.execute("SELECT version()").fetchone()
+    return stmts.dialect_from_version(row[0] if row else "")
+
+
+def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> None:
+    """Create the entity table if missing; refuse a table whose columns do not match."""
+    conn.execute(stmts.create_table(conf.table_id, conf.dialect))
+    found = {
+        r[0]
+        for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
+            (conf.table, conf.schema),
+        )
+    }
+    missing = [c for c in stmts.COLUMNS if c not in found]
+    if missing:
+        raise TerminalSinkError(
+            f"table {conf.table_name} exists without the column(s) {', '.join(missing)} "
+            f"(found {', '.join(sorted(found))}); expected the layout in README 'SQL layout'"
+        )
+
+
+def pre_split(conn: psycopg.Connection, conf: SqlSinkConfig, keys: Sequence[str], expires: dt.datetime) -> int:
+    """CockroachDB only: split at ``keys`` before the write. Returns the splits made."""
+    if conf.dialect != "cockroach" or not keys:
+        return 0
+    conn.execute(stmts.split_at(conf.table_id, keys, expires))
+    return len(keys)
+
+
+class SqlSink:
+    """Buffers sorted (key, json) rows and upserts them ``batch_rows`` at a time."""
+
+    def __init__(self, conf: SqlSinkConfig):
+        self.conf = conf
+        self.stats = SqlWriteStats()
+        self._conn: psycopg.Connection | None = None
+        self._keys: list[str] = []
+        self._maps: list[str] = []
+        self._statements: dict[int, sql.Composed] = {}
+        self._as_of = dt.datetime.fromtimestamp(conf.as_of, dt.UTC)
+
+    def __enter__(self) -> SqlSink:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        self._conn = self._with_retries(lambda: connect(self.conf), "connect")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def add(self, key: str, features_json: str) -> None:
+        """Queue one row; a key equal to the previous one replaces it (input is sorted)."""
+        if self._keys and self._keys[-1] == key:
+            self._maps[-1] = features_json
+            self.stats.duplicates += 1
+            return
+        self._keys.append(key)
+        self._maps.append(features_json)
+        if len(self._keys) > self.conf.batch_rows:
+            # Keep the newest row buffered: the next input row may repeat its key.
+            self._send(self.conf.batch_rows)
+
+    def flush(self) -> None:
+        while self._keys:
+            self._send(min(len(self._keys), self.conf.batch_rows))
+
+    def _statement(self, rows: int) -> sql.Composed:
+        if rows not in self._statements:
+            self._statements[rows] = stmts.upsert(self.conf.table_id, self.conf.dialect, rows)
+        return self._statements[rows]
+
+    def _send(self, rows: int) -> None:
+        keys, maps = self._keys[:rows], self._maps[:rows]
+        params: list[Any] = []
+        for key, doc in zip(keys, maps):
+            params += (key, self.conf.source, doc, self._as_of)
+        query = self._statement(rows)
+
+        def execute() -> None:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.conf)
+                self.stats.reconnects += 1
+            self._conn.execute(query, params)
+
+        self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[-1]!r}")
+        del self._keys[:rows], self._maps[:rows]
+        self.stats.rows_upserted += rows
+        self.stats.statements += 1
+        self.stats.bytes_sent += sum(len(m.encode()) for m in maps)
+
+    def _on_retry(self, attempt: int, exc: BaseException) -> None:
+        self.stats.retries += 1
+        log.warning("%s: transient error, attempt %d of %d: %s", self.conf.table_name, attempt + 1, self.conf.retries + 1, exc)
+        if self._conn is not None and self._conn.broken:
+            self._conn.close()
+            self._conn = None
+
+    def _with_retries(self, fn, what: str):
+        try:
+            return call_with_retries(
+                fn,
+                is_transient=is_transient,
+                retries=self.conf.retries,
+                base_delay=self.conf.retry_base_delay,
+                max_delay=self.conf.retry_max_delay,
+                on_retry=self._on_retry,
+            )
+        except psycopg.Error as exc:
+            state = exc.sqlstate or "no SQLSTATE"
+            kind = f"still failing after {self.conf.retries + 1} attempts" if is_transient(exc) else "failed (not retried)"
+            raise TerminalSinkError(f"table {self.conf.table_name}: {what} {kind}: [{state}] {str(exc).strip()}") from exc

@@ -1,0 +1,92 @@
+"""The SQL the sink sends, per dialect, composed with ``psycopg.sql`` (identifiers quoted).
+
+CockroachDB and PostgreSQL share the wire protocol and most SQL; the differences that
+matter here are the full-row upsert (``UPSERT INTO`` is CockroachDB's blind-write fast
+path), the column type names, and pre-splitting (``SPLIT AT``, CockroachDB only).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+from psycopg import sql
+
+Dialect = Literal["postgres", "cockroach"]
+DIALECTS: tuple[str, ...] = ("postgres", "cockroach")
+COLUMNS = ("entity_key", "source", "features", "as_of")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def dialect_from_version(version: str) -> Dialect:
+    """``SELECT version()`` says "CockroachDB CCL v24.1..." on CockroachDB."""
+    return "cockroach" if "cockroachdb" in version.lower() else "postgres"
+
+
+def table_identifier(table: str, schema: str | None = None) -> sql.Identifier:
+    for name in (schema, table):
+        if name is not None and not _IDENTIFIER.match(name):
+            raise ValueError(f"not a valid SQL identifier: {name!r} (letters, digits and _, at most 63)")
+    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
+
+
+def create_table(table: sql.Identifier, dialect: Dialect) -> sql.Composed:
+    text = "STRING" if dialect == "cockroach" else "TEXT"
+    return sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {table} ("
+        "entity_key {text} NOT NULL, "
+        "source {text} NOT NULL, "
+        "features JSONB NOT NULL, "
+        "as_of TIMESTAMPTZ NOT NULL, "
+        "PRIMARY KEY (entity_key, source))"
+    ).format(table=table, text=sql.SQL(text))
+
+
+def upsert(table: sql.Identifier, dialect: Dialect, rows: int) -> sql.Composed:
+    """A full-row upsert of ``rows`` rows; parameters are (key, source, json, as_of) per row."""
+    if rows < 1:
+        raise ValueError("an upsert needs at least one row")
+    columns = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
+    values = sql.SQL(", ").join([sql.SQL("(%s, %s, %s::JSONB, %s)")] * rows)
+    if dialect == "cockroach":
+        return sql.SQL("UPSERT INTO {table} ({columns}) VALUES {values}").format(table=table, columns=columns, values=values)
+    return sql.SQL(
+        "INSERT INTO {table} ({columns}) VALUES {values} "
+        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of"
+    ).format(table=table, columns=columns, values=values)
+
+
+def split_at(table: sql.Identifier, keys: Sequence[str], expires: dt.datetime) -> sql.Composed:
+    """CockroachDB: split the table's ranges at these entity keys until ``expires``.
+
+    The keys are a prefix of the primary key (entity_key, source), which SPLIT AT accepts.
+    The expiration lets CockroachDB merge the ranges again once the load has spread out.
+    """
+    if not keys:
+        raise ValueError("no split keys")
+    if expires.tzinfo is None:
+        raise ValueError("the split expiration needs a time zone")
+    stamp = expires.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S+00:00")
+    values = sql.SQL(", ").join(sql.SQL("({})").format(sql.Literal(k)) for k in keys)
+    return sql.SQL("ALTER TABLE {table} SPLIT AT VALUES {values} WITH EXPIRATION {expires}").format(
+        table=table, values=values, expires=sql.Literal(stamp)
+    )
+
+
+def quantile_keys(sorted_sample: Sequence[str], splits: int) -> list[str]:
+    """``splits`` keys cutting a sorted sample into ``splits + 1`` parts of equal size.
+
+    Duplicates are dropped (a split key must be unique); fewer keys come back when the
+    sample has fewer distinct values.
+    """
+    n = len(sorted_sample)
+    if splits < 1 or n == 0:
+        return []
+    keys: list[str] = []
+    for i in range(1, splits + 1):
+        key = sorted_sample[min(n - 1, (i * n) // (splits + 1))]
+        if not keys or key != keys[-1]:
+            keys.append(key)
+    return keys
