@@ -1,8 +1,8 @@
 """The SQL store's value: one JSON object per entity, keyed by feature name.
 
-Built column-wise with Arrow compute: each feature becomes a column of ``"name":value``
-fragments (null where the value is not written), and one element-wise join that skips
-nulls assembles the objects. Numbers use the canonical float text of :mod:`floats`
+Built column-wise with Arrow compute: each feature becomes a column of ``"name":value,``
+fragments (null where the value is not written), and one element-wise concatenation
+assembles the objects. Numbers use the canonical float text of :mod:`floats`
 (embedding elements in float32 digits); strings are escaped as Python's ``json.dumps``
 does with ``ensure_ascii=False``; no whitespace anywhere.
 """
@@ -86,8 +86,10 @@ def encode_json_maps(batch: pa.RecordBatch | pa.Table, specs: Sequence[FeatureSp
         if dropped:
             lost = pc.and_(pc.is_valid(column), pc.is_null(values))
             non_finite += np.asarray(lost.to_numpy(zero_copy_only=False), np.int32)
-        fragments.append(pc.binary_join_element_wise(json.dumps(spec.name) + ":", values, ""))
+        fragments.append(pc.binary_join_element_wise(json.dumps(spec.name) + ":", values, ",", ""))
     if not fragments:
         return pa.array(["{}"] * batch.num_rows, pa.string()), non_finite
-    body = pc.binary_join_element_wise(*fragments, ",", null_handling="skip")
+    # Each fragment ends in ','; nulls become '' and the last ',' is trimmed (no value ends
+    # in ','). Not null_handling="skip": pyarrow 26 drops rows that are null in every input.
+    body = pc.utf8_rtrim(pc.binary_join_element_wise(*fragments, "", null_handling="replace", null_replacement=""), characters=",")
     return pc.binary_join_element_wise("{", body, "}", ""), non_finite

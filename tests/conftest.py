@@ -1,20 +1,24 @@
-"""Shared fixtures: one local[2] Spark session, real redis-servers on free loopback ports,
-and small sample Delta tables written once per session."""
+"""Shared fixtures: one local[2] Spark session, real redis-servers and a real PostgreSQL
+on free loopback ports, and small sample Delta tables written once per session."""
 
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 
-from jobs.config import QualityConf, RedisConf, RunConf, SparkConf
+from jobs.config import QualityConf, RedisConf, RunConf, SparkConf, SqlConf
 from jobs.sample_data import sample_dates, write_sample_tables
 
 SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
@@ -84,6 +88,70 @@ def redis_db(redis_server) -> redis.Redis:
     return client
 
 
+@dataclass
+class PostgresServer:
+    port: int
+    data_dir: Path
+    bin_dir: Path
+    database: str = "features"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
+
+    def connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    def stop(self) -> None:
+        _as_postgres([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(self.data_dir.parent, ignore_errors=True)
+
+
+def _as_postgres(cmd: list[str]) -> subprocess.CompletedProcess:
+    # initdb and postgres refuse to run as root: run them as the 'postgres' system user then.
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def start_postgres() -> PostgresServer:
+    """A throwaway PostgreSQL cluster (initdb in a temp dir) on a free loopback port."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    assert found, "PostgreSQL is not installed: run `make setup` (scripts/setup.sh installs it)"
+    bin_dir = Path(found[-1]).parent
+    # Not under pytest's tmp dir: that one is private to root, and the server runs as postgres.
+    root = Path(tempfile.mkdtemp(prefix="fm-test-pg-"))
+    data = root / "data"
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
+    assert out.returncode == 0, f"initdb failed: {out.stderr}"
+    port = free_port()
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40"
+    out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
+    assert out.returncode == 0, f"PostgreSQL did not start on port {port}: {out.stdout} {out.stderr}"
+    server = PostgresServer(port, data, bin_dir)
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute("CREATE DATABASE features")
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_db(pg_server) -> Iterator[psycopg.Connection]:
+    """The session's PostgreSQL database, emptied for this test (public schema recreated)."""
+    with pg_server.connect() as conn:
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+        yield conn
+
+
 @pytest.fixture(scope="session")
 def spark():
     from jobs.spark import build_spark
@@ -111,4 +179,12 @@ def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
         spark=SparkConf(),
         redis=RedisConf(url=redis_server.url, password_env=None, pipeline_entities=64, sample_entities=50),
         quality=QualityConf(max_bad_fraction=0.05),
+        sinks=["redis"],
     )
+
+
+@pytest.fixture
+def sql_conf(run_conf, pg_server, pg_db) -> RunConf:
+    """run_conf writing only to the SQL store (the session's PostgreSQL, emptied)."""
+    sql = SqlConf(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
+    return run_conf.model_copy(update={"sinks": ["cockroach"], "sql": sql})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +27,7 @@ def test_help_lists_subcommands():
     for command in ("run", "sample-data", "defs"):
         assert command in out.stdout
     run_help = run(str(BIN / "materialize"), "run", "--help").stdout
-    for flag in ("--env", "--date", "--source", "--redis-url", "--data-root"):
+    for flag in ("--env", "--date", "--source", "--sink", "--redis-url", "--sql-dsn", "--data-root"):
         assert flag in run_help
 
 
@@ -42,7 +44,7 @@ def test_bad_date_and_unknown_env_are_usage_errors():
     assert out.returncode == 2 and "unknown env 'nowhere'" in out.stderr
 
 
-def test_spark_submit_runs_the_job(sample_root, redis_server, redis_db, tmp_path):
+def test_spark_submit_runs_the_job_into_both_stores(sample_root, redis_server, redis_db, pg_server, pg_db, tmp_path):
     conf = tmp_path / "conf"
     (conf / "base").mkdir(parents=True)
     (conf / "ci").mkdir()
@@ -55,10 +57,21 @@ def test_spark_submit_runs_the_job(sample_root, redis_server, redis_db, tmp_path
     out = run(
         str(BIN / "spark-submit"), "--master", "local[2]", "--jars", jars,
         str(ROOT / "jobs" / "materialize.py"), "--env", "ci", "--date", DAY2_STR, "--source", "store_features_long",
+        "--sink", "all", "--sql-dsn", pg_server.dsn,
         env={"FM_CONF_DIR": str(conf), "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "succeeded" in out.stdout
     raw = redis_db.hget("s:st00001", field_id("_ts:store_features_long"))
     assert decode("int", raw) == 1795219200  # end of 2026-11-20 UTC
-    assert (tmp_path / "reports" / "store_features_long" / DAY2_STR / "summary.json").is_file()
+    row = pg_db.execute("SELECT source, as_of FROM store_features WHERE entity_key = 'st00001'").fetchone()
+    assert row == ("store_features_long", dt.datetime(2026, 11, 21, tzinfo=dt.UTC))
+    report = json.loads((tmp_path / "reports" / "store_features_long" / DAY2_STR / "summary.json").read_text())
+    assert report["sinks"]["cockroach"]["rows_upserted"] == report["sinks"]["redis"]["entities"] == report["entities"]
+
+
+def test_sink_flag_and_password_in_dsn(tmp_path):
+    out = run(str(BIN / "materialize"), "run", "--date", DAY2_STR, "--sink", "mongo")
+    assert out.returncode == 2 and "invalid choice: 'mongo'" in out.stderr
+    out = run(str(BIN / "materialize"), "run", "--date", DAY2_STR, "--sql-dsn", "postgresql://u:hunter2@db:26257/f")
+    assert out.returncode == 2 and "dsn contains a password" in out.stderr and "hunter2" not in out.stderr

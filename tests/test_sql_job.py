@@ -1,0 +1,270 @@
+"""End to end into a real PostgreSQL (the CockroachDB stand-in), read back raw as JSONB text."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from feature_defs import load_definitions
+from jobs.config import SqlConf
+from jobs.run import BadInputError, run_source, split_keys, sql_sink_config
+from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
+from sinks.errors import TerminalSinkError
+from sinks.sql_sink import SqlSink, connect, ensure_schema
+
+from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, is_null, source_rows
+
+AS_OF_DAY2 = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
+
+
+def table_rows(conn, table: str) -> dict[str, tuple]:
+    """Every row, raw: entity_key -> (source, features as parsed JSON, as_of)."""
+    rows = conn.execute(f"SELECT entity_key, source, features::text, as_of FROM {table}").fetchall()  # noqa: S608 (test-owned name)
+    return {key: (source, json.loads(doc), as_of) for key, source, doc, as_of in rows}
+
+
+def same_json_value(feature, stored, value) -> bool:
+    if feature.type == "float":
+        if feature.precision == "float32":
+            return np.float32(stored) == np.float32(value)
+        return float(stored) == float(value)
+    if feature.type == "embedding":
+        return np.array_equal(np.asarray(stored, np.float32), np.asarray(value, np.float32))
+    if feature.type == "int":
+        return stored == int(value)
+    if feature.type in ("int_list", "string_list"):
+        return stored == list(value)
+    return stored == value
+
+
+def written(feature, value) -> bool:
+    if is_null(value):
+        return False
+    return not (feature.type == "float" and not math.isfinite(float(value)))
+
+
+def check_consumer_rows(conn, expected: dict[int, dict], as_of: dt.datetime) -> int:
+    rows = table_rows(conn, "consumer_features")
+    assert set(rows) == {str(cid) for cid in expected}
+    checked = 0
+    for cid, row in expected.items():
+        source, features, stored_as_of = rows[str(cid)]
+        assert (source, stored_as_of) == ("consumer_daily", as_of)
+        want = {f.name for f in CONSUMER.features if written(f, row[f.name])}
+        assert set(features) == want, f"consumer {cid}: keys differ"
+        for name in want:
+            feature = CONSUMER.feature(name)
+            assert same_json_value(feature, features[name], row[name]), (cid, name, features[name], row[name])
+            checked += 1
+    return checked
+
+
+def test_consumer_snapshot_round_trips_through_jsonb(spark, sample_root, sql_conf, pg_db):
+    summary = run_source(spark, sql_conf, DEFS, "consumer_daily", DAY2)
+    expected = expected_consumers(spark, sample_root, DAY2)
+    assert summary.status == "succeeded"
+    checked = check_consumer_rows(pg_db, expected, AS_OF_DAY2)
+    assert checked > 20 * len(expected)  # most of the 30 features are set
+    assert {f.type for f in CONSUMER.features} == {"float", "int", "bool", "string", "embedding", "int_list", "string_list"}
+    stats = summary.sinks["cockroach"]
+    assert stats["dialect"] == "postgres" and stats["table"] == "consumer_features"
+    assert stats["rows_upserted"] == len(expected) == summary.entities
+    assert stats["statements"] >= math.ceil(len(expected) / 25) and stats["retries"] == 0
+    assert "redis" not in summary.sinks  # --sink cockroach writes only the SQL store
+
+
+def test_long_layout_round_trips_through_jsonb(spark, sample_root, sql_conf, pg_db):
+    summary = run_source(spark, sql_conf, DEFS, "store_features_long", DAY2)
+    pdf = source_rows(spark, sample_root, "store_features_long", DAY2)
+    good = pdf[pdf["store_id"].notna() & ~pdf["store_id"].fillna("").str.contains(":")]
+    latest = good.sort_values("event_ts").groupby(["store_id", "feature_name"]).tail(1)
+    rows = table_rows(pg_db, "store_features")
+    assert len(rows) == summary.entities == good["store_id"].nunique()
+    names = {f.name for f in STORE.features}
+    expected: dict[str, dict] = {}
+    for _, r in latest.iterrows():
+        if r["feature_name"] in names and not is_null(r["value"]):
+            kind = STORE.feature(r["feature_name"]).type
+            expected.setdefault(r["store_id"], {})[r["feature_name"]] = {"float": float, "int": int, "bool": bool}[kind](r["value"])
+    assert {k: v[1] for k, v in rows.items() if v[1]} == expected
+
+
+def test_null_feature_leaves_the_map_and_rerun_is_identical(spark, sample_root, sql_conf, pg_db):
+    run_source(spark, sql_conf, DEFS, "consumer_daily", DAY1)
+    day1 = expected_consumers(spark, sample_root, DAY1)
+    day2 = expected_consumers(spark, sample_root, DAY2)
+    became_null = [
+        (cid, f.name) for cid in set(day1) & set(day2) for f in CONSUMER.features
+        if written(f, day1[cid][f.name]) and not written(f, day2[cid][f.name])
+    ]  # fmt: skip
+    assert len(became_null) > 10
+    rows = table_rows(pg_db, "consumer_features")
+    assert all(name in rows[str(cid)][1] for cid, name in became_null)
+    run_source(spark, sql_conf, DEFS, "consumer_daily", DAY2)
+    rows = table_rows(pg_db, "consumer_features")
+    assert not [(cid, name) for cid, name in became_null if name in rows[str(cid)][1]]
+    raw = pg_db.execute("SELECT entity_key, source, features::text, as_of FROM consumer_features ORDER BY 1").fetchall()
+    run_source(spark, sql_conf, DEFS, "consumer_daily", DAY2)
+    assert pg_db.execute("SELECT entity_key, source, features::text, as_of FROM consumer_features ORDER BY 1").fetchall() == raw
+
+
+STALL_AT_ROW = 120
+
+
+def install_stall_trigger(conn) -> None:
+    """The STALL_AT_ROW-th row inserted sleeps, so a second connection can kill that backend.
+
+    A sequence counts rows: nextval survives the rollback of the killed statement, so the
+    retried statement does not stall again.
+    """
+    conn.execute("CREATE SEQUENCE rows_seen")
+    conn.execute(
+        "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF nextval('rows_seen') = {STALL_AT_ROW} THEN PERFORM pg_sleep(120); END IF; RETURN NEW; END $$"
+    )
+    conn.execute("CREATE TRIGGER stall BEFORE INSERT ON consumer_features FOR EACH ROW EXECUTE FUNCTION stall()")
+
+
+def test_backend_killed_mid_write_is_retried_and_table_is_complete(spark, sample_root, sql_conf, pg_server, pg_db):
+    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres")
+    ensure_schema(pg_db, conf)
+    install_stall_trigger(pg_db)
+    killed: list[int] = []
+
+    def killer() -> None:
+        with pg_server.connect() as conn:
+            deadline = time.monotonic() + 120
+            while not killed and time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND application_name = 'feature-materializer'"
+                ).fetchone()
+                if row:
+                    conn.execute("SELECT pg_terminate_backend(%s)", row)
+                    killed.append(row[0])
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    summary = run_source(spark, sql_conf, DEFS, "consumer_daily", DAY2)
+    thread.join(timeout=5)
+    assert len(killed) == 1, "the stalled backend was never seen"
+    stats = summary.sinks["cockroach"]
+    assert stats["retries"] >= 1 and stats["reconnects"] >= 1
+    assert pg_db.execute("SELECT last_value FROM rows_seen").fetchone()[0] > STALL_AT_ROW  # the write went on after the kill
+    check_consumer_rows(pg_db, expected_consumers(spark, sample_root, DAY2), AS_OF_DAY2)
+
+
+def install_failing_trigger(conn, key: str, sqlstate: str) -> None:
+    conn.execute("CREATE SEQUENCE attempts")
+    conn.execute(
+        "CREATE FUNCTION fail_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF NEW.entity_key = '{key}' THEN PERFORM nextval('attempts'); "
+        f"RAISE EXCEPTION 'injected failure' USING ERRCODE = '{sqlstate}'; END IF; RETURN NEW; END $$"
+    )
+    conn.execute("CREATE TRIGGER fail_key BEFORE INSERT ON consumer_features FOR EACH ROW EXECUTE FUNCTION fail_key()")
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "attempts", "wording"),
+    [("40001", 3, "still failing after 3 attempts"), ("22023", 1, "failed (not retried)")],
+)
+def test_failing_batch_is_retried_boundedly_then_terminal(spark, sql_conf, pg_db, sqlstate, attempts, wording):
+    conf = sql_conf.model_copy(update={"sql": sql_conf.sql.model_copy(update={"retries": 2})})
+    ensure_schema(pg_db, sql_sink_config(conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"))
+    install_failing_trigger(pg_db, "42", sqlstate)
+    with pytest.raises(TerminalSinkError) as info:
+        run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+    message = str(info.value)
+    assert "consumer_features" in message and wording in message and f"[{sqlstate}]" in message
+    first, last = message.split("keys '")[1].split("'")[0], message.split("..'")[1].split("'")[0]
+    assert first <= "42" <= last  # the batch named is the one holding the key
+    assert pg_db.execute("SELECT last_value FROM attempts").fetchone()[0] == attempts
+    report = json.loads((conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").read_text())
+    assert report["status"] == "failed" and "consumer_features" in report["error"]
+
+
+def write_things(spark, tmp_path, rows) -> object:
+    """A tiny source 'things' (string key, a string list and a float) with its own definitions."""
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text(
+        "entities:\n  - name: thing\n    prefix: t\n    keys: [{name: thing_id, type: string}]\n    sql_table: thing_features\n"
+    )
+    (folder / "things.yaml").write_text(
+        "source:\n  name: things\n  entity: thing\n  location: things\n  layout: wide\n"
+        "  features:\n    - {name: tags, type: string_list}\n    - {name: score, type: float}\n"
+    )
+    schema = "thing_id string, tags array<string>, score double, ds date"
+    spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "things"))
+    return load_definitions(folder)
+
+
+def test_oversized_map_is_quarantined_and_the_rest_written(spark, sql_conf, pg_db, tmp_path):
+    huge = ["x" * 1000] * 600  # about 600 KB of JSON, over the 512 KiB default
+    rows = [("t1", ["a", "b"], 1.5, DAY2), ("t2", huge, 2.0, DAY2), ("t3", None, None, DAY2), ("t4", ["c"], float("nan"), DAY2)]
+    defs = write_things(spark, tmp_path, rows)
+    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "quality": sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5})})
+    summary = run_source(spark, conf, defs, "things", DAY2)
+    reason = "features JSON larger than 524,288 bytes (sql.max_map_bytes)"
+    assert summary.bad_rows == 1 and summary.bad_reasons == {reason: 1}
+    rows_out = table_rows(pg_db, "thing_features")
+    assert {k: v[1] for k, v in rows_out.items()} == {"t1": {"tags": ["a", "b"], "score": 1.5}, "t3": {}, "t4": {"tags": ["c"]}}
+    assert summary.sinks["cockroach"]["non_finite"] == 1  # the NaN score is left out and counted
+    quarantined = spark.read.format("delta").load(summary.quarantine_table).collect()
+    assert [(json.loads(r["row"])["thing_id"], list(r["reasons"])) for r in quarantined] == [("t2", [reason])]
+    # with the quality gate at its usual 1%, one bad row in three stops the run before writing
+    pg_db.execute("DELETE FROM thing_features")
+    with pytest.raises(BadInputError):
+        run_source(spark, sql_conf.model_copy(update={"data_root": str(tmp_path)}), defs, "things", DAY2)
+    assert table_rows(pg_db, "thing_features") == {}
+
+
+def test_map_size_limit_is_exact_in_bytes(spark, tmp_path):
+    defs = write_things(spark, tmp_path, [("t1", ["é"], 1.5, DAY2)])
+    text = '{"tags":["é"],"score":1.5}'  # 27 bytes: é is two bytes in UTF-8
+    df = spark.createDataFrame([("t1", ["é"], 1.5, [])], f"thing_id string, tags array<string>, score double, {REASONS} array<string>")
+    source = defs.sources["things"]
+    at_limit = with_json_maps(df, source, len(text.encode()))
+    assert at_limit.select(JSON_MAP, is_bad(at_limit)).first() == (text, False)
+    over = with_json_maps(df, source, len(text.encode()) - 1)
+    assert over.select(is_bad(over)).first()[0] is True
+
+
+def test_split_keys_are_quantiles_of_the_keys_to_write(spark):
+    keys = spark.createDataFrame([(f"k{i:03d}",) for i in range(100)], "_id string").repartition(3)
+    assert split_keys(keys, 4, 100) == ["k020", "k040", "k060", "k080"]  # a small input is sampled whole
+    many = spark.range(20_000).selectExpr("lpad(cast(id as string), 5, '0') as _id")
+    picked = [int(k) for k in split_keys(many, 3, 20_000)]
+    for got, want in zip(picked, (5_000, 10_000, 15_000)):
+        assert abs(got - want) < 2_000  # from a sample of about 200 keys, not a full collect
+
+
+def test_unreachable_sql_store_is_a_clear_error(spark, sql_conf):
+    conf = sql_conf.model_copy(update={"sql": SqlConf(dsn="postgresql://postgres@127.0.0.1:1/features", connect_timeout=2)})
+    with pytest.raises(TerminalSinkError, match=r"cannot connect to the SQL store \(postgresql://postgres@127.0.0.1:1/features\)"):
+        run_source(spark, conf, DEFS, "store_features_long", DAY2)
+
+
+def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
+    pg_db.execute("CREATE TABLE consumer_features (entity_key text PRIMARY KEY, payload jsonb)")
+    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres")
+    with connect(conf) as conn, pytest.raises(TerminalSinkError, match="without the column.s. source, features, as_of"):
+        ensure_schema(conn, conf)
+
+
+def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db):
+    conf = replace(sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"), batch_rows=2)
+    ensure_schema(pg_db, conf)
+    with SqlSink(conf) as sink:
+        for key, doc in [("a", '{"n":1}'), ("b", '{"n":2}'), ("b", '{"n":3}'), ("c", "{}"), ("d", '{"s":"x"}'), ("e", '{"n":5}')]:
+            sink.add(key, doc)
+        sink.flush()
+    assert {k: v[1] for k, v in table_rows(pg_db, "consumer_features").items()} == {"a": {"n": 1}, "b": {"n": 3}, "c": {}, "d": {"s": "x"}, "e": {"n": 5}}
+    assert (sink.stats.rows_upserted, sink.stats.duplicates, sink.stats.statements) == (5, 1, 3)
