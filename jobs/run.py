@@ -149,6 +149,14 @@ def write_quarantine(conf: RunConf, source: SourceDef, date: dt.date, quarantine
     summary.bad_reasons = {r["reason"]: r["count"] for r in reasons}
 
 
+def _sum_partition_stats(stats: dict, parts: list, keys: tuple[str, ...], seconds: float, rate: tuple[str, str]) -> None:
+    """Add up the writers' stats rows; ``rate`` is (name, counted key) of the per-second figure."""
+    for key in keys:
+        stats[key] = sum(p[key] for p in parts)
+    stats["write_seconds"] = seconds
+    stats[rate[0]] = stats[rate[1]] / seconds if seconds else 0.0
+
+
 def redis_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, ceiling: int | None, url: str | None = None) -> RedisSinkConfig:
     password = conf.redis_password()
     return RedisSinkConfig(
@@ -218,11 +226,9 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         with progress(spark, f"write {source.name} to redis"):
             parts = good.mapInArrow(partial(write_redis_partition, plan), STATS_SCHEMA).collect()
         seconds = time.perf_counter() - start
-        for key in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries"):
-            stats[key] = sum(p[key] for p in parts)
+        keys = ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries")
+        _sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
         stats["memory_after"] = int(client.info("memory")["used_memory"])
-        stats["write_seconds"] = seconds
-        stats["values_per_s"] = stats["values_set"] / seconds if seconds else 0.0
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
             raise CapacityError(
@@ -287,10 +293,8 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
         plan = SqlWritePlan(sink=sink_conf)
         parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_sql_partition, plan), SQL_STATS_SCHEMA).collect()
     seconds = time.perf_counter() - start
-    for key in ("rows_upserted", "statements", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent"):
-        stats[key] = sum(p[key] for p in parts)
-    stats["write_seconds"] = seconds
-    stats["rows_per_s"] = stats["rows_upserted"] / seconds if seconds else 0.0
+    keys = ("rows_upserted", "statements", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
+    _sum_partition_stats(stats, parts, keys, seconds, rate=("rows_per_s", "rows_upserted"))
     errors = [p["error"] for p in parts if p["error"]]
     if errors:
         raise TerminalSinkError(
