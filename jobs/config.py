@@ -111,9 +111,10 @@ class SqlConf(_Strict):
 
         try:
             parts = conninfo_to_dict(self.dsn)
-        except Exception as exc:
-            raise ValueError(f"dsn is not a valid connection string: {exc}") from None
-        if parts.get("password"):
+        except Exception:
+            # libpq quotes the offending token, which may be a secret: do not repeat it
+            raise ValueError("dsn is not a valid libpq connection string or postgresql:// URL") from None
+        if any("password" in key and value for key, value in parts.items()):  # password, sslpassword
             raise ValueError("dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
         return self
 
@@ -223,4 +224,6 @@ def load_config(env: str | None = None, overrides: dict | None = None) -> RunCon
         return RunConf.model_validate(merged)
     except ValidationError as exc:
         where = ", ".join(str(p) for p in read) or f"{root}/base and {root}/{env} (no files)"
-        raise ConfigError(f"invalid configuration (read {where}):\n{exc}") from exc
+        # Never echo input values: a flag or file may hold a secret where it does not belong.
+        problems = [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors(include_url=False, include_input=False)]
+        raise ConfigError(f"invalid configuration (read {where}):\n  " + "\n  ".join(problems)) from None

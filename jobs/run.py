@@ -287,7 +287,11 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
         if dialect == "cockroach" and conf.sql.pre_split and summary.entities >= conf.sql.pre_split_min_rows:
             keys = split_keys(rows, conf.sql.pre_split, summary.entities)
             expires = dt.datetime.now(dt.UTC) + dt.timedelta(hours=conf.sql.split_expiration_hours)
-            stats["splits"] = pre_split(conn, sink_conf, keys, expires)
+            try:
+                stats["splits"] = pre_split(conn, sink_conf, keys, expires)
+            except psycopg.Error as exc:
+                # Splitting only spreads the load; a cluster that refuses it (e.g. serverless) still takes the write.
+                summary.warnings.append(f"pre-split of {sink_conf.table_name} refused, writing without it: {str(exc).strip()}")
     start = time.perf_counter()
     with progress(spark, f"write {source.name} to {dialect}"):
         plan = SqlWritePlan(sink=sink_conf)

@@ -236,8 +236,14 @@ def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFram
     """Add the SQL store's JSON object per good row; a larger one than ``max_bytes`` is bad input."""
     schema = T.StructType([*df.schema.fields, T.StructField(JSON_MAP, T.StringType()), T.StructField(NON_FINITE, T.IntegerType())])
     out = df.mapInArrow(partial(_json_map_partition, feature_specs(source)), schema)
-    too_big = _reason(F.octet_length(JSON_MAP) > max_bytes, f"features JSON larger than {max_bytes:,} bytes (sql.max_map_bytes)")
-    return _collect_reasons(out, [too_big])
+    reasons = [_reason(F.octet_length(JSON_MAP) > max_bytes, f"features JSON larger than {max_bytes:,} bytes (sql.max_map_bytes)")]
+    # JSONB on PostgreSQL cannot hold U+0000 in a string (CockroachDB can): keep such rows out.
+    for f in source.features:
+        if f.type == "string":
+            reasons.append(_reason(F.col(f.name).contains("\x00"), f"{f.name}: NUL character (not storable in JSONB)"))
+        elif f.type == "string_list":
+            reasons.append(_reason(F.exists(f.name, lambda x: x.contains("\x00")), f"{f.name}: NUL character (not storable in JSONB)"))
+    return _collect_reasons(out, reasons)
 
 
 def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> DataFrame:

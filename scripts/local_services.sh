@@ -13,10 +13,7 @@ PG_DB=features
 mkdir -p "$RUN"
 
 pg_bin() {
-  local dir
-  dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
-  [ -n "$dir" ] || { echo "[services] PostgreSQL is not installed: run 'make setup'" >&2; exit 1; }
-  echo "$dir"
+  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
 }
 
 as_pg() {  # run a PostgreSQL tool as the 'postgres' user when we are root
@@ -24,12 +21,25 @@ as_pg() {  # run a PostgreSQL tool as the 'postgres' user when we are root
 }
 
 pg_dir() {
-  # The cluster lives in .run/pg unless (as root) the postgres user cannot reach it.
-  if [ "$(id -u)" -ne 0 ] || runuser -u postgres -- test -x "$RUN"; then
+  # The cluster lives in .run/pg unless (as root) the postgres user cannot reach it; then
+  # in a fresh private temp dir, whose path is remembered in .run/pg.path.
+  if [ -f "$RUN/pg.path" ]; then
+    cat "$RUN/pg.path"
+  elif [ "$(id -u)" -ne 0 ] || runuser -u postgres -- test -x "$RUN"; then
     echo "$RUN/pg"
   else
-    echo "/tmp/feature-materializer-pg-$(printf '%s' "$ROOT" | sha256sum | cut -c1-8)"
+    mktemp -d /tmp/feature-materializer-pg.XXXXXX | tee "$RUN/pg.path"
   fi
+}
+
+pg_wait_ready() {  # pg_isready: 0 accepting, 1 starting up / rejecting, 2 no answer
+  local bin=$1 rc
+  for _ in $(seq 100); do
+    rc=0; as_pg "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" || rc=$?
+    [ "$rc" -eq 1 ] || return "$rc"
+    sleep 0.1
+  done
+  return 1
 }
 
 start_redis() {
@@ -47,20 +57,22 @@ start_redis() {
 start_postgres() {
   local bin dir
   bin=$(pg_bin)
+  [ -n "$bin" ] || { echo "[services] PostgreSQL is not installed: run 'make setup'" >&2; exit 1; }
   dir=$(pg_dir)
-  if as_pg "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then
+  if pg_wait_ready "$bin"; then
     echo "[services] postgresql already up on 127.0.0.1:$PG_PORT"
   else
     if [ ! -f "$dir/PG_VERSION" ]; then
       mkdir -p "$dir"
-      [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$dir"
+      if [ "$(id -u)" -eq 0 ]; then chown postgres:postgres "$dir"; fi
       chmod 700 "$dir"
       # trust on loopback only: a throwaway local server, never a deployment
       as_pg "$bin/initdb" -D "$dir" -A trust -U postgres -E UTF8 --locale=C.UTF-8 >/dev/null
     fi
     # The log stays inside the cluster dir: the postgres user can write there.
+    # The socket dir is quoted for paths with spaces.
     as_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w \
-      -o "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=50" start >/dev/null
+      -o "-p $PG_PORT -k '$dir' -c listen_addresses=127.0.0.1 -c max_connections=50" start >/dev/null
     echo "[services] postgresql started on 127.0.0.1:$PG_PORT (data and log: $dir)"
   fi
   if ! as_pg "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" | grep -q 1; then
@@ -73,7 +85,7 @@ stop_postgres() {
   local bin dir
   bin=$(pg_bin)
   dir=$(pg_dir)
-  if [ -f "$dir/postmaster.pid" ]; then
+  if [ -n "$bin" ] && as_pg test -f "$dir/postmaster.pid"; then
     as_pg "$bin/pg_ctl" -D "$dir" -m fast -w stop >/dev/null && echo "[services] postgresql stopped"
   else
     echo "[services] postgresql was not running"

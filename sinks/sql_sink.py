@@ -99,8 +99,19 @@ def connect(conf: SqlSinkConfig) -> psycopg.Connection:
         autocommit=True,
         application_name=conf.application_name,
         connect_timeout=conf.connect_timeout,
+        # statement_timeout is enforced by the server; these notice a peer that vanished
+        # without a reset (a dead node, a partition) instead of waiting on TCP for minutes.
+        keepalives=1,
+        keepalives_idle=30,
+        keepalives_interval=10,
+        keepalives_count=3,
+        tcp_user_timeout=conf.statement_timeout_ms + 10_000,
     )
-    conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(conf.statement_timeout_ms)))
+    try:
+        conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(conf.statement_timeout_ms)))
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -111,14 +122,17 @@ def detect_dialect(conn: psycopg.Connection) -> Dialect:
 
 def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> None:
     """Create the entity table if missing; refuse a table whose columns do not match."""
-    conn.execute(stmts.create_table(conf.table_id, conf.dialect))
-    found = {
-        r[0]
-        for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
-            (conf.table, conf.schema),
-        )
-    }
+    try:
+        conn.execute(stmts.create_table(conf.table_id, conf.dialect))
+        found = {
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
+                (conf.table, conf.schema),
+            )
+        }
+    except psycopg.Error as exc:
+        raise TerminalSinkError(f"schema step for table {conf.table_name} failed: [{exc.sqlstate or 'no SQLSTATE'}] {str(exc).strip()}") from exc
     missing = [c for c in stmts.COLUMNS if c not in found]
     if missing:
         raise TerminalSinkError(

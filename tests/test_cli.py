@@ -73,5 +73,8 @@ def test_spark_submit_runs_the_job_into_both_stores(sample_root, redis_server, r
 def test_sink_flag_and_password_in_dsn(tmp_path):
     out = run(str(BIN / "materialize"), "run", "--date", DAY2_STR, "--sink", "mongo")
     assert out.returncode == 2 and "invalid choice: 'mongo'" in out.stderr
-    out = run(str(BIN / "materialize"), "run", "--date", DAY2_STR, "--sql-dsn", "postgresql://u:hunter2@db:26257/f")
-    assert out.returncode == 2 and "dsn contains a password" in out.stderr and "hunter2" not in out.stderr
+    for dsn in ("password=hunter2 host=db", "postgresql://u:hunter2@db:26257/f", "host=db sslpassword=hunter2"):
+        out = run(str(BIN / "materialize"), "run", "--date", DAY2_STR, "--sql-dsn", dsn)
+        assert out.returncode == 2 and "dsn contains a password" in out.stderr and "hunter2" not in out.stderr
+    out = run(str(BIN / "materialize"), "run", "--date", DAY2_STR, "--sql-dsn", "postgresql://app:hunter2%zz@db/f")
+    assert out.returncode == 2 and "dsn is not a valid" in out.stderr and "hunter2" not in out.stderr

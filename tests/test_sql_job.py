@@ -208,18 +208,25 @@ def write_things(spark, tmp_path, rows) -> object:
 
 def test_oversized_map_is_quarantined_and_the_rest_written(spark, sql_conf, pg_db, tmp_path):
     huge = ["x" * 1000] * 600  # about 600 KB of JSON, over the 512 KiB default
-    rows = [("t1", ["a", "b"], 1.5, DAY2), ("t2", huge, 2.0, DAY2), ("t3", None, None, DAY2), ("t4", ["c"], float("nan"), DAY2)]
+    rows = [
+        ("t1", ["a", "b"], 1.5, DAY2),
+        ("t2", huge, 2.0, DAY2),
+        ("t3", None, None, DAY2),
+        ("t4", ["c"], float("nan"), DAY2),
+        ("t5", ["ok", "a\x00b"], 1.0, DAY2),  # PostgreSQL's JSONB cannot store U+0000
+    ]
     defs = write_things(spark, tmp_path, rows)
     conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "quality": sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5})})
     summary = run_source(spark, conf, defs, "things", DAY2)
     reason = "features JSON larger than 524,288 bytes (sql.max_map_bytes)"
-    assert summary.bad_rows == 1 and summary.bad_reasons == {reason: 1}
+    nul = "tags: NUL character (not storable in JSONB)"
+    assert summary.bad_rows == 2 and summary.bad_reasons == {reason: 1, nul: 1}
     rows_out = table_rows(pg_db, "thing_features")
     assert {k: v[1] for k, v in rows_out.items()} == {"t1": {"tags": ["a", "b"], "score": 1.5}, "t3": {}, "t4": {"tags": ["c"]}}
     assert summary.sinks["cockroach"]["non_finite"] == 1  # the NaN score is left out and counted
     quarantined = spark.read.format("delta").load(summary.quarantine_table).collect()
-    assert [(json.loads(r["row"])["thing_id"], list(r["reasons"])) for r in quarantined] == [("t2", [reason])]
-    # with the quality gate at its usual 1%, one bad row in three stops the run before writing
+    assert sorted((json.loads(r["row"])["thing_id"], list(r["reasons"])) for r in quarantined) == [("t2", [reason]), ("t5", [nul])]
+    # with the quality gate at the suite's 5%, two bad rows in five stop the run before writing
     pg_db.execute("DELETE FROM thing_features")
     with pytest.raises(BadInputError):
         run_source(spark, sql_conf.model_copy(update={"data_root": str(tmp_path)}), defs, "things", DAY2)
@@ -243,7 +250,7 @@ def test_split_keys_are_quantiles_of_the_keys_to_write(spark):
     many = spark.range(20_000).selectExpr("lpad(cast(id as string), 5, '0') as _id")
     picked = [int(k) for k in split_keys(many, 3, 20_000)]
     for got, want in zip(picked, (5_000, 10_000, 15_000)):
-        assert abs(got - want) < 2_000  # from a sample of about 200 keys, not a full collect
+        assert abs(got - want) < 2_000  # from a sample of a few hundred keys, not a full collect
 
 
 def test_unreachable_sql_store_is_a_clear_error(spark, sql_conf):
