@@ -80,12 +80,13 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
     """Upsert one partition's rows (sorted by key) through one connection; yield its stats."""
     start = time.perf_counter()
     error = None
-    non_finite = 0
+    non_finite = bytes_sent = 0
     sink = SqlSink(plan.sink)
     try:
         sink.open()
         for batch in batches:
             non_finite += pc.sum(batch.column(plan.non_finite_column)).as_py() or 0
+            bytes_sent += pc.sum(pc.binary_length(batch.column(plan.json_column))).as_py() or 0
             for key, doc in zip(batch.column(plan.key_column).to_pylist(), batch.column(plan.json_column).to_pylist()):
                 sink.add(key, doc)
         sink.flush()
@@ -94,5 +95,5 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
         error = str(exc)
     finally:
         sink.close()
-    stats = {**sink.stats.as_dict(), "non_finite": non_finite, "seconds": time.perf_counter() - start, "error": error}
+    stats = {**sink.stats.as_dict(), "non_finite": non_finite, "bytes_sent": bytes_sent, "seconds": time.perf_counter() - start, "error": error}
     yield pa.RecordBatch.from_pylist([stats], schema=_SQL_STATS_ARROW)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psycopg
@@ -85,11 +85,9 @@ class SqlWriteStats:
     statements: int = 0
     retries: int = 0
     reconnects: int = 0
-    bytes_sent: int = 0
-    """JSON bytes of the rows upserted."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
 
 def connect(conf: SqlSinkConfig) -> psycopg.Connection:
@@ -198,9 +196,9 @@ class SqlSink:
         return self._statements[rows]
 
     def _send(self, rows: int) -> None:
-        keys, maps = self._keys[:rows], self._maps[:rows]
+        keys = self._keys[:rows]
         params: list[Any] = []
-        for key, doc in zip(keys, maps):
+        for key, doc in zip(keys, self._maps[:rows]):
             params += (key, self.conf.source, doc, self._as_of)
         query = self._statement(rows)
 
@@ -214,7 +212,6 @@ class SqlSink:
         del self._keys[:rows], self._maps[:rows]
         self.stats.rows_upserted += rows
         self.stats.statements += 1
-        self.stats.bytes_sent += sum(len(m.encode()) for m in maps)
 
     def _on_retry(self, attempt: int, exc: BaseException) -> None:
         self.stats.retries += 1

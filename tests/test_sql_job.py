@@ -224,6 +224,8 @@ def test_oversized_map_is_quarantined_and_the_rest_written(spark, sql_conf, pg_d
     rows_out = table_rows(pg_db, "thing_features")
     assert {k: v[1] for k, v in rows_out.items()} == {"t1": {"tags": ["a", "b"], "score": 1.5}, "t3": {}, "t4": {"tags": ["c"]}}
     assert summary.sinks["cockroach"]["non_finite"] == 1  # the NaN score is left out and counted
+    sent = ['{"tags":["a","b"],"score":1.5}', "{}", '{"tags":["c"]}']
+    assert summary.sinks["cockroach"]["bytes_sent"] == sum(len(t) for t in sent)
     quarantined = spark.read.format("delta").load(summary.quarantine_table).collect()
     assert sorted((json.loads(r["row"])["thing_id"], list(r["reasons"])) for r in quarantined) == [("t2", [reason]), ("t5", [nul])]
     # with the quality gate at the suite's 5%, two bad rows in five stop the run before writing
