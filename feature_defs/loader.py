@@ -89,6 +89,8 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
                 lines[key] = line_of(node, ["source"])
                 for i, feature in enumerate(source.features):
                     lines[f"{key}:{feature.name}"] = line_of(node, ["source", "features", i])
+                for i, extra in enumerate(source.expectations):
+                    lines[f"{key}:expectations:{i}"] = line_of(node, ["source", "expectations", i])
         except ValidationError as exc:
             problems.extend(describe_validation_error(exc, path, node))
 
@@ -98,11 +100,29 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
     return Definitions(entities=entities, sources=sources, files=where, digest=digest.hexdigest())
 
 
+def _extra_expectation_problem(extra, columns: set[str]) -> str | None:
+    """Is this a great-expectations expectation, built from these kwargs, on a known column?"""
+    import great_expectations.expectations as gxe  # only when a source declares extra checks (slow import)
+    from pydantic import ValidationError as GxValidationError
+
+    cls = getattr(gxe, extra.class_name, None)
+    if cls is None:
+        return f"not a great-expectations expectation (no class {extra.class_name})"
+    column = extra.kwargs.get("column")
+    if column is not None and column not in columns:
+        return f"column {column!r} is not a feature or key of this source"
+    try:
+        cls(**extra.kwargs)
+    except (GxValidationError, TypeError, ValueError) as exc:
+        return f"invalid kwargs: {' '.join(str(exc).split())[:300]}"
+    return None
+
+
 def _cross_checks(entities, sources, where, lines) -> list[str]:
     problems = []
 
     def at(key: str) -> str:
-        """file:line of 'source:NAME' or 'source:NAME:FEATURE'."""
+        """file:line of 'source:NAME', 'source:NAME:FEATURE' or 'source:NAME:expectations:I'."""
         line = lines.get(key)
         path = where[":".join(key.split(":")[:2])]
         return f"{path}:{line}" if line else str(path)
@@ -118,6 +138,11 @@ def _cross_checks(entities, sources, where, lines) -> list[str]:
                 f"{at(skey)}: source {source.name!r}: key_columns has {len(source.key_columns)} columns, "
                 f"entity {entity.name!r} has {len(entity.keys)} key parts"
             )
+        columns = {f.name for f in source.features} | {k.name for k in entity.keys}
+        for i, extra in enumerate(source.expectations):
+            problem = _extra_expectation_problem(extra, columns)
+            if problem:
+                problems.append(f"{at(f'{skey}:expectations:{i}')}: source {source.name!r}: expectations[{i}] {extra.type}: {problem}")
         seen: set[str] = set()
         for i, feature in enumerate(source.features):
             if feature.name in seen:

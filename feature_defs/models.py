@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -13,6 +13,9 @@ FeatureName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}$")]
 Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")]
 Prefix = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
 FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list"]
+Severity = Literal["blocking", "warning"]
+"""blocking: a failed check stops the run before any write; warning: reported only."""
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class _Strict(BaseModel):
@@ -53,6 +56,16 @@ class FeatureDef(_Strict):
     """int_list/string_list only: Snappy (default) or none."""
     max_length: PositiveInt | None = None
     """string only: longer strings (in characters) are bad input."""
+    max_null_fraction: Fraction | None = None
+    """Data-quality check: at most this share of entities without a value (default: quality.max_null_fraction)."""
+    min_value: float | None = None
+    """float/int only, optional check: values below are unexpected."""
+    max_value: float | None = None
+    """float/int only, optional check: values above are unexpected."""
+    allowed_values: list[str | int | bool] | None = None
+    """string/int/bool only, optional check: any other value is unexpected."""
+    severity: Severity = "blocking"
+    """Of this feature's range and allowed-values checks."""
     description: str = ""
 
     @model_validator(mode="after")
@@ -62,12 +75,17 @@ class FeatureDef(_Strict):
             "precision": {"float"},
             "compression": {"int_list", "string_list"},
             "max_length": {"string"},
+            "min_value": {"float", "int"},
+            "max_value": {"float", "int"},
+            "allowed_values": {"string", "int", "bool"},
         }
         for option, types in allowed.items():
             if getattr(self, option) is not None and self.type not in types:
                 raise ValueError(f"option '{option}' does not apply to type {self.type} (only {', '.join(sorted(types))})")
         if self.type == "embedding" and self.dimension is None:
             raise ValueError("an embedding needs a 'dimension'")
+        if self.min_value is not None and self.max_value is not None and self.min_value > self.max_value:
+            raise ValueError(f"min_value {self.min_value} is above max_value {self.max_value}")
         return self
 
     @property
@@ -85,6 +103,20 @@ class FeatureDef(_Strict):
     @property
     def field_id(self) -> int:
         return field_id_int(self.name)
+
+
+class ExtraExpectation(_Strict):
+    """A great-expectations 1.x expectation by its snake_case name, run on the snapshot."""
+
+    type: Annotated[str, Field(pattern=r"^expect_[a-z0-9_]+$")]
+    """e.g. expect_column_values_to_be_between (class ExpectColumnValuesToBeBetween)."""
+    kwargs: dict[str, Any] = {}
+    """Its arguments, e.g. {column: orders_7d, min_value: 0, max_value: 500}."""
+    severity: Severity = "warning"
+
+    @property
+    def class_name(self) -> str:
+        return "".join(part.capitalize() for part in self.type.split("_"))
 
 
 class SourceDef(_Strict):
@@ -108,6 +140,8 @@ class SourceDef(_Strict):
     schedule: str = "nightly"
     """Schedule group (one nightly DAG per group)."""
     features: list[FeatureDef] = Field(min_length=1)
+    expectations: list[ExtraExpectation] = []
+    """Further great-expectations checks of this source, beyond those derived from the features."""
     description: str = ""
 
     @model_validator(mode="after")

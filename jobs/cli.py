@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Materialize ML features from Delta tables into the online stores (Redis, CockroachDB).",
         epilog="Examples:\n  materialize sample-data\n  materialize run --env local --date 2026-11-20\n"
         "  materialize run --env local --date 2026-11-20 --sink cockroach --source consumer_daily\n"
-        "  materialize defs --source consumer_daily",
+        "  materialize validate --env local --date 2026-11-20\n  materialize defs --source consumer_daily",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -46,6 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--redis-url", help="Redis URL overriding the config (put no password in it: use the password env var)")
     run.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password in it: use sql.password_env)")
+
+    val = sub.add_parser(
+        "validate",
+        help="run the data-quality checks of one date without writing",
+        description="Read one date's snapshot and run the checks a run would (expectations derived from the feature "
+        "definitions, the bad-row limit), without writing anything. Prints the verdict; the report goes to "
+        "reports/<source>/<date>/validation.json and the HTML data docs to reports/<source>/<date>/data_docs/.",
+    )
+    _common(val)
+    val.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
+    val.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
 
     sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
     _common(sample)
@@ -103,8 +114,9 @@ def cmd_sample_data(args) -> int:
     return EXIT_OK
 
 
-def cmd_run(args) -> int:
-    from jobs.run import report_path, run_source
+def _each_source(args, action, report_name: str) -> int:
+    """Run ``action(spark, conf, defs, name)`` per source; one failing does not stop the others."""
+    from jobs.run import report_dir
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
@@ -115,19 +127,32 @@ def cmd_run(args) -> int:
     failed = []
     for name in names:
         print(f"== {name} {args.date} (env {conf.env})", flush=True)
+        report = report_dir(conf, name, args.date) / report_name
         try:
-            summary = run_source(spark, conf, defs, name, args.date, redis_url=args.redis_url)
-        except Exception as exc:  # one source failing does not stop the others
+            summary = action(spark, conf, defs, name)
+        except Exception as exc:
             failed.append(name)
             print(f"error: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            print(f"summary: {report_path(conf, name, args.date)}", file=sys.stderr)
+            print(f"report: {report}", file=sys.stderr)
             continue
         print(summary.table())
-        print(f"summary: {report_path(conf, name, args.date)}", flush=True)
+        print(f"report: {report}", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def cmd_run(args) -> int:
+    from jobs.run import run_source
+
+    return _each_source(args, lambda spark, conf, defs, name: run_source(spark, conf, defs, name, args.date, redis_url=args.redis_url), "summary.json")
+
+
+def cmd_validate(args) -> int:
+    from jobs.run import validate_source
+
+    return _each_source(args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jobs.config import ConfigError
 
     try:
-        return {"run": cmd_run, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
+        return {"run": cmd_run, "validate": cmd_validate, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, KeyError, FileNotFoundError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return EXIT_USAGE

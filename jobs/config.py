@@ -122,6 +122,16 @@ class SqlConf(_Strict):
 class QualityConf(_Strict):
     max_bad_fraction: float = Field(0.01, ge=0, le=1)
     """Fail the run when more than this fraction of rows read is bad input."""
+    expectations: bool = True
+    """Run the great-expectations gate before writing (validate always runs it)."""
+    max_null_fraction: float = Field(0.25, ge=0, le=1)
+    """Default per-feature limit of entities without a value (a feature may set its own)."""
+    row_count_band: float | None = Field(0.5, ge=0)
+    """Entities may differ from the previous successful run by at most this fraction; None: no check."""
+    verify_sample: int = Field(1000, ge=0)
+    """Entities read back from each store after the write and compared with the source (0: off)."""
+    data_docs: bool = True
+    """Write the great-expectations HTML data docs next to each run's summary."""
 
 
 class RunConf(_Strict):

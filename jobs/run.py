@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -19,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from feature_defs import Definitions, EntityDef, SourceDef
+from jobs import quality, verify
 from jobs import transforms as tf
 from jobs.config import RunConf
 from jobs.partition_writers import (
@@ -30,6 +32,7 @@ from jobs.partition_writers import (
     write_sql_partition,
 )
 from jobs.progress import progress
+from jobs.quality import QualityGateError
 from jobs.summary import RunSummary
 from serializers import field_id, freshness_field_name
 from serializers.batch import encode_batch
@@ -43,7 +46,7 @@ from sinks.sql_statements import Dialect, quantile_keys
 log = logging.getLogger(__name__)
 
 
-class BadInputError(ValueError):
+class BadInputError(QualityGateError, ValueError):
     """Too much of the snapshot is bad input: nothing was written to the stores."""
 
 
@@ -80,6 +83,9 @@ def read_source(spark: SparkSession, conf: RunConf, source: SourceDef) -> DataFr
 class Prepared:
     """A snapshot after the checks: rows to write, rows to quarantine, counts."""
 
+    snapshot: DataFrame
+    """What the expectations check: one row per entity after de-duplication, bad values
+    included, plus the rows whose key is unusable (with null features)."""
     good: DataFrame
     """Rows for the Redis writers: _id and the feature columns."""
     sql_good: DataFrame | None
@@ -117,8 +123,14 @@ def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Entit
     if "cockroach" in conf.sinks:
         checked = tf.with_json_maps(checked, source, conf.sql.max_map_bytes)
     checked = checked.persist()
-    counts2 = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(tf.is_bad(checked).cast("long")).alias("bad")).first()
+    counts2 = checked.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(tf.is_bad(checked).cast("long")).alias("bad"),
+        F.sum((F.col(tf.CONFLICTS) > 0).cast("long")).alias("conflicts"),
+    ).first()
     value_bad = counts2["bad"] or 0
+    summary.conflicting_keys = counts2["conflicts"] or 0
+    summary.snapshot_entities = counts2["rows"] + key_bad
     summary.entities = counts2["rows"] - value_bad
     summary.bad_rows = key_bad + value_bad
     kept = counts["latest"] if source.layout == "long" else counts2["rows"]
@@ -127,6 +139,7 @@ def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Entit
         tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, date.isoformat(), "value")
     )
     return Prepared(
+        snapshot=tf.snapshot_for_checks(checked, tagged, source, entity),
         good=tf.encode_ready(checked, source),
         sql_good=tf.sql_ready(checked) if "cockroach" in conf.sinks else None,
         quarantine=quarantine,
@@ -145,6 +158,10 @@ def write_quarantine(conf: RunConf, source: SourceDef, date: dt.date, quarantine
         .save(path)
     )
     summary.quarantine_table = path
+    count_reasons(quarantine, summary)
+
+
+def count_reasons(quarantine: DataFrame, summary: RunSummary) -> None:
     reasons = quarantine.select(F.explode("reasons").alias("reason")).groupBy("reason").count().collect()
     summary.bad_reasons = {r["reason"]: r["count"] for r in reasons}
 
@@ -308,6 +325,59 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
     return stats
 
 
+def check_quality(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, prepared: Prepared, summary: RunSummary, *, expectations: bool) -> None:
+    """Profile the snapshot, run the expectations, apply the bad-row limit.
+
+    Raises QualityGateError (BadInputError when only the bad-row limit is passed) before
+    anything is written; warning-level failures only go to the summary.
+    """
+    failures: list[str] = []
+    with progress(spark, f"quality checks {source.name}"):
+        summary.profile = quality.profile(prepared.snapshot, source)
+        if expectations:
+            previous = quality.previous_success(conf.reports_path, source.name, date)
+            checks = quality.derive_checks(source, entity, conf.quality, previous)
+            docs = report_dir(conf, source.name, date) / "data_docs" if conf.quality.data_docs else None
+            frame = quality.validation_frame(prepared.snapshot, source)
+            result = quality.run_gate(frame, checks, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
+            summary.expectations = result.as_dicts()
+            summary.data_docs = result.data_docs
+            summary.warnings.extend(f"expectation failed (warning): {r.describe()}" for r in result.warnings)
+            failures = [r.describe() for r in result.blocking_failures]
+    too_bad = summary.bad_fraction > conf.quality.max_bad_fraction
+    bad_text = (
+        f"{summary.bad_rows:,} of {summary.rows_read:,} rows are bad input ({summary.bad_fraction:.2%} > "
+        f"quality.max_bad_fraction {conf.quality.max_bad_fraction:.2%}); reasons: {summary.bad_reasons}"
+    )
+    if failures:
+        lines = failures + ([bad_text] if too_bad else [])
+        docs_line = f"\n  report: {summary.data_docs}" if summary.data_docs else ""
+        raise QualityGateError(
+            f"source {source.name!r} {date}: {len(failures)} blocking expectation(s) failed; nothing was written:\n  " + "\n  ".join(lines) + docs_line
+        )
+    if too_bad:
+        raise BadInputError(f"source {source.name!r} {date}: {bad_text}; nothing was written. Rows kept in {summary.quarantine_table or 'quarantine (not written by validate)'}")
+
+
+def verify_writes(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, good: DataFrame, summary: RunSummary, redis_url: str | None) -> None:
+    """Read a random sample back from every store written; any difference fails the run."""
+    rows = verify.sample_rows(good, conf.quality.verify_sample, summary.entities)
+    found = []
+    if "redis" in summary.sinks:
+        found.append(verify.verify_redis(redis_sink_config(conf, source, entity, date, None, redis_url), source, rows))
+    if "cockroach" in summary.sinks:
+        found.append(verify.verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
+    for m in found:
+        summary.verification[m.sink] = {"checked": len(rows), "mismatches": m.count, "listed": m.listed}
+    wrong = [m for m in found if m.count]
+    if wrong:
+        total = sum(m.count for m in wrong)
+        raise quality.VerificationError(
+            f"source {source.name!r} {date}: {total:,} value(s) read back differ from the source "
+            f"({', '.join(f'{m.sink}: {m.count:,}' for m in wrong)}); first: {wrong[0].listed[0]}"
+        )
+
+
 def run_source(
     spark: SparkSession,
     conf: RunConf,
@@ -317,8 +387,13 @@ def run_source(
     *,
     redis_url: str | None = None,
     report: bool = True,
+    after_write: Callable[[RunSummary], None] | None = None,
 ) -> RunSummary:
-    """Materialize one source for one date; the summary is written even on failure."""
+    """Materialize one source for one date; the summary is written even on failure.
+
+    ``after_write`` runs between the writes and their verification (for integrations
+    that want to act on a written snapshot, and for tests).
+    """
     source = defs.source(source_name)
     entity = defs.entity_of(source)
     summary = RunSummary(source=source.name, entity=entity.name, date=date.isoformat(), env=conf.env, as_of=as_of_epoch(date))
@@ -328,16 +403,15 @@ def run_source(
         with progress(spark, f"check {source.name}"):
             prepared = prepare(spark, conf, source, entity, date, summary)
             write_quarantine(conf, source, date, prepared.quarantine, summary)
-        if summary.bad_fraction > conf.quality.max_bad_fraction:
-            raise BadInputError(
-                f"source {source.name!r} {date}: {summary.bad_rows:,} of {summary.rows_read:,} rows are bad input "
-                f"({summary.bad_fraction:.2%} > quality.max_bad_fraction {conf.quality.max_bad_fraction:.2%}); "
-                f"nothing was written. Reasons: {summary.bad_reasons}. Rows kept in {summary.quarantine_table}"
-            )
+        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations)
         if "redis" in conf.sinks:
             write_redis(spark, conf, source, entity, date, prepared.good, summary, redis_url)
         if "cockroach" in conf.sinks:
             write_sql(spark, conf, source, entity, date, prepared.sql_good, summary)
+        if after_write:
+            after_write(summary)
+        if conf.quality.verify_sample:
+            verify_writes(conf, source, entity, date, prepared.good, summary, redis_url)
         summary.status = "succeeded"
         return summary
     except Exception as exc:
@@ -353,5 +427,36 @@ def run_source(
             summary.write_json(report_path(conf, source.name, date))
 
 
+def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
+    """The checks of a run without any write: status 'passed' or 'failed', report in validation.json."""
+    source = defs.source(source_name)
+    entity = defs.entity_of(source)
+    summary = RunSummary(source=source.name, entity=entity.name, date=date.isoformat(), env=conf.env, as_of=as_of_epoch(date))
+    start = time.perf_counter()
+    prepared = None
+    try:
+        with progress(spark, f"check {source.name}"):
+            prepared = prepare(spark, conf, source, entity, date, summary)
+            count_reasons(prepared.quarantine, summary)
+        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=True)
+        summary.status = "passed"
+        return summary
+    except Exception as exc:
+        summary.status = "failed"
+        summary.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        summary.seconds = time.perf_counter() - start
+        if prepared:
+            for df in prepared.cached:
+                df.unpersist()
+        summary.write_json(report_dir(conf, source.name, date) / "validation.json")
+
+
+def report_dir(conf: RunConf, source: str, date: dt.date) -> Path:
+    """reports/<source>/<date>/: summary.json, validation.json, data_docs/."""
+    return conf.reports_path / source / date.isoformat()
+
+
 def report_path(conf: RunConf, source: str, date: dt.date) -> Path:
-    return conf.reports_path / source / date.isoformat() / "summary.json"
+    return report_dir(conf, source, date) / "summary.json"

@@ -25,6 +25,18 @@ class RunSummary:
     """Long layout: rows of feature names that are not defined."""
     entities: int = 0
     """Entities in the snapshot that passed the checks (the ones written)."""
+    snapshot_entities: int = 0
+    """Entities after de-duplication, bad ones included: what the expectations count."""
+    conflicting_keys: int = 0
+    """Keys with differing versions as recent as the one kept."""
+    expectations: list[dict[str, Any]] = field(default_factory=list)
+    """Each great-expectations check: name, expectation, severity, success, counts."""
+    data_docs: str | None = None
+    """The great-expectations HTML report of this run."""
+    profile: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per feature: null/zero fractions, min/max/mean, list lengths."""
+    verification: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per store: entities read back, mismatches found, the first ones listed."""
     quarantine_table: str = ""
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -55,6 +67,15 @@ class RunSummary:
         if self.ignored_rows:
             rows.append(("rows of undefined features", f"{self.ignored_rows:,}"))
         rows.append(("entities", f"{self.entities:,}"))
+        if self.conflicting_keys:
+            rows.append(("keys with conflicting versions", f"{self.conflicting_keys:,}"))
+        if self.expectations:
+            failed = [e for e in self.expectations if not e["success"]]
+            blocking = sum(e["severity"] == "blocking" for e in failed)
+            rows.append(("expectations", f"{len(self.expectations) - len(failed)} of {len(self.expectations)} passed, {blocking} blocking failed"))
+            for e in failed:
+                counts = f"{e['unexpected_count']:,} of {e['element_count']:,}" if e.get("unexpected_count") is not None else f"observed {e.get('observed_value')}"
+                rows.append((f"  FAILED ({e['severity']})", f"{e['name']}: {counts}"))
         for name, stats in self.sinks.items():
             for key, value in stats.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -64,6 +85,10 @@ class RunSummary:
                 else:
                     continue
                 rows.append((f"{name}: {key.replace('_', ' ')}", text))
+        for name, check in self.verification.items():
+            rows.append((f"{name}: verified", f"{check['checked']:,} entities read back, {check['mismatches']:,} mismatches"))
+        if self.data_docs:
+            rows.append(("data docs", self.data_docs))
         rows.append(("seconds", f"{self.seconds:,.1f}"))
         width = max(len(k) for k, _ in rows)
         lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]

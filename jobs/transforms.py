@@ -27,6 +27,8 @@ JSON_MAP = "_features_json"
 """The SQL store's JSON object of the row's features (null on rows already bad)."""
 NON_FINITE = "_non_finite"
 """NaN/inf float values the JSON object leaves out."""
+CONFLICTS = "_conflicts"
+"""Other versions of the entity as recent as the one kept (see latest_per_key)."""
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
@@ -140,9 +142,25 @@ def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> li
 
 
 def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str]) -> DataFrame:
-    """Keep the latest row per ``partition`` key (deterministic on ties)."""
+    """Keep the latest row per ``partition`` key (deterministic on ties).
+
+    Adds CONFLICTS: how many other, different rows of the key are as recent as the one
+    kept (same timestamp, or no timestamp column). Exact copies do not count. A key with
+    conflicts is not unique after de-duplication: which version is right is unknown.
+    """
+    content = [c for c in df.columns if c not in partition and c != REASONS]
     window = Window.partitionBy(*partition).orderBy(*_order_columns(df, source, partition))
-    return df.withColumn("_rank", F.row_number().over(window)).where("_rank = 1").drop("_rank")
+    whole = Window.partitionBy(*partition)
+    ts = source.timestamp_column
+    tied = F.col(ts).eqNullSafe(F.max(ts).over(whole)) if ts else F.lit(True)
+    ranked = (
+        df.withColumn("_h", F.xxhash64(*content))
+        .withColumn("_rank", F.row_number().over(window))
+        .withColumn("_kept_h", F.first("_h").over(window))
+    )
+    other = F.when(tied & (F.col("_h") != F.col("_kept_h")), F.col("_h"))
+    ranked = ranked.withColumn(CONFLICTS, F.size(F.collect_set(other).over(whole)))
+    return ranked.where("_rank = 1").drop("_rank", "_h", "_kept_h")
 
 
 def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
@@ -154,6 +172,7 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFr
         *[F.col(f.source_column).cast(spark_type(f)).alias(f.name) for f in source.features],
         *([source.timestamp_column] if source.timestamp_column else []),
         REASONS,
+        CONFLICTS,
     )
 
 
@@ -173,7 +192,7 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFr
     for column, feature in by_column.items():
         picked = F.first(F.when(F.col(source.name_column) == column, value), ignorenulls=True)
         aggs.append(picked.alias(f"_raw_{feature.name}"))
-    pivoted = latest.groupBy(*keys).agg(*aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS))
+    pivoted = latest.groupBy(*keys).agg(*aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS), F.sum(CONFLICTS).cast("int").alias(CONFLICTS))
     cols = []
     for feature in by_column.values():
         raw = F.col(f"_raw_{feature.name}")
@@ -185,7 +204,7 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFr
         elif feature.type == "float":
             reasons.append(_reason(raw.isNotNull() & typed.isNull(), f"{feature.name}: not a number"))
         cols.append(typed.alias(feature.name))
-    out = pivoted.select(*keys, *cols, REASONS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
+    out = pivoted.select(*keys, *cols, REASONS, CONFLICTS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
     out = _collect_reasons(out, reasons)
     return out.drop(*[f"_raw_{f.name}" for f in by_column.values()])
 
@@ -248,7 +267,7 @@ def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFram
 
 def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> DataFrame:
     """Bad rows as kept aside: the whole original row as JSON, with the reasons."""
-    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE)]
+    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE, CONFLICTS)]
     return df.where(is_bad(df)).select(
         F.lit(source.name).alias("source"),
         F.lit(date).cast("date").alias("ds"),
@@ -261,6 +280,20 @@ def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> 
 def encode_ready(df: DataFrame, source: SourceDef) -> DataFrame:
     """The good rows, only the columns the writers need: _id then features in order."""
     return df.where(~is_bad(df)).select(ENTITY_ID, *[f.name for f in source.features])
+
+
+def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+    """One row per entity as de-duplicated (bad values included), plus one row per row
+    whose key is unusable (keys as read, features null): what the expectations see."""
+    keys = key_columns(source, entity)
+    features = [f.name for f in source.features]
+    unusable = tagged.where(is_bad(tagged)).select(
+        *keys,
+        *[F.lit(None).cast(spark_type(f)).alias(f.name) for f in source.features],
+        F.lit(0).alias(CONFLICTS),
+        F.lit(None).cast("string").alias(ENTITY_ID),
+    )
+    return checked.select(*keys, *features, F.col(CONFLICTS).cast("int").alias(CONFLICTS), ENTITY_ID).unionByName(unusable)
 
 
 def sql_ready(df: DataFrame) -> DataFrame:

@@ -178,7 +178,8 @@ def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
         reports_dir=str(tmp_path / "reports"),
         spark=SparkConf(),
         redis=RedisConf(url=redis_server.url, password_env=None, pipeline_entities=64, sample_entities=50),
-        quality=QualityConf(max_bad_fraction=0.05),
+        # The gate has its own tests (test_quality.py); here it would only repeat itself.
+        quality=QualityConf(max_bad_fraction=0.05, expectations=False, verify_sample=100),
         sinks=["redis"],
     )
 

@@ -1,0 +1,270 @@
+"""The data-quality gate: great-expectations checks derived from the feature definitions.
+
+No suite is written by hand: :func:`derive_checks` turns a source's definition (keys,
+types, embedding dimensions, null limits, declared ranges and allowed values, extra
+expectations from its YAML) and the previous successful run's size into expectations.
+:func:`run_gate` validates the snapshot with great-expectations 1.x (ephemeral context,
+Spark data source, the DataFrame as a batch parameter) and renders its HTML data docs.
+:func:`profile` summarises every feature in one aggregation pass.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from feature_defs import EntityDef, SourceDef
+from jobs.config import QualityConf
+from jobs.transforms import CONFLICTS, key_columns, spark_type
+
+log = logging.getLogger(__name__)
+
+DIM_PREFIX = "_dim_"
+NUMERIC = ("float", "int")
+LISTS = ("embedding", "int_list", "string_list")
+
+
+class QualityGateError(RuntimeError):
+    """A blocking expectation failed: nothing was written."""
+
+
+class VerificationError(RuntimeError):
+    """Values read back from a store differ from the source rows."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation: a readable name, the great-expectations type and its arguments."""
+
+    name: str
+    type: str
+    kwargs: dict[str, Any]
+    severity: str = "blocking"
+
+    @property
+    def class_name(self) -> str:
+        return "".join(part.capitalize() for part in self.type.split("_"))
+
+
+@dataclass
+class CheckResult:
+    name: str
+    expectation: str
+    severity: str
+    success: bool
+    column: str | None = None
+    element_count: int | None = None
+    unexpected_count: int | None = None
+    unexpected_percent: float | None = None
+    observed_value: Any = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.unexpected_count is not None and self.element_count is not None:
+            pct = f" ({self.unexpected_percent:.2f}%)" if self.unexpected_percent is not None else ""
+            return f"{self.name}: {self.unexpected_count:,} of {self.element_count:,} unexpected{pct}"
+        if self.observed_value is not None:
+            return f"{self.name}: observed {self.observed_value}"
+        return self.name
+
+
+@dataclass
+class GateResult:
+    results: list[CheckResult]
+    data_docs: str | None = None
+
+    @property
+    def blocking_failures(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.success and r.severity == "blocking"]
+
+    @property
+    def warnings(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.success and r.severity == "warning"]
+
+    @property
+    def success(self) -> bool:
+        return not self.blocking_failures
+
+    def as_dicts(self) -> list[dict]:
+        return [asdict(r) for r in self.results]
+
+
+_TYPE_NAMES = {"float": None, "int": "LongType", "bool": "BooleanType", "string": "StringType", "embedding": "ArrayType", "int_list": "ArrayType", "string_list": "ArrayType"}
+
+
+def _type_name(feature) -> str:
+    return type(spark_type(feature)).__name__ if feature.type == "float" else _TYPE_NAMES[feature.type]
+
+
+def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, previous: tuple[str, int] | None = None) -> list[Check]:
+    """The expectations of one source, from its definition (see the README's table)."""
+    tolerance = 1.0 - quality.max_bad_fraction  # rows the bad-row quarantine may take out
+    checks = [
+        Check(f"{c} not null", "expect_column_values_to_not_be_null", {"column": c, "mostly": tolerance})
+        for c in key_columns(source, entity)
+    ]
+    checks.append(Check("entity key unique after de-duplication", "expect_column_values_to_be_in_set", {"column": CONFLICTS, "value_set": [0]}))
+    for f in source.features:
+        checks.append(Check(f"{f.name} is {f.type}", "expect_column_values_to_be_of_type", {"column": f.name, "type_": _type_name(f)}))
+        if f.type == "embedding":
+            checks.append(
+                Check(f"{f.name} has dimension {f.dimension}", "expect_column_values_to_be_between",
+                      {"column": DIM_PREFIX + f.name, "min_value": f.dimension, "max_value": f.dimension, "mostly": tolerance})
+            )  # fmt: skip
+        limit = quality.max_null_fraction if f.max_null_fraction is None else f.max_null_fraction
+        if limit < 1:
+            checks.append(
+                Check(f"{f.name} null at most {limit:.0%}", "expect_column_values_to_not_be_null", {"column": f.name, "mostly": round(1 - limit, 6)})
+            )
+        if f.min_value is not None or f.max_value is not None:
+            checks.append(
+                Check(f"{f.name} in [{f.min_value}, {f.max_value}]", "expect_column_values_to_be_between",
+                      {"column": f.name, "min_value": f.min_value, "max_value": f.max_value}, f.severity)
+            )  # fmt: skip
+        if f.allowed_values is not None:
+            checks.append(Check(f"{f.name} in allowed values", "expect_column_values_to_be_in_set", {"column": f.name, "value_set": f.allowed_values}, f.severity))
+    if previous is not None and quality.row_count_band is not None:
+        date, count = previous
+        low, high = math.floor(count * (1 - quality.row_count_band)), math.ceil(count * (1 + quality.row_count_band))
+        checks.append(
+            Check(f"entities within {quality.row_count_band:.0%} of the {count:,} on {date}", "expect_table_row_count_to_be_between",
+                  {"min_value": max(0, low), "max_value": high})
+        )  # fmt: skip
+    for extra in source.expectations:
+        label = f"{extra.type}({', '.join(f'{k}={v}' for k, v in extra.kwargs.items())})"
+        checks.append(Check(label, extra.type, dict(extra.kwargs), extra.severity))
+    return checks
+
+
+def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
+    """The snapshot plus the derived columns some checks read (embedding lengths)."""
+    dims = [F.when(F.col(f.name).isNotNull(), F.size(f.name)).alias(DIM_PREFIX + f.name) for f in source.features if f.type == "embedding"]
+    return snapshot.select("*", *dims)
+
+
+def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[str, int] | None:
+    """(date, snapshot entities) of the latest successful run of ``source`` before ``date``."""
+    folder = reports_path / source
+    if not folder.is_dir():
+        return None
+    for day in sorted((p.name for p in folder.iterdir() if p.is_dir()), reverse=True):
+        if day >= date.isoformat():
+            continue
+        path = folder / day / "summary.json"
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if report.get("status") == "succeeded" and report.get("snapshot_entities") is not None:
+            return day, int(report["snapshot_entities"])
+    return None
+
+
+def run_gate(df: DataFrame, checks: list[Check], *, suite_name: str, run_name: str, docs_dir: Path | None) -> GateResult:
+    """Validate ``df`` against ``checks`` with great-expectations; render data docs into ``docs_dir``."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no network calls from a nightly job
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    batch = context.data_sources.add_spark(name="feature_materializer").add_dataframe_asset(name=suite_name)
+    batch_definition = batch.add_batch_definition_whole_dataframe("snapshot")
+    suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
+    for check in checks:
+        cls = getattr(gxe, check.class_name)
+        suite.add_expectation(cls(**check.kwargs, meta={"name": check.name, "severity": check.severity}))
+    validation = context.validation_definitions.add(gx.ValidationDefinition(name=run_name, data=batch_definition, suite=suite))
+    actions = []
+    if docs_dir is not None:
+        context.add_data_docs_site(
+            site_name="reports",
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+        actions.append(gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=["reports"]))
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(name=run_name, validation_definitions=[validation], actions=actions, result_format={"result_format": "SUMMARY"})
+    )
+    outcome = checkpoint.run(batch_parameters={"dataframe": df})
+    results = []
+    for run in outcome.run_results.values():
+        for r in run.results:
+            config = r.expectation_config
+            meta = config.meta or {}
+            res = r.result or {}
+            results.append(
+                CheckResult(
+                    name=meta.get("name", config.type),
+                    expectation=config.type,
+                    severity=meta.get("severity", "blocking"),
+                    success=bool(r.success),
+                    column=config.kwargs.get("column"),
+                    element_count=res.get("element_count"),
+                    unexpected_count=res.get("unexpected_count"),
+                    unexpected_percent=res.get("unexpected_percent"),
+                    observed_value=_plain(res.get("observed_value")),
+                    kwargs={k: _plain(v) for k, v in config.kwargs.items() if k not in ("batch_id",)},
+                )
+            )
+    index = docs_dir / "index.html" if docs_dir is not None else None
+    return GateResult(results=results, data_docs=str(index) if index and index.is_file() else None)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly copy of a result value (numpy and Spark types become Python ones)."""
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def profile(df: DataFrame, source: SourceDef) -> dict[str, dict[str, Any]]:
+    """Per feature: null and zero fractions, min/max/mean of numbers, list length stats.
+
+    One aggregation over the (cached) snapshot, not a scan per feature.
+    """
+    aggs: list[Column] = [F.count(F.lit(1)).alias("_rows")]
+    for f in source.features:
+        c = F.col(f.name)
+        aggs.append(F.count(c).alias(f"{f.name}__n"))
+        if f.type in NUMERIC:
+            valid = F.when(~F.isnan(c.cast("double")), c.cast("double"))  # NaN would poison min/max/mean
+            aggs += [
+                F.sum((c == 0).cast("long")).alias(f"{f.name}__zero"),
+                F.min(valid).alias(f"{f.name}__min"),
+                F.max(valid).alias(f"{f.name}__max"),
+                F.avg(valid).alias(f"{f.name}__mean"),
+            ]
+        elif f.type == "bool":
+            aggs.append(F.sum((~c).cast("long")).alias(f"{f.name}__zero"))
+        elif f.type in LISTS:
+            size = F.when(c.isNotNull(), F.size(c))
+            aggs += [F.min(size).alias(f"{f.name}__len_min"), F.max(size).alias(f"{f.name}__len_max"), F.avg(size).alias(f"{f.name}__len_mean")]
+    row = df.agg(*aggs).first().asDict()
+    rows = row.pop("_rows") or 0
+    out: dict[str, dict[str, Any]] = {}
+    for f in source.features:
+        present = row[f"{f.name}__n"]
+        stats: dict[str, Any] = {"null_fraction": (rows - present) / rows if rows else 0.0}
+        if f"{f.name}__zero" in row:
+            stats["zero_fraction"] = (row[f"{f.name}__zero"] or 0) / rows if rows else 0.0
+        for key in ("min", "max", "mean", "len_min", "len_max", "len_mean"):
+            if f"{f.name}__{key}" in row:
+                stats[key] = row[f"{f.name}__{key}"]
+        out[f.name] = stats
+    return out

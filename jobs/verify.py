@@ -1,0 +1,131 @@
+"""Post-write verification: read a random sample of entities back from each store,
+decode it with the serializers, and compare it with the rows that were to be written."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from psycopg import sql
+from pyspark.sql import DataFrame
+
+from feature_defs import FeatureDef, SourceDef
+from serializers import decode, field_id
+from serializers.scalar import DecodeError
+from sinks.redis_sink import RedisSinkConfig, connect
+from sinks.sql_sink import SqlSinkConfig
+from sinks.sql_sink import connect as sql_connect
+
+MAX_LISTED = 50
+"""Mismatches kept in the report (all are counted)."""
+
+
+def sample_rows(good: DataFrame, n: int, total: int, seed: int = 29) -> list[dict[str, Any]]:
+    """About ``n`` random rows of the written snapshot (_id and features), on the driver."""
+    if n <= 0 or total <= 0:
+        return []
+    fraction = min(1.0, 2.0 * n / total)
+    return [r.asDict() for r in good.sample(fraction=fraction, seed=seed).limit(n).collect()]
+
+
+def is_written(feature: FeatureDef, value: Any) -> bool:
+    """Null features and NaN/inf floats are not written to any store."""
+    if value is None:
+        return False
+    return not (feature.type == "float" and not math.isfinite(float(value)))
+
+
+def same_value(feature: FeatureDef, found: Any, expected: Any) -> bool:
+    if feature.type == "float":
+        if feature.precision == "float32":
+            return bool(np.float32(found) == np.float32(expected))
+        return float(found) == float(expected)
+    if feature.type == "int":
+        return int(found) == int(expected)
+    if feature.type == "embedding":
+        return bool(np.array_equal(np.asarray(found, np.float32), np.asarray(expected, np.float32)))
+    if feature.type in ("int_list", "string_list"):
+        return list(found) == list(expected)
+    return found == expected
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class Mismatches:
+    def __init__(self, sink: str):
+        self.sink = sink
+        self.count = 0
+        self.listed: list[dict[str, str]] = []
+
+    def add(self, key: str, feature: str, expected: Any, found: Any) -> None:
+        self.count += 1
+        if len(self.listed) < MAX_LISTED:
+            self.listed.append({"sink": self.sink, "key": key, "feature": feature, "expected": _short(expected), "found": _short(found)})
+
+
+def _compare(source: SourceDef, key: str, row: dict, found: dict[str, Any], out: Mismatches, decode_fn) -> None:
+    for f in source.features:
+        expected = row[f.name]
+        raw = found.pop(f.name, None)
+        if not is_written(f, expected):
+            if raw is not None:
+                out.add(key, f.name, None, raw)
+            continue
+        if raw is None:
+            out.add(key, f.name, expected, None)
+            continue
+        try:
+            value = decode_fn(f, raw)
+        except (DecodeError, ValueError, TypeError) as exc:
+            out.add(key, f.name, expected, f"undecodable {raw!r}: {exc}")
+            continue
+        if not same_value(f, value, expected):
+            out.add(key, f.name, expected, value)
+
+
+def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> Mismatches:
+    out = Mismatches("redis")
+    if not rows:
+        return out
+    client = connect(conf.url, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for row in rows:
+            pipe.hgetall(conf.key_prefix + row["_id"])
+        hashes = pipe.execute()
+    finally:
+        client.close()
+    as_of = str(conf.as_of).encode()
+    for row, stored in zip(rows, hashes):
+        key = conf.key_prefix + row["_id"]
+        if stored.get(conf.freshness_field) != as_of:
+            out.add(key, f"_ts:{source.name}", as_of, stored.get(conf.freshness_field))
+        by_name = {f.name: stored.get(field_id(f.name)) for f in source.features}
+        _compare(source, key, row, by_name, out, lambda f, raw: decode(f.type, raw, **f.options))
+    return out
+
+
+def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mismatches:
+    out = Mismatches("cockroach")
+    if not rows:
+        return out
+    query = sql.SQL("SELECT entity_key, features::text, as_of FROM {} WHERE source = %s AND entity_key = ANY(%s)").format(conf.table_id)
+    with sql_connect(conf) as conn:
+        stored = {k: (json.loads(doc), as_of) for k, doc, as_of in conn.execute(query, (conf.source, [r["_id"] for r in rows]))}
+    for row in rows:
+        key = row["_id"]
+        if key not in stored:
+            out.add(key, "(row)", "a row", None)
+            continue
+        features, as_of = stored[key]
+        if int(as_of.timestamp()) != conf.as_of:
+            out.add(key, "as_of", conf.as_of, int(as_of.timestamp()))
+        _compare(source, key, row, features, out, lambda f, value: value)
+        for extra in features:  # _compare pops every defined feature
+            out.add(key, extra, None, features[extra])
+    return out
