@@ -176,6 +176,7 @@ def run_gate(df: DataFrame, checks: list[Check], *, suite_name: str, run_name: s
     import great_expectations.expectations as gxe
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # it logs every step at INFO
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     batch = context.data_sources.add_spark(name="feature_materializer").add_dataframe_asset(name=suite_name)
@@ -183,7 +184,9 @@ def run_gate(df: DataFrame, checks: list[Check], *, suite_name: str, run_name: s
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for check in checks:
         cls = getattr(gxe, check.class_name)
-        suite.add_expectation(cls(**check.kwargs, meta={"name": check.name, "severity": check.severity}))
+        # notes carry our name into the data docs; meta carries it into the results
+        meta = {"name": check.name, "severity": check.severity}
+        suite.add_expectation(cls(**check.kwargs, meta=meta, notes=f"{check.name} ({check.severity})"))
     validation = context.validation_definitions.add(gx.ValidationDefinition(name=run_name, data=batch_definition, suite=suite))
     actions = []
     if docs_dir is not None:

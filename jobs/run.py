@@ -378,6 +378,36 @@ def verify_writes(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.
         )
 
 
+class _Step:
+    """Times one source's run or validation, records its outcome, always writes the report."""
+
+    def __init__(self, summary: RunSummary, report: Path | None, done: str):
+        self.summary, self.report, self.done = summary, report, done
+        self.prepared: Prepared | None = None
+
+    def __enter__(self) -> _Step:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        summary = self.summary
+        if exc is None:
+            summary.status = self.done
+        else:
+            summary.status = "failed"
+            summary.error = f"{type(exc).__name__}: {exc}"
+        summary.seconds = time.perf_counter() - self.start
+        if self.prepared:
+            for df in self.prepared.cached:
+                df.unpersist()
+        if self.report:
+            summary.write_json(self.report)
+
+
+def _new_summary(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date) -> RunSummary:
+    return RunSummary(source=source.name, entity=entity.name, date=date.isoformat(), env=conf.env, as_of=as_of_epoch(date))
+
+
 def run_source(
     spark: SparkSession,
     conf: RunConf,
@@ -396,12 +426,10 @@ def run_source(
     """
     source = defs.source(source_name)
     entity = defs.entity_of(source)
-    summary = RunSummary(source=source.name, entity=entity.name, date=date.isoformat(), env=conf.env, as_of=as_of_epoch(date))
-    start = time.perf_counter()
-    prepared = None
-    try:
+    summary = _new_summary(conf, source, entity, date)
+    with _Step(summary, report_path(conf, source.name, date) if report else None, "succeeded") as step:
         with progress(spark, f"check {source.name}"):
-            prepared = prepare(spark, conf, source, entity, date, summary)
+            step.prepared = prepared = prepare(spark, conf, source, entity, date, summary)
             write_quarantine(conf, source, date, prepared.quarantine, summary)
         check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations)
         if "redis" in conf.sinks:
@@ -412,45 +440,20 @@ def run_source(
             after_write(summary)
         if conf.quality.verify_sample:
             verify_writes(conf, source, entity, date, prepared.good, summary, redis_url)
-        summary.status = "succeeded"
-        return summary
-    except Exception as exc:
-        summary.status = "failed"
-        summary.error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        summary.seconds = time.perf_counter() - start
-        if prepared:
-            for df in prepared.cached:
-                df.unpersist()
-        if report:
-            summary.write_json(report_path(conf, source.name, date))
+    return summary
 
 
 def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
     """The checks of a run without any write: status 'passed' or 'failed', report in validation.json."""
     source = defs.source(source_name)
     entity = defs.entity_of(source)
-    summary = RunSummary(source=source.name, entity=entity.name, date=date.isoformat(), env=conf.env, as_of=as_of_epoch(date))
-    start = time.perf_counter()
-    prepared = None
-    try:
+    summary = _new_summary(conf, source, entity, date)
+    with _Step(summary, report_dir(conf, source.name, date) / "validation.json", "passed") as step:
         with progress(spark, f"check {source.name}"):
-            prepared = prepare(spark, conf, source, entity, date, summary)
+            step.prepared = prepared = prepare(spark, conf, source, entity, date, summary)
             count_reasons(prepared.quarantine, summary)
         check_quality(spark, conf, source, entity, date, prepared, summary, expectations=True)
-        summary.status = "passed"
-        return summary
-    except Exception as exc:
-        summary.status = "failed"
-        summary.error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        summary.seconds = time.perf_counter() - start
-        if prepared:
-            for df in prepared.cached:
-                df.unpersist()
-        summary.write_json(report_dir(conf, source.name, date) / "validation.json")
+    return summary
 
 
 def report_dir(conf: RunConf, source: str, date: dt.date) -> Path:

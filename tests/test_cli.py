@@ -24,7 +24,7 @@ def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.C
 def test_help_lists_subcommands():
     out = run(str(BIN / "materialize"), "--help")
     assert out.returncode == 0
-    for command in ("run", "sample-data", "defs"):
+    for command in ("run", "validate", "sample-data", "defs"):
         assert command in out.stdout
     run_help = run(str(BIN / "materialize"), "run", "--help").stdout
     for flag in ("--env", "--date", "--source", "--sink", "--redis-url", "--sql-dsn", "--data-root"):
