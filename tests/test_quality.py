@@ -185,3 +185,26 @@ def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_
     text = str(info.value)
     assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations expectation" in text
     assert "tiny.yaml:10: source 'tiny': expectations[1] expect_column_values_to_be_between: column 'scor' is not a feature or key" in text
+
+
+def test_warning_checks_report_but_do_not_block(spark, run_conf, tmp_path):
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
+    (folder / "tiny.yaml").write_text(
+        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n  features:\n"
+        "    - {name: tier, type: string, allowed_values: [gold, silver], severity: warning}\n"
+        "    - {name: visits, type: int, min_value: 0, max_value: 10}\n"
+    )
+    rows = [(1, "gold", 3, DAY2), (2, "bronze", 4, DAY2), (3, "silver", 5, DAY2)]
+    spark.createDataFrame(rows, "consumer_id long, tier string, visits long, ds date").write.format("delta").save(str(tmp_path / "tiny"))
+    conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
+    defs = load_definitions(folder)
+    summary = validate_source(spark, conf, defs, "tiny", DAY2)
+    assert summary.status == "passed"
+    assert summary.warnings == ["expectation failed (warning): tier in allowed values: 1 of 3 unexpected (33.33%)"]
+    # the same kind of check, blocking, stops it
+    rows.append((4, "gold", 11, DAY2))
+    spark.createDataFrame(rows, "consumer_id long, tier string, visits long, ds date").write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
+    with pytest.raises(QualityGateError, match=r"visits in \[0.0, 10.0\]: 1 of 4 unexpected"):
+        validate_source(spark, conf, defs, "tiny", DAY2)
