@@ -140,6 +140,8 @@ class RunConf(_Strict):
     """Where source Delta tables live (relative paths are under the project root)."""
     quarantine_root: str | None = None
     """Delta tables of bad rows; defaults to <data_root>/_quarantine."""
+    ledger_root: str | None = None
+    """The run ledger (a Delta table); defaults to <data_root>/_ledger."""
     reports_dir: str = "reports"
     definitions_dir: str | None = None
     """Feature definitions folder; defaults to the project's feature_defs/."""
@@ -165,6 +167,10 @@ class RunConf(_Strict):
     @property
     def quarantine_path(self) -> Path:
         return self.path(self.quarantine_root) if self.quarantine_root else self.data_path / "_quarantine"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.path(self.ledger_root) if self.ledger_root else self.data_path / "_ledger"
 
     @property
     def reports_path(self) -> Path:

@@ -29,6 +29,8 @@ STATS_SCHEMA = (
 class RedisWritePlan:
     sink: RedisSinkConfig
     features: tuple[FeatureSpec, ...]
+    as_of_column: str | None = None
+    """Range runs: the column holding each row's freshness value."""
 
 
 _STATS_ARROW = pa.schema(
@@ -49,7 +51,8 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
         sink.open()  # checks the hard ceiling before the first write
         for batch in batches:
             if batch.num_rows:
-                sink.write_batch(encode_batch(batch, list(plan.features)))
+                as_of = batch.column(plan.as_of_column).to_pylist() if plan.as_of_column else None
+                sink.write_batch(encode_batch(batch, list(plan.features)), as_of)
     except CeilingReached as exc:
         # Stop this writer and report; the driver sums every writer and fails the run.
         stopped = str(exc)
@@ -74,6 +77,7 @@ class SqlWritePlan:
     key_column: str = "_id"
     json_column: str = "_features_json"
     non_finite_column: str = "_non_finite"
+    as_of_column: str | None = None
 
 
 def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -87,8 +91,10 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
         for batch in batches:
             non_finite += pc.sum(batch.column(plan.non_finite_column)).as_py() or 0
             bytes_sent += pc.sum(pc.binary_length(batch.column(plan.json_column))).as_py() or 0
-            for key, doc in zip(batch.column(plan.key_column).to_pylist(), batch.column(plan.json_column).to_pylist()):
-                sink.add(key, doc)
+            keys, docs = batch.column(plan.key_column).to_pylist(), batch.column(plan.json_column).to_pylist()
+            as_ofs = batch.column(plan.as_of_column).to_pylist() if plan.as_of_column else [None] * len(keys)
+            for key, doc, as_of in zip(keys, docs, as_ofs):
+                sink.add(key, doc, as_of)
         sink.flush()
     except SinkError as exc:
         # Retries are exhausted or the error is terminal: report it, the driver fails the run.

@@ -94,30 +94,39 @@ class Prepared:
     cached: list[DataFrame]
 
 
-def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, summary: RunSummary) -> Prepared:
+def prepare(
+    spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, summary: RunSummary, end: dt.date | None = None
+) -> Prepared:
     """Read the date's snapshot and split it into rows to write and rows to quarantine.
+
+    With ``end``, a range of dates: each date is de-duplicated and checked on its own, and
+    each entity's good row of its latest date is written, with that date's as-of time
+    (the state that applying the dates in order would leave).
 
     With the SQL sink in the run, each row's JSON object is built here, so an object over
     ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
     """
     raw = read_source(spark, conf, source)
     tf.check_schema(raw, source, entity)
-    snapshot = raw.where(F.col(source.date_column) == F.lit(date))
+    per_date = end is not None
+    day = F.col(source.date_column)
+    snapshot = raw.where(day.between(F.lit(date), F.lit(end)) if per_date else day == F.lit(date))
+    dated = [source.date_column] if per_date else []
     tagged = tf.tag_key_problems(snapshot, source, entity).persist()
     bad = tf.is_bad(tagged)
     aggs = [F.count(F.lit(1)).alias("rows"), F.sum(bad.cast("long")).alias("bad")]
     if source.layout == "long":
         defined = F.col(source.name_column).isin([f.source_column for f in source.features])
         aggs.append(F.sum((~bad & ~defined).cast("long")).alias("ignored"))
-        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*tf.key_columns(source, entity), source.name_column))).alias("latest"))
+        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*tf.key_columns(source, entity), *dated, source.name_column))).alias("latest"))
     counts = tagged.agg(*aggs).first()
     summary.rows_read = counts["rows"]
     key_bad = counts["bad"] or 0
     good_rows = tagged.where(~bad)
     if source.layout == "wide":
-        features = tf.wide_features(good_rows, source, entity)
+        features = tf.wide_features(good_rows, source, entity, per_date)
     else:
-        features = tf.long_features(good_rows, source, entity)
+        features = tf.long_features(good_rows, source, entity, per_date)
         summary.ignored_rows = counts["ignored"] or 0
     checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity)
     if "cockroach" in conf.sinks:
@@ -135,25 +144,31 @@ def prepare(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Entit
     summary.bad_rows = key_bad + value_bad
     kept = counts["latest"] if source.layout == "long" else counts2["rows"]
     summary.superseded_rows = summary.rows_read - key_bad - summary.ignored_rows - kept
-    quarantine = tf.quarantine_rows(tagged, source, date.isoformat(), "key").unionByName(
-        tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, date.isoformat(), "value")
-    )
+    written = checked
+    if per_date:
+        written = tf.latest_good_date(checked, source, entity).persist()
+        latest = written.count()
+        summary.earlier_dates = summary.entities - latest
+        summary.entities = latest
+    ds = None if per_date else date.isoformat()
+    quarantine = tf.quarantine_rows(tagged, source, ds, "key").unionByName(tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, ds, "value"))
     return Prepared(
-        snapshot=tf.snapshot_for_checks(checked, tagged, source, entity),
-        good=tf.encode_ready(checked, source),
-        sql_good=tf.sql_ready(checked) if "cockroach" in conf.sinks else None,
+        snapshot=tf.snapshot_for_checks(checked, tagged, source, entity, per_date),
+        good=tf.encode_ready(written, source),
+        sql_good=tf.sql_ready(written) if "cockroach" in conf.sinks else None,
         quarantine=quarantine,
-        cached=[tagged, checked],
+        cached=[tagged, checked, *([written] if per_date else [])],
     )
 
 
-def write_quarantine(conf: RunConf, source: SourceDef, date: dt.date, quarantine: DataFrame, summary: RunSummary) -> None:
-    """Replace this (source, date)'s quarantined rows: a rerun leaves the same table."""
+def write_quarantine(conf: RunConf, source: SourceDef, date: dt.date, quarantine: DataFrame, summary: RunSummary, end: dt.date | None = None) -> None:
+    """Replace this (source, date or dates)'s quarantined rows: a rerun leaves the same table."""
     path = str(conf.quarantine_path / source.name)
+    where = f"ds >= '{date.isoformat()}' AND ds <= '{end.isoformat()}'" if end else f"ds = '{date.isoformat()}'"
     (
         quarantine.write.format("delta")
         .mode("overwrite")
-        .option("replaceWhere", f"ds = '{date.isoformat()}'")
+        .option("replaceWhere", where)
         .partitionBy("ds")
         .save(path)
     )
@@ -238,6 +253,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         plan = RedisWritePlan(
             sink=redis_sink_config(conf, source, entity, date, ceiling, url),
             features=specs,
+            as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
         )
         start = time.perf_counter()
         with progress(spark, f"write {source.name} to redis"):
@@ -311,7 +327,7 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
                 summary.warnings.append(f"pre-split of {sink_conf.table_name} refused, writing without it: {str(exc).strip()}")
     start = time.perf_counter()
     with progress(spark, f"write {source.name} to {dialect}"):
-        plan = SqlWritePlan(sink=sink_conf)
+        plan = SqlWritePlan(sink=sink_conf, as_of_column=tf.AS_OF if tf.AS_OF in rows.columns else None)
         parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_sql_partition, plan), SQL_STATS_SCHEMA).collect()
     seconds = time.perf_counter() - start
     keys = ("rows_upserted", "statements", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
@@ -325,7 +341,10 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
     return stats
 
 
-def check_quality(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, prepared: Prepared, summary: RunSummary, *, expectations: bool) -> None:
+def check_quality(
+    spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, prepared: Prepared, summary: RunSummary,
+    *, expectations: bool, end: dt.date | None = None,
+) -> None:
     """Profile the snapshot, run the expectations, apply the bad-row limit.
 
     Raises QualityGateError (BadInputError when only the bad-row limit is passed) before
@@ -335,9 +354,10 @@ def check_quality(spark: SparkSession, conf: RunConf, source: SourceDef, entity:
     with progress(spark, f"quality checks {source.name}"):
         summary.profile = quality.profile(prepared.snapshot, source)
         if expectations:
-            previous = quality.previous_success(conf.reports_path, source.name, date)
+            # a range's size is not comparable with one date's: no row-count band then
+            previous = None if end else quality.previous_success(conf.reports_path, source.name, date)
             checks = quality.derive_checks(source, entity, conf.quality, previous)
-            docs = report_dir(conf, source.name, date) / "data_docs" if conf.quality.data_docs else None
+            docs = report_dir(conf, source.name, date, end) / "data_docs" if conf.quality.data_docs else None
             frame = quality.validation_frame(prepared.snapshot, source)
             result = quality.run_gate(frame, checks, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
             summary.expectations = result.as_dicts()
@@ -418,20 +438,25 @@ def run_source(
     redis_url: str | None = None,
     report: bool = True,
     after_write: Callable[[RunSummary], None] | None = None,
+    end: dt.date | None = None,
 ) -> RunSummary:
     """Materialize one source for one date; the summary is written even on failure.
 
-    ``after_write`` runs between the writes and their verification (for integrations
-    that want to act on a written snapshot, and for tests).
+    With ``end``, the dates ``date``..``end`` in one pass: each entity's latest good row
+    (see :func:`prepare`). ``after_write`` runs between the writes and their verification
+    (for integrations that want to act on a written snapshot, and for tests).
     """
     source = defs.source(source_name)
     entity = defs.entity_of(source)
-    summary = _new_summary(conf, source, entity, date)
-    with _Step(summary, report_path(conf, source.name, date) if report else None, "succeeded") as step:
+    summary = _new_summary(conf, source, entity, end or date)
+    if end:
+        summary.date = f"{date.isoformat()}..{end.isoformat()}"
+    report_file = report_dir(conf, source.name, date, end) / "summary.json"
+    with _Step(summary, report_file if report else None, "succeeded") as step:
         with progress(spark, f"check {source.name}"):
-            step.prepared = prepared = prepare(spark, conf, source, entity, date, summary)
-            write_quarantine(conf, source, date, prepared.quarantine, summary)
-        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations)
+            step.prepared = prepared = prepare(spark, conf, source, entity, date, summary, end)
+            write_quarantine(conf, source, date, prepared.quarantine, summary, end)
+        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations, end=end)
         if "redis" in conf.sinks:
             write_redis(spark, conf, source, entity, date, prepared.good, summary, redis_url)
         if "cockroach" in conf.sinks:
@@ -456,9 +481,9 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     return summary
 
 
-def report_dir(conf: RunConf, source: str, date: dt.date) -> Path:
-    """reports/<source>/<date>/: summary.json, validation.json, data_docs/."""
-    return conf.reports_path / source / date.isoformat()
+def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None) -> Path:
+    """reports/<source>/<date>/ (a range: <start>_<end>/): summary.json, validation.json, data_docs/."""
+    return conf.reports_path / source / (f"{date.isoformat()}_{end.isoformat()}" if end else date.isoformat())
 
 
 def report_path(conf: RunConf, source: str, date: dt.date) -> Path:

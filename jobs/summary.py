@@ -21,6 +21,8 @@ class RunSummary:
     bad_rows: int = 0
     bad_reasons: dict[str, int] = field(default_factory=dict)
     superseded_rows: int = 0
+    earlier_dates: int = 0
+    """Range runs: entity rows of an earlier date that a later date of the range replaces."""
     ignored_rows: int = 0
     """Long layout: rows of feature names that are not defined."""
     entities: int = 0
@@ -64,6 +66,8 @@ class RunSummary:
         ]
         rows += [(f"  {reason}", f"{n:,}") for reason, n in sorted(self.bad_reasons.items())]
         rows += [("superseded rows", f"{self.superseded_rows:,}")]
+        if self.earlier_dates:
+            rows.append(("rows of earlier dates replaced", f"{self.earlier_dates:,}"))
         if self.ignored_rows:
             rows.append(("rows of undefined features", f"{self.ignored_rows:,}"))
         rows.append(("entities", f"{self.entities:,}"))

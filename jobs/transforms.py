@@ -27,6 +27,8 @@ JSON_MAP = "_features_json"
 """The SQL store's JSON object of the row's features (null on rows already bad)."""
 NON_FINITE = "_non_finite"
 """NaN/inf float values the JSON object leaves out."""
+AS_OF = "_as_of"
+"""Range runs: the as-of time (epoch seconds) of the date each row comes from."""
 CONFLICTS = "_conflicts"
 """Other versions of the entity as recent as the one kept (see latest_per_key)."""
 
@@ -163,9 +165,10 @@ def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str]) -> Da
     return ranked.where("_rank = 1").drop("_rank", "_h", "_kept_h")
 
 
-def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
-    """Latest row per entity, features cast to their encode types and named by feature."""
-    keys = key_columns(source, entity)
+def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
+    """Latest row per entity (per entity and date with ``per_date``), features cast to
+    their encode types and named by feature."""
+    keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     latest = latest_per_key(df, source, keys)
     return latest.select(
         *keys,
@@ -176,14 +179,14 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFr
     )
 
 
-def long_features(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
     """Latest value per (entity, feature), pivoted into one row per entity.
 
     Rows of feature names that are not defined are not part of the snapshot (counted
     by the job as ``ignored_rows``). A value that does not fit its feature's type is
-    bad input for the whole entity.
+    bad input for the whole entity. With ``per_date`` one row per entity and date.
     """
-    keys = key_columns(source, entity)
+    keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     by_column = {f.source_column: f for f in source.features}
     rows = df.where(F.col(source.name_column).isin(list(by_column)))
     latest = latest_per_key(rows, source, [*keys, source.name_column])
@@ -265,27 +268,46 @@ def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFram
     return _collect_reasons(out, reasons)
 
 
-def quarantine_rows(df: DataFrame, source: SourceDef, date: str, stage: str) -> DataFrame:
-    """Bad rows as kept aside: the whole original row as JSON, with the reasons."""
-    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE, CONFLICTS)]
+def quarantine_rows(df: DataFrame, source: SourceDef, date: str | None, stage: str) -> DataFrame:
+    """Bad rows as kept aside: the whole original row as JSON, with the reasons.
+
+    ``date`` None: each row's own date column (a run over a range of dates)."""
+    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE, CONFLICTS, AS_OF)]
+    ds = F.lit(date).cast("date") if date is not None else F.col(source.date_column).cast("date")
     return df.where(is_bad(df)).select(
         F.lit(source.name).alias("source"),
-        F.lit(date).cast("date").alias("ds"),
+        ds.alias("ds"),
         F.lit(stage).alias("stage"),
         F.col(REASONS).alias("reasons"),
         F.to_json(F.struct(*content)).alias("row"),
     )
 
 
+def latest_good_date(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+    """Of per-(entity, date) rows, each entity's good row of its latest date, with AS_OF.
+
+    What a run over a range writes: the state that applying the dates in order leaves
+    (a date on which an entity's row is bad input leaves the previous date's values)."""
+    window = Window.partitionBy(*key_columns(source, entity)).orderBy(F.col(source.date_column).desc())
+    latest = df.where(~is_bad(df)).withColumn("_date_rank", F.row_number().over(window)).where("_date_rank = 1").drop("_date_rank")
+    return with_as_of(latest, source)
+
+
+def with_as_of(df: DataFrame, source: SourceDef) -> DataFrame:
+    """AS_OF: the end of the row's date in UTC epoch seconds (time-zone free arithmetic)."""
+    days = F.datediff(F.date_add(F.col(source.date_column), 1), F.lit("1970-01-01").cast("date"))
+    return df.withColumn(AS_OF, days.cast("long") * 86400)
+
+
 def encode_ready(df: DataFrame, source: SourceDef) -> DataFrame:
-    """The good rows, only the columns the writers need: _id then features in order."""
-    return df.where(~is_bad(df)).select(ENTITY_ID, *[f.name for f in source.features])
+    """The good rows, only the columns the writers need: _id, features in order, [AS_OF]."""
+    return df.where(~is_bad(df)).select(ENTITY_ID, *[f.name for f in source.features], *([AS_OF] if AS_OF in df.columns else []))
 
 
-def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
+def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
     """One row per entity as de-duplicated (bad values included), plus one row per row
     whose key is unusable (keys as read, features null): what the expectations see."""
-    keys = key_columns(source, entity)
+    keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     features = [f.name for f in source.features]
     unusable = tagged.where(is_bad(tagged)).select(
         *keys,
@@ -297,5 +319,5 @@ def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef
 
 
 def sql_ready(df: DataFrame) -> DataFrame:
-    """The good rows for the SQL writers: _id, JSON object, count of omitted NaN/inf."""
-    return df.where(~is_bad(df)).select(ENTITY_ID, JSON_MAP, NON_FINITE)
+    """The good rows for the SQL writers: _id, JSON object, count of omitted NaN/inf, [AS_OF]."""
+    return df.where(~is_bad(df)).select(ENTITY_ID, JSON_MAP, NON_FINITE, *([AS_OF] if AS_OF in df.columns else []))

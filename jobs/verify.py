@@ -100,9 +100,9 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
         hashes = pipe.execute()
     finally:
         client.close()
-    as_of = str(conf.as_of).encode()
     for row, stored in zip(rows, hashes):
         key = conf.key_prefix + row["_id"]
+        as_of = str(row.get("_as_of") or conf.as_of).encode()  # range runs: the row's own date
         if stored.get(conf.freshness_field) != as_of:
             out.add(key, f"_ts:{source.name}", as_of, stored.get(conf.freshness_field))
         by_name = {f.name: stored.get(field_id(f.name)) for f in source.features}
@@ -123,8 +123,9 @@ def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mism
             out.add(key, "(row)", "a row", None)
             continue
         features, as_of = stored[key]
-        if int(as_of.timestamp()) != conf.as_of:
-            out.add(key, "as_of", conf.as_of, int(as_of.timestamp()))
+        want = row.get("_as_of") or conf.as_of
+        if int(as_of.timestamp()) != want:
+            out.add(key, "as_of", want, int(as_of.timestamp()))
         _compare(source, key, row, features, out, lambda f, value: value)
         for extra in features:  # _compare pops every defined feature
             out.add(key, extra, None, features[extra])

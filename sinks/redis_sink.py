@@ -114,15 +114,17 @@ class RedisSink:
         if used > ceiling:
             raise CeilingReached(used, ceiling, self.stats)
 
-    def write_batch(self, batch: EncodedBatch) -> WriteStats:
-        """Write one encoded batch in chunks; returns this batch's stats (also summed in .stats)."""
+    def write_batch(self, batch: EncodedBatch, as_of: list[int] | None = None) -> WriteStats:
+        """Write one encoded batch in chunks; returns this batch's stats (also summed in .stats).
+
+        ``as_of``: a freshness value per row (range runs) instead of the config's one."""
         batch_stats = WriteStats(non_finite=batch.non_finite, bytes_sent=int(batch.value_bytes.sum()))
         self.stats.add(batch_stats)
         values = [col.to_pylist() for col in batch.columns]
         n = len(batch)
         step = self.config.chunk_entities
         for start in range(0, n, step):
-            commands, chunk = self._commands(batch.ids, values, range(start, min(n, start + step)))
+            commands, chunk = self._commands(batch.ids, values, range(start, min(n, start + step)), as_of)
             chunk.values_deleted = self._send(commands)
             batch_stats.add(chunk)
             self.stats.add(chunk)
@@ -131,7 +133,7 @@ class RedisSink:
                 self.check_ceiling()
         return batch_stats
 
-    def _commands(self, ids: list[str], values: list[list], rows: range) -> tuple[list[tuple], WriteStats]:
+    def _commands(self, ids: list[str], values: list[list], rows: range, as_of: list[int] | None = None) -> tuple[list[tuple], WriteStats]:
         c = self.config
         fields = c.fields
         ts_value = str(c.as_of).encode()
@@ -139,6 +141,8 @@ class RedisSink:
         commands: list[tuple] = []
         overhead = 0
         for i in rows:
+            if as_of is not None:
+                ts_value = str(as_of[i]).encode()
             key = self._prefix + ids[i].encode("utf-8")
             hset: list[bytes] = []
             hdel: list[bytes] = []

@@ -156,6 +156,7 @@ class SqlSink:
         self._conn: psycopg.Connection | None = None
         self._keys: list[str] = []
         self._maps: list[str] = []
+        self._as_ofs: list[dt.datetime] = []
         self._statements: dict[int, sql.Composed] = {}
         self._as_of = dt.datetime.fromtimestamp(conf.as_of, dt.UTC)
 
@@ -174,14 +175,19 @@ class SqlSink:
             self._conn.close()
             self._conn = None
 
-    def add(self, key: str, features_json: str) -> None:
-        """Queue one row; a key equal to the previous one replaces it (input is sorted)."""
+    def add(self, key: str, features_json: str, as_of: int | None = None) -> None:
+        """Queue one row; a key equal to the previous one replaces it (input is sorted).
+
+        ``as_of``: this row's as-of time (range runs) instead of the config's one."""
+        stamp = self._as_of if as_of is None else dt.datetime.fromtimestamp(as_of, dt.UTC)
         if self._keys and self._keys[-1] == key:
             self._maps[-1] = features_json
+            self._as_ofs[-1] = stamp
             self.stats.duplicates += 1
             return
         self._keys.append(key)
         self._maps.append(features_json)
+        self._as_ofs.append(stamp)
         if len(self._keys) > self.conf.batch_rows:
             # Keep the newest row buffered: the next input row may repeat its key.
             self._send(self.conf.batch_rows)
@@ -198,8 +204,8 @@ class SqlSink:
     def _send(self, rows: int) -> None:
         keys = self._keys[:rows]
         params: list[Any] = []
-        for key, doc in zip(keys, self._maps[:rows]):
-            params += (key, self.conf.source, doc, self._as_of)
+        for key, doc, stamp in zip(keys, self._maps[:rows], self._as_ofs[:rows]):
+            params += (key, self.conf.source, doc, stamp)
         query = self._statement(rows)
 
         def execute() -> None:
@@ -209,7 +215,7 @@ class SqlSink:
             self._conn.execute(query, params)
 
         self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[-1]!r}")
-        del self._keys[:rows], self._maps[:rows]
+        del self._keys[:rows], self._maps[:rows], self._as_ofs[:rows]
         self.stats.rows_upserted += rows
         self.stats.statements += 1
 

@@ -1,0 +1,191 @@
+"""The run ledger: what ran, when, on what code, definitions and config, and how it ended.
+
+An append-only Delta table next to the data (``<data_root>/_ledger`` unless
+``ledger_root`` says otherwise), shared by every runner. Each run or backfill step
+appends a ``running`` event when it starts and a ``succeeded``/``failed`` event when it
+ends, written from the driver only (Spark task retries cannot add events). A step's
+state is its latest event, so a crash leaves ``running`` for the next run to see, and a
+repeated append of the same event changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from jobs.config import PROJECT_ROOT, RunConf
+
+SCHEMA = T.StructType(
+    [
+        T.StructField("run_id", T.StringType(), False),
+        T.StructField("kind", T.StringType(), False),
+        T.StructField("source", T.StringType()),
+        T.StructField("entity", T.StringType()),
+        T.StructField("start_date", T.DateType()),
+        T.StructField("end_date", T.DateType()),
+        T.StructField("sinks", T.ArrayType(T.StringType())),
+        T.StructField("status", T.StringType(), False),
+        T.StructField("rows_read", T.LongType()),
+        T.StructField("entities", T.LongType()),
+        T.StructField("bad_rows", T.LongType()),
+        T.StructField("written", T.StringType()),
+        T.StructField("started_at", T.TimestampType()),
+        T.StructField("ended_at", T.TimestampType()),
+        T.StructField("code_version", T.StringType()),
+        T.StructField("definitions_hash", T.StringType()),
+        T.StructField("config_hash", T.StringType()),
+        T.StructField("features", T.ArrayType(T.StringType())),
+        T.StructField("error", T.StringType()),
+        T.StructField("recorded_at", T.TimestampType(), False),
+    ]
+)
+STATUSES = ("running", "succeeded", "failed")
+
+
+@cache
+def code_version() -> str:
+    """The git commit of the code (with '+dirty' for local changes), else the package version."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
+        if head.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
+            return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return "v" + version("feature-materializer")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def config_hash(conf: RunConf) -> str:
+    return hashlib.sha256(conf.model_dump_json().encode()).hexdigest()[:16]
+
+
+@dataclass
+class Entry:
+    """One step: a run of a date, a backfill step (a date or a range), or a cleanup."""
+
+    kind: str
+    source: str | None
+    entity: str
+    start_date: dt.date | None
+    end_date: dt.date | None
+    sinks: list[str]
+    definitions_hash: str
+    config_hash: str
+    features: list[str] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    status: str = "running"
+    rows_read: int | None = None
+    entities: int | None = None
+    bad_rows: int | None = None
+    written: dict[str, Any] = field(default_factory=dict)
+    ended_at: dt.datetime | None = None
+    error: str | None = None
+
+    def row(self) -> tuple:
+        naive = lambda t: t.astimezone(dt.UTC).replace(tzinfo=None) if t else None  # noqa: E731 (Spark stores UTC)
+        return (
+            self.run_id, self.kind, self.source, self.entity, self.start_date, self.end_date, self.sinks, self.status,
+            self.rows_read, self.entities, self.bad_rows, json.dumps(self.written, sort_keys=True, default=str),
+            naive(self.started_at), naive(self.ended_at), code_version(), self.definitions_hash, self.config_hash,
+            self.features, self.error, naive(dt.datetime.now(dt.UTC)),
+        )  # fmt: skip
+
+
+class Ledger:
+    def __init__(self, spark: SparkSession, path: Path | str):
+        self.spark = spark
+        self.path = str(path)
+
+    @classmethod
+    def of(cls, spark: SparkSession, conf: RunConf) -> Ledger:
+        return cls(spark, conf.ledger_path)
+
+    def exists(self) -> bool:
+        return "://" in self.path or (Path(self.path) / "_delta_log").is_dir()
+
+    def record(self, entry: Entry) -> None:
+        """Append the entry's current state as an event (driver side, a blind Delta append)."""
+        if entry.status not in STATUSES:
+            raise ValueError(f"unknown status {entry.status!r}")
+        self.spark.createDataFrame([entry.row()], SCHEMA).write.format("delta").mode("append").save(self.path)
+
+    def start(self, entry: Entry) -> Entry:
+        self.record(entry)
+        return entry
+
+    def finish(self, entry: Entry, summary=None, error: BaseException | None = None) -> None:
+        entry.ended_at = dt.datetime.now(dt.UTC)
+        entry.status = "failed" if error else "succeeded"
+        entry.error = f"{type(error).__name__}: {error}" if error else None
+        if summary is not None:
+            entry.rows_read, entry.entities, entry.bad_rows = summary.rows_read, summary.entities, summary.bad_rows
+            entry.written = {
+                name: {k: v for k, v in stats.items() if k in ("entities", "values_set", "values_deleted", "rows_upserted", "fields_removed")}
+                for name, stats in summary.sinks.items()
+            }
+        self.record(entry)
+
+    def steps(self) -> DataFrame:
+        """Every step in its latest state (one row per run_id)."""
+        if not self.exists():
+            return self.spark.createDataFrame([], SCHEMA)
+        events = self.spark.read.format("delta").load(self.path)
+        latest = Window.partitionBy("run_id").orderBy(F.col("recorded_at").desc(), F.col("ended_at").desc_nulls_last())
+        return events.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")
+
+    def list(self, source: str | None = None, last: int = 20) -> list[dict]:
+        df = self.steps()
+        if source:
+            df = df.where(F.col("source") == source)
+        return [r.asDict() for r in df.orderBy(F.col("started_at").desc()).limit(last).collect()]
+
+    def written_dates(self, source: str, sinks: list[str]) -> set[dt.date]:
+        """Dates of ``source`` that a succeeded step wrote to (at least) these sinks.
+
+        A run or replay step counts for its date; a latest-mode backfill for every date of
+        its range (the state it leaves is that of applying them all)."""
+        rows = (
+            self.steps()
+            .where((F.col("source") == source) & (F.col("status") == "succeeded") & F.col("kind").isin("run", "backfill-replay", "backfill-latest"))
+            .select("start_date", "end_date", "sinks")
+            .collect()
+        )
+        dates: set[dt.date] = set()
+        for r in rows:
+            if not set(sinks) <= set(r["sinks"] or []):
+                continue
+            day = r["start_date"]
+            while day <= r["end_date"]:
+                dates.add(day)
+                day += dt.timedelta(days=1)
+        return dates
+
+    def running(self, source: str) -> list[dict]:
+        """Steps of ``source`` still marked running: live elsewhere, or crashed."""
+        df = self.steps().where((F.col("source") == source) & (F.col("status") == "running"))
+        return [r.asDict() for r in df.collect()]
+
+    def recorded_features(self, entity: str) -> dict[str, set[str]]:
+        """Per source of ``entity``: every feature that a succeeded step wrote."""
+        rows = self.steps().where((F.col("entity") == entity) & (F.col("status") == "succeeded") & F.col("source").isNotNull()).select("source", "features").collect()
+        out: dict[str, set[str]] = {}
+        for r in rows:
+            out.setdefault(r["source"], set()).update(r["features"] or [])
+        return out
