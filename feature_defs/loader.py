@@ -108,6 +108,9 @@ def _extra_expectation_problem(extra, columns: set[str]) -> str | None:
     cls = getattr(gxe, extra.class_name, None)
     if cls is None:
         return f"not a great-expectations expectation (no class {extra.class_name})"
+    reserved = {"meta", "notes"} & set(extra.kwargs)
+    if reserved:
+        return f"kwargs {sorted(reserved)} are set by the job (name and severity), not in the definition"
     column = extra.kwargs.get("column")
     if column is not None and column not in columns:
         return f"column {column!r} is not a feature or key of this source"
@@ -138,7 +141,7 @@ def _cross_checks(entities, sources, where, lines) -> list[str]:
                 f"{at(skey)}: source {source.name!r}: key_columns has {len(source.key_columns)} columns, "
                 f"entity {entity.name!r} has {len(entity.keys)} key parts"
             )
-        columns = {f.name for f in source.features} | {k.name for k in entity.keys}
+        columns = {f.name for f in source.features} | set(source.key_columns or [k.name for k in entity.keys])
         for i, extra in enumerate(source.expectations):
             problem = _extra_expectation_problem(extra, columns)
             if problem:

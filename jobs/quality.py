@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -69,9 +70,9 @@ class CheckResult:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
-        if self.unexpected_count is not None and self.element_count is not None:
-            pct = f" ({self.unexpected_percent:.2f}%)" if self.unexpected_percent is not None else ""
-            return f"{self.name}: {self.unexpected_count:,} of {self.element_count:,} unexpected{pct}"
+        if self.unexpected_count is not None and self.element_count:
+            pct = 100.0 * self.unexpected_count / self.element_count
+            return f"{self.name}: {self.unexpected_count:,} of {self.element_count:,} unexpected ({pct:.2f}%)"
         if self.observed_value is not None:
             return f"{self.name}: observed {self.observed_value}"
         return self.name
@@ -126,9 +127,12 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
                 Check(f"{f.name} null at most {limit:.0%}", "expect_column_values_to_not_be_null", {"column": f.name, "mostly": round(1 - limit, 6)})
             )
         if f.min_value is not None or f.max_value is not None:
+            low, high = f.min_value, f.max_value
+            if f.precision == "float32":  # compare float32 values with float32 bounds: 0.1 is float32(0.1)
+                low, high = (None if v is None else float(np.float32(v)) for v in (low, high))
             checks.append(
                 Check(f"{f.name} in [{f.min_value}, {f.max_value}]", "expect_column_values_to_be_between",
-                      {"column": f.name, "min_value": f.min_value, "max_value": f.max_value}, f.severity)
+                      {"column": f.name, "min_value": low, "max_value": high}, f.severity)
             )  # fmt: skip
         if f.allowed_values is not None:
             checks.append(Check(f"{f.name} in allowed values", "expect_column_values_to_be_in_set", {"column": f.name, "value_set": f.allowed_values}, f.severity))
@@ -146,9 +150,20 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
 
 
 def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
-    """The snapshot plus the derived columns some checks read (embedding lengths)."""
+    """The snapshot as the stores will see it, plus the derived columns some checks read.
+
+    NaN and ±inf floats are never written, so here they are null: they count against
+    the null limit and are not judged by range checks. Embedding lengths are added."""
+    columns: list[Column] = []
+    for name in snapshot.columns:
+        f = next((f for f in source.features if f.name == name), None)
+        if f is not None and f.type == "float":
+            c = F.col(name)
+            columns.append(F.when(~F.isnan(c) & (F.abs(c) != float("inf")), c).alias(name))
+        else:
+            columns.append(F.col(name))
     dims = [F.when(F.col(f.name).isNotNull(), F.size(f.name)).alias(DIM_PREFIX + f.name) for f in source.features if f.type == "embedding"]
-    return snapshot.select("*", *dims)
+    return snapshot.select(*columns, *dims)
 
 
 def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[str, int] | None:
@@ -179,7 +194,8 @@ def run_gate(df: DataFrame, checks: list[Check], *, suite_name: str, run_name: s
     logging.getLogger("great_expectations").setLevel(logging.WARNING)  # it logs every step at INFO
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch = context.data_sources.add_spark(name="feature_materializer").add_dataframe_asset(name=suite_name)
+    # persist=False: the snapshot is cached by the job already, and released by it
+    batch = context.data_sources.add_spark(name="feature_materializer", persist=False).add_dataframe_asset(name=suite_name)
     batch_definition = batch.add_batch_definition_whole_dataframe("snapshot")
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for check in checks:
@@ -239,14 +255,15 @@ def _plain(value: Any) -> Any:
 def profile(df: DataFrame, source: SourceDef) -> dict[str, dict[str, Any]]:
     """Per feature: null and zero fractions, min/max/mean of numbers, list length stats.
 
-    One aggregation over the (cached) snapshot, not a scan per feature.
+    One aggregation over the (cached) snapshot, not a scan per feature. Give it the
+    :func:`validation_frame`, where NaN/inf (never written) are null.
     """
     aggs: list[Column] = [F.count(F.lit(1)).alias("_rows")]
     for f in source.features:
         c = F.col(f.name)
         aggs.append(F.count(c).alias(f"{f.name}__n"))
         if f.type in NUMERIC:
-            valid = F.when(~F.isnan(c.cast("double")), c.cast("double"))  # NaN would poison min/max/mean
+            valid = c.cast("double")  # NaN/inf are already null in the validation frame
             aggs += [
                 F.sum((c == 0).cast("long")).alias(f"{f.name}__zero"),
                 F.min(valid).alias(f"{f.name}__min"),

@@ -343,7 +343,7 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
 
 def check_quality(
     spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, prepared: Prepared, summary: RunSummary,
-    *, expectations: bool, end: dt.date | None = None,
+    *, expectations: bool, end: dt.date | None = None, docs_folder: str = "data_docs",
 ) -> None:
     """Profile the snapshot, run the expectations, apply the bad-row limit.
 
@@ -352,13 +352,13 @@ def check_quality(
     """
     failures: list[str] = []
     with progress(spark, f"quality checks {source.name}"):
-        summary.profile = quality.profile(prepared.snapshot, source)
+        frame = quality.validation_frame(prepared.snapshot, source)
+        summary.profile = quality.profile(frame, source)
         if expectations:
             # a range's size is not comparable with one date's: no row-count band then
             previous = None if end else quality.previous_success(conf.reports_path, source.name, date)
             checks = quality.derive_checks(source, entity, conf.quality, previous)
-            docs = report_dir(conf, source.name, date, end) / "data_docs" if conf.quality.data_docs else None
-            frame = quality.validation_frame(prepared.snapshot, source)
+            docs = report_dir(conf, source.name, date, end) / docs_folder if conf.quality.data_docs else None
             result = quality.run_gate(frame, checks, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
             summary.expectations = result.as_dicts()
             summary.data_docs = result.data_docs
@@ -477,7 +477,7 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
         with progress(spark, f"check {source.name}"):
             step.prepared = prepared = prepare(spark, conf, source, entity, date, summary)
             count_reasons(prepared.quarantine, summary)
-        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=True)
+        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=True, docs_folder="validate_docs")
     return summary
 
 

@@ -146,17 +146,18 @@ def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> li
 def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str]) -> DataFrame:
     """Keep the latest row per ``partition`` key (deterministic on ties).
 
-    Adds CONFLICTS: how many other, different rows of the key are as recent as the one
-    kept (same timestamp, or no timestamp column). Exact copies do not count. A key with
-    conflicts is not unique after de-duplication: which version is right is unknown.
+    Adds CONFLICTS: how many other rows of the key, as recent as the one kept (same
+    timestamp, or no timestamp column), carry different feature values. Copies, and rows
+    differing only in columns that are not features, do not count. A key with conflicts
+    is not unique after de-duplication: which version is right is unknown.
     """
-    content = [c for c in df.columns if c not in partition and c != REASONS]
+    values = [source.value_column] if source.layout == "long" else [f.source_column for f in source.features]
     window = Window.partitionBy(*partition).orderBy(*_order_columns(df, source, partition))
     whole = Window.partitionBy(*partition)
     ts = source.timestamp_column
     tied = F.col(ts).eqNullSafe(F.max(ts).over(whole)) if ts else F.lit(True)
     ranked = (
-        df.withColumn("_h", F.xxhash64(*content))
+        df.withColumn("_h", F.xxhash64(F.to_json(F.struct(*values))))  # to_json: (1, null) and (null, 1) differ
         .withColumn("_rank", F.row_number().over(window))
         .withColumn("_kept_h", F.first("_h").over(window))
     )

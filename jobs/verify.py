@@ -38,17 +38,27 @@ def is_written(feature: FeatureDef, value: Any) -> bool:
 
 
 def same_value(feature: FeatureDef, found: Any, expected: Any) -> bool:
+    """Equal in value and in JSON/decoded type (a stored 3.7 is not the int 3, "0.5" not 0.5)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
     if feature.type == "float":
+        if not number(found):
+            return False
         if feature.precision == "float32":
             return bool(np.float32(found) == np.float32(expected))
         return float(found) == float(expected)
     if feature.type == "int":
-        return int(found) == int(expected)
+        return isinstance(found, int) and not isinstance(found, bool) and found == int(expected)
+    if feature.type == "bool":
+        return isinstance(found, bool) and found == bool(expected)
+    if feature.type == "string":
+        return isinstance(found, str) and found == expected
+    if not isinstance(found, list):
+        return False
     if feature.type == "embedding":
-        return bool(np.array_equal(np.asarray(found, np.float32), np.asarray(expected, np.float32)))
-    if feature.type in ("int_list", "string_list"):
-        return list(found) == list(expected)
-    return found == expected
+        return all(map(number, found)) and bool(np.array_equal(np.asarray(found, np.float32), np.asarray(expected, np.float32)))
+    if feature.type == "int_list":
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in found) and found == list(expected)
+    return all(isinstance(v, str) for v in found) and found == list(expected)
 
 
 def _short(value: Any) -> str:

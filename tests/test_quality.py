@@ -88,7 +88,7 @@ def violated_day2(spark, sample_root, tmp_path):
     short = F.when(F.col("consumer_id") % 10 == 3, F.slice("taste_embedding", 1, 31)).otherwise(F.col("taste_embedding"))
     bad = day2.unionByName(dupes).withColumn("favorite_cuisine", nulls).withColumn("taste_embedding", short)
     df.where(F.col("ds") == DAY1).unionByName(bad).write.format("delta").save(str(tmp_path / "consumer_daily"))
-    return int(dupes.count())
+    return int(dupes.select("consumer_id").distinct().count())
 
 
 def dump_stores(redis_db, pg_db) -> tuple:
@@ -154,8 +154,9 @@ def test_validate_checks_without_writing(spark, gate_conf, redis_db, pg_db):
     assert summary.bad_reasons == {"key store_id contains ':'": 1, "null key store_id": 1}
     report = json.loads((report_dir(gate_conf, "store_features_long", DAY2) / "validation.json").read_text())
     assert report["status"] == "passed" and report["profile"]["open_hours_week"]["min"] >= 20
-    assert redis_db.dbsize() == 0  # nothing written anywhere
-    assert pg_db.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'").fetchone()[0] == 0
+    assert redis_db.dbsize() == 0  # nothing written anywhere, not even the quarantine
+    assert not (gate_conf.quarantine_path / "store_features_long").exists()
+    assert (report_dir(gate_conf, "store_features_long", DAY2) / "validate_docs" / "index.html").is_file()
     assert not (report_dir(gate_conf, "store_features_long", DAY2) / "summary.json").exists()
 
 
@@ -208,3 +209,25 @@ def test_warning_checks_report_but_do_not_block(spark, run_conf, tmp_path):
     spark.createDataFrame(rows, "consumer_id long, tier string, visits long, ds date").write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
     with pytest.raises(QualityGateError, match=r"visits in \[0.0, 10.0\]: 1 of 4 unexpected"):
         validate_source(spark, conf, defs, "tiny", DAY2)
+
+
+def test_nan_counts_as_null_and_float32_bounds_hold_at_the_edge(spark, run_conf, tmp_path):
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
+    (folder / "tiny.yaml").write_text(
+        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n  features:\n"
+        "    - {name: score, type: float}\n"
+        "    - {name: share, type: float, precision: float32, min_value: 0.1, max_value: 0.95}\n"
+    )
+    nan = float("nan")
+    rows = [(1, nan, 0.1, DAY2), (2, nan, 0.95, DAY2), (3, 0.5, 0.5, DAY2), (4, float("inf"), nan, DAY2)]  # not via pandas
+    spark.createDataFrame(rows, "consumer_id long, score double, share float, ds date").write.format("delta").save(str(tmp_path / "tiny"))
+    conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
+    with pytest.raises(QualityGateError) as info:
+        validate_source(spark, conf, load_definitions(folder), "tiny", DAY2)
+    # NaN and inf are never written: 3 of 4 scores are missing; the bounds hold for float32 0.1 and 0.95
+    assert "score null at most 25%: 3 of 4 unexpected (75.00%)" in str(info.value)
+    assert "share" not in str(info.value)
+    report = json.loads((report_dir(conf, "tiny", DAY2) / "validation.json").read_text())
+    assert report["profile"]["score"] == {"null_fraction": 0.75, "zero_fraction": 0.0, "min": 0.5, "max": 0.5, "mean": 0.5}
