@@ -29,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Materialize ML features from Delta tables into the online stores (Redis, CockroachDB).",
         epilog="Examples:\n  materialize sample-data\n  materialize run --env local --date 2026-11-20\n"
         "  materialize run --env local --date 2026-11-20 --sink cockroach --source consumer_daily\n"
-        "  materialize validate --env local --date 2026-11-20\n  materialize defs --source consumer_daily",
+        "  materialize validate --env local --date 2026-11-20\n"
+        "  materialize backfill --env local --source consumer_daily --start 2026-11-16 --end 2026-11-20 --dry-run\n"
+        "  materialize runs --last 10\n  materialize cleanup --env local --entity consumer --dry-run\n"
+        "  materialize defs --source consumer_daily",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -57,6 +60,42 @@ def build_parser() -> argparse.ArgumentParser:
     _common(val)
     val.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
     val.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
+
+    back = sub.add_parser(
+        "backfill",
+        help="write a range of dates (repair missed nights, load a feature's history)",
+        description="Write the dates --start..--end of one source. 'latest' (default) writes, in one pass, each entity's "
+        "latest good row across the range (the state applying the dates in order leaves, one write per entity); "
+        "'replay' runs the dates one by one. Dates the ledger shows as written to the same sinks are skipped unless "
+        "--force, so a failed backfill resumes where it stopped when run again.",
+    )
+    _common(back)
+    back.add_argument("--source", required=True, help="the source (ETL table)")
+    back.add_argument("--start", required=True, type=_date, help="first date, YYYY-MM-DD")
+    back.add_argument("--end", required=True, type=_date, help="last date, YYYY-MM-DD (not in the future)")
+    back.add_argument("--sink", choices=["redis", "cockroach", "all"], default="all", help="store(s) to write (default: the configured sinks)")
+    back.add_argument("--mode", choices=["latest", "replay"], default="latest", help="latest: one pass (default); replay: date by date")
+    back.add_argument("--force", action="store_true", help="write dates the ledger shows as already written")
+    back.add_argument("--dry-run", action="store_true", help="print the plan (dates, sinks, estimated rows and bytes); write nothing")
+    back.add_argument("--redis-url", help="Redis URL overriding the config")
+    back.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password)")
+
+    runs = sub.add_parser("runs", help="list the run ledger", description="List runs, backfill steps and cleanups from the ledger, newest first.")
+    _common(runs)
+    runs.add_argument("--source", help="only this source")
+    runs.add_argument("--last", type=int, default=20, help="how many (default 20)")
+
+    clean = sub.add_parser(
+        "cleanup",
+        help="delete Redis fields of features no longer defined",
+        description="Delete, from the Redis hashes of one entity type, the fields of features that the ledger shows were "
+        "written but that are no longer defined (and the freshness fields of removed sources). Keys come from the entity "
+        "keys in the source tables, not from a SCAN.",
+    )
+    _common(clean)
+    clean.add_argument("--entity", required=True, help="entity type, e.g. consumer")
+    clean.add_argument("--dry-run", action="store_true", help="print the stale fields and the number of keys; delete nothing")
+    clean.add_argument("--redis-url", help="Redis URL overriding the config")
 
     sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
     _common(sample)
@@ -144,9 +183,99 @@ def _each_source(args, action, report_name: str) -> int:
 
 
 def cmd_run(args) -> int:
-    from jobs.run import run_source
+    from jobs.backfill import recorded_run
+    from jobs.ledger import Ledger
 
-    return _each_source(args, lambda spark, conf, defs, name: run_source(spark, conf, defs, name, args.date, redis_url=args.redis_url), "summary.json")
+    def run(spark, conf, defs, name):
+        return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
+
+    return _each_source(args, run, "summary.json")
+
+
+def cmd_backfill(args) -> int:
+    from jobs.backfill import BackfillError, plan_backfill, run_backfill
+    from jobs.ledger import Ledger
+    from jobs.spark import build_spark
+
+    conf, defs = _load(args)
+    defs.source(args.source)
+    spark = build_spark(conf.spark)
+    ledger = Ledger.of(spark, conf)
+    try:
+        plan = plan_backfill(spark, conf, defs, ledger, args.source, args.start, args.end, args.mode, args.force)
+    except BackfillError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(plan.describe(), flush=True)
+    if args.dry_run:
+        print("dry run: nothing written")
+        return EXIT_OK
+    if not plan.to_write:
+        print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
+        return EXIT_OK
+    try:
+        summaries = run_backfill(spark, conf, defs, ledger, plan, redis_url=args.redis_url)
+    except BackfillError as exc:
+        print(f"error: {exc}\nrun the same command again to resume", file=sys.stderr)
+        return EXIT_FAILED
+    for summary in summaries:
+        print(summary.table())
+    return EXIT_OK
+
+
+def cmd_runs(args) -> int:
+    from jobs.ledger import Ledger
+    from jobs.spark import build_spark
+
+    conf, _ = _load(args)
+    ledger = Ledger.of(build_spark(conf.spark), conf)
+    rows = ledger.list(args.source, args.last)
+    if not rows:
+        print(f"no runs recorded in {conf.ledger_path}")
+        return EXIT_OK
+    print(f"{'started (UTC)':<20} {'kind':<16} {'source':<22} {'dates':<23} {'sinks':<16} {'status':<10} {'entities':>9}  {'code':<13} error")
+    for r in rows:
+        dates = str(r["start_date"]) + (f"..{r['end_date']}" if r["end_date"] != r["start_date"] else "")
+        started = r["started_at"].strftime("%Y-%m-%d %H:%M:%S") if r["started_at"] else ""
+        entities = f"{r['entities']:,}" if r["entities"] is not None else ""
+        error = (r["error"] or "")[:80]
+        print(f"{started:<20} {r['kind']:<16} {r['source'] or '':<22} {dates:<23} {','.join(r['sinks'] or []):<16} {r['status']:<10} {entities:>9}  {r['code_version'] or '':<13} {error}")
+    return EXIT_OK
+
+
+def cmd_cleanup(args) -> int:
+    import datetime as dt
+
+    from jobs.cleanup import plan_cleanup, run_cleanup
+    from jobs.ledger import Entry, Ledger, config_hash
+    from jobs.spark import build_spark
+
+    conf, defs = _load(args)
+    spark = build_spark(conf.spark)
+    ledger = Ledger.of(spark, conf)
+    plan, keys = plan_cleanup(spark, conf, defs, ledger, args.entity)
+    print(plan.describe(), flush=True)
+    if not plan.fields:
+        print("nothing to delete")
+        return EXIT_OK
+    if args.dry_run:
+        print("dry run: nothing deleted")
+        return EXIT_OK
+    today = dt.datetime.now(dt.UTC).date()
+    entry = ledger.start(
+        Entry(kind="cleanup", source=None, entity=plan.entity, start_date=today, end_date=today, sinks=["redis"],
+              definitions_hash=defs.digest, config_hash=config_hash(conf), features=plan.fields)
+    )  # fmt: skip
+    try:
+        stats = run_cleanup(conf, defs.entities[plan.entity], plan, keys, args.redis_url)
+    except Exception as exc:
+        ledger.finish(entry, error=exc)
+        raise
+    entry.written = {"redis": {"fields_removed": stats["fields_removed"]}}
+    ledger.finish(entry)
+    print(f"removed {stats['fields_removed']:,} fields from {stats['keys']:,} keys in {stats['seconds']:.1f}s; "
+          f"Redis memory {stats['memory_before']:,} -> {stats['memory_after']:,} B (freed {stats['memory_freed']:,} B)")  # fmt: skip
+    return EXIT_OK
 
 
 def cmd_validate(args) -> int:
@@ -162,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jobs.config import ConfigError
 
     try:
-        return {"run": cmd_run, "validate": cmd_validate, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
+        commands = {"run": cmd_run, "validate": cmd_validate, "backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup}
+        return {**commands, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, KeyError, FileNotFoundError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -75,6 +75,8 @@ class RedisConf(_Strict):
     socket_timeout: float = Field(30.0, gt=0)
     retries: int = Field(3, ge=0)
     """Retries of a chunk after a dropped connection (writes are idempotent)."""
+    cleanup_keys_per_second: float | None = Field(50_000, gt=0)
+    """`materialize cleanup`: keys visited per second per Spark task at most (None: no limit)."""
 
 
 class SqlConf(_Strict):

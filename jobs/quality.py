@@ -191,7 +191,9 @@ def run_gate(df: DataFrame, checks: list[Check], *, suite_name: str, run_name: s
     import great_expectations.expectations as gxe
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)  # it logs every step at INFO
+    # great_expectations.data_context.types.base sets its own logger to INFO on import
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     # persist=False: the snapshot is cached by the job already, and released by it
