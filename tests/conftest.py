@@ -50,11 +50,12 @@ class RedisServer:
         self.process.wait(timeout=10)
 
 
-def start_redis(tmp: Path, *args: str) -> RedisServer:
-    """A real redis-server on a free loopback port (no persistence)."""
+def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
+    """A real redis-server on a free loopback port (no automatic saves; a dump.rdb in
+    ``tmp`` is loaded at start, so a server shut down with SAVE can come back)."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed: run `make setup` (scripts/setup.sh installs it)"
-    port = free_port()
+    port = port or free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp), *args],
