@@ -152,6 +152,12 @@ def _cross_checks(entities, sources, where, lines) -> list[str]:
                 problems.append(f"{at(skey)}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
             seen.add(feature.name)
 
+    prefixes: dict[str, str] = {}
+    for entity in entities.values():
+        if entity.prefix in prefixes:
+            problems.append(f"{where[f'entity:{entity.name}']}: entity {entity.name!r} has key prefix {entity.prefix!r}, like entity {prefixes[entity.prefix]!r}: their Redis keys would mix")
+        prefixes.setdefault(entity.prefix, entity.name)
+
     # Names and field ids must be unique per entity type, across all of its sources.
     for entity in entities.values():
         owners: dict[str, str] = {}

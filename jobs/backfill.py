@@ -9,6 +9,7 @@ sinks are skipped unless forced, so a failed backfill resumes where it stopped.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,11 +20,12 @@ from pyspark.sql import functions as F
 
 from feature_defs import Definitions
 from jobs.config import RunConf
-from jobs.ledger import Entry, Ledger, config_hash
+from jobs.ledger import Entry, Ledger, config_hash, sink_targets
 from jobs.run import read_source, run_source
 from jobs.summary import RunSummary
 
 Mode = Literal["latest", "replay"]
+log = logging.getLogger(__name__)
 
 
 class BackfillError(RuntimeError):
@@ -38,10 +40,15 @@ class Plan:
     mode: Mode
     sinks: list[str]
     dates_with_data: list[dt.date]
+    """Dates with rows from --start to the later of --end and the last date already written."""
     already_written: list[dt.date]
     to_write: list[dt.date]
+    reapply: list[dt.date] = field(default_factory=list)
+    """Dates already written after the first date to write: applied again, in order, so no entity ends older."""
+    fewer_features: dict[dt.date, list[str]] = field(default_factory=dict)
+    """Already-written dates that lack some of today's features (written with older definitions)."""
     rows: int = 0
-    """Rows of the source in the dates to write."""
+    """Rows of the source in the dates of the steps."""
     feature_bytes: int = 0
     """Estimated bytes of feature values those rows carry (JSON size of a sample)."""
     running: list[dict] = field(default_factory=list)
@@ -52,19 +59,25 @@ class Plan:
         if not self.to_write:
             return []
         if self.mode == "replay":
-            return [(d, None) for d in self.to_write]
-        # From the first date to write up to the last date with data: a later date already
-        # written is applied again, so no entity ends older than it was.
+            return [(d, None) for d in sorted(set(self.to_write) | set(self.reapply))]
         return [(self.to_write[0], self.dates_with_data[-1])]
+
+    def dates_of(self, start: dt.date, end: dt.date | None) -> list[dt.date]:
+        return [d for d in self.dates_with_data if start <= d <= (end or start)]
 
     def describe(self) -> str:
         fmt = lambda ds: ", ".join(d.isoformat() for d in ds) or "none"  # noqa: E731
+        in_range = [d for d in self.dates_with_data if d <= self.end]
         lines = [
             f"backfill {self.source} {self.start}..{self.end} mode {self.mode} into {', '.join(self.sinks)}",
-            f"  dates with data:  {fmt(self.dates_with_data)}",
+            f"  dates with data:  {fmt(in_range)}",
             f"  already written:  {fmt(self.already_written)} (skipped; --force writes them again)",
             f"  to write:         {fmt(self.to_write)}",
         ]
+        if self.reapply:
+            lines.append(f"  applied again:    {fmt(self.reapply)} (already written, later than a date to write: keeps the order)")
+        for day, missing in sorted(self.fewer_features.items()):
+            lines.append(f"  note: {day} was written without {', '.join(missing)} (older definitions): --force writes it with today's")
         if self.to_write:
             steps = ", ".join(f"{a}..{b}" if b else str(a) for a, b in self.steps)
             lines.append(f"  steps:            {steps}")
@@ -74,25 +87,37 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, source_name: str, start: dt.date, end: dt.date, mode: Mode, force: bool) -> Plan:
+def plan_backfill(
+    spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, source_name: str, start: dt.date, end: dt.date, mode: Mode, force: bool,
+    redis_url: str | None = None,
+) -> Plan:
     if end < start:
         raise BackfillError(f"--end {end} is before --start {start}")
     today = dt.datetime.now(dt.UTC).date()
     if end > today:
         raise BackfillError(f"--end {end} is in the future (today is {today} UTC): no snapshot exists for it yet")
     source = defs.source(source_name)
+    written = ledger.written_dates(source.name, sink_targets(conf, redis_url))
+    done = set() if force else set(written)
+    horizon = max([end, *written])
     raw = read_source(spark, conf, source)
     day = F.col(source.date_column)
-    in_range = raw.where(day.between(F.lit(start), F.lit(end)))
+    in_range = raw.where(day.between(F.lit(start), F.lit(horizon)))
     present = sorted(r[0] for r in in_range.select(day).distinct().collect())
-    done = set() if force else ledger.written_dates(source.name, list(conf.sinks))
+    if present and not isinstance(present[0], dt.date):
+        raise BackfillError(f"source {source.name!r}: date column {source.date_column!r} holds {type(present[0]).__name__}, not dates")
+    to_write = [d for d in present if d <= end and d not in done]
+    current = {f.name for f in source.features}
     plan = Plan(
         source=source.name, start=start, end=end, mode=mode, sinks=list(conf.sinks), dates_with_data=present,
-        already_written=[d for d in present if d in done], to_write=[d for d in present if d not in done],
+        already_written=[d for d in present if d <= end and d in done], to_write=to_write,
+        reapply=[d for d in present if to_write and d > to_write[0] and d in done],
+        fewer_features={d: sorted(current - written[d]) for d in present if d in done and current - written[d]},
         running=ledger.running(source.name),
     )  # fmt: skip
     if plan.to_write:
-        rows = in_range.where(day.isin(plan.to_write))
+        step_dates = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
+        rows = in_range.where(day.isin(step_dates))
         columns = [f.source_column for f in source.features] if source.layout == "wide" else [source.value_column]
         stats = rows.agg(F.count(F.lit(1)).alias("n"), F.avg(F.length(F.to_json(F.struct(*columns)))).alias("avg")).first()
         plan.rows = stats["n"]
@@ -127,20 +152,30 @@ class Progress:
             self.bar.close()
 
 
-def recorded_run(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, kind: str, source_name: str, start: dt.date, end: dt.date | None = None, **run_kwargs) -> RunSummary:
-    """run_source with a ledger entry: 'running' before, 'succeeded'/'failed' after."""
+def recorded_run(
+    spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, kind: str, source_name: str, start: dt.date, end: dt.date | None = None,
+    *, dates: list[dt.date] | None = None, **run_kwargs,
+) -> RunSummary:
+    """run_source with a ledger entry: 'running' before, 'succeeded'/'failed' after.
+
+    ``dates``: the dates with data the step covers (default: ``start``)."""
     source = defs.source(source_name)
     entry = ledger.start(
         Entry(
             kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
             definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.name for f in source.features],
+            targets=sink_targets(conf, run_kwargs.get("redis_url")),
         )
     )  # fmt: skip
     try:
         summary = run_source(spark, conf, defs, source.name, start, end=end, **run_kwargs)
     except BaseException as exc:
-        ledger.finish(entry, error=exc)
+        try:
+            ledger.finish(entry, error=exc)
+        except Exception as ledger_exc:  # never hide the run's own error
+            log.error("could not record the failure of %s in the ledger: %s", entry.run_id, ledger_exc)
         raise
+    entry.dates = (dates if dates is not None else [start]) if summary.rows_read else []
     ledger.finish(entry, summary)
     return summary
 
@@ -152,7 +187,9 @@ def run_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: 
     try:
         for start, end in plan.steps:
             try:
-                summary = recorded_run(spark, conf, defs, ledger, f"backfill-{plan.mode}", plan.source, start, end, **run_kwargs)
+                summary = recorded_run(
+                    spark, conf, defs, ledger, f"backfill-{plan.mode}", plan.source, start, end, dates=plan.dates_of(start, end), **run_kwargs
+                )
             except Exception as exc:
                 raise BackfillError(f"backfill of {plan.source} stopped at {start}{f'..{end}' if end else ''}: {type(exc).__name__}: {exc}") from exc
             summaries.append(summary)

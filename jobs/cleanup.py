@@ -109,11 +109,13 @@ def plan_cleanup(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: 
     current_sources = {s.name: s for s in defs.sources.values() if s.entity == entity.name}
     current = {f.name for s in current_sources.values() for f in s.features}
     written = set().union(*recorded.values()) if recorded else set()
+    # A removed name whose field id a current feature shares would delete live data: keep it.
+    live_ids = {field_id(n) for n in current} | {field_id(freshness_field_name(s)) for s in current_sources}
     keys, names = entity_keys(spark, conf, defs, entity)
     plan = CleanupPlan(
         entity=entity.name,
-        removed_features=sorted(written - current),
-        removed_sources=sorted(set(recorded) - set(current_sources)),
+        removed_features=sorted(n for n in written - current if field_id(n) not in live_ids),
+        removed_sources=sorted(s for s in set(recorded) - set(current_sources) if field_id(freshness_field_name(s)) not in live_ids),
         sources_read=names,
     )
     if keys is not None and plan.fields:

@@ -202,7 +202,7 @@ def cmd_backfill(args) -> int:
     spark = build_spark(conf.spark)
     ledger = Ledger.of(spark, conf)
     try:
-        plan = plan_backfill(spark, conf, defs, ledger, args.source, args.start, args.end, args.mode, args.force)
+        plan = plan_backfill(spark, conf, defs, ledger, args.source, args.start, args.end, args.mode, args.force, args.redis_url)
     except BackfillError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -211,7 +211,10 @@ def cmd_backfill(args) -> int:
         print("dry run: nothing written")
         return EXIT_OK
     if not plan.to_write:
-        print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
+        if not plan.already_written:
+            print(f"nothing to write: source {args.source} has no rows dated {args.start}..{args.end}")
+        else:
+            print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
         return EXIT_OK
     try:
         summaries = run_backfill(spark, conf, defs, ledger, plan, redis_url=args.redis_url)
@@ -258,6 +261,9 @@ def cmd_cleanup(args) -> int:
     if not plan.fields:
         print("nothing to delete")
         return EXIT_OK
+    if keys is None:
+        print(f"error: entity {args.entity} has no source table left to take keys from; nothing deleted", file=sys.stderr)
+        return EXIT_FAILED
     if args.dry_run:
         print("dry run: nothing deleted")
         return EXIT_OK
@@ -270,7 +276,10 @@ def cmd_cleanup(args) -> int:
         stats = run_cleanup(conf, defs.entities[plan.entity], plan, keys, args.redis_url)
     except Exception as exc:
         ledger.finish(entry, error=exc)
-        raise
+        print(f"error: cleanup of {plan.entity}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        keys.unpersist()
     entry.written = {"redis": {"fields_removed": stats["fields_removed"]}}
     ledger.finish(entry)
     print(f"removed {stats['fields_removed']:,} fields from {stats['keys']:,} keys in {stats['seconds']:.1f}s; "

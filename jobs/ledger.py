@@ -35,6 +35,8 @@ SCHEMA = T.StructType(
         T.StructField("start_date", T.DateType()),
         T.StructField("end_date", T.DateType()),
         T.StructField("sinks", T.ArrayType(T.StringType())),
+        T.StructField("targets", T.StringType()),
+        T.StructField("dates", T.ArrayType(T.DateType())),
         T.StructField("status", T.StringType(), False),
         T.StructField("rows_read", T.LongType()),
         T.StructField("entities", T.LongType()),
@@ -75,6 +77,20 @@ def config_hash(conf: RunConf) -> str:
     return hashlib.sha256(conf.model_dump_json().encode()).hexdigest()[:16]
 
 
+def sink_targets(conf: RunConf, redis_url: str | None = None) -> dict[str, str]:
+    """Where each sink of the run writes, without secrets: Redis URL and namespace, SQL DSN and schema."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    targets = {}
+    if "redis" in conf.sinks:
+        url = urlsplit(redis_url or conf.redis.url)
+        host = url.netloc.rsplit("@", 1)[-1]  # drop any user:password@
+        targets["redis"] = urlunsplit(url._replace(netloc=host)) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
+    if "cockroach" in conf.sinks:
+        targets["cockroach"] = conf.sql.dsn + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
+    return targets
+
+
 @dataclass
 class Entry:
     """One step: a run of a date, a backfill step (a date or a range), or a cleanup."""
@@ -88,6 +104,10 @@ class Entry:
     definitions_hash: str
     config_hash: str
     features: list[str] = field(default_factory=list)
+    targets: dict[str, str] = field(default_factory=dict)
+    """Per sink, where it wrote (URL or DSN, no secrets): a date written elsewhere is not written here."""
+    dates: list[dt.date] = field(default_factory=list)
+    """The dates with data the step wrote (a range may hold dates without data)."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
     status: str = "running"
@@ -99,12 +119,13 @@ class Entry:
     error: str | None = None
 
     def row(self) -> tuple:
-        naive = lambda t: t.astimezone(dt.UTC).replace(tzinfo=None) if t else None  # noqa: E731 (Spark stores UTC)
+        # aware datetimes: PySpark would read naive ones in the driver's local time zone
         return (
-            self.run_id, self.kind, self.source, self.entity, self.start_date, self.end_date, self.sinks, self.status,
+            self.run_id, self.kind, self.source, self.entity, self.start_date, self.end_date, self.sinks,
+            json.dumps(self.targets, sort_keys=True), self.dates, self.status,
             self.rows_read, self.entities, self.bad_rows, json.dumps(self.written, sort_keys=True, default=str),
-            naive(self.started_at), naive(self.ended_at), code_version(), self.definitions_hash, self.config_hash,
-            self.features, self.error, naive(dt.datetime.now(dt.UTC)),
+            self.started_at, self.ended_at, code_version(), self.definitions_hash, self.config_hash,
+            self.features, self.error, dt.datetime.now(dt.UTC),
         )  # fmt: skip
 
 
@@ -124,7 +145,8 @@ class Ledger:
         """Append the entry's current state as an event (driver side, a blind Delta append)."""
         if entry.status not in STATUSES:
             raise ValueError(f"unknown status {entry.status!r}")
-        self.spark.createDataFrame([entry.row()], SCHEMA).write.format("delta").mode("append").save(self.path)
+        df = self.spark.createDataFrame([entry.row()], SCHEMA)
+        df.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
 
     def start(self, entry: Entry) -> Entry:
         self.record(entry)
@@ -147,7 +169,9 @@ class Ledger:
         if not self.exists():
             return self.spark.createDataFrame([], SCHEMA)
         events = self.spark.read.format("delta").load(self.path)
-        latest = Window.partitionBy("run_id").orderBy(F.col("recorded_at").desc(), F.col("ended_at").desc_nulls_last())
+        # a finished event outranks 'running' whatever the clocks say
+        finished = (F.col("status") != "running").cast("int")
+        latest = Window.partitionBy("run_id").orderBy(finished.desc(), F.col("recorded_at").desc())
         return events.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")
 
     def list(self, source: str | None = None, last: int = 20) -> list[dict]:
@@ -156,26 +180,27 @@ class Ledger:
             df = df.where(F.col("source") == source)
         return [r.asDict() for r in df.orderBy(F.col("started_at").desc()).limit(last).collect()]
 
-    def written_dates(self, source: str, sinks: list[str]) -> set[dt.date]:
-        """Dates of ``source`` that a succeeded step wrote to (at least) these sinks.
-
-        A run or replay step counts for its date; a latest-mode backfill for every date of
-        its range (the state it leaves is that of applying them all)."""
+    def written_dates(self, source: str, targets: dict[str, str]) -> dict[dt.date, set[str]]:
+        """Dates of ``source`` that succeeded steps wrote to every one of these sink targets,
+        with the features they wrote (a latest-mode step counts for each date it read)."""
         rows = (
             self.steps()
             .where((F.col("source") == source) & (F.col("status") == "succeeded") & F.col("kind").isin("run", "backfill-replay", "backfill-latest"))
-            .select("start_date", "end_date", "sinks")
+            .select("dates", "targets", "features")
             .collect()
         )
-        dates: set[dt.date] = set()
+        covered: dict[dt.date, dict[str, set[str]]] = {}
         for r in rows:
-            if not set(sinks) <= set(r["sinks"] or []):
-                continue
-            day = r["start_date"]
-            while day <= r["end_date"]:
-                dates.add(day)
-                day += dt.timedelta(days=1)
-        return dates
+            wrote = json.loads(r["targets"] or "{}")
+            for day in r["dates"] or []:
+                for sink, target in wrote.items():
+                    covered.setdefault(day, {}).setdefault(f"{sink}={target}", set()).update(r["features"] or [])
+        out: dict[dt.date, set[str]] = {}
+        for day, by_target in covered.items():
+            wanted = [f"{sink}={target}" for sink, target in targets.items()]
+            if all(w in by_target for w in wanted):
+                out[day] = set.intersection(*(by_target[w] for w in wanted))
+        return out
 
     def running(self, source: str) -> list[dict]:
         """Steps of ``source`` still marked running: live elsewhere, or crashed."""
@@ -183,9 +208,17 @@ class Ledger:
         return [r.asDict() for r in df.collect()]
 
     def recorded_features(self, entity: str) -> dict[str, set[str]]:
-        """Per source of ``entity``: every feature that a succeeded step wrote."""
-        rows = self.steps().where((F.col("entity") == entity) & (F.col("status") == "succeeded") & F.col("source").isNotNull()).select("source", "features").collect()
+        """Per source of ``entity``: the features steps wrote (failed ones may have written
+        too) and that no later succeeded cleanup has removed."""
+        rows = self.steps().where((F.col("entity") == entity) & (F.col("status") != "running")).select("kind", "status", "source", "features", "started_at").collect()
+        cleaned: dict[str, Any] = {}
+        for r in rows:
+            if r["kind"] == "cleanup" and r["status"] == "succeeded":
+                for name in r["features"] or []:
+                    cleaned[name] = max(cleaned.get(name, r["started_at"]), r["started_at"])
         out: dict[str, set[str]] = {}
         for r in rows:
-            out.setdefault(r["source"], set()).update(r["features"] or [])
+            if r["kind"] != "cleanup" and r["source"]:
+                kept = {f for f in r["features"] or [] if f not in cleaned or r["started_at"] > cleaned[f]}
+                out.setdefault(r["source"], set()).update(kept)
         return out

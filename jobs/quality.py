@@ -172,7 +172,8 @@ def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[st
     if not folder.is_dir():
         return None
     for day in sorted((p.name for p in folder.iterdir() if p.is_dir()), reverse=True):
-        if day >= date.isoformat():
+        # single dates only: a range's report counts one row per entity and date
+        if len(day) != 10 or day >= date.isoformat():
             continue
         path = folder / day / "summary.json"
         try:

@@ -139,7 +139,8 @@ def is_bad(df: DataFrame) -> Column:
 def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> list[Column]:
     # Latest first; exact ties broken by a hash of the whole row so reruns pick the same row.
     order = [F.col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
-    content = [c for c in df.columns if c not in partition and c != REASONS]
+    # Without the date column: a range run (date in the partition) breaks ties as a run of one date does.
+    content = [c for c in df.columns if c not in partition and c not in (REASONS, source.date_column)]
     return order + [F.xxhash64(*content).desc(), F.to_json(F.struct(*content)).desc()]
 
 

@@ -73,13 +73,13 @@ def test_interrupted_backfill_resumes_and_completes(spark, conf, tmp_path):
         plan = plan_backfill(spark, conf, DEFS, ledger, "consumer_daily", FIVE[0], FIVE[-1], "replay", force=False)
         with pytest.raises(BackfillError, match=f"stopped at {FIVE[1]}"):
             run_backfill(spark, conf, DEFS, ledger, plan, after_write=stop_redis_after_second_date)
-        assert ledger.written_dates("consumer_daily", ["redis"]) == {FIVE[0]}
+        assert set(ledger.written_dates("consumer_daily", {"redis": server.url})) == {FIVE[0]}
         server = start_redis(tmp_path / "redis", "--maxmemory", "256mb", port=server.port)  # back, with its data
 
         resumed = plan_backfill(spark, conf, DEFS, ledger, "consumer_daily", FIVE[0], FIVE[-1], "replay", force=False)
         assert resumed.already_written == [FIVE[0]] and resumed.to_write == FIVE[1:]
         run_backfill(spark, conf, DEFS, ledger, resumed)
-        assert ledger.written_dates("consumer_daily", ["redis"]) == set(FIVE)
+        assert set(ledger.written_dates("consumer_daily", {"redis": server.url})) == set(FIVE)
         statuses = sorted((r["start_date"], r["status"]) for r in ledger.list("consumer_daily", last=50))
         assert statuses == sorted([(FIVE[0], "succeeded"), (FIVE[1], "failed"), *[(d, "succeeded") for d in FIVE[1:]]])
 
@@ -137,14 +137,19 @@ def test_future_end_date_is_refused(spark, cli_conf, capsys):
 
 def test_ledger_keeps_the_latest_state_and_shows_a_crashed_run(spark, tmp_path):
     ledger = Ledger(spark, tmp_path / "ledger")
-    entry = Entry(kind="run", source="s", entity="e", start_date=FIVE[0], end_date=FIVE[0], sinks=["redis"], definitions_hash="d", config_hash="c", features=["a"])
+    entry = Entry(
+        kind="run", source="s", entity="e", start_date=FIVE[0], end_date=FIVE[0], sinks=["redis"], definitions_hash="d", config_hash="c",
+        features=["a"], targets={"redis": "redis://h:1/0"}, dates=[FIVE[0]],
+    )
     ledger.start(entry)
     ledger.record(entry)  # a repeated append of one event changes nothing
     assert [r["status"] for r in ledger.list("s")] == ["running"]
     assert [r["run_id"] for r in ledger.running("s")] == [entry.run_id]  # e.g. the process died here
     ledger.finish(entry)
     assert [r["status"] for r in ledger.list("s")] == ["succeeded"] and ledger.running("s") == []
-    assert ledger.written_dates("s", ["redis"]) == {FIVE[0]} and ledger.written_dates("s", ["redis", "cockroach"]) == set()
+    assert ledger.written_dates("s", {"redis": "redis://h:1/0"}) == {FIVE[0]: {"a"}}
+    assert ledger.written_dates("s", {"redis": "redis://h:1/1"}) == {}  # another database: not written there
+    assert ledger.written_dates("s", {"redis": "redis://h:1/0", "cockroach": "postgresql://x"}) == {}
     row = ledger.list("s")[0]
     assert row["code_version"] and row["definitions_hash"] == "d" and row["ended_at"] >= row["started_at"]
 
@@ -179,3 +184,27 @@ def test_cleanup_removes_exactly_the_dropped_features_fields(spark, conf, redis_
     assert after == expected  # that field, on consumer keys only; nothing else
     # with current definitions nothing is stale
     assert plan_cleanup(spark, conf, DEFS, ledger, "consumer")[0].fields == []
+
+
+def test_a_backfill_before_written_dates_applies_them_again_in_order(spark, conf, redis_server, tmp_path):
+    ledger = Ledger(spark, tmp_path / "ledger")
+    for day in FIVE[3:]:
+        recorded_run(spark, conf, DEFS, ledger, "run", "store_features_long", day)
+    replay = plan_backfill(spark, conf, DEFS, ledger, "store_features_long", FIVE[2], FIVE[2], "replay", force=False)
+    assert replay.to_write == [FIVE[2]] and replay.reapply == FIVE[3:]
+    assert replay.steps == [(d, None) for d in FIVE[2:]]  # the missed night, then the later ones again
+    latest = plan_backfill(spark, conf, DEFS, ledger, "store_features_long", FIVE[0], FIVE[2], "latest", force=False)
+    assert latest.to_write == FIVE[:3] and latest.steps == [(FIVE[0], FIVE[4])]  # no entity ends older than it was
+    elsewhere = plan_backfill(spark, conf, DEFS, ledger, "store_features_long", FIVE[0], FIVE[4], "latest", False, redis_server.url[:-1] + "3")
+    assert elsewhere.to_write == FIVE and elsewhere.already_written == []  # written to db 0, not to db 3
+
+
+def test_previous_run_for_the_row_count_band_is_a_single_date(tmp_path):
+    import json
+
+    from jobs.quality import previous_success
+
+    for folder, entities in (("2026-11-18", 100), ("2026-11-16_2026-11-20", 500), ("2026-11-21", 90)):
+        (tmp_path / "src" / folder).mkdir(parents=True)
+        (tmp_path / "src" / folder / "summary.json").write_text(json.dumps({"status": "succeeded", "snapshot_entities": entities}))
+    assert previous_success(tmp_path, "src", dt.date(2026, 11, 21)) == ("2026-11-18", 100)
