@@ -190,3 +190,22 @@ def sql_conf(run_conf, pg_server, pg_db) -> RunConf:
     """run_conf writing only to the SQL store (the session's PostgreSQL, emptied)."""
     sql = SqlConf(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
     return run_conf.model_copy(update={"sinks": ["cockroach"], "sql": sql})
+
+
+TINY_SOURCE = "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n  features:\n"
+
+
+def tiny_consumer_source(spark, tmp_path: Path, features_yaml: str, schema: str, rows: list, extra_yaml: str = ""):
+    """A consumer source 'tiny' of its own (definitions folder and Delta table under
+    ``tmp_path``), for tests that need values the sample data does not have. Returns the
+    definitions; run it with ``data_root=tmp_path``."""
+    from feature_defs import DEFAULT_DIR, load_definitions
+
+    folder = tmp_path / "defs"
+    folder.mkdir(exist_ok=True)
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "tiny.yaml").write_text(TINY_SOURCE + features_yaml + extra_yaml)
+    defs = load_definitions(folder)
+    # not via pandas, which would turn NaN into null
+    spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
+    return defs

@@ -10,12 +10,13 @@ import re
 import pytest
 from pyspark.sql import functions as F
 
-from feature_defs import DefinitionError, load_definitions
+from feature_defs import DefinitionError
 from jobs.config import QualityConf, SqlConf
 from jobs.quality import QualityGateError, VerificationError, derive_checks
 from jobs.run import report_dir, run_source, validate_source
 from serializers import field_id
 
+from .conftest import tiny_consumer_source
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, source_rows
 
 
@@ -171,61 +172,43 @@ def test_checks_are_derived_from_the_definitions():
 
 
 def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_path):
-    folder = tmp_path / "defs"
-    folder.mkdir()
-    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
-    (folder / "tiny.yaml").write_text(
-        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n"
-        "  features:\n    - {name: score, type: float}\n"
+    extra = (
         "  expectations:\n"
         "    - {type: expect_column_values_to_be_nice, kwargs: {column: score}}\n"
         "    - {type: expect_column_values_to_be_between, kwargs: {column: scor, min_value: 0}}\n"
     )
     with pytest.raises(DefinitionError) as info:
-        load_definitions(folder)
+        tiny_consumer_source(None, tmp_path, "    - {name: score, type: float}\n", "", [], extra)
     text = str(info.value)
     assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations expectation" in text
     assert "tiny.yaml:10: source 'tiny': expectations[1] expect_column_values_to_be_between: column 'scor' is not a feature or key" in text
 
 
+TIERS = "    - {name: tier, type: string, allowed_values: [gold, silver], severity: warning}\n    - {name: visits, type: int, min_value: 0, max_value: 10}\n"
+
+
 def test_warning_checks_report_but_do_not_block(spark, run_conf, tmp_path):
-    folder = tmp_path / "defs"
-    folder.mkdir()
-    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
-    (folder / "tiny.yaml").write_text(
-        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n  features:\n"
-        "    - {name: tier, type: string, allowed_values: [gold, silver], severity: warning}\n"
-        "    - {name: visits, type: int, min_value: 0, max_value: 10}\n"
-    )
     rows = [(1, "gold", 3, DAY2), (2, "bronze", 4, DAY2), (3, "silver", 5, DAY2)]
-    spark.createDataFrame(rows, "consumer_id long, tier string, visits long, ds date").write.format("delta").save(str(tmp_path / "tiny"))
+    schema = "consumer_id long, tier string, visits long, ds date"
+    defs = tiny_consumer_source(spark, tmp_path, TIERS, schema, rows)
     conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
-    defs = load_definitions(folder)
     summary = validate_source(spark, conf, defs, "tiny", DAY2)
     assert summary.status == "passed"
     assert summary.warnings == ["expectation failed (warning): tier in allowed values: 1 of 3 unexpected (33.33%)"]
     # the same kind of check, blocking, stops it
-    rows.append((4, "gold", 11, DAY2))
-    spark.createDataFrame(rows, "consumer_id long, tier string, visits long, ds date").write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
+    defs = tiny_consumer_source(spark, tmp_path, TIERS, schema, [*rows, (4, "gold", 11, DAY2)])
     with pytest.raises(QualityGateError, match=r"visits in \[0.0, 10.0\]: 1 of 4 unexpected"):
         validate_source(spark, conf, defs, "tiny", DAY2)
 
 
 def test_nan_counts_as_null_and_float32_bounds_hold_at_the_edge(spark, run_conf, tmp_path):
-    folder = tmp_path / "defs"
-    folder.mkdir()
-    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
-    (folder / "tiny.yaml").write_text(
-        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n  features:\n"
-        "    - {name: score, type: float}\n"
-        "    - {name: share, type: float, precision: float32, min_value: 0.1, max_value: 0.95}\n"
-    )
+    features = "    - {name: score, type: float}\n    - {name: share, type: float, precision: float32, min_value: 0.1, max_value: 0.95}\n"
     nan = float("nan")
-    rows = [(1, nan, 0.1, DAY2), (2, nan, 0.95, DAY2), (3, 0.5, 0.5, DAY2), (4, float("inf"), nan, DAY2)]  # not via pandas
-    spark.createDataFrame(rows, "consumer_id long, score double, share float, ds date").write.format("delta").save(str(tmp_path / "tiny"))
+    rows = [(1, nan, 0.1, DAY2), (2, nan, 0.95, DAY2), (3, 0.5, 0.5, DAY2), (4, float("inf"), nan, DAY2)]
+    defs = tiny_consumer_source(spark, tmp_path, features, "consumer_id long, score double, share float, ds date", rows)
     conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
     with pytest.raises(QualityGateError) as info:
-        validate_source(spark, conf, load_definitions(folder), "tiny", DAY2)
+        validate_source(spark, conf, defs, "tiny", DAY2)
     # NaN and inf are never written: 3 of 4 scores are missing; the bounds hold for float32 0.1 and 0.95
     assert "score null at most 25%: 3 of 4 unexpected (75.00%)" in str(info.value)
     assert "share" not in str(info.value)

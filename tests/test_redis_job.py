@@ -15,7 +15,7 @@ from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
 from sinks.errors import CapacityError
 
-from .conftest import SAMPLE_DATES, start_redis
+from .conftest import SAMPLE_DATES, start_redis, tiny_consumer_source
 
 DEFS = load_definitions()
 CONSUMER = DEFS.sources["consumer_daily"]
@@ -212,17 +212,10 @@ def test_schema_drift_fails_before_writing(spark, sample_root, run_conf, redis_d
 
 
 def test_non_finite_floats_are_not_written_and_counted(spark, run_conf, redis_db, tmp_path):
-    folder = tmp_path / "defs"
-    folder.mkdir()
-    (folder / "entities.yaml").write_text(DEFS.files["entity:consumer"].read_text())
-    (folder / "tiny.yaml").write_text(
-        "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n"
-        "  features:\n    - {name: score, type: float}\n"
-    )
-    rows = [(1, float("nan"), DAY2), (2, float("inf"), DAY2), (3, 0.5, DAY2)]  # not via pandas: it turns NaN into null
-    spark.createDataFrame(rows, "consumer_id long, score double, ds date").write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
+    rows = [(1, float("nan"), DAY2), (2, float("inf"), DAY2), (3, 0.5, DAY2)]
+    defs = tiny_consumer_source(spark, tmp_path, "    - {name: score, type: float}\n", "consumer_id long, score double, ds date", rows)
     conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
-    summary = run_source(spark, conf, load_definitions(folder), "tiny", DAY2)
+    summary = run_source(spark, conf, defs, "tiny", DAY2)
     assert summary.sinks["redis"]["non_finite"] == 2
     assert redis_db.hget("c:1", field_id("score")) is None
     assert redis_db.hget("c:3", field_id("score")) == b"0.5"
