@@ -97,6 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--dry-run", action="store_true", help="print the stale fields and the number of keys; delete nothing")
     clean.add_argument("--redis-url", help="Redis URL overriding the config")
 
+    ver = sub.add_parser(
+        "verify",
+        help="read a sample back from the stores and compare it with the source",
+        description="Read a random sample (quality.verify_sample) of one date's entities back from every configured store, "
+        "decode it and compare it with the source rows; writes nothing. Report: reports/<source>/<date>/verification.json.",
+    )
+    _common(ver)
+    ver.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
+    ver.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
+    ver.add_argument("--redis-url", help="Redis URL overriding the config")
+
+    ready = sub.add_parser("ready", help="exit 0 when a source has rows for a date (for sensors)", description="Exit 0 when the source table has rows for --date, 3 when it has none yet.")
+    _common(ready)
+    ready.add_argument("--date", required=True, type=_date)
+    ready.add_argument("--source", required=True)
+
+    rep = sub.add_parser("report", help="print a run's summary from its report", description="Print the summary table of reports/<source>/<date>/summary.json (no Spark needed).")
+    _common(rep)
+    rep.add_argument("--date", required=True, type=_date)
+    rep.add_argument("--source", required=True)
+
     sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
     _common(sample)
     sample.add_argument("--days", type=int, default=5, help="number of dates (default 5)")
@@ -190,6 +211,48 @@ def cmd_run(args) -> int:
         return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
 
     return _each_source(args, run, "summary.json")
+
+
+def cmd_verify(args) -> int:
+    from jobs.run import verify_source
+
+    return _each_source(args, lambda spark, conf, defs, name: verify_source(spark, conf, defs, name, args.date, redis_url=args.redis_url), "verification.json")
+
+
+EXIT_NOT_READY = 3
+
+
+def cmd_ready(args) -> int:
+    from jobs.run import partition_rows
+    from jobs.spark import build_spark
+
+    conf, defs = _load(args)
+    source = defs.source(args.source)
+    if partition_rows(build_spark(conf.spark), conf, source, args.date):
+        print(f"{source.name} has rows for {args.date}")
+        return EXIT_OK
+    print(f"{source.name} has no rows for {args.date} yet")
+    return EXIT_NOT_READY
+
+
+def cmd_report(args) -> int:
+    import json
+
+    from jobs.run import report_path
+    from jobs.summary import RunSummary
+
+    conf, defs = _load(args)
+    defs.source(args.source)
+    path = report_path(conf, args.source, args.date)
+    if not path.is_file():
+        print(f"error: no report at {path}: {args.source} {args.date} has not run with this config", file=sys.stderr)
+        return EXIT_FAILED
+    data = json.loads(path.read_text())
+    data.pop("bad_fraction", None)
+    summary = RunSummary(**data)
+    print(summary.table())
+    print(f"report: {path}")
+    return EXIT_OK if summary.status == "succeeded" else EXIT_FAILED
 
 
 def cmd_backfill(args) -> int:
@@ -300,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jobs.config import ConfigError
 
     try:
-        commands = {"run": cmd_run, "validate": cmd_validate, "backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup}
+        commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
+        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup}
         return {**commands, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, KeyError, FileNotFoundError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)

@@ -481,6 +481,33 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     return summary
 
 
+def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date, *, redis_url: str | None = None) -> RunSummary:
+    """Read back a sample of the date's snapshot from every configured store and compare it
+    with the source rows (what a run does after writing), without writing; verification.json."""
+    source = defs.source(source_name)
+    entity = defs.entity_of(source)
+    summary = _new_summary(conf, source, entity, date)
+    with _Step(summary, report_dir(conf, source.name, date) / "verification.json", "verified") as step:
+        with progress(spark, f"read {source.name}"):
+            step.prepared = prepared = prepare(spark, conf, source, entity, date, summary)
+        if "redis" in conf.sinks:
+            summary.sinks["redis"] = {}
+        if "cockroach" in conf.sinks:
+            with sql_connect(sql_sink_config(conf, source, entity, date, "postgres")) as conn:
+                summary.sinks["cockroach"] = {"dialect": detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect}
+        verify_writes(conf, source, entity, date, prepared.good, summary, redis_url)
+    return summary
+
+
+def partition_rows(spark: SparkSession, conf: RunConf, source: SourceDef, date: dt.date) -> int:
+    """Whether the source has rows for ``date`` (0 or 1: stops at the first row)."""
+    try:
+        raw = read_source(spark, conf, source)
+    except SourceNotFound:
+        return 0
+    return raw.where(F.col(source.date_column) == F.lit(date)).limit(1).count()
+
+
 def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None) -> Path:
     """reports/<source>/<date>/ (a range: <start>_<end>/): summary.json, validation.json, data_docs/."""
     return conf.reports_path / source / (f"{date.isoformat()}_{end.isoformat()}" if end else date.isoformat())

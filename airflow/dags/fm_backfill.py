@@ -1,0 +1,45 @@
+"""On-demand backfill of one source: trigger with params (source, start, end, mode, ...).
+
+Runs `materialize backfill` (see the README): skipped dates, resume after a failure and
+the run ledger all come from the CLI. In the Redis pool, so it never overlaps a nightly
+upload to the same cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from airflow.sdk import DAG, Param, task
+
+from jobs import airflow_support as fm
+
+_SOURCES = sorted(s for names in fm.sources_by_group().values() for s in names)
+
+with DAG(
+    dag_id="fm_backfill",
+    description="Backfill one source over a range of dates (materialize backfill)",
+    schedule=None,
+    start_date=dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
+    catchup=False,
+    max_active_runs=1,
+    default_args={**fm.DEFAULT_ARGS, "retries": 1, "execution_timeout": dt.timedelta(hours=12)},
+    tags=[*fm.TAGS, "backfill"],
+    doc_md=__doc__,
+    params={
+        "source": Param(_SOURCES[0] if _SOURCES else "", enum=_SOURCES or [""], description="the source (ETL table)"),
+        "start": Param("2026-11-16", type="string", format="date", description="first date"),
+        "end": Param("2026-11-20", type="string", format="date", description="last date (not in the future)"),
+        "mode": Param("latest", enum=["latest", "replay"], description="latest: one pass; replay: date by date"),
+        "sink": Param("all", enum=["all", "redis", "cockroach"], description="store(s) to write"),
+        "force": Param(False, type="boolean", description="write dates already written"),
+    },
+) as dag:
+
+    @task.bash(task_id="backfill", env=fm.task_env(), append_env=False, pool=fm.REDIS_POOL)
+    def backfill() -> str:
+        return fm.materialize(
+            "backfill", "--env", fm.ENV, "--source", "{{ params.source }}", "--start", "{{ params.start }}", "--end", "{{ params.end }}",
+            "--mode", "{{ params.mode }}", "--sink", "{{ params.sink }}", "{{ '--force' if params.force else '' }}",
+        )  # fmt: skip
+
+    backfill()

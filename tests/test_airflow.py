@@ -1,0 +1,159 @@
+"""The Airflow DAGs: integrity and policy, a real dag.test() of the nightly DAG into the
+suite's Redis and PostgreSQL, and the backfill DAG's params reaching the CLI."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Airflow reads its home when first imported: a private one for the suite.
+AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="fm-airflow-"))
+os.environ["AIRFLOW_HOME"] = str(AIRFLOW_HOME)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parent.parent / "airflow" / "dags")
+os.environ["AIRFLOW_CONN_FM_SPARK"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
+
+from jobs.ledger import Ledger  # noqa: E402
+from serializers import decode, field_id  # noqa: E402
+
+from .conftest import SAMPLE_DATES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DAGS = ROOT / "airflow" / "dags"
+BIN = Path(sys.executable).parent
+DAY1, DAY2 = SAMPLE_DATES
+POOL = "fm_redis_writes"
+
+
+def airflow_cli(*args: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([str(BIN / "airflow"), *args], capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def airflow_db():
+    airflow_cli("db", "migrate")
+    airflow_cli("pools", "set", POOL, "1", "one heavy upload to the Redis cluster at a time")
+    return AIRFLOW_HOME
+
+
+def load_dags(monkeypatch=None, **env):
+    """A fresh DagBag of airflow/dags (after env changes the DAG files read at parse time)."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    from jobs import airflow_support
+
+    importlib.reload(airflow_support)
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_dag_files_load_and_follow_the_policy():
+    bag = load_dags()
+    assert bag.import_errors == {}, f"DAG import errors: {bag.import_errors}"
+    assert set(bag.dags) == {"fm_nightly_nightly", "fm_backfill"}
+    for dag_id, dag in bag.dags.items():
+        assert "feature-materializer" in dag.tags, dag_id
+        assert dag.catchup is False and dag.max_active_runs == 1, dag_id
+        assert dag.default_args["retries"] >= 1 and dag.default_args["retry_exponential_backoff"], dag_id
+        assert dag.default_args["owner"] == "ml-platform", dag_id
+        for t in dag.tasks:
+            assert t.execution_timeout is not None, f"{dag_id}.{t.task_id} has no timeout"
+            # a failed quality gate is not retried (the same data fails again); everything else is
+            assert (t.retries == 0) == t.task_id.endswith("validate"), f"{dag_id}.{t.task_id}: retries {t.retries}"
+            writes = t.task_id.endswith("materialize") or t.task_id == "backfill"
+            assert (t.pool == POOL) == writes, f"{dag_id}.{t.task_id}: pool {t.pool}"
+    nightly = bag.dags["fm_nightly_nightly"]
+    for source in ("consumer_daily", "store_features_long"):
+        chain = [f"{source}.{name}" for name in ("wait_for_partition", "validate", "materialize", "verify", "report")]
+        for upstream, downstream in zip(chain, chain[1:]):
+            assert downstream in nightly.get_task(upstream).downstream_task_ids
+        sensor = nightly.get_task(f"{source}.wait_for_partition")
+        assert sensor.mode == "reschedule" and sensor.timeout
+    assert nightly.get_task("consumer_daily.materialize").application_args[:4] == ["--env", "local", "--date", "{{ ds }}"]
+
+
+def test_parsing_imports_nothing_heavy():
+    code = (
+        "import sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(DAGS)!r})\nassert not bag.import_errors, bag.import_errors\n"
+        "print(sorted(m for m in ('pyspark.sql', 'great_expectations', 'psycopg', 'redis', 'jobs.run') if m in sys.modules))\n"
+    )
+    script = AIRFLOW_HOME / "parse_check.py"
+    script.write_text(code)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.fixture
+def dag_env(monkeypatch, sample_root, redis_server, pg_server, pg_db, redis_db, tmp_path):
+    """Env and config the DAG tasks run with: the sample tables, the suite's Redis and PostgreSQL,
+    and definitions holding only the (small) store source."""
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    for name in ("entities.yaml", "store_features_long.yaml"):
+        (defs / name).write_text((ROOT / "feature_defs" / name).read_text())
+    conf = tmp_path / "conf"
+    (conf / "base").mkdir(parents=True)
+    (conf / "ci").mkdir()
+    (conf / "ci" / "m.yaml").write_text(
+        f"data_root: {sample_root}\ndefinitions_dir: {defs}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
+        f"ledger_root: {tmp_path / 'ledger'}\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
+        f"sql:\n  dsn: {pg_server.dsn}\n  password_env: null\nquality:\n  max_bad_fraction: 0.05\n  verify_sample: 1000\n"
+    )
+    env = {"FM_CONF_DIR": str(conf), "FM_ENV": "ci", "FM_DEFINITIONS_DIR": str(defs), "SPARK_LOCAL_IP": "127.0.0.1"}
+    bag = load_dags(monkeypatch, **env)
+    return bag, tmp_path
+
+
+def test_nightly_dag_materializes_a_sample_date(spark, airflow_db, dag_env, sample_root, redis_db, pg_db):
+    bag, tmp_path = dag_env
+    dag = bag.dags["fm_nightly_nightly"]
+    assert [t.task_id.split(".")[0] for t in dag.tasks] == ["store_features_long"] * 5
+    run = dag.test(logical_date=dt.datetime.combine(DAY2, dt.time(), tzinfo=dt.UTC))
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+
+    # values read back raw, against the source rows taken here with pandas
+    pdf = spark.read.format("delta").load(str(sample_root / "store_features_long")).where(f"ds = '{DAY2}'").toPandas()
+    good = pdf[pdf["store_id"].notna() & ~pdf["store_id"].fillna("").str.contains(":")]
+    latest = good.sort_values("event_ts").groupby(["store_id", "feature_name"]).tail(1)
+    kinds = {"avg_prep_minutes_7d": "float", "acceptance_rate_7d": "float", "rating_avg_30d": "float", "open_hours_week": "int", "is_open_late": "bool"}
+    checked = 0
+    for _, r in latest[latest["feature_name"].isin(list(kinds))].iterrows():
+        kind = kinds[r["feature_name"]]
+        raw = redis_db.hget(f"s:{r['store_id']}", field_id(r["feature_name"]))
+        want = {"float": float, "int": int, "bool": bool}[kind](r["value"])
+        assert decode(kind, raw) == want, (r["store_id"], r["feature_name"])
+        row = pg_db.execute("SELECT features->%s FROM store_features WHERE entity_key = %s", (r["feature_name"], r["store_id"])).fetchone()
+        assert row[0] == want
+        checked += 1
+    assert checked > 200  # 60 sample stores x 5 features, less the nulls
+    assert redis_db.dbsize() == good["store_id"].nunique()
+    report = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "summary.json").read_text())
+    assert report["status"] == "succeeded" and all(e["success"] for e in report["expectations"])
+    verification = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "verification.json").read_text())
+    assert verification["status"] == "verified" and verification["verification"]["redis"]["mismatches"] == 0
+
+
+def test_backfill_dag_params_reach_the_cli(spark, airflow_db, dag_env):
+    bag, tmp_path = dag_env
+    dag = bag.dags["fm_backfill"]
+    params = {"source": "store_features_long", "start": str(DAY1), "end": str(DAY2), "mode": "replay", "sink": "redis", "force": False}
+    run = dag.test(run_conf=params)
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+    steps = Ledger(spark, tmp_path / "ledger").list("store_features_long")
+    assert sorted((r["kind"], r["start_date"], tuple(r["sinks"]), r["status"]) for r in steps) == [
+        ("backfill-replay", DAY1, ("redis",), "succeeded"),
+        ("backfill-replay", DAY2, ("redis",), "succeeded"),
+    ]
