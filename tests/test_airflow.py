@@ -157,3 +157,15 @@ def test_backfill_dag_params_reach_the_cli(spark, airflow_db, dag_env):
         ("backfill-replay", DAY1, ("redis",), "succeeded"),
         ("backfill-replay", DAY2, ("redis",), "succeeded"),
     ]
+
+
+def test_a_failed_quality_gate_fails_the_run_with_the_reason_in_the_log(spark, airflow_db, dag_env, redis_db, capfd):
+    bag, tmp_path = dag_env
+    conf = Path(os.environ["FM_CONF_DIR"]) / "ci" / "m.yaml"
+    conf.write_text(conf.read_text().replace("max_bad_fraction: 0.05", "max_bad_fraction: 0.0001"))  # the sample's 2 bad rows are too many now
+    run = bag.dags["fm_nightly_nightly"].test(logical_date=dt.datetime.combine(DAY2, dt.time(), tzinfo=dt.UTC))
+    assert "failed" in str(run.state).lower()
+    log = capfd.readouterr().out  # the validate task's log
+    assert "error: store_features_long: QualityGateError: source 'store_features_long' 2026-11-20" in log
+    assert "2 of 414 rows are bad input (0.48% > quality.max_bad_fraction 0.01%)" in log
+    assert redis_db.dbsize() == 0  # materialize never ran
