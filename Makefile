@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test services-start services-stop sample-data submit proto clean
+.PHONY: setup demo test services-start services-stop sample-data submit airflow-nightly proto clean
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
@@ -30,6 +30,10 @@ submit: services-start      ## the same job under spark-submit
 
 test: setup                 ## set up and run the whole suite (real Redis servers, local Spark)
 	$(BIN)/python -m pytest
+
+airflow-nightly: services-start  ## run the nightly DAG once for DATE with `airflow dags test` (Airflow in .run/airflow)
+	test -d data/consumer_daily/_delta_log -a -d data/store_features_long/_delta_log || $(BIN)/materialize sample-data --env $(ENV)
+	FM_ENV=$(ENV) bash scripts/airflow_local.sh dags test fm_nightly_nightly $(DATE)
 
 proto:                      ## regenerate serializers/features_pb2.py after editing the .proto
 	cd serializers && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. features.proto
