@@ -28,7 +28,13 @@ DELTA_JARS = [PROJECT_DIR / "jars" / "delta-spark_4.2_2.13-4.4.0.jar", PROJECT_D
 
 # Schedule groups named in feature_defs and their cron; any other group name is used as
 # the schedule itself (a preset like "@daily" or a cron expression).
-SCHEDULES = {"nightly": "0 2 * * *", "hourly": "@hourly"}
+SCHEDULES = {"nightly": "0 2 * * *"}
+
+# Airflow 3 cron schedules trigger at the cron time and make that the logical date: the
+# 02:00 run on D+1 has ds = D+1 and materializes D, the day that just ended.
+SNAPSHOT_DATE = "{{ macros.ds_add(ds, -1) }}"
+EXIT_GATE_FAILED = 4
+"""`materialize validate/run` exit code when only the data-quality gate failed."""
 
 DEFAULT_ARGS = {
     "owner": OWNER,
@@ -62,10 +68,7 @@ def materialize(*args: str) -> str:
 
 
 def task_env() -> dict[str, str]:
-    """Environment for the CLI and spark-submit: the venv first on PATH, its Python for the workers."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(("FM_", "AIRFLOW_CONN_"))}
-    env["PATH"] = f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    env["PYSPARK_PYTHON"] = str(BIN_DIR / "python")
-    env.setdefault("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
-    env["FM_ENV"] = ENV
-    return env
+    """What the tasks add to the worker's environment (which they keep): the config env,
+    and the venv first on PATH (spark-submit is looked up there). Never secrets: they
+    stay in the worker's environment, out of the serialized DAG."""
+    return {"FM_ENV": ENV, "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"}

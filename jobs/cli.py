@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_GATE_FAILED = 4
+"""Every failure was the data-quality gate (nothing written): retrying the same data cannot help."""
 
 
 def _date(text: str) -> dt.date:
@@ -183,8 +185,10 @@ def _each_source(args, action, report_name: str) -> int:
     names = args.source or conf.sources or list(defs.sources)
     for name in names:
         defs.source(name)  # unknown names fail before Spark starts
+    from jobs.quality import QualityGateError
+
     spark = build_spark(conf.spark)
-    failed = []
+    failed, gate_only = [], True
     for name in names:
         print(f"== {name} {args.date} (env {conf.env})", flush=True)
         report = report_dir(conf, name, args.date) / report_name
@@ -192,6 +196,7 @@ def _each_source(args, action, report_name: str) -> int:
             summary = action(spark, conf, defs, name)
         except Exception as exc:
             failed.append(name)
+            gate_only &= isinstance(exc, QualityGateError)
             print(f"error: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
             print(f"report: {report}", file=sys.stderr)
             continue
@@ -199,7 +204,7 @@ def _each_source(args, action, report_name: str) -> int:
         print(f"report: {report}", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
     return EXIT_OK
 
 

@@ -208,3 +208,10 @@ def test_previous_run_for_the_row_count_band_is_a_single_date(tmp_path):
         (tmp_path / "src" / folder).mkdir(parents=True)
         (tmp_path / "src" / folder / "summary.json").write_text(json.dumps({"status": "succeeded", "snapshot_entities": entities}))
     assert previous_success(tmp_path, "src", dt.date(2026, 11, 21)) == ("2026-11-18", 100)
+
+
+def test_ready_says_whether_a_date_has_rows(spark, cli_conf, capsys):
+    base = ["ready", "--env", "ci", "--source", "store_features_long", "--date"]
+    assert main([*base, str(FIVE[0])]) == 0
+    assert main([*base, "2026-10-01"]) == 3
+    assert "has no rows for 2026-10-01 yet" in capsys.readouterr().out

@@ -26,16 +26,17 @@ with DAG(
     tags=[*fm.TAGS, "backfill"],
     doc_md=__doc__,
     params={
-        "source": Param(_SOURCES[0] if _SOURCES else "", enum=_SOURCES or [""], description="the source (ETL table)"),
-        "start": Param("2026-11-16", type="string", format="date", description="first date"),
-        "end": Param("2026-11-20", type="string", format="date", description="last date (not in the future)"),
+        # no defaults: a trigger must name what to backfill
+        "source": Param(enum=_SOURCES or [""], description="the source (ETL table)"),
+        "start": Param(type="string", format="date", description="first date, YYYY-MM-DD"),
+        "end": Param(type="string", format="date", description="last date, YYYY-MM-DD (not in the future)"),
         "mode": Param("latest", enum=["latest", "replay"], description="latest: one pass; replay: date by date"),
         "sink": Param("all", enum=["all", "redis", "cockroach"], description="store(s) to write"),
         "force": Param(False, type="boolean", description="write dates already written"),
     },
 ) as dag:
 
-    @task.bash(task_id="backfill", env=fm.task_env(), append_env=False, pool=fm.REDIS_POOL)
+    @task.bash(task_id="backfill", env=fm.task_env(), append_env=True, pool=fm.REDIS_POOL)
     def backfill() -> str:
         return fm.materialize(
             "backfill", "--env", fm.ENV, "--source", "{{ params.source }}", "--start", "{{ params.start }}", "--end", "{{ params.end }}",
