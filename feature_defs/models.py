@@ -105,6 +105,11 @@ class FeatureDef(_Strict):
         return field_id_int(self.name)
 
 
+def expectation_class_name(snake: str) -> str:
+    """great-expectations class of an expectation name: expect_a_b -> ExpectAB."""
+    return "".join(part.capitalize() for part in snake.split("_"))
+
+
 class ExtraExpectation(_Strict):
     """A great-expectations 1.x expectation by its snake_case name, run on the snapshot."""
 
@@ -116,7 +121,7 @@ class ExtraExpectation(_Strict):
 
     @property
     def class_name(self) -> str:
-        return "".join(part.capitalize() for part in self.type.split("_"))
+        return expectation_class_name(self.type)
 
 
 class SourceDef(_Strict):

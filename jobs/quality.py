@@ -24,6 +24,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from feature_defs import EntityDef, SourceDef
+from feature_defs.models import expectation_class_name
 from jobs.config import QualityConf
 from jobs.transforms import CONFLICTS, key_columns, spark_type
 
@@ -53,7 +54,7 @@ class Check:
 
     @property
     def class_name(self) -> str:
-        return "".join(part.capitalize() for part in self.type.split("_"))
+        return expectation_class_name(self.type)
 
 
 @dataclass
