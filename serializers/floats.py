@@ -55,39 +55,50 @@ def format_float(value: float, float32: bool = False) -> str | None:
     return format_float32(value) if float32 else format_float64(value)
 
 
+def _rows_with_byte(text: pa.Array, byte: int) -> np.ndarray:
+    """Indexes of the rows of a string array whose bytes contain ``byte`` (one scan of the data buffer)."""
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32, count=text.offset + len(text) + 1)[text.offset :]
+    data = text.buffers()[2]
+    if data is None:
+        return np.empty(0, np.int64)
+    raw = np.frombuffer(data, dtype=np.uint8)[offsets[0] : offsets[-1]]
+    hits = np.flatnonzero(raw == byte)
+    if not hits.size:
+        return np.empty(0, np.int64)
+    return np.unique(np.searchsorted(offsets, hits + offsets[0], side="right") - 1)
+
+
 def format_float_array(arr: pa.Array, float32: bool = False) -> tuple[pa.Array, int]:
     """Format a float64/float32 Arrow array column-wise.
 
     Returns (string array, number of non-finite values turned into nulls).
+
+    Arrow's cast writes the same shortest digits as Python. It writes ``0`` for zero, and
+    it lays out positionally the values Python lays out positionally, except some with
+    many digits, which it writes with an exponent. So only values with an ``e`` in
+    Arrow's text, tiny or huge magnitudes, negative zero and NaN/inf are fixed up, and
+    the common case costs one cast and a few numpy passes.
     """
     target = pa.float32() if float32 else pa.float64()
     if arr.type != target:
         # A float64 column declared float32 is rounded to float32 first, as the scalar does.
         with np.errstate(over="ignore"):
             arr = pc.cast(arr, target, safe=False)
-    values = arr.to_numpy(zero_copy_only=False)  # nulls become NaN; the null mask is kept below
-    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False))
-    finite = np.isfinite(values)
-    non_finite = int(np.count_nonzero(valid & ~finite))
-
+    values = arr.to_numpy(zero_copy_only=False)  # nulls become NaN; Arrow keeps them null in the text
     text = pc.cast(arr, pa.string())
-    magnitude = np.abs(values)
-    # Values whose layout Arrow and Python agree on: positional in both, not zero.
-    fast = finite & (magnitude >= _POSITIONAL_LOW) & (magnitude < _POSITIONAL_HIGH)
-    has_exponent = np.asarray(pc.match_substring(text, "e").fill_null(False).to_numpy(zero_copy_only=False))
-    fast &= ~has_exponent
-    keep = valid & finite
-    zero = keep & (values == 0)
-    slow_idx = np.flatnonzero(keep & ~fast & ~zero)
-    out = text
-    if slow_idx.size:
-        # Rare (tiny or huge magnitudes): lay these out exactly as the scalar path does.
+    finite = np.isfinite(values)
+    non_finite_rows = np.flatnonzero(~finite & np.asarray(arr.is_valid().to_numpy(zero_copy_only=False)))
+    with np.errstate(invalid="ignore"):
+        magnitude = np.abs(values)
+        odd = finite & ((magnitude >= _POSITIONAL_HIGH) | ((magnitude < _POSITIONAL_LOW) & (values != 0)))
+        odd |= (values == 0) & np.signbit(values)  # Arrow writes "-0"
+    fix = np.union1d(np.flatnonzero(odd), _rows_with_byte(text, ord("e")))
+    if non_finite_rows.size:
+        fix = np.union1d(fix, non_finite_rows)
+    if fix.size:
+        # Rare: lay these out exactly as the scalar path does (None for NaN/inf: not written).
         fmt = format_float32 if float32 else format_float64
-        py = text.to_pylist()
-        for i in slow_idx:
-            py[i] = fmt(float(values[i]))
-        out = pa.array(py, pa.string())
-    # Zero and negative zero are "0"; NaN/inf are not written (null).
-    out = pc.if_else(pa.array(zero), pa.scalar("0"), out)
-    out = pc.if_else(pa.array(~keep), pa.scalar(None, pa.string()), out)
-    return out, non_finite
+        mask = np.zeros(len(arr), dtype=bool)
+        mask[fix] = True
+        text = pc.replace_with_mask(text, pa.array(mask), pa.array([fmt(float(values[i])) for i in fix], pa.string()))
+    return text, int(non_finite_rows.size)

@@ -182,6 +182,10 @@ def test_columnar_handles_sliced_arrays():
     strings = pa.array([["x", "yy"], None, ["é", ""], ["zzz"]], pa.list_(pa.string())).slice(1, 3)
     column, _ = encode_column("string_list", strings, compression="none")
     assert column.to_pylist() == [None, bytes.fromhex("0a02c3a9" "0a00"), bytes.fromhex("0a037a7a7a")]
+    # floats: the exponent scan of Arrow's text must look at the slice's rows only
+    floats = pa.array([1e-7, 0.5, 123456789012345.6, -0.0, 2.5, 1e300]).slice(1, 4)
+    column, _ = encode_column("float", floats)
+    assert column.to_pylist() == [b"0.5", b"123456789012345.6", b"0", b"2.5"]
 
 
 def test_float_text_round_trips():
