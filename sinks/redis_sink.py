@@ -1,5 +1,9 @@
 """Redis sink: one hash per entity, pipelined HSET/HDEL/EXPIRE in bounded chunks.
 
+The commands are built column-wise as RESP bytes (:mod:`serializers.resp`) and written
+to the socket of a connection that redis-py made (so TLS, AUTH and SELECT are its
+business); replies are parsed with hiredis. redis-py itself runs the control commands.
+
 Per entity and source (README "Online format"): HSET every non-null feature and the
 source's freshness field, HDEL the source's null features, EXPIRE with jitter. Fields
 of other sources in the same hash are never touched. Every command can be repeated, so
@@ -10,12 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import hiredis
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 import xxhash
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from serializers.batch import EncodedBatch
+from serializers.resp import EntityCommands, entity_commands
 from sinks.base import WriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
@@ -85,6 +94,9 @@ class RedisSink:
         self.stats = WriteStats()
         self._chunks = 0
         self._prefix = config.key_prefix.encode("utf-8")
+        self._conn: redis.Connection | None = None
+        """The pipeline's connection: made by redis-py, written to with RESP built here."""
+        self._reader: hiredis.Reader | None = None
 
     def open(self) -> None:
         c = self.config
@@ -93,6 +105,7 @@ class RedisSink:
 
     def close(self) -> None:
         if self.client is not None:
+            self._drop_data()
             self.client.close()
             self.client = None
 
@@ -106,104 +119,134 @@ class RedisSink:
     def used_memory(self) -> int:
         return int(self.client.info("memory")["used_memory"])
 
-    def check_ceiling(self) -> None:
+    def _over_ceiling(self) -> int | None:
+        """used_memory when it is past the hard ceiling, else None."""
         ceiling = self.config.ceiling_bytes
         if ceiling is None:
-            return
+            return None
         used = self.used_memory()
-        if used > ceiling:
-            raise CeilingReached(used, ceiling, self.stats)
+        return used if used > ceiling else None
 
-    def write_batch(self, batch: EncodedBatch, as_of: list[int] | None = None) -> WriteStats:
-        """Write one encoded batch in chunks; returns this batch's stats (also summed in .stats).
+    def check_ceiling(self) -> None:
+        used = self._over_ceiling()
+        if used is not None:
+            raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
+
+    def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> WriteStats:
+        """Write one encoded batch, pipelined in chunks; returns this batch's stats (also summed in .stats).
 
         ``as_of``: a freshness value per row (range runs) instead of the config's one."""
-        batch_stats = WriteStats(non_finite=batch.non_finite, bytes_sent=int(batch.value_bytes.sum()))
-        self.stats.add(batch_stats)
-        values = [col.to_pylist() for col in batch.columns]
-        n = len(batch)
-        step = self.config.chunk_entities
-        for start in range(0, n, step):
-            commands, chunk = self._commands(batch.ids, values, range(start, min(n, start + step)), as_of)
-            chunk.values_deleted = self._send(commands)
-            batch_stats.add(chunk)
-            self.stats.add(chunk)
-            self._chunks += 1
-            if self._chunks % self.config.recheck_every == 0:
-                self.check_ceiling()
+        c = self.config
+        keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"")
+        ttl = None
+        if c.ttl_seconds:
+            ttl = np.fromiter((ttl_with_jitter(k, c.ttl_seconds, c.ttl_jitter) for k in keys.to_pylist()), np.int64, len(keys))
+        freshness = str(c.as_of).encode() if as_of is None else as_of
+        commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, ttl)
+        bounds = [(start, min(len(commands), start + c.chunk_entities)) for start in range(0, len(commands), c.chunk_entities)]
+        batch_stats = WriteStats(non_finite=batch.non_finite)
+        self.stats.non_finite += batch.non_finite
+        self._pipeline(commands, keys, bounds, batch_stats)
         return batch_stats
 
-    def _commands(self, ids: list[str], values: list[list], rows: range, as_of: list[int] | None = None) -> tuple[list[tuple], WriteStats]:
-        c = self.config
-        fields = c.fields
-        ts_value = str(c.as_of).encode()
-        stats = WriteStats()
-        commands: list[tuple] = []
-        overhead = 0
-        for i in rows:
-            if as_of is not None:
-                ts_value = str(as_of[i]).encode()
-            key = self._prefix + ids[i].encode("utf-8")
-            hset: list[bytes] = []
-            hdel: list[bytes] = []
-            for fid, col in zip(fields, values):
-                v = col[i]
-                if v is None:
-                    hdel.append(fid)
-                else:
-                    hset.append(fid)
-                    hset.append(v)
-            stats.values_set += len(hset) // 2
-            hset.append(c.freshness_field)
-            hset.append(ts_value)
-            commands.append(("HSET", key, *hset))
-            key_bytes = len(key) + len(str(len(key))) + 5
-            # RESP framing of everything but the feature values (counted by the encoder)
-            overhead += len(str(len(hset) + 2)) + 3 + 10 + key_bytes + 10 * (len(hset) // 2) + len(ts_value) + len(str(len(ts_value))) + 5
-            if hdel:
-                commands.append(("HDEL", key, *hdel))
-                overhead += len(str(len(hdel) + 2)) + 3 + 10 + key_bytes + 10 * len(hdel)
-            if c.ttl_seconds:
-                ttl = str(ttl_with_jitter(key, c.ttl_seconds, c.ttl_jitter)).encode()
-                commands.append(("EXPIRE", key, ttl))
-                overhead += 4 + 12 + key_bytes + len(ttl) + len(str(len(ttl))) + 5
-            stats.entities += 1
-        stats.bytes_sent = overhead
-        return commands, stats
+    def _pipeline(self, commands: EntityCommands, keys: pa.Array, bounds: list[tuple[int, int]], batch_stats: WriteStats) -> None:
+        """Send the chunks with one in flight: the server runs chunk k while chunk k+1 is sent.
 
-    def _send(self, commands: list[tuple]) -> int:
-        """Send one chunk; returns fields removed by its HDELs."""
+        After a dropped connection, every chunk not yet acknowledged is sent again on a new
+        connection (the commands can be repeated)."""
+        done = {"next": 0}  # first chunk whose replies have not been read
+
+        def resume() -> None:
+            if self._conn is None:
+                self._connect_data()
+            in_flight: int | None = None
+            for k in range(done["next"], len(bounds)):
+                self._send(commands.wire_bytes(*bounds[k]))
+                if in_flight is not None:
+                    self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
+                    done["next"] = in_flight + 1
+                    self._chunks += 1
+                    if self._chunks % self.config.recheck_every == 0 and (used := self._over_ceiling()) is not None:
+                        # chunk k is already on its way: count it, so the report says what was written
+                        self._acknowledge(commands, keys, bounds[k], batch_stats)
+                        raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
+                in_flight = k
+            if in_flight is not None:
+                self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
+                done["next"] = in_flight + 1
+                self._chunks += 1
+
         attempts = {"n": 0}
-
-        def once() -> list:
-            # a fresh pipeline per attempt: a retry re-sends the whole chunk
-            pipe = self.client.pipeline(transaction=False)
-            for cmd in commands:
-                pipe.execute_command(*cmd)
-            return pipe.execute(raise_on_error=False)
 
         def on_retry(attempt: int, exc: BaseException) -> None:
             attempts["n"] = attempt
+            self.stats.retries += 1
+            self._drop_data()
 
         try:
-            replies = call_with_retries(
-                once, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=self.config.retries, on_retry=on_retry
-            )
+            call_with_retries(resume, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=self.config.retries, on_retry=on_retry)
         except _TRANSIENT as exc:
+            self._drop_data()
+            start, _ = bounds[done["next"]]
             raise TransientSinkError(
-                f"Redis connection failed {attempts['n'] + 1} times on a chunk of {len(commands)} commands "
-                f"(first key {commands[0][1]!r}): {exc}"
+                f"Redis connection failed {attempts['n'] + 1} times on a chunk of {bounds[done['next']][1] - start} entities "
+                f"(first key {keys[start].as_py()!r}): {exc}"
             ) from exc
-        self.stats.retries += attempts["n"]
-        self.stats.round_trips += 1 + attempts["n"]
-        deleted = 0
-        for index, (cmd, reply) in enumerate(zip(commands, replies)):
-            if isinstance(reply, Exception):
-                text = str(reply)
-                if text.startswith("OOM"):
+
+    def _connect_data(self) -> None:
+        # redis-py makes the connection (TLS, AUTH, SELECT); the pipeline then uses its socket.
+        conn = self.client.connection_pool.get_connection()
+        conn.connect()
+        self._conn = conn
+        self._reader = hiredis.Reader()
+
+    def _drop_data(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()
+            self.client.connection_pool.release(self._conn)
+            self._conn = None
+
+    def _send(self, data: memoryview) -> None:
+        try:
+            self._conn._sock.sendall(data)
+        except OSError as exc:
+            raise redis.ConnectionError(f"sending to Redis failed: {exc}") from exc
+        self.stats.bytes_sent += len(data)
+        self.stats.round_trips += 1
+
+    def _replies(self, count: int) -> list:
+        out = []
+        reader, sock = self._reader, self._conn._sock
+        while len(out) < count:
+            reply = reader.gets()
+            if reply is False:
+                try:
+                    data = sock.recv(1 << 16)
+                except OSError as exc:
+                    raise redis.ConnectionError(f"reading from Redis failed: {exc}") from exc
+                if not data:
+                    raise redis.ConnectionError("Redis closed the connection")
+                reader.feed(data)
+                continue
+            out.append(reply)
+        return out
+
+    def _acknowledge(self, commands: EntityCommands, keys: pa.Array, bound: tuple[int, int], batch_stats: WriteStats) -> None:
+        """Read one chunk's replies; count what it did; stop on the first refused command."""
+        start, stop = bound
+        per_entity = commands.replies[start:stop]
+        replies = self._replies(int(per_entity.sum()))
+        first = np.zeros(stop - start, dtype=np.int64)  # index of each entity's HSET reply
+        np.cumsum(per_entity[:-1], out=first[1:])
+        for index, reply in enumerate(replies):
+            if isinstance(reply, hiredis.ReplyError):
+                entity = start + int(np.searchsorted(first, index, side="right")) - 1
+                if str(reply).startswith("OOM"):
                     used = self.used_memory()
                     raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats) from reply
-                raise TerminalSinkError(f"Redis refused command #{index} of the chunk ({cmd[0]} {cmd[1]!r}): {text}") from reply
-            if cmd[0] == "HDEL":
-                deleted += int(reply)
-        return deleted
+                raise TerminalSinkError(f"Redis refused a command for key {keys[entity].as_py()!r}: {reply}") from reply
+        deleted = sum(replies[i + 1] for i in first[commands.deletes[start:stop]])
+        chunk = WriteStats(entities=stop - start, values_set=int(commands.values_set[start:stop].sum()), values_deleted=int(deleted))
+        batch_stats.add(chunk)
+        for name in ("entities", "values_set", "values_deleted"):
+            setattr(self.stats, name, getattr(self.stats, name) + getattr(chunk, name))

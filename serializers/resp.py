@@ -1,0 +1,143 @@
+"""Redis commands for a whole batch of entities, built column-wise as RESP bytes.
+
+Building commands argument by argument in Python (what a client library does) costs
+more than the Redis server spends running them. Here each entity's commands become one
+value of an Arrow binary array, assembled by Arrow compute from the encoded feature
+columns, so no Python object is made per value. The array's data buffer then holds the
+wire bytes of any run of consecutive entities: a pipeline chunk is a zero-copy slice.
+
+Per entity (README "Online format"), in this order:
+
+- ``HSET key fid value ... freshness_fid as_of``: every non-null feature, then the
+  source's freshness field;
+- ``HDEL key fid ...``: the source's features that are null, only when there are any;
+- ``EXPIRE key ttl``: only when the entity type has a TTL.
+
+A value's argument is written as ``\\r\\n$4\\r\\n<fid>\\r\\n$<len>\\r\\n<value>``: the CRLF
+that ends each argument leads the next one, so a null value (no argument at all) is an
+empty piece, and the freshness argument, always present, closes the command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+CRLF = b"\r\n"
+_NULL = pa.scalar(None, pa.binary())
+
+
+def bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def command(*args: bytes) -> bytes:
+    """One RESP command (an array of bulk strings)."""
+    return b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
+
+
+@dataclass(frozen=True)
+class EntityCommands:
+    wire: pa.Array
+    """One binary value per entity: its commands, back to back."""
+    replies: np.ndarray
+    """Commands (so replies) per entity."""
+    deletes: np.ndarray
+    """Per entity: whether it has an HDEL (its second command)."""
+    values_set: np.ndarray
+    """Per entity: feature values in its HSET (the freshness field not counted)."""
+
+    def __len__(self) -> int:
+        return len(self.wire)
+
+    def wire_bytes(self, start: int, stop: int) -> memoryview:
+        """The commands of entities ``start``..``stop-1`` as one buffer, without copying."""
+        arr = self.wire
+        offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=arr.offset + len(arr) + 1)[arr.offset :]
+        data = arr.buffers()[2]
+        return memoryview(data)[int(offsets[start]) : int(offsets[stop])]
+
+
+def _decimal(values: pa.Array | np.ndarray) -> pa.Array:
+    """Decimal ASCII of integers, as a binary array."""
+    if isinstance(values, np.ndarray):
+        values = pa.array(values)
+    return pc.cast(pc.cast(values, pa.string()), pa.binary())
+
+
+def _join(*pieces, nulls_as_empty: bool = False) -> pa.Array:
+    """Row-wise concatenation; a null piece makes the row null unless ``nulls_as_empty``."""
+    if nulls_as_empty:
+        return pc.binary_join_element_wise(*pieces, b"", null_handling="replace", null_replacement=b"")
+    return pc.binary_join_element_wise(*pieces, b"")
+
+
+_SHORT = 4096
+
+
+def _value_heads(prefix: bytes, col: pa.Array) -> pa.Array:
+    """``prefix + <len> + CRLF`` per value (null for null values).
+
+    Values are short (a float is a few bytes, an embedding ~130), so the heads of every
+    length up to the longest are made once and picked by length: a gather, no formatting.
+    """
+    lengths = pc.binary_length(col)
+    longest = pc.max(lengths).as_py() or 0
+    if longest >= _SHORT:
+        return _join(prefix, _decimal(lengths), CRLF)
+    table = pa.array([prefix + b"%d\r\n" % size for size in range(longest + 1)], pa.binary())
+    return pc.take(table, lengths)
+
+
+def entity_commands(
+    keys: pa.Array,
+    columns: Sequence[pa.Array],
+    fields: Sequence[bytes],
+    freshness_field: bytes,
+    freshness: bytes | pa.Array,
+    ttl: pa.Array | np.ndarray | None = None,
+) -> EntityCommands:
+    """The RESP commands of each entity (see the module docstring).
+
+    ``keys``: binary, the full Redis key per entity. ``columns``: encoded feature values
+    (binary, null where not written) in the order of ``fields``. ``freshness``: the as-of
+    value, one for all or one per entity. ``ttl``: seconds per entity, or None.
+    """
+    n = len(keys)
+    keys = keys.cast(pa.binary())
+    key_arg = _join(b"$", _decimal(pc.binary_length(keys)), CRLF, keys)  # no CRLF: see module docstring
+    valid = np.zeros((len(columns), n), dtype=bool)
+    for j, col in enumerate(columns):
+        valid[j] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False))
+    values_set = valid.sum(axis=0, dtype=np.int64)
+    nulls = len(columns) - values_set
+
+    pieces: list = [_join(b"*", _decimal(2 * values_set + 4), b"\r\n$4\r\nHSET\r\n", key_arg)]
+    for fid, col in zip(fields, columns):
+        pieces += [_value_heads(b"\r\n$4\r\n" + fid + b"\r\n$", col), col]
+    fresh_head = b"\r\n$4\r\n" + freshness_field + b"\r\n"
+    if isinstance(freshness, bytes):
+        pieces.append(fresh_head + bulk(freshness))
+    else:
+        stamp = _decimal(freshness)
+        pieces.append(_join(fresh_head + b"$", _decimal(pc.binary_length(stamp)), CRLF, stamp, CRLF))
+
+    deletes = nulls > 0
+    if deletes.any():
+        mask = pa.array(deletes)
+        hdel = _join(b"*", _decimal(nulls + 2), b"\r\n$4\r\nHDEL\r\n", key_arg, CRLF)
+        pieces.append(pc.if_else(mask, hdel, _NULL))
+        for j, fid in enumerate(fields):
+            if not valid[j].all():
+                pieces.append(pc.if_else(pa.array(~valid[j]), pa.scalar(bulk(fid)), _NULL))
+    if ttl is not None:
+        seconds = _decimal(ttl)
+        pieces.append(_join(b"*3\r\n$6\r\nEXPIRE\r\n", key_arg, CRLF, b"$", _decimal(pc.binary_length(seconds)), CRLF, seconds, CRLF))
+    wire = _join(*pieces, nulls_as_empty=True)
+    replies = 1 + deletes.astype(np.int64) + (1 if ttl is not None else 0)
+    return EntityCommands(wire=wire, replies=replies, deletes=deletes, values_set=values_set)

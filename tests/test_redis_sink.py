@@ -1,0 +1,69 @@
+"""The Redis sink's own write path (RESP on redis-py's socket), against a real server."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from serializers.batch import FeatureSpec, encode_batch
+from serializers.scalar import encode, field_id
+from sinks.redis_sink import RedisSink, RedisSinkConfig
+
+SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
+FRESH = field_id("_ts:things")
+
+
+def sink_config(url: str, **overrides) -> RedisSinkConfig:
+    base = dict(url=url, key_prefix="t:", fields=tuple(s.field for s in SPECS), freshness_field=FRESH, as_of=1700000000, chunk_entities=3)
+    return RedisSinkConfig(**{**base, **overrides})
+
+
+def things(n: int, offset: int = 0) -> pa.RecordBatch:
+    ids = [str(offset + i) for i in range(n)]
+    scores = [None if i % 4 == 1 else i / 8 for i in range(n)]
+    lists = [[i, i, 300] for i in range(n)]
+    flags = [None if i % 5 == 2 else i % 2 == 0 for i in range(n)]
+    return pa.RecordBatch.from_pydict(
+        {"_id": ids, "score": pa.array(scores, pa.float64()), "ids": pa.array(lists, pa.list_(pa.int64())), "flag": pa.array(flags, pa.bool_())}
+    )
+
+
+def expected_hash(batch: pa.RecordBatch, row: int, stamp: int, untouched: dict) -> dict[bytes, bytes]:
+    """What the hash must hold, from the scalar encoder (not the column path under test)."""
+    out = dict(untouched)
+    for spec in SPECS:
+        value = batch.column(spec.name)[row].as_py()
+        if value is not None:
+            out[spec.field] = encode(spec.type, value)
+    out[FRESH] = str(stamp).encode()
+    return out
+
+
+def test_batch_writes_exact_hashes_deletes_nulls_and_sets_ttl(redis_db, redis_server):
+    batch = things(10)
+    # a stale value of a feature that is null now, and another source's field, on every key
+    for i in range(10):
+        redis_db.hset(f"t:{i}", mapping={SPECS[0].field: b"old", SPECS[2].field: b"old", b"othr": b"keep"})
+    stamps = pa.array([1700000000 + i for i in range(10)], pa.int64())
+    with RedisSink(sink_config(redis_server.url, ttl_seconds=1000, ttl_jitter=0.1)) as sink:
+        stats = sink.write_batch(encode_batch(batch, SPECS), stamps)
+    nulls = sum(batch.column(s.name).null_count for s in SPECS)
+    assert (stats.entities, stats.values_set, stats.values_deleted) == (10, 30 - nulls, nulls)
+    assert sink.stats.round_trips == 4  # 10 entities in chunks of 3
+    for i in range(10):
+        assert redis_db.hgetall(f"t:{i}") == expected_hash(batch, i, 1700000000 + i, {b"othr": b"keep"})
+        assert 1000 - 5 <= redis_db.ttl(f"t:{i}") <= 1100
+
+
+def test_dropped_connection_is_resent_on_a_new_one(redis_db, redis_server):
+    first, second = things(7), things(7, offset=100)
+    with RedisSink(sink_config(redis_server.url)) as sink:
+        sink.write_batch(encode_batch(first, SPECS))
+        # the server drops the sink's connections; the next batch reconnects and sends its chunks again
+        killed = redis_db.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1
+        sink.write_batch(encode_batch(second, SPECS))
+    assert sink.stats.retries >= 1
+    assert sink.stats.entities == 14
+    for batch, offset in ((first, 0), (second, 100)):
+        for i in range(7):
+            assert redis_db.hgetall(f"t:{offset + i}") == expected_hash(batch, i, 1700000000, {})

@@ -1,0 +1,58 @@
+"""The column-wise RESP builder, byte for byte against redis-py's own command packer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from redis.connection import PythonRespSerializer
+
+from serializers.resp import entity_commands
+
+FIELDS = [b"\x01\x02\x03\x04", b"abcd", b"\x00\x00\x00\x00"]
+FRESH = b"TSTS"
+
+
+def pack(*args: bytes) -> bytes:
+    """redis-py's packing of one command (the independent expectation)."""
+    return b"".join(PythonRespSerializer(6000, lambda v: v).pack(*args))
+
+
+def expected(key: bytes, values: list[bytes | None], stamp: bytes, ttl: int | None) -> bytes:
+    hset = [b"HSET", key]
+    for fid, value in zip(FIELDS, values):
+        if value is not None:
+            hset += [fid, value]
+    out = pack(*hset, FRESH, stamp)
+    nulls = [fid for fid, value in zip(FIELDS, values) if value is None]
+    if nulls:
+        out += pack(b"HDEL", key, *nulls)
+    if ttl is not None:
+        out += pack(b"EXPIRE", key, str(ttl).encode())
+    return out
+
+
+ROWS = [
+    (b"c:1", [b"0.5", b"", b"x" * 5000]),  # empty value, long value (formatted, not tabled)
+    (b"c:22", [None, b"7", None]),
+    (b"c:\xc3\xa9:3", [None, None, None]),  # only the freshness field is set
+    (b"c:4", [b"\r\n", b"$1", b"*2"]),  # protocol bytes inside values are just data
+]
+
+
+@pytest.mark.parametrize("ttl", [None, [86400, 90000, 7, 10**9]])
+@pytest.mark.parametrize("per_row_stamp", [False, True])
+def test_entity_commands_match_redis_py_packing(ttl, per_row_stamp):
+    keys = pa.array([k for k, _ in ROWS], pa.binary())
+    columns = [pa.array([values[j] for _, values in ROWS], pa.binary()) for j in range(len(FIELDS))]
+    stamps = [1700000000, 5, 1800000000, 1700000000]
+    freshness = pa.array(stamps, pa.int64()) if per_row_stamp else b"1700000000"
+    cmds = entity_commands(keys, columns, FIELDS, FRESH, freshness, None if ttl is None else np.array(ttl))
+    for i, (key, values) in enumerate(ROWS):
+        stamp = str(stamps[i]).encode() if per_row_stamp else b"1700000000"
+        assert cmds.wire[i].as_py() == expected(key, values, stamp, None if ttl is None else ttl[i])
+    assert cmds.values_set.tolist() == [3, 1, 0, 3]
+    assert cmds.deletes.tolist() == [False, True, True, False]
+    assert cmds.replies.tolist() == [1 + d + (ttl is not None) for d in (0, 1, 1, 0)]
+    # a chunk's wire bytes are its entities' commands back to back
+    assert bytes(cmds.wire_bytes(1, 3)) == cmds.wire[1].as_py() + cmds.wire[2].as_py()
