@@ -268,8 +268,11 @@ def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
         ensure_schema(conn, conf)
 
 
-def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db):
-    conf = replace(sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"), batch_rows=2)
+@pytest.mark.parametrize(("per_transaction", "transactions"), [(20, 1), (2, 2), (1, 3)])
+def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_transaction, transactions):
+    conf = replace(
+        sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"), batch_rows=2, statements_per_transaction=per_transaction
+    )
     ensure_schema(pg_db, conf)
     with SqlSink(conf) as sink:
         for key, doc in [("a", '{"n":1}'), ("b", '{"n":2}'), ("b", '{"n":3}'), ("c", "{}"), ("d", '{"s":"x"}'), ("e", '{"n":5}')]:
@@ -277,3 +280,4 @@ def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db):
         sink.flush()
     assert {k: v[1] for k, v in table_rows(pg_db, "consumer_features").items()} == {"a": {"n": 1}, "b": {"n": 3}, "c": {}, "d": {"s": "x"}, "e": {"n": 5}}
     assert (sink.stats.rows_upserted, sink.stats.duplicates, sink.stats.statements) == (5, 1, 3)
+    assert sink.stats.transactions == transactions
