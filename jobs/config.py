@@ -48,6 +48,9 @@ class SparkConf(_Strict):
     shuffle_partitions: int = Field(4, ge=1)
     arrow_batch_rows: int = Field(5000, ge=1)
     """Rows per Arrow batch handed to the writers: bounds executor memory per task."""
+    rows_per_partition: int = Field(50_000, ge=1000)
+    """The de-duplication spreads a snapshot over one partition per this many rows read (at
+    least shuffle_partitions), so a task's memory does not grow with the snapshot."""
     extra: dict[str, str] = {}
     """Any further spark.* settings."""
 
@@ -91,7 +94,9 @@ class SqlConf(_Strict):
     dialect: Literal["auto", "postgres", "cockroach"] = "auto"
     """'auto' asks the server (SELECT version())."""
     batch_rows: int = Field(25, ge=1, le=1000)
-    """Rows per upsert statement (each statement is its own transaction)."""
+    """Rows per upsert statement."""
+    statements_per_transaction: int = Field(20, ge=1, le=1000)
+    """Statements pipelined in one transaction; 1 makes each statement its own transaction."""
     statement_timeout_ms: int = Field(30_000, ge=100)
     connect_timeout: int = Field(10, ge=1)
     retries: int = Field(5, ge=0)

@@ -7,6 +7,7 @@ back to the driver; memory per task is bounded by the Arrow batch size.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from sinks.sql_sink import SqlSink, SqlSinkConfig
 
 STATS_SCHEMA = (
     "entities long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
-    "round_trips long, retries long, seconds double, stopped string"
+    "round_trips long, retries long, peak_rss long, seconds double, stopped string"
 )
 
 
@@ -33,8 +34,13 @@ class RedisWritePlan:
     """Range runs: the column holding each row's freshness value."""
 
 
+def peak_rss() -> int:
+    """Peak resident memory of this Python worker so far, bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 _STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries")]
+    [(name, pa.int64()) for name in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "peak_rss")]
     + [("seconds", pa.float64()), ("stopped", pa.string())]
 )
 
@@ -51,22 +57,22 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
         sink.open()  # checks the hard ceiling before the first write
         for batch in batches:
             if batch.num_rows:
-                as_of = batch.column(plan.as_of_column).to_pylist() if plan.as_of_column else None
+                as_of = batch.column(plan.as_of_column) if plan.as_of_column else None
                 sink.write_batch(encode_batch(batch, list(plan.features)), as_of)
     except CeilingReached as exc:
         # Stop this writer and report; the driver sums every writer and fails the run.
         stopped = str(exc)
     finally:
         sink.close()
-    yield _stats_batch({**sink.stats.as_dict(), "seconds": time.perf_counter() - start, "stopped": stopped})
+    yield _stats_batch({**sink.stats.as_dict(), "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "stopped": stopped})
 
 
 SQL_STATS_SCHEMA = (
-    "rows_upserted long, duplicates long, statements long, retries long, reconnects long, "
-    "bytes_sent long, non_finite long, seconds double, error string"
+    "rows_upserted long, duplicates long, statements long, transactions long, retries long, reconnects long, "
+    "bytes_sent long, non_finite long, peak_rss long, seconds double, error string"
 )
 _SQL_STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("rows_upserted", "duplicates", "statements", "retries", "reconnects", "bytes_sent", "non_finite")]
+    [(name, pa.int64()) for name in ("rows_upserted", "duplicates", "statements", "transactions", "retries", "reconnects", "bytes_sent", "non_finite", "peak_rss")]
     + [("seconds", pa.float64()), ("error", pa.string())]
 )
 
@@ -101,5 +107,5 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
         error = str(exc)
     finally:
         sink.close()
-    stats = {**sink.stats.as_dict(), "non_finite": non_finite, "bytes_sent": bytes_sent, "seconds": time.perf_counter() - start, "error": error}
+    stats = {**sink.stats.as_dict(), "non_finite": non_finite, "bytes_sent": bytes_sent, "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "error": error}
     yield pa.RecordBatch.from_pylist([stats], schema=_SQL_STATS_ARROW)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -122,7 +123,10 @@ def prepare(
     counts = tagged.agg(*aggs).first()
     summary.rows_read = counts["rows"]
     key_bad = counts["bad"] or 0
-    good_rows = tagged.where(~bad)
+    # Partitions by entity key, as many as the size needs: each task's share (and the cached
+    # blocks) stays the same size however large the snapshot; the de-duplication reuses it.
+    partitions = max(conf.spark.shuffle_partitions, math.ceil(summary.rows_read / conf.spark.rows_per_partition))
+    good_rows = tagged.where(~bad).repartition(partitions, *tf.key_columns(source, entity))
     if source.layout == "wide":
         features = tf.wide_features(good_rows, source, entity, per_date)
     else:
@@ -185,6 +189,8 @@ def _sum_partition_stats(stats: dict, parts: list, keys: tuple[str, ...], second
     """Add up the writers' stats rows; ``rate`` is (name, counted key) of the per-second figure."""
     for key in keys:
         stats[key] = sum(p[key] for p in parts)
+    # memory per Python worker, the figure that must stay flat as the data grows
+    stats["worker_peak_rss"] = max((p["peak_rss"] for p in parts), default=0)
     stats["write_seconds"] = seconds
     stats[rate[0]] = stats[rate[1]] / seconds if seconds else 0.0
 
@@ -225,7 +231,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
             encoded = encode_batch(sample.combine_chunks().to_batches()[0], list(specs))
             columns = [c.to_pylist() for c in encoded.columns]
             ts = str(sink_conf.as_of).encode()
-            keys = [(sink_conf.key_prefix + i).encode() for i in encoded.ids]
+            keys = [(sink_conf.key_prefix + i).encode() for i in encoded.ids.to_pylist()]
             rows = [[col[i] for col in columns] + [ts] for i in range(len(keys))]
         projection = project_growth(
             client,
@@ -284,6 +290,7 @@ def sql_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date: d
         as_of=as_of_epoch(date),
         dialect=dialect,
         batch_rows=conf.sql.batch_rows,
+        statements_per_transaction=conf.sql.statements_per_transaction,
         statement_timeout_ms=conf.sql.statement_timeout_ms,
         connect_timeout=conf.sql.connect_timeout,
         retries=conf.sql.retries,
@@ -330,7 +337,7 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
         plan = SqlWritePlan(sink=sink_conf, as_of_column=tf.AS_OF if tf.AS_OF in rows.columns else None)
         parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_sql_partition, plan), SQL_STATS_SCHEMA).collect()
     seconds = time.perf_counter() - start
-    keys = ("rows_upserted", "statements", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
+    keys = ("rows_upserted", "statements", "transactions", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
     _sum_partition_stats(stats, parts, keys, seconds, rate=("rows_per_s", "rows_upserted"))
     errors = [p["error"] for p in parts if p["error"]]
     if errors:
