@@ -48,6 +48,9 @@ class SparkConf(_Strict):
     shuffle_partitions: int = Field(4, ge=1)
     arrow_batch_rows: int = Field(5000, ge=1)
     """Rows per Arrow batch handed to the writers: bounds executor memory per task."""
+    max_partition_bytes: Annotated[str, Field(pattern=r"^[0-9]+[kmg]?$")] = "16m"
+    """Input split size (spark.sql.files.maxPartitionBytes): bounds the rows of each read
+    task and of the snapshot's cached blocks, whatever the size of the ETL table's files."""
     rows_per_partition: int = Field(50_000, ge=1000)
     """The de-duplication spreads a snapshot over one partition per this many rows read (at
     least shuffle_partitions), so a task's memory does not grow with the snapshot."""

@@ -36,6 +36,7 @@ def build_spark(conf: SparkConf):
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.shuffle.partitions": str(conf.shuffle_partitions),
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(conf.arrow_batch_rows),
+        "spark.sql.files.maxPartitionBytes": conf.max_partition_bytes,
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

@@ -1,0 +1,1 @@
+"""Benchmarks: the job on the standard shape, measured against baselines in the same run."""

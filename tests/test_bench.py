@@ -1,0 +1,50 @@
+"""The benchmark's data shape and its verdicts (the measurements themselves run in `make bench`)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from bench.runner import FEAST_VALUES_PER_S, _targets
+from bench.standard import DIMENSION, FLOATS, INTS, LIST_LEN, VALUES_PER_ENTITY, VOCABULARY, standard_frame
+
+
+def significant_digits(value: float) -> int:
+    return len(Decimal(repr(value)).normalize().as_tuple().digits)
+
+
+def test_standard_shape(spark):
+    rows = standard_frame(spark, 4000).toPandas()
+    assert len(rows) == 4000 and rows["entity_id"].is_unique
+    floats = rows[[f"f{j:02d}" for j in range(FLOATS)]].to_numpy().ravel()
+    assert 0.57 <= (floats == 0).mean() <= 0.63
+    digits = {significant_digits(float(v)) for v in floats[floats != 0]}
+    assert digits <= {1, 2, 3, 4} and {2, 3, 4} <= digits  # 2-4, and 1 where rounding drops a trailing zero
+    assert all(rows[f"n{j}"].between(0, 2_000_000).all() for j in range(INTS))
+    assert rows["recent_ids"].map(len).eq(LIST_LEN).all()
+    assert {v for ids in rows["recent_ids"] for v in ids} <= set(range(1, VOCABULARY + 1))
+    assert rows["embedding"].map(len).eq(DIMENSION).all()
+    assert VALUES_PER_ENTITY == FLOATS + INTS + 2 == 50
+
+
+def test_targets_are_ratios_within_the_run():
+    first = {
+        "entities": 100_000, "values": 5_000_000, "redis_values_per_s": 1_200_000, "redis_bytes_per_value": 16.4,
+        "redis_write_seconds": 4.0, "jvm_peak_rss": 1000, "worker_peak_rss": 300, "sql_rows_per_s": 30_000,
+        "baselines": {"ceiling_values_per_s": 2_000_000, "encode_values_per_s": 9e6, "sql_raw_rows_per_s": 40_000},
+    }
+    large = {**first, "entities": 1_000_000, "values": 50_000_000, "redis_write_seconds": 60.0, "jvm_peak_rss": 1200}
+    verdicts = {t["target"]: (t["measured"], t["ok"]) for t in _targets([first, large])}
+    assert verdicts["Redis path / server ceiling"] == (0.6, True)
+    assert verdicts["Redis path / Feast (74k values/s)"] == (round(1_200_000 / FEAST_VALUES_PER_S, 3), True)
+    assert verdicts["Redis bytes per value (listpack 256)"] == (16.4, True)
+    assert verdicts["SQL path / raw psycopg upserts (2 writers)"] == (0.75, False)
+    assert verdicts["peak executor RSS, 1,000,000 / 100,000 entities"] == (round(1500 / 1300, 3), True)
+    assert verdicts["write time per value, 1,000,000 / 100,000 entities"] == (1.5, True)
+
+
+def test_bench_refuses_bad_sizes_before_starting_anything(capsys):
+    from jobs.cli import EXIT_USAGE, main
+
+    assert main(["bench", "--entities", "100000,abc"]) == EXIT_USAGE
+    assert main(["bench", "--entities", "10"]) == EXIT_USAGE
+    assert "at least 1000" in capsys.readouterr().err
