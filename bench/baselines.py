@@ -3,8 +3,8 @@
 - the Redis server's ceiling: the job's own RESP bytes, pre-built, loaded by one process
   over a raw socket, with a second thread sending while the first counts replies;
 - redis-py (with hiredis) building the same HSETs in a pipeline, as a client library would;
-- raw psycopg multi-row upserts (25 rows per statement, one commit per process) from two
-  processes, the rate a hand-written loader reaches.
+- raw psycopg multi-row upserts (25 rows per statement, one commit per process) from one
+  connection, and from two processes, the rate a hand-written loader reaches.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _raw_upsert_worker(dsn: str, password: str | None, path: str, part: int, par
 
 
 def raw_upsert(dsn: str, password: str | None, keys: list[str], docs: list[str], workdir: Path, parts: int = 2, batch_rows: int = 25) -> tuple[int, float]:
-    """Two processes upsert halves of the rows; returns (rows, wall seconds)."""
+    """``parts`` processes upsert shares of the rows at the same time; returns (rows, wall seconds)."""
     with psycopg.connect(dsn, password=password, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(RAW_TABLE)))
         conn.execute(

@@ -37,7 +37,7 @@ def test_targets_are_ratios_within_the_run():
     assert verdicts["Redis path / server ceiling"] == (0.6, True)
     assert verdicts["Redis path / Feast (74k values/s)"] == (round(1_200_000 / FEAST_VALUES_PER_S, 3), True)
     assert verdicts["Redis bytes per value (listpack 256)"] == (16.4, True)
-    assert verdicts["SQL path / raw psycopg upserts (2 writers)"] == (0.75, False)
+    assert verdicts["SQL path (2 partitions) / raw psycopg upserts"] == (0.75, False)
     assert verdicts["peak executor RSS, 1,000,000 / 100,000 entities"] == (round(1500 / 1300, 3), True)
     assert verdicts["write time per value, 1,000,000 / 100,000 entities"] == (1.5, True)
 
