@@ -103,7 +103,7 @@ class SqlConf(_Strict):
     statement_timeout_ms: int = Field(30_000, ge=100)
     connect_timeout: int = Field(10, ge=1)
     retries: int = Field(5, ge=0)
-    """Further attempts of a statement after a transient error (40001, 40P01, dropped connection)."""
+    """Further attempts of a transaction after a transient error (40001, 40P01, dropped connection)."""
     retry_base_delay: float = Field(0.2, ge=0)
     retry_max_delay: float = Field(5.0, ge=0)
     max_map_bytes: int = Field(512 * 1024, ge=2)

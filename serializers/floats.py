@@ -6,8 +6,8 @@ exponents -4..15 and ``d.ddde±XX`` outside it; float32 features use the shortes
 that parse back to the same float32, laid out by the same rule.
 
 The column path (:func:`format_float_array`) lets Arrow's C++ shortest formatter do
-the bulk and sends only the values whose layout differs from Python's (exponent form,
-zeros, non-finite) through the scalar path.
+the bulk and sends only the values whose layout may differ from Python's (exponent form,
+tiny or huge magnitudes, negative zero, non-finite) through the scalar path.
 """
 
 from __future__ import annotations

@@ -133,8 +133,10 @@ class RedisSink:
             raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
 
     def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> WriteStats:
-        """Write one encoded batch, pipelined in chunks; returns this batch's stats (also summed in .stats).
+        """Write one encoded batch, pipelined in chunks.
 
+        Returns what this batch wrote (entities, values set and deleted, non-finite values);
+        ``.stats`` sums those and the connection figures (bytes, round trips, retries).
         ``as_of``: a freshness value per row (range runs) instead of the config's one."""
         c = self.config
         keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"")
@@ -153,8 +155,19 @@ class RedisSink:
         """Send the chunks with one in flight: the server runs chunk k while chunk k+1 is sent.
 
         After a dropped connection, every chunk not yet acknowledged is sent again on a new
-        connection (the commands can be repeated)."""
+        connection (the commands can be repeated). The retry budget is per stretch without
+        progress: a resend that gets further starts a new one."""
         done = {"next": 0}  # first chunk whose replies have not been read
+
+        def acknowledge(index: int, in_flight: int | None) -> None:
+            self._acknowledge(commands, keys, bounds[index], batch_stats)
+            done["next"] = index + 1
+            self._chunks += 1
+            if self._chunks % self.config.recheck_every == 0 and (used := self._over_ceiling()) is not None:
+                if in_flight is not None:
+                    # that chunk is already on its way: count it, so the report says what was written
+                    self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
+                raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
 
         def resume() -> None:
             if self._conn is None:
@@ -163,18 +176,10 @@ class RedisSink:
             for k in range(done["next"], len(bounds)):
                 self._send(commands.wire_bytes(*bounds[k]))
                 if in_flight is not None:
-                    self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
-                    done["next"] = in_flight + 1
-                    self._chunks += 1
-                    if self._chunks % self.config.recheck_every == 0 and (used := self._over_ceiling()) is not None:
-                        # chunk k is already on its way: count it, so the report says what was written
-                        self._acknowledge(commands, keys, bounds[k], batch_stats)
-                        raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
+                    acknowledge(in_flight, k)
                 in_flight = k
             if in_flight is not None:
-                self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
-                done["next"] = in_flight + 1
-                self._chunks += 1
+                acknowledge(in_flight, None)
 
         attempts = {"n": 0}
 
@@ -183,15 +188,19 @@ class RedisSink:
             self.stats.retries += 1
             self._drop_data()
 
-        try:
-            call_with_retries(resume, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=self.config.retries, on_retry=on_retry)
-        except _TRANSIENT as exc:
-            self._drop_data()
-            start, _ = bounds[done["next"]]
-            raise TransientSinkError(
-                f"Redis connection failed {attempts['n'] + 1} times on a chunk of {bounds[done['next']][1] - start} entities "
-                f"(first key {keys[start].as_py()!r}): {exc}"
-            ) from exc
+        while done["next"] < len(bounds):
+            reached = done["next"]
+            try:
+                call_with_retries(resume, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=self.config.retries, on_retry=on_retry)
+            except _TRANSIENT as exc:
+                self._drop_data()
+                if done["next"] > reached:
+                    continue  # the resends got further: a new budget for the rest
+                start, stop = bounds[done["next"]]
+                raise TransientSinkError(
+                    f"Redis connection failed {attempts['n'] + 1} times on a chunk of {stop - start} entities "
+                    f"(first key {keys[start].as_py()!r}): {exc}"
+                ) from exc
 
     def _connect_data(self) -> None:
         # redis-py makes the connection (TLS, AUTH, SELECT); the pipeline then uses its socket.

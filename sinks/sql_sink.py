@@ -66,7 +66,7 @@ class SqlSinkConfig:
     statement_timeout_ms: int = 30_000
     connect_timeout: int = 10
     retries: int = 5
-    """Further attempts of a statement after a transient error."""
+    """Further attempts of a transaction after a transient error."""
     retry_base_delay: float = 0.2
     retry_max_delay: float = 5.0
     application_name: str = "feature-materializer"

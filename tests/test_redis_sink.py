@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
-from sinks.redis_sink import RedisSink, RedisSinkConfig
+from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
 
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
 FRESH = field_id("_ts:things")
@@ -67,3 +68,16 @@ def test_dropped_connection_is_resent_on_a_new_one(redis_db, redis_server):
     for batch, offset in ((first, 0), (second, 100)):
         for i in range(7):
             assert redis_db.hgetall(f"t:{offset + i}") == expected_hash(batch, i, 1700000000, {})
+
+
+def test_ceiling_is_rechecked_when_a_batch_is_one_chunk(redis_db, redis_server):
+    # one chunk per batch: every acknowledgement is a batch's last, and must count too
+    used = int(redis_db.info("memory")["used_memory"])
+    config = sink_config(redis_server.url, chunk_entities=50, recheck_every=2, ceiling_bytes=used + 1_000_000)
+    batches = [encode_batch(things(50, offset=100 * b), SPECS) for b in range(4)]
+    with RedisSink(config) as sink:
+        sink.write_batch(batches[0])  # chunk 1: no check due
+        redis_db.set("ballast", b"x" * 2_000_000)  # someone else fills the server
+        with pytest.raises(CeilingReached) as info:
+            sink.write_batch(batches[1])  # chunk 2: the check is due and finds the ceiling passed
+    assert info.value.stats.entities == 100 == redis_db.dbsize() - 1  # the report says what is in Redis
