@@ -31,7 +31,7 @@ submit: services-start      ## the same job under spark-submit
 test: setup                 ## set up and run the whole suite (real Redis servers, local Spark)
 	$(BIN)/python -m pytest
 
-BENCH_ENTITIES ?= 100000
+BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)
 	$(BIN)/materialize bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json
 

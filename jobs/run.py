@@ -191,6 +191,8 @@ def _sum_partition_stats(stats: dict, parts: list, keys: tuple[str, ...], second
         stats[key] = sum(p[key] for p in parts)
     # memory per Python worker, the figure that must stay flat as the data grows
     stats["worker_peak_rss"] = max((p["peak_rss"] for p in parts), default=0)
+    # the rest of write_seconds is Spark's: scheduling, starting workers, the rows' first batch
+    stats["slowest_writer_seconds"] = max((p["seconds"] for p in parts), default=0.0)
     stats["write_seconds"] = seconds
     stats[rate[0]] = stats[rate[1]] / seconds if seconds else 0.0
 
