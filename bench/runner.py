@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from jobs.config import PROJECT_ROOT
 
@@ -254,7 +255,7 @@ def _sql_baselines(spark, conf, source, entity, workdir: Path) -> dict:
 
     specs = list(feature_specs(source))
     # the table's live files (from the Delta log), read here without the JVM
-    files = [f.removeprefix("file://") for f in spark.read.format("delta").load(source_path(conf, source)).inputFiles()]
+    files = [unquote(urlparse(f).path) for f in spark.read.format("delta").load(source_path(conf, source)).inputFiles()]
     keys: list[str] = []
     docs: list[str] = []
     columns = ["entity_id", *[f.name for f in source.features]]
