@@ -166,12 +166,16 @@ def prepare(
     # the order, so the SQL write then sorts again.
     writers = max(conf.spark.shuffle_partitions, math.ceil(summary.entities / conf.spark.rows_per_partition))
     merge = writers < written.rdd.getNumPartitions()
+
+    def for_writers(df: DataFrame) -> DataFrame:
+        return df.coalesce(writers) if merge else df
+
     ds = None if per_date else date.isoformat()
     quarantine = tf.quarantine_rows(tagged, source, ds, "key").unionByName(tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, ds, "value"))
     return Prepared(
         snapshot=tf.snapshot_for_checks(checked, tagged, source, entity, per_date),
-        good=tf.encode_ready(written, source).coalesce(writers) if merge else tf.encode_ready(written, source),
-        sql_good=(tf.sql_ready(written).coalesce(writers) if merge else tf.sql_ready(written)) if "cockroach" in conf.sinks else None,
+        good=for_writers(tf.encode_ready(written, source)),
+        sql_good=for_writers(tf.sql_ready(written)) if "cockroach" in conf.sinks else None,
         quarantine=quarantine,
         cached=[tagged, checked, *([written] if per_date else [])],
     )
