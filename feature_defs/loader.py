@@ -69,26 +69,27 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
             problems.append(str(exc))
             continue
         if not isinstance(data, dict) or not ({"entities", "source"} & set(data)):
-            problems.append(f"{path}: expected a top-level 'entities:' list or a 'source:' mapping")
+            problems.append(f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list or a 'source:' mapping")
             continue
         try:
             if "entities" in data:
                 for i, entity in enumerate(EntitiesFile.model_validate(data).entities):
                     key = f"entity:{entity.name}"
                     if entity.name in entities:
-                        problems.append(f"{path}:{line_of(node, ['entities', i])}: entity {entity.name!r} is already defined in {where[key]}")
+                        problems.append(f"{path}:{line_of(node, ['entities', i])}: entity {entity.name!r} is already defined at {where[key]}:{lines[key]}")
                         continue
                     entities[entity.name], where[key] = entity, path
+                    lines[key] = line_of(node, ["entities", i])
             else:
                 source = SourceFile.model_validate(data).source
                 key = f"source:{source.name}"
                 if source.name in sources:
-                    problems.append(f"{path}: source {source.name!r} is already defined in {where[key]}")
+                    problems.append(f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at {where[key]}:{lines[key]}")
                     continue
                 sources[source.name], where[key] = source, path
                 lines[key] = line_of(node, ["source"])
                 for i, feature in enumerate(source.features):
-                    lines[f"{key}:{feature.name}"] = line_of(node, ["source", "features", i])
+                    lines[f"{key}:{feature.name}"] = lines[f"{key}:features:{i}"] = line_of(node, ["source", "features", i])
                 for i, extra in enumerate(source.expectations):
                     lines[f"{key}:expectations:{i}"] = line_of(node, ["source", "expectations", i])
         except ValidationError as exc:
@@ -125,7 +126,7 @@ def _cross_checks(entities, sources, where, lines) -> list[str]:
     problems = []
 
     def at(key: str) -> str:
-        """file:line of 'source:NAME', 'source:NAME:FEATURE' or 'source:NAME:expectations:I'."""
+        """file:line of 'entity:NAME', 'source:NAME', 'source:NAME:FEATURE', 'source:NAME:features:I' or 'source:NAME:expectations:I'."""
         line = lines.get(key)
         path = where[":".join(key.split(":")[:2])]
         return f"{path}:{line}" if line else str(path)
@@ -149,13 +150,13 @@ def _cross_checks(entities, sources, where, lines) -> list[str]:
         seen: set[str] = set()
         for i, feature in enumerate(source.features):
             if feature.name in seen:
-                problems.append(f"{at(skey)}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
+                problems.append(f"{at(f'{skey}:features:{i}')}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
             seen.add(feature.name)
 
     prefixes: dict[str, str] = {}
     for entity in entities.values():
         if entity.prefix in prefixes:
-            problems.append(f"{where[f'entity:{entity.name}']}: entity {entity.name!r} has key prefix {entity.prefix!r}, like entity {prefixes[entity.prefix]!r}: their Redis keys would mix")
+            problems.append(f"{at(f'entity:{entity.name}')}: entity {entity.name!r} has key prefix {entity.prefix!r}, like entity {prefixes[entity.prefix]!r}: their Redis keys would mix")
         prefixes.setdefault(entity.prefix, entity.name)
 
     # Names and field ids must be unique per entity type, across all of its sources.

@@ -8,6 +8,8 @@ produce the same bytes.
 from __future__ import annotations
 
 import math
+import re
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,30 +110,104 @@ def _encode_embedding(value: Sequence[float], dimension: int | None) -> bytes:
     return features_pb2.Embedding(values=values).SerializeToString()
 
 
+_INT_TEXT = re.compile(rb"-?[0-9]+")
+# Decimal notation only: Python's float() would also take "nan", "inf", " 1_0 ", which no writer emits.
+_FLOAT_TEXT = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _fail(feature_type: str, data: bytes, why: str) -> DecodeError:
+    return DecodeError(f"cannot decode {len(data)} bytes as {feature_type}: {why}")
+
+
+def _decode_float(data: bytes, options: dict[str, Any]) -> float:
+    if not _FLOAT_TEXT.fullmatch(data):
+        raise _fail("float", data, f"not a decimal number: {data[:24]!r}")
+    value = float(data)
+    if not math.isfinite(value):
+        raise _fail("float", data, "out of float64 range (NaN and infinity are never written)")
+    if options.get("precision") == "float32":
+        try:
+            struct.pack("<f", value)
+        except OverflowError:
+            raise _fail("float", data, "out of float32 range") from None
+    return value
+
+
+def _decode_int(data: bytes, options: dict[str, Any]) -> int:
+    if not _INT_TEXT.fullmatch(data):
+        raise _fail("int", data, f"not a decimal integer: {data[:24]!r}")
+    if len(data.lstrip(b"-").lstrip(b"0")) > 19:  # also keeps int() below its digit limit
+        raise _fail("int", data, "outside int64")
+    value = int(data)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise _fail("int", data, "outside int64")
+    return value
+
+
+def _decode_bool(data: bytes, options: dict[str, Any]) -> bool:
+    if data not in (b"0", b"1"):
+        raise DecodeError(f"bool must be b'0' or b'1', got {data[:16]!r}")
+    return data == b"1"
+
+
+def _decode_string(data: bytes, options: dict[str, Any]) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail("string", data, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    max_length = options.get("max_length")
+    if max_length is not None and len(text) > max_length:
+        raise _fail("string", data, f"{len(text)} characters, longer than max_length {max_length}")
+    return text
+
+
+def _parse(feature_type: str, message: type, data: bytes) -> Any:
+    try:
+        return message.FromString(data)
+    except Exception as exc:  # google.protobuf.message.DecodeError, or the runtime's own
+        raise _fail(feature_type, data, f"not a {message.__name__} message: {exc}") from None
+
+
+def _decode_embedding(data: bytes, options: dict[str, Any]) -> list[float]:
+    values = list(_parse("embedding", features_pb2.Embedding, data).values)
+    dimension = options.get("dimension")
+    if dimension is not None and len(values) != dimension:
+        raise DecodeError(f"embedding has {len(values)} values, declared dimension is {dimension}")
+    if not all(math.isfinite(x) for x in values):
+        raise _fail("embedding", data, "an element is NaN or infinite (never written)")
+    return values
+
+
+def _decode_list(feature_type: str, message: type, data: bytes, options: dict[str, Any]) -> list:
+    if _compressed(options):
+        try:
+            data = snappy.decompress(data)
+        except Exception as exc:  # python-snappy raises a bare UncompressError; its cause says why
+            raise _fail(feature_type, data, f"not a Snappy block: {exc.__cause__ or exc or type(exc).__name__}") from None
+    return list(_parse(feature_type, message, data).values)
+
+
+_DECODERS = {
+    "float": _decode_float,
+    "int": _decode_int,
+    "bool": _decode_bool,
+    "string": _decode_string,
+    "embedding": _decode_embedding,
+    "int_list": lambda data, options: _decode_list("int_list", features_pb2.IntList, data, options),
+    "string_list": lambda data, options: _decode_list("string_list", features_pb2.StringList, data, options),
+}
+
+
 def decode(feature_type: str, data: bytes, **options: Any) -> Any:
-    """Decode bytes written for a feature of ``feature_type`` (same options as encode)."""
+    """Decode bytes written for a feature of ``feature_type`` (same options as encode).
+
+    Bytes that no writer of the format produces raise :class:`DecodeError`, never
+    anything else: readers can tell a corrupt value from a bug.
+    """
     _check_type(feature_type)
     try:
-        if feature_type == "float":
-            return float(data.decode("ascii"))
-        if feature_type == "int":
-            return int(data.decode("ascii"))
-        if feature_type == "bool":
-            if data not in (b"0", b"1"):
-                raise DecodeError(f"bool must be b'0' or b'1', got {data[:16]!r}")
-            return data == b"1"
-        if feature_type == "string":
-            return data.decode("utf-8")
-        if feature_type == "embedding":
-            values = list(features_pb2.Embedding.FromString(data).values)
-            dimension = options.get("dimension")
-            if dimension is not None and len(values) != dimension:
-                raise DecodeError(f"embedding has {len(values)} values, declared dimension is {dimension}")
-            return values
-        raw = snappy.decompress(data) if _compressed(options) else data
-        message = features_pb2.IntList if feature_type == "int_list" else features_pb2.StringList
-        return list(message.FromString(raw).values)
+        return _DECODERS[feature_type](data, options)
     except DecodeError:
         raise
-    except Exception as exc:  # protobuf, snappy, unicode and int parsing all raise differently
-        raise DecodeError(f"cannot decode {len(data)} bytes as {feature_type}: {exc}") from exc
+    except Exception as exc:  # safety net: whatever a codec library raises is still bad data
+        raise _fail(feature_type, data, f"{type(exc).__name__}: {exc}") from exc

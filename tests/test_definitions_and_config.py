@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -40,6 +41,11 @@ def test_shipped_definitions_load():
     assert defs.entity_of(consumer).prefix == "c"
 
 
+def line_with(text: str, fragment: str, occurrence: int = 1) -> int:
+    """1-based number of the line of ``text`` holding the occurrence-th ``fragment``."""
+    return [n for n, line in enumerate(text.split("\n"), 1) if fragment in line][occurrence - 1]
+
+
 def problems_of(folder: Path) -> str:
     with pytest.raises(DefinitionError) as info:
         load_definitions(folder)
@@ -71,8 +77,11 @@ def test_malformed_yaml_names_the_line(tmp_path):
 
 
 def test_duplicate_feature_and_unknown_entity(tmp_path):
-    text = problems_of(write_defs(tmp_path / "a", source("    - {name: a, type: float}\n    - {name: a, type: int}\n")))
-    assert "duplicate feature name 'a'" in text
+    yaml_text = source("    - {name: a, type: float}\n    - {name: b, type: int}\n    - {name: a, type: int}\n")
+    text = problems_of(write_defs(tmp_path / "a", yaml_text))
+    # the duplicate's own line, not the source's
+    line = line_with(yaml_text, "- {name: a, type: int}")
+    assert f"{tmp_path / 'a' / 'src.yaml'}:{line}: source 'src': feature #3: duplicate feature name 'a'" in text
     bad_entity = source("    - {name: a, type: float}\n").replace("entity: consumer", "entity: courier")
     assert "unknown entity 'courier'" in problems_of(write_defs(tmp_path / "b", bad_entity))
 
@@ -135,3 +144,142 @@ def test_missing_password_env_var_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     with pytest.raises(ConfigError, match="'NOT_SET_ANYWHERE'.*not set"):
         load_config("x").redis_password()
+
+
+# Each case: file content, a fragment of the line the problem must be reported at, the message.
+MALFORMED = {
+    "unclosed flow list": ("source:\n  name: [unclosed\n  entity: consumer\n", "entity: consumer", "invalid YAML"),
+    "tab indentation": ("source:\n  name: a\n\tentity: consumer\n", "\tentity", "invalid YAML: found character '\\t'"),
+    "not UTF-8": (b"source:\n  name: a\n  entity: caf\xe9\n", "caf", "invalid YAML: not UTF-8 text"),
+    "control character": ("source:\n  name: a\x07b\n", "name: a", "invalid YAML: character #x0007"),
+    "deep nesting": ("source:\n  name: a\n  location: " + "[" * 300 + "]" * 300 + "\n", "location:", "invalid YAML: nested deeper than"),
+    "python tag": ("source:\n  name: !!python/object/apply:os.system ['true']\n", "os.system", "invalid YAML: could not determine a constructor"),
+    "int beyond the digit limit": ("source:\n  name: a\n  location: " + "9" * 5000 + "\n", "location:", "invalid YAML: cannot read value"),
+    "impossible date": ("source:\n  name: a\n  location: 2026-13-45\n", "2026-13-45", "invalid YAML: cannot read value"),
+    "two documents": ("source: {}\n---\nsource: {}\n", "---", "invalid YAML"),
+    "not a mapping": ("# a comment first\n- source\n", "- source", "expected a top-level 'entities:' list or a 'source:' mapping"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=list(MALFORMED))
+def test_malformed_files_name_file_and_line(tmp_path, case):
+    content, fragment, message = MALFORMED[case]
+    folder = write_defs(tmp_path, "")
+    (folder / "src.yaml").write_bytes(content if isinstance(content, bytes) else content.encode())
+    text = content.decode("latin-1") if isinstance(content, bytes) else content
+    assert f"{folder / 'src.yaml'}:{line_with(text, fragment)}: {message}" in problems_of(folder)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "source: &s\n  name: a\n  again: *s\n",  # an alias inside its own anchor
+        "a: &a [x, x, x, x, x, x, x, x]\n"  # an alias bomb: 8**7 values once expanded
+        + "".join(f"{n}: &{n} [{', '.join(['*' + p] * 8)}]\n" for p, n in zip("abcdef", "bcdefg"))
+        + "source: *g\n",
+    ],
+    ids=["alias cycle", "alias bomb"],
+)
+def test_alias_cycles_and_bombs_are_refused(tmp_path, content):
+    folder = write_defs(tmp_path, content)
+    problems = problems_of(folder)
+    lines = content.count("\n")
+    match = re.search(rf"{re.escape(str(folder / 'src.yaml'))}:(\d+): invalid YAML: (nested deeper than|expands to more than)", problems)
+    assert match and 1 <= int(match.group(1)) <= lines, problems
+
+
+def test_duplicate_source_and_entity_across_files(tmp_path):
+    first = source("    - {name: a, type: float}\n", name="shared")
+    second = "# the same source name again\n" + source("    - {name: b, type: int}\n", name="shared")
+    more_entities = "entities:\n  - name: store\n    prefix: s\n    keys: [{name: store_id, type: int}]\n    sql_table: store_features\n  - name: consumer\n    prefix: c2\n    keys: [{name: consumer_id, type: int}]\n    sql_table: c2_features\n"
+    folder = write_defs(tmp_path, first)
+    (folder / "zz.yaml").write_text(second)
+    (folder / "zz_entities.yaml").write_text(more_entities)
+    text = problems_of(folder)
+    assert (
+        f"{folder / 'zz.yaml'}:{line_with(second, 'name: shared')}: source 'shared' is already defined at "
+        f"{folder / 'src.yaml'}:{line_with(first, 'name: shared')}"
+    ) in text
+    assert (
+        f"{folder / 'zz_entities.yaml'}:{line_with(more_entities, '- name: consumer')}: entity 'consumer' is already defined at "
+        f"{folder / 'entities.yaml'}:{line_with(ENTITIES, '- name: consumer')}"
+    ) in text
+
+
+def test_entity_prefix_collision_names_file_and_line(tmp_path):
+    entities = ENTITIES + "  - name: courier\n    prefix: c\n    keys: [{name: courier_id, type: int}]\n    sql_table: courier_features\n"
+    folder = write_defs(tmp_path, source("    - {name: a, type: float}\n"), entities=entities)
+    expected = f"{folder / 'entities.yaml'}:{line_with(entities, '- name: courier')}: entity 'courier' has key prefix 'c', like entity 'consumer'"
+    assert expected in problems_of(folder)
+
+
+def test_unknown_entity_names_file_and_line(tmp_path):
+    text = source("    - {name: a, type: float}\n").replace("entity: consumer", "entity: courier")
+    folder = write_defs(tmp_path, text)
+    expected = f"{folder / 'src.yaml'}:{line_with(text, 'name: src')}: source 'src': unknown entity 'courier' (defined: consumer)"
+    assert expected in problems_of(folder)
+
+
+def test_field_id_collision_exact_message(tmp_path):
+    text = source("    - {name: f84727, type: float}\n    - {name: f114310, type: float}\n")
+    folder = write_defs(tmp_path, text)
+    assert (
+        f"{folder / 'src.yaml'}:{line_with(text, 'f114310')}: field id collision in entity 'consumer': "
+        "feature 'f114310' of source 'src' and feature 'f84727' of source 'src' both have field id 2088776930"
+    ) in problems_of(folder)
+
+
+def test_field_id_collision_across_sources(tmp_path):
+    other = source("    - {name: other, type: int}\n    - {name: f114310, type: float}\n", name="later")
+    folder = write_defs(tmp_path, source("    - {name: f84727, type: float}\n"))
+    (folder / "src2.yaml").write_text(other)
+    assert (
+        f"{folder / 'src2.yaml'}:{line_with(other, 'f114310')}: field id collision in entity 'consumer': "
+        "feature 'f114310' of source 'later' and feature 'f84727' of source 'src' both have field id 2088776930"
+    ) in problems_of(folder)
+
+
+def test_freshness_field_collision_exact_message(tmp_path):
+    text = source("    - {name: f8385, type: float}\n", name="src12490")
+    folder = write_defs(tmp_path, text)
+    assert (
+        f"{folder / 'src.yaml'}:{line_with(text, 'f8385')}: field id collision in entity 'consumer': "
+        f"feature 'f8385' of source 'src12490' and '_ts:src12490' (freshness field of source 'src12490') "
+        f"both have field id {xxhash.xxh32_intdigest(b'f8385')}"
+    ) in problems_of(folder)
+
+
+# Each case: an env config file, a fragment of the line the problem must be reported at, the message.
+BAD_CONFIG = {
+    "fill above 1": ("redis:\n  url: redis://h:1/0\n  max_fill: 2\n", "max_fill", "redis.max_fill: Input should be less than or equal to 1"),
+    "no shuffle partitions": ("spark:\n  master: local[1]\n  shuffle_partitions: 0\n", "shuffle_partitions", "spark.shuffle_partitions: Input should be greater than or equal to 1"),
+    "unknown key": ("quality:\n  verify_sample: 10\n  colour: blue\n", "colour", "quality.colour: unknown key"),
+    "wrong type": ("sql:\n  dialect: postgres\n  batch_rows: many\n", "batch_rows", "sql.batch_rows: Input should be a valid integer"),
+    "unknown sink": ("sinks: [redis, mysql]\n", "sinks", "sinks.1: Input should be 'redis' or 'cockroach'"),
+    "literal password": (
+        "redis:\n  url: redis://h:1/0\n  password: hunter2\n",
+        "password:",
+        "redis.password: Value error, 'password': secrets are never read from config files",
+    ),
+    "literal token": ("data_root: d\napi_token: hunter2\n", "api_token", "api_token: Value error, 'api_token': secrets are never read from config files"),
+    "password in dsn": ("sql:\n  dialect: postgres\n  dsn: postgresql://u:hunter2@h/db\n", "dsn:", "sql.dsn: Value error, dsn contains a password"),
+    "malformed": ("redis:\n  url: [x\n  pipeline_entities: 3\n", "pipeline_entities", "invalid YAML"),
+    "not UTF-8": (b"redis:\n  url: redis://h\xff:1/0\n", "url:", "invalid YAML: not UTF-8 text"),
+    "not a mapping": ("# overrides\n- redis\n", "- redis", "expected a mapping at the top level"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CONFIG, ids=list(BAD_CONFIG))
+def test_bad_config_names_file_and_line(tmp_path, monkeypatch, case):
+    content, fragment, message = BAD_CONFIG[case]
+    conf = tmp_path / "conf"
+    (conf / "base").mkdir(parents=True)
+    (conf / "prod").mkdir()
+    (conf / "base" / "m.yaml").write_text("redis:\n  pipeline_entities: 100\n")
+    (conf / "prod" / "m.yaml").write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.setenv("FM_CONF_DIR", str(conf))
+    with pytest.raises(ConfigError) as info:
+        load_config("prod")
+    text = content.decode("latin-1") if isinstance(content, bytes) else content
+    assert f"{conf / 'prod' / 'm.yaml'}:{line_with(text, fragment)}: {message}" in str(info.value)
+    assert "hunter2" not in str(info.value)  # values are never echoed: they may be secrets
