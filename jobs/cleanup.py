@@ -21,9 +21,9 @@ from feature_defs import Definitions, EntityDef
 from jobs import transforms as tf
 from jobs.config import RunConf
 from jobs.ledger import Ledger
-from jobs.run import key_prefix, read_source
+from jobs.run import key_prefix, read_source, redis_tls
 from serializers import field_id, freshness_field_name
-from sinks.redis_sink import connect
+from sinks.redis_sink import RedisTls, connect
 
 CLEANUP_STATS = "keys long, fields_removed long, round_trips long"
 
@@ -59,11 +59,12 @@ class CleanupWriter:
     keys_per_second: float | None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    tls: RedisTls | None = None
 
 
 def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """HDEL the stale fields from this partition's keys, a chunk per round trip, rate-limited."""
-    client = connect(plan.url, password=plan.password, username=plan.username)
+    client = connect(plan.url, password=plan.password, username=plan.username, tls=plan.tls)
     keys = removed = trips = 0
     start = time.monotonic()
     try:
@@ -135,8 +136,9 @@ def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: DataF
         keys_per_second=conf.redis.cleanup_keys_per_second,
         username=conf.redis.username,
         password=password.get_secret_value() if password else None,
+        tls=redis_tls(conf),
     )
-    client = connect(writer.url, password=writer.password, username=writer.username)
+    client = connect(writer.url, password=writer.password, username=writer.username, tls=writer.tls)
     try:
         before = int(client.info("memory")["used_memory"])
         start = time.perf_counter()

@@ -102,7 +102,7 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
     out = Mismatches("redis")
     if not rows:
         return out
-    client = connect(conf.url, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout)
+    client = connect(conf.url, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout, tls=conf.tls)
     try:
         pipe = client.pipeline(transaction=False)
         for row in rows:

@@ -33,6 +33,8 @@ class MemoryInfo:
     maxmemory: int
     listpack_entries: int
     listpack_value: int
+    listpack_note: str | None = None
+    """Set when the server's hash-max-listpack-* could not be read: which values were assumed."""
 
     def capacity(self, configured: int | None) -> int:
         if self.maxmemory:
@@ -45,16 +47,25 @@ class MemoryInfo:
         )
 
 
-def read_memory_info(client: redis.Redis) -> MemoryInfo:
+def read_memory_info(client: redis.Redis, entries: int | None = None, value: int | None = None) -> MemoryInfo:
+    """INFO memory and the server's hash-max-listpack-* limits.
+
+    A least-privilege user may not run CONFIG GET (it would also read secrets such as
+    requirepass): the limits then come from ``entries``/``value`` (the config's copy of the
+    server's settings), else Redis's defaults 512/64, and the note says which were used."""
     info = client.info("memory")
-    entries, value = 512, 64
+    note = None
     try:
         conf = client.config_get("hash-max-listpack-*")
-        entries = int(conf.get(b"hash-max-listpack-entries", conf.get("hash-max-listpack-entries", entries)))
-        value = int(conf.get(b"hash-max-listpack-value", conf.get("hash-max-listpack-value", value)))
-    except redis.ResponseError as exc:  # CONFIG may be refused to a least-privilege user
-        log.warning("cannot read hash-max-listpack-* (%s); assuming Redis defaults 512/64", exc)
-    return MemoryInfo(int(info["used_memory"]), int(info.get("maxmemory", 0)), entries, value)
+        entries = int(conf.get(b"hash-max-listpack-entries", conf.get("hash-max-listpack-entries", 512)))
+        value = int(conf.get(b"hash-max-listpack-value", conf.get("hash-max-listpack-value", 64)))
+    except redis.ResponseError as exc:  # NOPERM for a least-privilege user
+        configured = entries is not None or value is not None
+        entries, value = entries or 512, value or 64
+        where = "from the config" if configured else "Redis's defaults: set redis.hash_max_listpack_entries/_value to the server's values"
+        note = f"CONFIG GET hash-max-listpack-* refused ({exc}); the capacity check assumed entries {entries}, value {value} ({where})"
+        log.warning("%s", note)
+    return MemoryInfo(int(info["used_memory"]), int(info.get("maxmemory", 0)), entries, value, note)
 
 
 def _listpack_entry(value: bytes) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from sinks import sql_statements as stmts
 from sinks.errors import TerminalSinkError, TransientSinkError
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 
 # Worth another attempt: serialization failure, deadlock, CockroachDB's "result is
 # ambiguous", the server shutting the session down (pg_terminate_backend, restarts),
-# a statement timeout, and the whole connection-exception class 08.
-TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "57P01", "57P02", "57P03", "57014"})
+# a statement or lock timeout, and the whole connection-exception class 08.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "40003", "55P03", "57P01", "57P02", "57P03", "57014"})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -95,8 +96,44 @@ class SqlWriteStats:
         return asdict(self)
 
 
+# libpq's words for a TLS setup that no retry can fix. Such errors carry no SQLSTATE, so
+# is_transient would take them for a lost connection and retry them.
+_TLS_VERIFY_FAILED = ("certificate verify failed", "does not match host name")
+_TLS_SETUP_FAILED = ("root certificate file", "server does not support SSL", "certificate file", "private key file", "tlsv1 alert", "sslv3 alert")
+
+
+def tls_failure(conf: SqlSinkConfig, exc: psycopg.Error) -> TerminalSinkError | None:
+    """A terminal error naming the server when ``exc`` is a TLS setup failure, else None."""
+    text = str(exc).strip()
+    if any(m in text for m in _TLS_VERIFY_FAILED):
+        what = "TLS certificate verification failed"
+    elif any(m in text for m in _TLS_SETUP_FAILED):
+        what = "TLS setup failed"
+    else:
+        return None
+    parts = conninfo_to_dict(conf.dsn)  # the dsn holds no password (SqlConf refuses one)
+    where = f"{parts.get('host') or 'the default host'}:{parts.get('port') or 5432}"
+    return TerminalSinkError(f"SQL store at {where}: {what} (not retried; check sslmode and sslrootcert in sql.dsn): {text}")
+
+
 def connect(conf: SqlSinkConfig) -> psycopg.Connection:
-    conn = psycopg.connect(
+    try:
+        conn = _open(conf)
+    except psycopg.OperationalError as exc:
+        failure = tls_failure(conf, exc)
+        if failure is None:
+            raise
+        raise failure from exc
+    try:
+        conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(conf.statement_timeout_ms)))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _open(conf: SqlSinkConfig) -> psycopg.Connection:
+    return psycopg.connect(
         conf.dsn,
         password=conf.password,
         autocommit=True,
@@ -110,12 +147,6 @@ def connect(conf: SqlSinkConfig) -> psycopg.Connection:
         keepalives_count=3,
         tcp_user_timeout=conf.statement_timeout_ms + 10_000,
     )
-    try:
-        conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(conf.statement_timeout_ms)))
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 def detect_dialect(conn: psycopg.Connection) -> Dialect:
@@ -123,25 +154,52 @@ def detect_dialect(conn: psycopg.Connection) -> Dialect:
     return stmts.dialect_from_version(row[0] if row else "")
 
 
-def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> None:
-    """Create the entity table if missing; refuse a table whose columns do not match."""
+SCHEMA_STEP = "materialize schema --env <env>"
+"""The command that creates the entity tables, under a role that may (README "Least privilege")."""
+
+
+def table_columns(conn: psycopg.Connection, conf: SqlSinkConfig) -> set[str]:
+    """The entity table's columns as this role sees them: none when the table is missing,
+    or when the role holds no privilege on it (information_schema shows only those)."""
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
+        (conf.table, conf.schema),
+    )
+    return {r[0] for r in rows}
+
+
+def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
+    """Check the entity table's columns; create the table only when it is missing.
+
+    Checking first lets a writer role without CREATE on the schema run: PostgreSQL 15
+    refuses it CREATE TABLE IF NOT EXISTS even when the table exists. Returns whether
+    the table was created here."""
+    created = False
     try:
-        conn.execute(stmts.create_table(conf.table_id, conf.dialect))
-        found = {
-            r[0]
-            for r in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
-                (conf.table, conf.schema),
-            )
-        }
+        found = table_columns(conn, conf)
+        if not found:
+            conn.execute(stmts.create_table(conf.table_id, conf.dialect))
+            created = True
+            found = table_columns(conn, conf)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise TerminalSinkError(
+            f"table {conf.table_name} does not exist (or this role has no privilege on it) and this role may not create it "
+            f"([{exc.sqlstate}] {exc.diag.message_primary or str(exc).strip()}): run the schema step, `{SCHEMA_STEP}`, under a role that may create tables, "
+            "and grant this role the writer's privileges (conf/base/sql-grants.sql)"
+        ) from exc
     except psycopg.Error as exc:
         raise TerminalSinkError(f"schema step for table {conf.table_name} failed: [{exc.sqlstate or 'no SQLSTATE'}] {str(exc).strip()}") from exc
+    if not found:  # CREATE ... IF NOT EXISTS skipped a table this role cannot see
+        raise TerminalSinkError(
+            f"table {conf.table_name} exists but this role holds no privilege on it: grant it SELECT, INSERT, UPDATE (conf/base/sql-grants.sql)"
+        )
     missing = [c for c in stmts.COLUMNS if c not in found]
     if missing:
         raise TerminalSinkError(
             f"table {conf.table_name} exists without the column(s) {', '.join(missing)} "
             f"(found {', '.join(sorted(found))}); expected the layout in README 'SQL layout'"
         )
+    return created
 
 
 def pre_split(conn: psycopg.Connection, conf: SqlSinkConfig, keys: Sequence[str], expires: dt.datetime) -> int:

@@ -1,0 +1,49 @@
+"""The schema step (`materialize schema`): create, or check, the SQL store's entity tables.
+
+The nightly writer needs no DDL rights: it checks its table and writes rows
+(conf/base/sql-grants.sql). Creating a table is this step's job, run when an entity type
+is added, under a role that may create tables; ``--sql-dsn`` and ``--sql-password-env``
+give it credentials other than the writer's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+import psycopg
+
+from feature_defs import Definitions, SourceDef
+from jobs.config import RunConf
+from jobs.run import sql_sink_config
+from sinks.errors import TerminalSinkError
+from sinks.sql_sink import connect, detect_dialect, ensure_schema
+
+
+def table_sources(defs: Definitions, source_names: Sequence[str]) -> dict[str, SourceDef]:
+    """One source per entity table the named sources write (the table is per entity type)."""
+    out: dict[str, SourceDef] = {}
+    for name in source_names:
+        source = defs.source(name)
+        out.setdefault(defs.entity_of(source).sql_table, source)
+    return out
+
+
+def ensure_tables(conf: RunConf, defs: Definitions, source_names: Sequence[str]) -> dict[str, str]:
+    """Create the missing entity tables and check every table's columns: table -> 'created' or 'exists'."""
+    sources = table_sources(defs, source_names)
+    if not sources:
+        return {}
+    first = next(iter(sources.values()))
+    # the as-of date is irrelevant here: the config only supplies DSN, credentials and timeouts
+    base = sql_sink_config(conf, first, defs.entity_of(first), dt.date.today(), "postgres")
+    try:
+        conn = connect(base)
+    except psycopg.Error as exc:
+        raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
+    done: dict[str, str] = {}
+    with conn:
+        dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
+        for source in sources.values():
+            sink_conf = sql_sink_config(conf, source, defs.entity_of(source), dt.date.today(), dialect)
+            done[sink_conf.table_name] = "created" if ensure_schema(conn, sink_conf) else "exists"
+    return done

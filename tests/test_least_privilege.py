@@ -1,0 +1,176 @@
+"""Least privilege: the job under a Redis ACL user and SQL roles holding only what it needs.
+
+The ACL line and the grants are read from the files the README points to
+(conf/base/redis-acl.txt, conf/base/sql-grants.sql), so what is documented is what is tested.
+Results are read back raw as the admin user (Redis default user, PostgreSQL superuser).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from psycopg import sql
+
+from jobs.cleanup import CleanupPlan, run_cleanup
+from jobs.config import ConfigError, RedisConf, SqlConf
+from jobs.run import run_source
+from jobs.schema import ensure_tables
+from jobs.transforms import ENTITY_ID
+from serializers import field_id
+from sinks.errors import TerminalSinkError
+from sinks.redis_capacity import read_memory_info
+
+from .conftest import start_redis
+from .test_cli import BIN, run
+from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
+from .test_sql_job import AS_OF_DAY2, check_consumer_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+ACL_FILE = ROOT / "conf" / "base" / "redis-acl.txt"
+GRANTS_FILE = ROOT / "conf" / "base" / "sql-grants.sql"
+PLACEHOLDER = ">CHANGE_ME"
+ROLES = ("fm_schema", "fm_writer")
+
+
+def acl_command(password: str) -> list[str]:
+    """The documented ACL SETUSER line, with a real password in place of the placeholder."""
+    args = ACL_FILE.read_text().split()
+    assert args[:3] == ["ACL", "SETUSER", "fm_writer"] and args.count(PLACEHOLDER) == 1
+    return [f">{password}" if a == PLACEHOLDER else a for a in args]
+
+
+@pytest.fixture
+def acl_redis(tmp_path):
+    """A fresh redis-server (listpack limit 256, as deployments should run) with the documented user."""
+    server = start_redis(tmp_path / "redis", "--maxmemory", "256mb", "--hash-max-listpack-value", "256")
+    password = secrets.token_hex(16)
+    assert server.client().execute_command(*acl_command(password)) == b"OK"
+    yield server, password
+    server.stop()
+
+
+def test_acl_keys_are_exactly_the_entity_prefixes():
+    patterns = {a for a in ACL_FILE.read_text().split() if a.startswith("~")}
+    assert patterns == {f"~{e.prefix}:*" for e in DEFS.entities.values()} == {"~c:*", "~s:*"}
+
+
+def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf, acl_redis, monkeypatch):
+    server, password = acl_redis
+    admin = server.client()
+    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", password)
+    limited = RedisConf(
+        url=server.url, username="fm_writer", password_env="FM_TEST_REDIS_PASSWORD", pipeline_entities=64, sample_entities=50,
+        hash_max_listpack_value=256,  # the server's setting, which this user may not read with CONFIG GET
+    )  # fmt: skip
+    conf = run_conf.model_copy(update={"redis": limited})
+    assert conf.quality.verify_sample > 0  # the run reads a sample back (HGETALL) as this user too
+
+    summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+    expected = expected_consumers(spark, sample_root, DAY2)
+    assert summary.status == "succeeded"
+    assert admin.dbsize() == len(expected) == summary.entities
+    assert summary.sinks["redis"]["values_set"] == check_consumer_hashes(admin, expected, DAY2)
+    assert summary.verification["redis"]["checked"] > 0 and summary.verification["redis"]["mismatches"] == 0
+    # The only command refused was CONFIG GET (tolerated, and said in the summary): the
+    # capacity sampling (MEMORY USAGE, OBJECT ENCODING, HLEN, HMGET) and all writes were allowed.
+    refused = {e["object"] for e in admin.acl_log() if e["username"] == "fm_writer"}
+    assert refused - {"client|setinfo"} == {"config|get"}  # redis-py's CLIENT SETINFO is refused on Redis >= 7.2, and ignored
+    assert any("CONFIG GET hash-max-listpack-* refused" in w and "value 256 (from the config)" in w for w in summary.warnings)
+    encodings = {admin.object("encoding", f"c:{cid}") for cid in expected}
+    assert encodings == {b"listpack"} and summary.sinks["redis"]["predicted_encoding"] == "listpack"
+
+    # cleanup (INFO + HDEL) as the same user: a field of a dropped feature goes, nothing else
+    stale = field_id("dropped_feature")
+    ids = sorted(expected)[:40]
+    for cid in ids:
+        admin.hset(f"c:{cid}", stale, b"1")
+    keys = spark.createDataFrame([(str(cid),) for cid in ids], f"{ENTITY_ID} string")
+    plan = CleanupPlan(entity="consumer", removed_features=["dropped_feature"], removed_sources=[], sources_read=["consumer_daily"])
+    stats = run_cleanup(conf, DEFS.entities["consumer"], plan, keys)
+    assert stats["fields_removed"] == len(ids) and stats["keys"] == len(ids)
+    check_consumer_hashes(admin, expected, DAY2)  # exactly the source's fields again
+
+
+def test_acl_user_is_really_restricted(acl_redis):
+    server, password = acl_redis
+    admin = server.client()
+    admin.hset("c:1", "f", "v")
+    user = redis.Redis(host="127.0.0.1", port=server.port, username="fm_writer", password=password)
+    assert user.hset("c:2", "f", "v") == 1  # allowed: a key of an entity prefix
+    refused = [("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"), ("KEYS", "*"), ("SCAN", "0"), ("DEL", "c:1"),
+               ("HSET", "x:1", "f", "v"), ("HGETALL", "other"), ("ACL", "SETUSER", "fm_writer", "+@all")]  # fmt: skip
+    for command in refused:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.execute_command(*command)
+    assert sorted(admin.keys()) == [b"c:1", b"c:2"] and admin.hgetall("c:1") == {b"f": b"v"}
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host="127.0.0.1", port=server.port, username="fm_writer", password="not-" + password).ping()
+    # CONFIG GET is refused, so the capacity check uses the config's copy of the limits, or Redis's defaults
+    plain = read_memory_info(user)
+    assert (plain.listpack_entries, plain.listpack_value) == (512, 64) and "Redis's defaults" in plain.listpack_note
+    assert read_memory_info(admin).listpack_value == 256 and read_memory_info(admin).listpack_note is None
+
+
+@pytest.fixture
+def sql_roles(pg_server, pg_db, monkeypatch):
+    """The documented roles and grants, executed as written, with passwords given by env var."""
+    pg_db.execute(GRANTS_FILE.read_text())
+    passwords = {role: secrets.token_hex(12) for role in ROLES}
+    for role, password in passwords.items():
+        # ALTER ROLE takes no bind parameters: psycopg quotes the literal
+        pg_db.execute(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        monkeypatch.setenv(f"FM_TEST_{role.upper()}_PASSWORD", password)
+    yield {role: f"postgresql://{role}@127.0.0.1:{pg_server.port}/{pg_server.database}" for role in ROLES}
+    for role in ROLES:  # one at a time: PostgreSQL 15 trips over the shared default ACL otherwise
+        pg_db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+    pg_db.execute("DROP ROLE fm_schema, fm_writer")
+
+
+def writer_conf(sql_conf, dsns):
+    sql_writer = SqlConf(dsn=dsns["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD", retry_base_delay=0.01, retry_max_delay=0.05)
+    return sql_conf.model_copy(update={"sql": sql_writer})
+
+
+def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, pg_db, sql_roles, tmp_path):
+    conf_dir = tmp_path / "conf"
+    (conf_dir / "base").mkdir(parents=True)
+    (conf_dir / "lp").mkdir()
+    (conf_dir / "lp" / "m.yaml").write_text(f"sql:\n  dsn: {sql_roles['fm_writer']}\n  password_env: FM_TEST_FM_WRITER_PASSWORD\n")
+    out = run(
+        str(BIN / "materialize"), "schema", "--env", "lp", "--sql-dsn", sql_roles["fm_schema"], "--sql-password-env", "FM_TEST_FM_SCHEMA_PASSWORD",
+        env={"FM_CONF_DIR": str(conf_dir)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "consumer_features: created" in out.stdout and "store_features: created" in out.stdout
+    owners = dict(pg_db.execute("SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'public'").fetchall())
+    assert owners == {"consumer_features": "fm_schema", "store_features": "fm_schema"}
+
+    conf = writer_conf(sql_conf, sql_roles)
+    assert ensure_tables(conf, DEFS, list(DEFS.sources)) == {"consumer_features": "exists", "store_features": "exists"}
+    summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+    expected = expected_consumers(spark, sample_root, DAY2)
+    assert summary.status == "succeeded" and summary.sinks["cockroach"]["rows_upserted"] == len(expected)
+    assert check_consumer_rows(pg_db, expected, AS_OF_DAY2) > 20 * len(expected)
+    assert summary.verification["cockroach"]["checked"] > 0 and summary.verification["cockroach"]["mismatches"] == 0
+
+    with psycopg.connect(sql_roles["fm_writer"], password=conf.sql_password().get_secret_value(), autocommit=True) as writer:
+        for statement in ("DROP TABLE consumer_features", "ALTER TABLE consumer_features ADD COLUMN extra int",
+                          "CREATE TABLE extra (a int)", "DELETE FROM consumer_features", "TRUNCATE consumer_features"):  # fmt: skip
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                writer.execute(statement)
+    assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
+    assert {r[0] for r in pg_db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == set(owners)
+
+
+def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, sql_roles, monkeypatch):
+    conf = writer_conf(sql_conf, sql_roles)
+    with pytest.raises(TerminalSinkError, match=r"store_features does not exist .*may not create it .*42501.*`materialize schema --env <env>`"):
+        run_source(spark, conf, DEFS, "store_features_long", DAY2)
+    assert pg_db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
+    monkeypatch.delenv("FM_TEST_FM_WRITER_PASSWORD")  # the password comes from that env var, and only from there
+    with pytest.raises(ConfigError, match="FM_TEST_FM_WRITER_PASSWORD"):
+        ensure_tables(conf, DEFS, ["store_features_long"])

@@ -1,0 +1,440 @@
+"""TLS with certificate verification, against a real redis-server and a real PostgreSQL
+that take TLS only, with a throwaway CA made here (and a second, unrelated CA)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pytest
+import redis
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from feature_defs import DEFAULT_DIR, load_definitions
+from jobs.cleanup import CleanupWriter, cleanup_partition
+from jobs.config import PROJECT_ROOT, RedisConf, RunConf, SqlConf
+from jobs.partition_writers import RedisWritePlan, SqlWritePlan, write_redis_partition, write_sql_partition
+from jobs.run import redis_sink_config, redis_tls, sql_sink_config
+from jobs.transforms import feature_specs
+from jobs.verify import verify_redis, verify_sql
+from serializers.batch import FeatureSpec, encode_batch
+from serializers.scalar import encode, field_id
+from sinks.errors import SinkError, TerminalSinkError
+from sinks.redis_capacity import read_memory_info
+from sinks.redis_sink import RedisSink, RedisSinkConfig, RedisTls, TlsVerificationError
+from sinks.redis_sink import connect as redis_connect
+from sinks.sql_sink import SqlSink, SqlSinkConfig, connect, ensure_schema
+
+from .conftest import TINY_SOURCE, _as_postgres, free_port
+from .test_redis_job import DAY2
+from .test_sql_job import AS_OF_DAY2, table_rows
+
+SECRET = "never-in-a-message-7f3a"
+SPECS = [FeatureSpec("score", "float"), FeatureSpec("history", "int_list")]
+FRESH = field_id("_ts:tls")
+
+# --- certificates ---------------------------------------------------------------------
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _builder(subject: str, issuer: x509.Name, key) -> x509.CertificateBuilder:
+    now = dt.datetime.now(dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+    )
+
+
+def make_ca(common_name: str):
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.KeyUsage(
+        digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, encipher_only=False, decipher_only=False,
+    )  # fmt: skip
+    cert = (
+        _builder(common_name, _name(common_name), key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(usage, critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def make_server_cert(ca_key, ca_cert, names: list[x509.GeneralName]):
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder("tls-test-server", ca_cert.subject, key)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _pem(cert) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _pem_key(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+@dataclass
+class Certs:
+    ca: Path
+    """The CA that signed the servers' certificates."""
+    other_ca: Path
+    """An unrelated CA: verifying with it must fail."""
+    server_cert: Path
+    server_key: Path
+    """For 127.0.0.1 (IP SAN) and localhost."""
+    elsewhere_cert: Path
+    elsewhere_key: Path
+    """Signed by the right CA, for another name only."""
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    folder = tmp_path_factory.mktemp("certs")
+    ca_key, ca_cert = make_ca("fm test CA")
+    _, other_cert = make_ca("fm unrelated CA")
+    ours = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    server_key, server_cert = make_server_cert(ca_key, ca_cert, ours)
+    elsewhere_key, elsewhere_cert = make_server_cert(ca_key, ca_cert, [x509.DNSName("elsewhere.invalid")])
+    files = {
+        "ca.pem": _pem(ca_cert), "other_ca.pem": _pem(other_cert),
+        "server.pem": _pem(server_cert), "server.key": _pem_key(server_key),
+        "elsewhere.pem": _pem(elsewhere_cert), "elsewhere.key": _pem_key(elsewhere_key),
+    }  # fmt: skip
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    (folder / "server.key").chmod(0o600)
+    (folder / "elsewhere.key").chmod(0o600)
+    return Certs(*(folder / n for n in ("ca.pem", "other_ca.pem", "server.pem", "server.key", "elsewhere.pem", "elsewhere.key")))
+
+
+# --- servers ----------------------------------------------------------------------------
+
+
+@dataclass
+class TlsRedis:
+    port: int
+    process: subprocess.Popen
+    ca: Path
+    check_hostname: bool = True
+    """False for a server whose certificate names another host on purpose."""
+
+    def url(self, host: str = "127.0.0.1") -> str:
+        return f"rediss://{host}:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client over verified TLS, independent of the code under test."""
+        return redis.Redis(host="127.0.0.1", port=self.port, ssl=True, ssl_ca_certs=str(self.ca), ssl_cert_reqs="required",
+                           ssl_check_hostname=self.check_hostname, socket_timeout=5)  # fmt: skip
+
+
+def start_tls_redis(folder: Path, cert: Path, key: Path, ca: Path, *extra: str, check_hostname: bool = True) -> TlsRedis:
+    """A redis-server with no plain port (--port 0): every client that gets an answer spoke TLS."""
+    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    args = ["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder),
+            "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", *extra]  # fmt: skip
+    process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = TlsRedis(port, process, ca, check_hostname)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            server.client().ping()
+            return server
+        except redis.ConnectionError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"TLS redis-server on port {port} did not start (exit {process.poll()})") from None
+            time.sleep(0.05)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tls_redis(certs, tmp_path_factory) -> Iterator[TlsRedis]:
+    server = start_tls_redis(tmp_path_factory.mktemp("tls-redis"), certs.server_cert, certs.server_key, certs.ca, "--maxmemory", "64mb")
+    yield server
+    _stop(server.process)
+
+
+@pytest.fixture
+def tls_redis_db(tls_redis) -> redis.Redis:
+    client = tls_redis.client()
+    client.flushall()
+    return client
+
+
+@dataclass
+class TlsPostgres:
+    port: int
+    root: Path
+    bin_dir: Path
+    ca: Path
+
+    def dsn(self, ca: Path | None = None, database: str = "features", sslmode: str = "verify-full") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}?sslmode={sslmode}&sslrootcert={ca or self.ca}"
+
+    def connect(self) -> psycopg.Connection:
+        """A plain psycopg session over verified TLS, independent of the code under test."""
+        return psycopg.connect(self.dsn(), autocommit=True)
+
+
+def _give_to_postgres(path: Path) -> None:
+    if os.geteuid() == 0:
+        shutil.chown(path, "postgres", "postgres")
+
+
+@pytest.fixture(scope="module")
+def tls_pg(certs) -> Iterator[TlsPostgres]:
+    """A PostgreSQL cluster of its own whose pg_hba.conf takes TLS connections only."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    assert found, "PostgreSQL is not installed: run `make setup`"
+    bin_dir = Path(found[-1]).parent
+    root = Path(tempfile.mkdtemp(prefix="fm-test-tls-pg-"))  # readable by the postgres user
+    _give_to_postgres(root)
+    data = root / "data"
+    out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
+    assert out.returncode == 0, f"initdb failed: {out.stderr}"
+    for name, source in (("server.pem", certs.server_cert), ("server.key", certs.server_key)):
+        shutil.copyfile(source, root / name)
+        _give_to_postgres(root / name)
+    (root / "server.key").chmod(0o600)  # the server refuses a key others can read
+    (data / "pg_hba.conf").write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n")
+    port = free_port()
+    opts = (f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=20 "
+            f"-c ssl=on -c ssl_cert_file={root / 'server.pem'} -c ssl_key_file={root / 'server.key'}")  # fmt: skip
+    out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
+    assert out.returncode == 0, f"PostgreSQL with TLS did not start: {out.stdout} {out.stderr}"
+    server = TlsPostgres(port, root, bin_dir, certs.ca)
+    try:
+        with psycopg.connect(server.dsn(database="postgres"), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE features")
+        yield server
+    finally:
+        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def tls_pg_db(tls_pg) -> Iterator[psycopg.Connection]:
+    with tls_pg.connect() as conn:
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+        yield conn
+
+
+# --- Redis ------------------------------------------------------------------------------
+
+
+def history_batch(n: int) -> pa.RecordBatch:
+    """Long random int lists: a chunk's RESP spans many TLS records, and several recv() calls."""
+    rng = np.random.default_rng(5)
+    lists = [rng.integers(-(2**40), 2**40, 400).tolist() for _ in range(n)]
+    scores = [None if i % 7 == 3 else i / 3 for i in range(n)]
+    return pa.RecordBatch.from_pydict({"_id": [f"e{i}" for i in range(n)], "score": pa.array(scores, pa.float64()), "history": pa.array(lists, pa.list_(pa.int64()))})
+
+
+def expected_hash(batch: pa.RecordBatch, row: int) -> dict[bytes, bytes]:
+    """From the scalar encoder, not the column-wise path the sink uses."""
+    out = {FRESH: b"1700000000"}
+    for spec in SPECS:
+        value = batch.column(spec.name)[row].as_py()
+        if value is not None:
+            out[spec.field] = encode(spec.type, value)
+    return out
+
+
+def write_one_batch(sink: RedisSink) -> None:
+    """Open the sink and write a batch: its first command is what connects."""
+    with sink:
+        sink.write_batch(encode_batch(history_batch(5), SPECS))
+
+
+def redis_config(url: str, tls: RedisTls | None, **overrides) -> RedisSinkConfig:
+    base = dict(url=url, key_prefix="tls:", fields=tuple(s.field for s in SPECS), freshness_field=FRESH, as_of=1700000000,
+                chunk_entities=40, retries=0, socket_timeout=5, password=None, tls=tls)  # fmt: skip
+    return RedisSinkConfig(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate's IP and DNS names
+def test_redis_sink_writes_over_verified_tls(tls_redis, tls_redis_db, certs, host):
+    batch = history_batch(150)
+    with RedisSink(redis_config(tls_redis.url(host), RedisTls(ca_file=str(certs.ca)))) as sink:
+        sink.write_batch(encode_batch(batch, SPECS))
+    assert tls_redis_db.dbsize() == 150
+    for i in range(150):
+        assert tls_redis_db.hgetall(f"tls:e{i}") == expected_hash(batch, i)
+
+
+@pytest.mark.parametrize("ca", ["other", "none"], ids=["unrelated CA", "system trust store"])
+def test_redis_server_signed_by_another_ca_is_refused(tls_redis, tls_redis_db, certs, ca):
+    tls = RedisTls(ca_file=str(certs.other_ca)) if ca == "other" else None
+    sink = RedisSink(redis_config(tls_redis.url(), tls, password=SECRET, retries=3))
+    with pytest.raises(TlsVerificationError, match=rf"Redis at 127\.0\.0\.1:{tls_redis.port}: TLS certificate verification failed") as info:
+        write_one_batch(sink)
+    assert sink.stats.retries == 0  # terminal: retrying cannot help
+    assert SECRET not in str(info.value)
+    assert tls_redis_db.dbsize() == 0
+
+
+def test_redis_certificate_for_another_name_is_refused(certs, tmp_path):
+    # right CA, wrong name: only the hostname check can refuse it
+    server = start_tls_redis(tmp_path / "elsewhere", certs.elsewhere_cert, certs.elsewhere_key, certs.ca, check_hostname=False)
+    try:
+        with pytest.raises(TlsVerificationError, match=r"verification failed \(IP address mismatch"):
+            write_one_batch(RedisSink(redis_config(server.url(), RedisTls(ca_file=str(certs.ca)))))
+    finally:
+        _stop(server.process)
+
+
+def test_plain_redis_url_to_the_tls_port_is_refused(tls_redis, tls_redis_db):
+    with pytest.raises((SinkError, redis.ConnectionError), match=r"if the server takes TLS only, use a rediss:// URL") as info:
+        write_one_batch(RedisSink(redis_config(f"redis://127.0.0.1:{tls_redis.port}/0", None, password=SECRET)))
+    assert SECRET not in str(info.value)
+    assert tls_redis_db.dbsize() == 0
+
+
+@pytest.mark.parametrize(
+    "url, tls, wording",
+    [
+        ("rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none", "other", "the Redis URL sets ssl_cert_reqs"),
+        ("rediss://127.0.0.1:{port}/0?ssl_check_hostname=false", "other", "the Redis URL sets ssl_check_hostname"),
+        ("redis://127.0.0.1:{port}/0", "ours", r"tls_ca_file set, but the Redis URL redis://127\.0\.0\.1:\d+/0 is not rediss://"),
+        ("rediss://127.0.0.1:{port}/0", "missing", "Redis TLS file.s. not found on this host: tls_ca_file"),
+    ],
+)
+def test_redis_tls_cannot_be_weakened_or_misconfigured(tls_redis, tls_redis_db, certs, url, tls, wording):
+    ca = {"other": certs.other_ca, "ours": certs.ca, "missing": certs.ca.with_name("absent.pem")}[tls]
+    with pytest.raises(TerminalSinkError, match=wording):
+        write_one_batch(RedisSink(redis_config(url.format(port=tls_redis.port), RedisTls(ca_file=str(ca)))))
+    assert tls_redis_db.dbsize() == 0
+
+
+def test_cleanup_writer_deletes_over_verified_tls(tls_redis, tls_redis_db, certs):
+    for i in range(30):
+        tls_redis_db.hset(f"tls:e{i}", mapping={b"gone": b"1", b"kept": b"2"})
+    writer = CleanupWriter(url=tls_redis.url(), key_prefix="tls:", fields=(b"gone",), chunk_keys=7, keys_per_second=None, tls=RedisTls(ca_file=str(certs.ca)))
+    batch = pa.RecordBatch.from_pydict({"_id": [f"e{i}" for i in range(30)]})
+    list(cleanup_partition(writer, iter([batch])))
+    assert {tls_redis_db.hgetall(f"tls:e{i}") == {b"kept": b"2"} for i in range(30)} == {True}
+
+
+def test_relative_tls_files_are_under_the_project_root():
+    conf = RunConf(redis=RedisConf(url="rediss://cache:6380/0", tls_ca_file="conf/prod/ca.pem", tls_cert_file="/etc/fm/client.pem"))
+    assert redis_tls(conf) == RedisTls(ca_file=str(PROJECT_ROOT / "conf/prod/ca.pem"), cert_file="/etc/fm/client.pem", key_file=None)
+
+
+# --- SQL --------------------------------------------------------------------------------
+
+
+def sql_config(dsn: str, **overrides) -> SqlSinkConfig:
+    base = dict(dsn=dsn, table="consumer_features", source="tls", as_of=1700000000, dialect="postgres", batch_rows=2, password=SECRET,
+                retries=3, retry_base_delay=0.5, connect_timeout=5)  # fmt: skip
+    return SqlSinkConfig(**{**base, **overrides})
+
+
+def test_sql_sink_writes_over_verify_full(tls_pg, tls_pg_db):
+    conf = sql_config(tls_pg.dsn())
+    with connect(conf) as conn:
+        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone() == (True,)
+        ensure_schema(conn, conf)
+    rows = {"a": {"n": 1}, "b": {"s": "x"}, "c": {}, "d": {"l": [1, 2]}, "e": {"f": 0.5}}
+    with SqlSink(conf) as sink:
+        for key, doc in rows.items():
+            sink.add(key, json.dumps(doc))
+        sink.flush()
+        # the server's own view of the sink's session
+        ssl_row = tls_pg_db.execute("SELECT ssl, version FROM pg_stat_ssl WHERE pid = %s", (sink._conn.info.backend_pid,)).fetchone()
+    assert ssl_row[0] is True and ssl_row[1].startswith("TLS")
+    as_of = dt.datetime.fromtimestamp(1700000000, dt.UTC)
+    assert table_rows(tls_pg_db, "consumer_features") == {k: ("tls", v, as_of) for k, v in rows.items()}
+
+
+def test_sql_server_refuses_plain_connections(tls_pg):
+    # what makes the test above meaningful: without TLS this server takes nobody
+    with pytest.raises(psycopg.OperationalError, match="pg_hba.conf rejects connection .* no encryption"):
+        psycopg.connect(f"postgresql://postgres@127.0.0.1:{tls_pg.port}/features?sslmode=disable")
+
+
+def test_sql_wrong_ca_is_a_clear_terminal_error(tls_pg, tls_pg_db, certs):
+    sink = SqlSink(sql_config(tls_pg.dsn(ca=certs.other_ca)))
+    with pytest.raises(TerminalSinkError, match=rf"SQL store at 127\.0\.0\.1:{tls_pg.port}: TLS certificate verification failed") as info:
+        sink.open()
+    assert sink.stats.retries == 0  # terminal: retrying cannot help
+    assert SECRET not in str(info.value)
+
+
+# --- the job's pieces (without Spark: a Spark run would take most of this file's time) ---
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A source of two features (a float, a long int list), definitions only."""
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "tiny.yaml").write_text(TINY_SOURCE + "    - {name: score, type: float}\n    - {name: history, type: int_list}\n")
+    defs = load_definitions(folder)
+    return defs.sources["tiny"], defs.entity_of(defs.sources["tiny"])
+
+
+def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redis_db, tls_pg, tls_pg_db, certs, tiny):
+    """From RunConf (redis.tls_ca_file, sql.dsn verify-full) to the partition writers and the read-back."""
+    source, entity = tiny
+    conf = RunConf(redis=RedisConf(url=tls_redis.url(), tls_ca_file=str(certs.ca)), sql=SqlConf(dsn=tls_pg.dsn()))
+    batch = history_batch(40)
+    rows = batch.to_pylist()
+    stamp = int(AS_OF_DAY2.timestamp())
+    redis_conf = redis_sink_config(conf, source, entity, DAY2, None)
+    # the driver's capacity check reads the server's limits over the same verified connection
+    with redis_connect(redis_conf.url, password=redis_conf.password, tls=redis_conf.tls) as client:
+        assert read_memory_info(client).capacity(None) == 64 << 20  # the server's --maxmemory
+    list(write_redis_partition(RedisWritePlan(sink=redis_conf, features=feature_specs(source)), iter([batch])))
+    for i, row in enumerate(rows):
+        want = {k: v for k, v in expected_hash(batch, i).items() if k != FRESH}
+        assert tls_redis_db.hgetall(f"c:{row['_id']}") == {**want, field_id("_ts:tiny"): str(stamp).encode()}
+
+    sql_conf = sql_sink_config(conf, source, entity, DAY2, "postgres")
+    with connect(sql_conf) as conn:
+        ensure_schema(conn, sql_conf)
+    docs = [json.dumps({k: v for k, v in r.items() if k != "_id" and v is not None}) for r in rows]
+    sql_batch = pa.RecordBatch.from_pydict({"_id": [r["_id"] for r in rows], "_features_json": docs, "_non_finite": [0] * len(rows)})
+    list(write_sql_partition(SqlWritePlan(sink=sql_conf), iter([sql_batch])))
+    assert table_rows(tls_pg_db, "consumer_features") == {r["_id"]: ("tiny", json.loads(d), AS_OF_DAY2) for r, d in zip(rows, docs)}
+
+    # the read-back connects over TLS too, and sees a value changed behind the job's back
+    tls_redis_db.hset("c:e4", field_id("score"), encode("float", 99.5))
+    tls_pg_db.execute("""UPDATE consumer_features SET features = features || '{"score": 99.5}' WHERE entity_key = 'e4'""")
+    assert [m.count for m in (verify_redis(redis_conf, source, rows), verify_sql(sql_conf, source, rows))] == [1, 1]
