@@ -129,6 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
     ver.add_argument("--redis-url", help="Redis URL overriding the config")
 
+    schema = sub.add_parser(
+        "schema",
+        help="create (or check) the SQL store's entity tables, as a role that may create tables",
+        description="The schema step: create each entity table the sources write when it is missing, and check the "
+        "columns of those that exist. The nightly run needs no right to create tables; run this under the owner role "
+        "(README 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features --sql-password-env FM_SQL_SCHEMA_PASSWORD.",
+    )
+    _common(schema)
+    schema.add_argument("--source", action="append", help="source whose entity table to create; repeat for several (default: all configured)")
+    schema.add_argument("--sql-dsn", help="connection string of the role that may create tables, overriding sql.dsn (no password in it)")
+    schema.add_argument("--sql-password-env", help="env var holding that role's password, overriding sql.password_env")
+
     ready = sub.add_parser("ready", help="exit 0 when a source has rows for a date (for sensors)", description="Exit 0 when the source table has rows for --date, 3 when it has none yet.")
     _common(ready)
     ready.add_argument("--date", required=True, type=_date)
@@ -161,6 +173,10 @@ def _load(args):
         overrides["sinks"] = [args.sink]
     if getattr(args, "sql_dsn", None):
         overrides["sql"] = {"dsn": args.sql_dsn}
+    if getattr(args, "sql_password_env", None):
+        overrides.setdefault("sql", {})["password_env"] = args.sql_password_env
+    if getattr(args, "redis_url", None):
+        overrides["redis"] = {"url": args.redis_url}  # checked like the config's: no password in it
     conf = load_config(args.env, overrides)
     defs = load_definitions(conf.path(conf.definitions_dir))
     return conf, defs
@@ -388,6 +404,22 @@ def cmd_cleanup(args) -> int:
     return EXIT_OK
 
 
+def cmd_schema(args) -> int:
+    from jobs.schema import ensure_tables
+    from sinks.errors import SinkError
+
+    conf, defs = _load(args)
+    names = args.source or conf.sources or list(defs.sources)
+    try:
+        done = ensure_tables(conf, defs, names)
+    except SinkError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    for table, state in done.items():
+        print(f"{table}: {state}" + ("" if state == "created" else " (columns checked)"))
+    return EXIT_OK
+
+
 def cmd_validate(args) -> int:
     from jobs.run import validate_source
 
@@ -402,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
-        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "bench": cmd_bench}
+        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "bench": cmd_bench, "schema": cmd_schema}
         return {**commands, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, KeyError, FileNotFoundError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)

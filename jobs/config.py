@@ -7,12 +7,13 @@ these files: a config names the environment variable that holds one (``password_
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from feature_defs.yamlio import YamlFileError, describe_validation_error, load_yaml
+from feature_defs.yamlio import KeyProblem, YamlFileError, describe_validation_error, line_of, load_yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_VAR = "FM_ENV"
@@ -33,8 +34,10 @@ class _Strict(BaseModel):
     def _no_literal_secrets(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for key in data:
-                if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith("_env"):
-                    raise ValueError(f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env'")
+                if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith(("_env", "_file")):
+                    raise KeyProblem(
+                        key, f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'"
+                    )
         return data
 
 
@@ -62,6 +65,20 @@ class RedisConf(_Strict):
     url: str = "redis://127.0.0.1:6379/0"
     password_env: str | None = None
     """Env var holding the Redis password (AUTH); unset means no password."""
+    password_file: str | None = None
+    """Or: a file holding the password (e.g. a mounted secret); trailing newline ignored."""
+
+    @model_validator(mode="after")
+    def _no_password_in_url(self) -> RedisConf:
+        from urllib.parse import urlsplit
+
+        try:
+            secret = urlsplit(self.url).password
+        except ValueError:
+            raise KeyProblem("url", "url is not a valid redis:// or rediss:// URL") from None
+        if secret:
+            raise KeyProblem("url", "url contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
+        return self
     username: str | None = None
     namespace: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] | None = None
     """Optional deployment namespace put in front of every key."""
@@ -73,6 +90,10 @@ class RedisConf(_Strict):
     """Stop a running write when used memory passes this fraction of capacity."""
     capacity_bytes: int | None = Field(None, gt=0)
     """Capacity when the server has no maxmemory; required then."""
+    hash_max_listpack_entries: int | None = Field(None, ge=1)
+    hash_max_listpack_value: int | None = Field(None, ge=1)
+    """The server's hash-max-listpack-* for the capacity check when CONFIG GET is refused
+    (a least-privilege user); unset: Redis's defaults 512 / 64 are assumed."""
     recheck_every: int = Field(20, ge=1)
     """Re-read used memory every N pipeline chunks during the write."""
     sample_entities: int = Field(1000, ge=10)
@@ -83,6 +104,13 @@ class RedisConf(_Strict):
     """Retries of a chunk after a dropped connection (writes are idempotent)."""
     cleanup_keys_per_second: float | None = Field(50_000, gt=0)
     """`materialize cleanup`: keys visited per second per Spark task at most (None: no limit)."""
+    tls_ca_file: str | None = None
+    """rediss:// only: PEM bundle of the CA(s) the server's certificate is verified with
+    (hostname included), on top of the system trust store; unset: the system trust store."""
+    tls_cert_file: str | None = None
+    """rediss:// only: client certificate (PEM), for servers that ask for one."""
+    tls_key_file: str | None = None
+    """Unencrypted PEM key of tls_cert_file, when the key is not in that file."""
 
 
 class SqlConf(_Strict):
@@ -92,6 +120,8 @@ class SqlConf(_Strict):
     """libpq connection string or postgresql:// URL, without a password."""
     password_env: str | None = None
     """Env var holding the password; unset means none (certificates, trust)."""
+    password_file: str | None = None
+    """Or: a file holding the password (e.g. a mounted secret); trailing newline ignored."""
     db_schema: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")] | None = None
     """Schema of the entity tables; None means the connection's current schema."""
     dialect: Literal["auto", "postgres", "cockroach"] = "auto"
@@ -123,9 +153,9 @@ class SqlConf(_Strict):
             parts = conninfo_to_dict(self.dsn)
         except Exception:
             # libpq quotes the offending token, which may be a secret: do not repeat it
-            raise ValueError("dsn is not a valid libpq connection string or postgresql:// URL") from None
+            raise KeyProblem("dsn", "dsn is not a valid libpq connection string or postgresql:// URL") from None
         if any("password" in key and value for key, value in parts.items()):  # password, sslpassword
-            raise ValueError("dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
+            raise KeyProblem("dsn", "dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
         return self
 
 
@@ -187,19 +217,31 @@ class RunConf(_Strict):
         return self.path(self.reports_dir)
 
     def redis_password(self) -> SecretStr | None:
-        return _secret_from_env("redis.password_env", self.redis.password_env)
+        return _secret("redis", self.redis.password_env, self.path(self.redis.password_file))
 
     def sql_password(self) -> SecretStr | None:
-        return _secret_from_env("sql.password_env", self.sql.password_env)
+        return _secret("sql", self.sql.password_env, self.path(self.sql.password_file))
 
 
-def _secret_from_env(key: str, name: str | None) -> SecretStr | None:
-    if not name:
-        return None
-    value = os.environ.get(name)
-    if value is None:
-        raise ConfigError(f"{key} names {name!r}, but that environment variable is not set")
-    return SecretStr(value)
+def _secret(section: str, env_name: str | None, file: Path | None) -> SecretStr | None:
+    """The secret named by ``<section>.password_env`` or ``<section>.password_file``.
+
+    Messages name the variable or file, never what is in it."""
+    if env_name and file:
+        raise ConfigError(f"{section}.password_env and {section}.password_file are both set: keep one")
+    if env_name:
+        value = os.environ.get(env_name)
+        if value is None:
+            # a name that does not look like one may be the secret itself, put there by mistake
+            shown = repr(env_name) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", env_name) else "a variable"
+            raise ConfigError(f"{section}.password_env names {shown}, but that environment variable is not set")
+        return SecretStr(value)
+    if file:
+        try:
+            return SecretStr(file.read_text(encoding="utf-8").rstrip("\r\n"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{section}.password_file {str(file)!r} cannot be read: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+    return None
 
 
 def _deep_merge(base: dict, override: dict) -> dict:
@@ -235,7 +277,7 @@ def load_config(env: str | None = None, overrides: dict | None = None) -> RunCon
                 problems.append(str(exc))
                 continue
             if not isinstance(data, dict):
-                problems.append(f"{path}: expected a mapping at the top level")
+                problems.append(f"{path}:{line_of(node, [])}: expected a mapping at the top level")
                 continue
             try:
                 RunConf.model_validate({k: v for k, v in data.items()})  # per-file check for line numbers

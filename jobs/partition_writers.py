@@ -22,7 +22,7 @@ from sinks.sql_sink import SqlSink, SqlSinkConfig
 
 STATS_SCHEMA = (
     "entities long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
-    "round_trips long, retries long, peak_rss long, seconds double, stopped string"
+    "round_trips long, retries long, peak_rss long, seconds double, stopped string, error string"
 )
 
 
@@ -41,7 +41,7 @@ def peak_rss() -> int:
 
 _STATS_ARROW = pa.schema(
     [(name, pa.int64()) for name in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "peak_rss")]
-    + [("seconds", pa.float64()), ("stopped", pa.string())]
+    + [("seconds", pa.float64()), ("stopped", pa.string()), ("error", pa.string())]
 )
 
 
@@ -51,7 +51,7 @@ def _stats_batch(stats: dict) -> pa.RecordBatch:
 
 def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     start = time.perf_counter()
-    stopped = None
+    stopped = error = None
     sink = RedisSink(plan.sink)
     try:
         sink.open()  # checks the hard ceiling before the first write
@@ -62,9 +62,13 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
     except CeilingReached as exc:
         # Stop this writer and report; the driver sums every writer and fails the run.
         stopped = str(exc)
+    except SinkError as exc:
+        # Retries are exhausted or Redis refused a command: report it with what was written.
+        error = f"{type(exc).__name__}: {exc}"
     finally:
         sink.close()
-    yield _stats_batch({**sink.stats.as_dict(), "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "stopped": stopped})
+    stats = {**sink.stats.as_dict(), "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "stopped": stopped, "error": error}
+    yield _stats_batch(stats)
 
 
 SQL_STATS_SCHEMA = (

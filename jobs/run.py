@@ -37,9 +37,9 @@ from jobs.quality import QualityGateError
 from jobs.summary import RunSummary
 from serializers import field_id, freshness_field_name
 from serializers.batch import encode_batch
-from sinks.errors import CapacityError, TerminalSinkError
+from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis_capacity import project_growth, read_memory_info
-from sinks.redis_sink import RedisSinkConfig, connect
+from sinks.redis_sink import RedisSinkConfig, RedisTls, connect
 from sinks.sql_sink import SqlSinkConfig, detect_dialect, ensure_schema, pre_split
 from sinks.sql_sink import connect as sql_connect
 from sinks.sql_statements import Dialect, quantile_keys
@@ -230,14 +230,24 @@ def redis_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date:
         recheck_every=conf.redis.recheck_every,
         username=conf.redis.username,
         password=password.get_secret_value() if password else None,
+        tls=redis_tls(conf),
     )
+
+
+def redis_tls(conf: RunConf) -> RedisTls:
+    """The redis.tls_* files, relative ones under the project root (executors may run elsewhere)."""
+    r = conf.redis
+    ca, cert, key = (str(conf.path(value)) if value else None for value in (r.tls_ca_file, r.tls_cert_file, r.tls_key_file))
+    return RedisTls(ca_file=ca, cert_file=cert, key_file=key)
 
 
 def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, good: DataFrame, summary: RunSummary, url: str | None = None) -> dict:
     sink_conf = redis_sink_config(conf, source, entity, date, None, url)
-    client = connect(sink_conf.url, password=sink_conf.password, username=sink_conf.username)
+    client = connect(sink_conf.url, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
     try:
-        memory = read_memory_info(client)
+        memory = read_memory_info(client, conf.redis.hash_max_listpack_entries, conf.redis.hash_max_listpack_value)
+        if memory.listpack_note:  # a least-privilege user: say what the projection assumed
+            summary.warnings.append(memory.listpack_note)
         capacity = memory.capacity(conf.redis.capacity_bytes)
         specs = tf.feature_specs(source)
         # Project growth from an encoded random sample (small: it comes to the driver).
@@ -285,6 +295,13 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         seconds = time.perf_counter() - start
         keys = ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries")
         _sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
+        errors = [p["error"] for p in parts if p["error"]]
+        if errors:
+            kind = TransientSinkError if all(e.startswith("TransientSinkError") for e in errors) else TerminalSinkError
+            raise kind(
+                f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
+                f"{summary.entities:,} entities were written (a rerun of the date writes them all again); first: {errors[0]}"
+            )
         stats["memory_after"] = int(client.info("memory")["used_memory"])
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
@@ -328,11 +345,12 @@ def split_keys(rows: DataFrame, splits: int, total: int, sample_per_split: int =
     return quantile_keys([r[0] for r in sample.collect()], splits)
 
 
-def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, rows: DataFrame, summary: RunSummary) -> dict:
-    """Schema step on the driver, then full-row upserts from inside the partitions."""
+def prepare_sql(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, summary: RunSummary) -> SqlSinkConfig:
+    """Driver side, before any store is written: connect, learn the dialect, check the
+    entity table (created only when missing). A table the writer may not use stops the
+    run here, with nothing written to either store."""
     sink_conf = sql_sink_config(conf, source, entity, date, "postgres")
-    stats: dict = {"table": sink_conf.table_name}
-    summary.sinks["cockroach"] = stats
+    summary.sinks["cockroach"] = {"table": sink_conf.table_name}
     try:
         conn = sql_connect(sink_conf)
     except psycopg.Error as exc:
@@ -340,16 +358,24 @@ def write_sql(spark: SparkSession, conf: RunConf, source: SourceDef, entity: Ent
     with conn:
         dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
         sink_conf = replace(sink_conf, dialect=dialect)
-        stats["dialect"] = dialect
+        summary.sinks["cockroach"]["dialect"] = dialect
         ensure_schema(conn, sink_conf)
-        if dialect == "cockroach" and conf.sql.pre_split and summary.entities >= conf.sql.pre_split_min_rows:
-            keys = split_keys(rows, conf.sql.pre_split, summary.entities)
-            expires = dt.datetime.now(dt.UTC) + dt.timedelta(hours=conf.sql.split_expiration_hours)
-            try:
+    return sink_conf
+
+
+def write_sql(spark: SparkSession, conf: RunConf, sink_conf: SqlSinkConfig, source: SourceDef, rows: DataFrame, summary: RunSummary) -> dict:
+    """Pre-split (CockroachDB, large writes), then full-row upserts from inside the partitions."""
+    stats = summary.sinks["cockroach"]
+    dialect = sink_conf.dialect
+    if dialect == "cockroach" and conf.sql.pre_split and summary.entities >= conf.sql.pre_split_min_rows:
+        keys = split_keys(rows, conf.sql.pre_split, summary.entities)
+        expires = dt.datetime.now(dt.UTC) + dt.timedelta(hours=conf.sql.split_expiration_hours)
+        try:
+            with sql_connect(sink_conf) as conn:
                 stats["splits"] = pre_split(conn, sink_conf, keys, expires)
-            except psycopg.Error as exc:
-                # Splitting only spreads the load; a cluster that refuses it (e.g. serverless) still takes the write.
-                summary.warnings.append(f"pre-split of {sink_conf.table_name} refused, writing without it: {str(exc).strip()}")
+        except psycopg.Error as exc:
+            # Splitting only spreads the load; a cluster that refuses it (e.g. serverless) still takes the write.
+            summary.warnings.append(f"pre-split of {sink_conf.table_name} refused, writing without it: {str(exc).strip()}")
     start = time.perf_counter()
     with progress(spark, f"write {source.name} to {dialect}"):
         plan = SqlWritePlan(sink=sink_conf, as_of_column=tf.AS_OF if tf.AS_OF in rows.columns else None)
@@ -482,10 +508,11 @@ def run_source(
             step.prepared = prepared = prepare(spark, conf, source, entity, date, summary, end)
             write_quarantine(conf, source, date, prepared.quarantine, summary, end)
         check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations, end=end)
+        sql_sink = prepare_sql(conf, source, entity, date, summary) if "cockroach" in conf.sinks else None
         if "redis" in conf.sinks:
             write_redis(spark, conf, source, entity, date, prepared.good, summary, redis_url)
-        if "cockroach" in conf.sinks:
-            write_sql(spark, conf, source, entity, date, prepared.sql_good, summary)
+        if sql_sink:
+            write_sql(spark, conf, sql_sink, source, prepared.sql_good, summary)
         if after_write:
             after_write(summary)
         if conf.quality.verify_sample:

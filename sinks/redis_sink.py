@@ -12,7 +12,10 @@ a chunk that failed on a dropped connection is simply sent again.
 
 from __future__ import annotations
 
+import os
+import ssl
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlsplit
 
 import hiredis
 import numpy as np
@@ -30,6 +33,22 @@ from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
 
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+@dataclass(frozen=True)
+class RedisTls:
+    """Client side of rediss://. The server's certificate is always verified, hostname
+    included: there is no setting that turns verification off."""
+
+    ca_file: str | None = None
+    """PEM CA bundle trusted on top of the system trust store; None: the system store alone."""
+    cert_file: str | None = None
+    """Client certificate (PEM), for servers that ask for one."""
+    key_file: str | None = None
+    """Unencrypted PEM key of cert_file, when the key is not in that file."""
+
+    def files(self) -> dict[str, str]:
+        return {name: path for name, path in (("tls_ca_file", self.ca_file), ("tls_cert_file", self.cert_file), ("tls_key_file", self.key_file)) if path}
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,8 @@ class RedisSinkConfig:
     """Read used_memory every N chunks."""
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    tls: RedisTls | None = None
+    """rediss:// only: what the server's certificate is verified with (None: system trust store)."""
 
 
 class CeilingReached(CapacityError):
@@ -68,7 +89,63 @@ class CeilingReached(CapacityError):
         )
 
 
-def connect(url: str, *, password: str | None = None, username: str | None = None, socket_timeout: float = 30.0) -> redis.Redis:
+class TlsVerificationError(TerminalSinkError):
+    """The server's certificate did not verify: a configuration problem, never retried."""
+
+
+class _VerifiedSSLConnection(redis.SSLConnection):
+    # redis-py reports a failed certificate check as a ConnectionError, which every retry
+    # would repeat in vain: make it terminal, and name the server.
+    def _connect(self):
+        try:
+            return super()._connect()
+        except ssl.SSLCertVerificationError as exc:
+            raise TlsVerificationError(
+                f"Redis at {self.host}:{self.port}: TLS certificate verification failed ({exc.verify_message}); "
+                "check redis.tls_ca_file, and that the URL's host is named in the server's certificate"
+            ) from exc
+
+
+class _PlainConnection(redis.Connection):
+    # A TLS-only port drops a plain connection at its first command: say what that may mean.
+    def on_connect_check_health(self, check_health: bool = True):
+        try:
+            super().on_connect_check_health(check_health)
+        except redis.ConnectionError as exc:
+            if type(exc) is not redis.ConnectionError:  # refused AUTH, loading: not a drop
+                raise
+            raise redis.ConnectionError(f"{exc} (dropped during the handshake: if the server takes TLS only, use a rediss:// URL)") from exc
+
+
+def _tls_options(url: str, tls: RedisTls | None) -> dict:
+    """redis-py arguments for the URL: verified TLS for rediss://, and TLS files only there."""
+    parts = urlsplit(url)
+    # redis-py lets URL query arguments win over keyword ones (?ssl_cert_reqs=none would)
+    overrides = sorted(k for k in parse_qs(parts.query) if k.startswith("ssl_"))
+    if overrides:
+        raise TerminalSinkError(f"the Redis URL sets {', '.join(overrides)}: TLS is configured with redis.tls_* only, and is always verified")
+    tls = tls or RedisTls()
+    files = tls.files()
+    if parts.scheme != "rediss":
+        if files:
+            raise TerminalSinkError(f"{', '.join(files)} set, but the Redis URL {server_address(url)} is not rediss://: refusing to connect without TLS")
+        return {"connection_class": _PlainConnection} if parts.scheme == "redis" else {}
+    missing = [f"{name} {path}" for name, path in files.items() if not os.path.isfile(path)]
+    if missing:
+        raise TerminalSinkError(f"Redis TLS file(s) not found on this host: {', '.join(missing)}")
+    if tls.key_file and not tls.cert_file:
+        raise TerminalSinkError("tls_key_file is set without tls_cert_file")
+    return {
+        "connection_class": _VerifiedSSLConnection,
+        "ssl_cert_reqs": "required",
+        "ssl_check_hostname": True,
+        "ssl_ca_certs": tls.ca_file,  # None: the system trust store alone
+        "ssl_certfile": tls.cert_file,
+        "ssl_keyfile": tls.key_file,
+    }
+
+
+def connect(url: str, *, password: str | None = None, username: str | None = None, socket_timeout: float = 30.0, tls: RedisTls | None = None) -> redis.Redis:
     # Retries happen in one place (sinks.retry), so redis-py's own retry is off.
     return redis.Redis.from_url(
         url,
@@ -78,7 +155,14 @@ def connect(url: str, *, password: str | None = None, username: str | None = Non
         socket_connect_timeout=min(socket_timeout, 10.0),
         retry=Retry(NoBackoff(), 0),
         decode_responses=False,
+        **_tls_options(url, tls),
     )
+
+
+def server_address(url: str) -> str:
+    """host:port/db of a Redis URL, never its credentials (for messages)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path or ''}"
 
 
 def ttl_with_jitter(key: bytes, ttl: int, jitter: float) -> int:
@@ -100,8 +184,11 @@ class RedisSink:
 
     def open(self) -> None:
         c = self.config
-        self.client = connect(c.url, password=c.password, username=c.username, socket_timeout=c.socket_timeout)
-        self.check_ceiling()
+        self.client = connect(c.url, password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
+        try:
+            call_with_retries(self.check_ceiling, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=c.retries)
+        except _TRANSIENT as exc:
+            raise TransientSinkError(f"cannot reach Redis at {server_address(c.url)} ({c.retries + 1} attempts): {exc}") from exc
 
     def close(self) -> None:
         if self.client is not None:
@@ -159,14 +246,24 @@ class RedisSink:
         progress: a resend that gets further starts a new one."""
         done = {"next": 0}  # first chunk whose replies have not been read
 
+        def count_in_flight(in_flight: int | None) -> None:
+            # that chunk is already on its way: count it, so the report says what was written
+            if in_flight is not None:
+                try:
+                    self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
+                except CeilingReached:
+                    pass  # counted up to Redis's refusal
+
         def acknowledge(index: int, in_flight: int | None) -> None:
-            self._acknowledge(commands, keys, bounds[index], batch_stats)
+            try:
+                self._acknowledge(commands, keys, bounds[index], batch_stats)
+            except CeilingReached as exc:
+                count_in_flight(in_flight)
+                raise CeilingReached(exc.used, exc.ceiling, self.stats) from exc
             done["next"] = index + 1
             self._chunks += 1
             if self._chunks % self.config.recheck_every == 0 and (used := self._over_ceiling()) is not None:
-                if in_flight is not None:
-                    # that chunk is already on its way: count it, so the report says what was written
-                    self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
+                count_in_flight(in_flight)
                 raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
 
         def resume() -> None:
@@ -241,21 +338,35 @@ class RedisSink:
         return out
 
     def _acknowledge(self, commands: EntityCommands, keys: pa.Array, bound: tuple[int, int], batch_stats: WriteStats) -> None:
-        """Read one chunk's replies; count what it did; stop on the first refused command."""
+        """Read one chunk's replies and count what it wrote; stop on the first refused command.
+
+        An entity counts as written when its HSET was accepted (HSET is atomic: a hash gets
+        all of the entity's values or none). ``values_deleted`` counts the null features
+        cleared by HDEL whether or not the field was there, so a resent chunk or a retried
+        task counts the same as a clean run."""
         start, stop = bound
         per_entity = commands.replies[start:stop]
         replies = self._replies(int(per_entity.sum()))
         first = np.zeros(stop - start, dtype=np.int64)  # index of each entity's HSET reply
         np.cumsum(per_entity[:-1], out=first[1:])
-        for index, reply in enumerate(replies):
-            if isinstance(reply, hiredis.ReplyError):
-                entity = start + int(np.searchsorted(first, index, side="right")) - 1
-                if str(reply).startswith("OOM"):
-                    used = self.used_memory()
-                    raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats) from reply
-                raise TerminalSinkError(f"Redis refused a command for key {keys[entity].as_py()!r}: {reply}") from reply
-        deleted = sum(replies[i + 1] for i in first[commands.deletes[start:stop]])
-        chunk = WriteStats(entities=stop - start, values_set=int(commands.values_set[start:stop].sum()), values_deleted=int(deleted))
+        written = np.fromiter((not isinstance(replies[i], hiredis.ReplyError) for i in first), bool, stop - start)
+        values_set = commands.values_set[start:stop]
+        chunk = WriteStats(
+            entities=int(written.sum()),
+            values_set=int(values_set[written].sum()),
+            values_deleted=int((len(self.config.fields) - values_set[written]).sum()),
+        )
         batch_stats.add(chunk)
         for name in ("entities", "values_set", "values_deleted"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(chunk, name))
+        refused = next((i for i, r in enumerate(replies) if isinstance(r, hiredis.ReplyError)), None)
+        if refused is None:
+            return
+        reply = replies[refused]
+        entity = start + int(np.searchsorted(first, refused, side="right")) - 1
+        if str(reply).startswith("OOM"):
+            # Redis's own maxmemory was reached before our ceiling noticed: stop, and report
+            # what was written (the counts above include this chunk's accepted entities).
+            used = self.used_memory()
+            raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats) from reply
+        raise TerminalSinkError(f"Redis refused a command for key {keys[entity].as_py()!r}: {reply}") from reply

@@ -68,6 +68,8 @@ def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
         try:
             server.client().ping()
             return server
+        except (redis.AuthenticationError, redis.ResponseError):
+            return server  # up, and asks for a password (--requirepass)
         except redis.ConnectionError:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on port {port} did not start (exit {process.poll()})") from None
@@ -157,7 +159,8 @@ def pg_db(pg_server) -> Iterator[psycopg.Connection]:
 def spark():
     from jobs.spark import build_spark
 
-    session = build_spark(SparkConf(master="local[2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests"))
+    # local[2,2]: a failed task gets a second attempt, as on a cluster (local[N] never retries)
+    session = build_spark(SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests"))
     yield session
     session.stop()
 

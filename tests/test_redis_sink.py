@@ -9,6 +9,8 @@ from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
 from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
 
+from .conftest import start_redis
+
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
 FRESH = field_id("_ts:things")
 
@@ -81,3 +83,26 @@ def test_ceiling_is_rechecked_when_a_batch_is_one_chunk(redis_db, redis_server):
         with pytest.raises(CeilingReached) as info:
             sink.write_batch(batches[1])  # chunk 2: the check is due and finds the ceiling passed
     assert info.value.stats.entities == 100 == redis_db.dbsize() - 1  # the report says what is in Redis
+
+
+def test_redis_maxmemory_mid_write_stops_with_an_exact_report_and_whole_hashes(tmp_path):
+    # No ceiling of ours: Redis's own maxmemory (noeviction) refuses HSETs mid-write.
+    server = start_redis(tmp_path / "full", "--maxmemory", "3mb", "--maxmemory-policy", "noeviction")
+    try:
+        client = server.client()
+        batches = [things(1000, offset=1000 * b) for b in range(40)]  # far more than 3 MB holds
+        with RedisSink(sink_config(server.url, chunk_entities=64)) as sink:
+            with pytest.raises(CeilingReached) as info:
+                for batch in batches:
+                    sink.write_batch(encode_batch(batch, SPECS))
+        written = client.dbsize()
+        assert 0 < written < 40_000
+        # the report counts exactly what Redis holds ...
+        assert info.value.stats.entities == written
+        assert f"after {written:,} entities" in str(info.value)
+        # ... and every hash is whole: all of its entity's values, or no key at all
+        for key in client.scan_iter():
+            n = int(key.split(b":")[1])
+            assert client.hgetall(key) == expected_hash(batches[n // 1000], n % 1000, 1700000000, {})
+    finally:
+        server.stop()

@@ -16,6 +16,7 @@ from feature_defs import load_definitions
 from jobs.config import SqlConf
 from jobs.run import BadInputError, run_source, split_keys, sql_sink_config
 from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
+from serializers import decode, field_id
 from sinks.errors import TerminalSinkError
 from sinks.sql_sink import SqlSink, connect, ensure_schema
 
@@ -281,3 +282,26 @@ def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_tran
     assert {k: v[1] for k, v in table_rows(pg_db, "consumer_features").items()} == {"a": {"n": 1}, "b": {"n": 3}, "c": {}, "d": {"s": "x"}, "e": {"n": 5}}
     assert (sink.stats.rows_upserted, sink.stats.duplicates, sink.stats.statements) == (5, 1, 3)
     assert sink.stats.transactions == transactions
+
+
+def test_hostile_keys_and_values_are_data_not_sql(spark, sql_conf, pg_db, redis_db, tmp_path):
+    """Keys and values reach both stores as parameters and RESP bulk strings, never as SQL or commands."""
+    injection = "x'); DROP TABLE thing_features; --"
+    rows = [
+        (injection, ["'; DELETE FROM thing_features; --", '"}]'], 1.0, DAY2),
+        ("ünï $1 %s {}", ["\r\nFLUSHALL\r\n"], 2.0, DAY2),
+        ("a:b", ["colon"], 3.0, DAY2),  # ':' would split the Redis key: bad input
+        ("tab\there", ["ctl"], 4.0, DAY2),  # control character: bad input
+    ]
+    defs = write_things(spark, tmp_path, rows)
+    quality = sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5})
+    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "cockroach"], "quality": quality})
+    summary = run_source(spark, conf, defs, "things", DAY2)
+    assert summary.bad_reasons == {"key thing_id contains ':'": 1, "key thing_id contains a control character": 1}
+    assert {k: v[1] for k, v in table_rows(pg_db, "thing_features").items()} == {
+        injection: {"tags": ["'; DELETE FROM thing_features; --", '"}]'], "score": 1.0},
+        "ünï $1 %s {}": {"tags": ["\r\nFLUSHALL\r\n"], "score": 2.0},
+    }
+    assert sorted(redis_db.scan_iter()) == sorted([f"t:{injection}".encode(), "t:ünï $1 %s {}".encode()])
+    tags = redis_db.hget("t:ünï $1 %s {}".encode(), field_id("tags"))
+    assert decode("string_list", tags) == ["\r\nFLUSHALL\r\n"]

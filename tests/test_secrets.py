@@ -1,0 +1,125 @@
+"""Secrets come from env vars or files named in config, and never show up anywhere else."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from jobs.cli import main
+from jobs.config import ConfigError, load_config
+
+from .conftest import DAY2_STR, start_redis
+
+REDIS_SECRET = "r3dis-S3cret-7f1c0e"
+SQL_SECRET = "pg-S3cret-91ab44"
+WRONG_SECRET = "wr0ng-S3cret-5d2e99"
+SECRETS = (REDIS_SECRET, SQL_SECRET, WRONG_SECRET)
+ROLE = "fm_secret_test"
+
+
+def require_password_for(pg_server, role: str) -> None:
+    """pg_hba: this role must log in with a password (the test server trusts everyone else)."""
+    hba = pg_server.data_dir / "pg_hba.conf"
+    line = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+    text = hba.read_text()
+    if line not in text:
+        hba.write_text(line + text)
+    with pg_server.connect() as conn:
+        conn.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture
+def secret_env(spark, sample_root, pg_server, pg_db, tmp_path, monkeypatch):
+    server = start_redis(tmp_path / "redis", "--requirepass", REDIS_SECRET, "--maxmemory", "256mb")
+    require_password_for(pg_server, ROLE)
+    pg_db.execute(f"DROP OWNED BY {ROLE}" if pg_db.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone() else "SELECT 1")
+    pg_db.execute(f"DROP ROLE IF EXISTS {ROLE}")
+    pg_db.execute(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{SQL_SECRET}'")  # test-owned literal
+    pg_db.execute(f"GRANT ALL ON SCHEMA public TO {ROLE}")
+    secret_file = tmp_path / "secrets" / "sql_password"
+    secret_file.parent.mkdir()
+    secret_file.write_text(SQL_SECRET + "\n")
+    folder = tmp_path / "conf"
+    (folder / "base").mkdir(parents=True)
+    (folder / "sec").mkdir()
+    (folder / "sec" / "m.yaml").write_text(
+        f"data_root: {sample_root}\nledger_root: {tmp_path / 'out' / 'ledger'}\nquarantine_root: {tmp_path / 'out' / 'q'}\n"
+        f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, cockroach]\n"
+        "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
+        f"redis: {{url: '{server.url}', password_env: FM_TEST_REDIS_PASSWORD, sample_entities: 50}}\n"
+        f"sql: {{dsn: 'postgresql://{ROLE}@127.0.0.1:{pg_server.port}/features', password_file: '{secret_file}'}}\n"
+        "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 50}\n"
+    )
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", REDIS_SECRET)
+    yield tmp_path, server
+    server.stop()
+
+
+def every_file_under(root: Path, skip: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and skip not in p.parents]
+
+
+def test_known_secrets_never_reach_outputs_reports_or_errors(secret_env, capfd, caplog, monkeypatch, pg_server):
+    tmp_path, server = secret_env
+    caplog.set_level(logging.INFO)
+    run = ["run", "--env", "sec", "--date", DAY2_STR, "--source", "consumer_daily"]
+    assert main(run) == 0
+    # the secrets worked: both stores hold the snapshot
+    authed = redis.Redis(host="127.0.0.1", port=server.port, password=REDIS_SECRET)
+    assert authed.dbsize() > 0
+    with psycopg.connect(pg_server.dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == authed.dbsize()
+
+    # a wrong password fails the run, saying which server refused, never what was tried
+    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", WRONG_SECRET)
+    assert main(run) == 1
+    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", REDIS_SECRET)
+    (tmp_path / "secrets" / "sql_password").write_text(WRONG_SECRET)
+    assert main(run) == 1
+    failed = capfd.readouterr()
+    assert "WRONGPASS" in failed.err or "invalid username-password" in failed.err
+    assert f"password authentication failed for user \"{ROLE}\"" in failed.err
+
+    for command in ("run", "backfill", "verify", "cleanup", "validate", "runs", "report", "defs", "bench", "ready", "sample-data"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+    assert main(["runs", "--env", "sec"]) == 0
+    assert main(["report", "--env", "sec", "--source", "consumer_daily", "--date", DAY2_STR]) == 1  # the last run failed
+
+    out = capfd.readouterr()
+    texts = {"stdout": out.out, "stderr": out.err, "log records": caplog.text}
+    texts |= {str(p): p.read_bytes().decode("utf-8", "replace") for p in every_file_under(tmp_path / "out", skip=tmp_path / "secrets")}
+    assert any("summary.json" in name for name in texts) and any("_delta_log" in name for name in texts)
+    leaks = [(name, secret) for name, text in texts.items() for secret in SECRETS if secret in text]
+    assert leaks == []
+
+
+def test_password_file_and_env_are_exclusive_and_literals_refused(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "conf"
+    (folder / "base").mkdir(parents=True)
+    (folder / "x").mkdir()
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    (folder / "x" / "m.yaml").write_text("sql:\n  password_env: PW\n  password_file: /nonexistent\n")
+    with pytest.raises(ConfigError, match="sql.password_env and sql.password_file are both set"):
+        load_config("x").sql_password()
+    (folder / "x" / "m.yaml").write_text("sql:\n  password_file: /nonexistent/pw\n")
+    with pytest.raises(ConfigError, match="sql.password_file '/nonexistent/pw' cannot be read"):
+        load_config("x").sql_password()
+    (folder / "x" / "m.yaml").write_text(f"redis:\n  url: redis://user:{REDIS_SECRET}@127.0.0.1:6379/0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config("x")
+    assert "m.yaml:2" in str(info.value) and "url contains a password" in str(info.value) and REDIS_SECRET not in str(info.value)
+    (folder / "x" / "m.yaml").write_text(f"redis:\n  password: {REDIS_SECRET}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config("x")
+    assert "m.yaml:2" in str(info.value) and "password_file" in str(info.value) and REDIS_SECRET not in str(info.value)
+    (folder / "x" / "m.yaml").write_text("")
+    capsys.readouterr()
+    assert main(["run", "--env", "x", "--date", DAY2_STR, "--redis-url", f"redis://:{REDIS_SECRET}@h:1/0"]) == 2
+    err = capsys.readouterr().err
+    assert "url contains a password" in err and REDIS_SECRET not in err
