@@ -70,13 +70,15 @@ class RedisConf(_Strict):
 
     @model_validator(mode="after")
     def _no_password_in_url(self) -> RedisConf:
-        from urllib.parse import urlsplit
+        from urllib.parse import parse_qs, urlsplit
 
         try:
-            secret = urlsplit(self.url).password
+            parts = urlsplit(self.url)
+            secret = parts.password
         except ValueError:
             raise KeyProblem("url", "url is not a valid redis:// or rediss:// URL") from None
-        if secret:
+        # redis-py also takes credentials from query arguments (?password=...)
+        if secret or {"password", "username", "credential_provider"} & set(parse_qs(parts.query)):
             raise KeyProblem("url", "url contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
         return self
     username: str | None = None
@@ -233,7 +235,7 @@ def _secret(section: str, env_name: str | None, file: Path | None) -> SecretStr 
         value = os.environ.get(env_name)
         if value is None:
             # a name that does not look like one may be the secret itself, put there by mistake
-            shown = repr(env_name) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", env_name) else "a variable"
+            shown = repr(env_name) if re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", env_name) else "a variable"
             raise ConfigError(f"{section}.password_env names {shown}, but that environment variable is not set")
         return SecretStr(value)
     if file:
@@ -251,6 +253,19 @@ def _deep_merge(base: dict, override: dict) -> dict:
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = value
+    return out
+
+
+def _merge_layer(merged: dict, layer: dict) -> dict:
+    """Overlay one layer. A layer that names where a password is (env var or file) replaces
+    the other way a lower layer named: conf/prod's password_file wins over base's password_env."""
+    out = _deep_merge(merged, layer)
+    ways = {"password_env", "password_file"}
+    for section in ("redis", "sql"):
+        part = layer.get(section)
+        named = ways & set(part) if isinstance(part, dict) else set()
+        if len(named) == 1 and isinstance(out.get(section), dict):
+            out[section] = {**out[section], (ways - named).pop(): None}
     return out
 
 
@@ -283,11 +298,11 @@ def load_config(env: str | None = None, overrides: dict | None = None) -> RunCon
                 RunConf.model_validate({k: v for k, v in data.items()})  # per-file check for line numbers
             except ValidationError as exc:
                 problems.extend(m for m in describe_validation_error(exc, path, node) if "required" not in m)
-            merged = _deep_merge(merged, data)
+            merged = _merge_layer(merged, data)
             read.append(path)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    merged = _deep_merge(merged, {"env": env, **(overrides or {})})
+    merged = _merge_layer(merged, {"env": env, **(overrides or {})})
     try:
         return RunConf.model_validate(merged)
     except ValidationError as exc:

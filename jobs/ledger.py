@@ -85,7 +85,7 @@ def sink_targets(conf: RunConf, redis_url: str | None = None) -> dict[str, str]:
     if "redis" in conf.sinks:
         url = urlsplit(redis_url or conf.redis.url)
         host = url.netloc.rsplit("@", 1)[-1]  # drop any user:password@
-        targets["redis"] = urlunsplit(url._replace(netloc=host)) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
+        targets["redis"] = urlunsplit(url._replace(netloc=host, query="")) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
     if "cockroach" in conf.sinks:
         targets["cockroach"] = conf.sql.dsn + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
     return targets

@@ -12,8 +12,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import hiredis
 import pyarrow as pa
 import pyarrow.compute as pc
+import redis
 
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.errors import SinkError
@@ -65,6 +67,9 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
     except SinkError as exc:
         # Retries are exhausted or Redis refused a command: report it with what was written.
         error = f"{type(exc).__name__}: {exc}"
+    except (redis.RedisError, hiredis.ProtocolError) as exc:
+        # e.g. NOPERM for a command the ACL does not allow: no retry of the task can help
+        error = f"TerminalSinkError: Redis: {type(exc).__name__}: {exc}"
     finally:
         sink.close()
     stats = {**sink.stats.as_dict(), "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "stopped": stopped, "error": error}

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -40,8 +41,10 @@ from serializers.batch import encode_batch
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis_capacity import project_growth, read_memory_info
 from sinks.redis_sink import RedisSinkConfig, RedisTls, connect
+from sinks.retry import call_with_retries
 from sinks.sql_sink import SqlSinkConfig, detect_dialect, ensure_schema, pre_split
 from sinks.sql_sink import connect as sql_connect
+from sinks.sql_sink import is_transient as sql_is_transient
 from sinks.sql_statements import Dialect, quantile_keys
 
 log = logging.getLogger(__name__)
@@ -297,7 +300,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         _sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
         errors = [p["error"] for p in parts if p["error"]]
         if errors:
-            kind = TransientSinkError if all(e.startswith("TransientSinkError") for e in errors) else TerminalSinkError
+            kind = TransientSinkError if all(e.startswith(("TransientSinkError", "RedisRestarted")) for e in errors) else TerminalSinkError
             raise kind(
                 f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
                 f"{summary.entities:,} entities were written (a rerun of the date writes them all again); first: {errors[0]}"
@@ -306,7 +309,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
             raise CapacityError(
-                f"Redis write stopped at the hard ceiling ({conf.redis.hard_fill:.0%} of {capacity:,} B): "
+                f"Redis write stopped at the memory ceiling (ours: {conf.redis.hard_fill:.0%} of {capacity:,} B, or Redis's maxmemory): "
                 f"{stats['entities']:,} of {summary.entities:,} entities ({stats['values_set']:,} values) were written "
                 f"before {len(stopped)} writer(s) stopped; first: {stopped[0]}"
             )
@@ -351,16 +354,28 @@ def prepare_sql(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.da
     run here, with nothing written to either store."""
     sink_conf = sql_sink_config(conf, source, entity, date, "postgres")
     summary.sinks["cockroach"] = {"table": sink_conf.table_name}
+
+    def check() -> SqlSinkConfig:
+        with sql_connect(sink_conf) as conn:
+            dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
+            checked = replace(sink_conf, dialect=dialect)
+            ensure_schema(conn, checked)
+            return checked
+
     try:
-        conn = sql_connect(sink_conf)
+        # a server restarting right now gets the same bounded retries as the write
+        checked = call_with_retries(check, is_transient=sql_is_transient, retries=conf.sql.retries, base_delay=conf.sql.retry_base_delay, max_delay=conf.sql.retry_max_delay)
     except psycopg.Error as exc:
         raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
-    with conn:
-        dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
-        sink_conf = replace(sink_conf, dialect=dialect)
-        summary.sinks["cockroach"]["dialect"] = dialect
-        ensure_schema(conn, sink_conf)
-    return sink_conf
+    summary.sinks["cockroach"]["dialect"] = checked.dialect
+    if conninfo_to_dict(conf.sql.dsn).get("sslmode", "prefer") != "verify-full" and not _loopback(conf.sql.dsn):
+        summary.warnings.append(f"sql.dsn does not use sslmode=verify-full: the SQL store's certificate is not verified ({conf.sql.dsn})")
+    return checked
+
+
+def _loopback(dsn: str) -> bool:
+    host = conninfo_to_dict(dsn).get("host") or "localhost"
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("/")
 
 
 def write_sql(spark: SparkSession, conf: RunConf, sink_conf: SqlSinkConfig, source: SourceDef, rows: DataFrame, summary: RunSummary) -> dict:

@@ -35,6 +35,11 @@ from sinks.retry import call_with_retries
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
+def _is_transient(exc: BaseException) -> bool:
+    # a refused password is a ConnectionError to redis-py, but no retry fixes it
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, redis.AuthenticationError)
+
+
 @dataclass(frozen=True)
 class RedisTls:
     """Client side of rediss://. The server's certificate is always verified, hostname
@@ -81,12 +86,16 @@ class RedisSinkConfig:
 
 
 class CeilingReached(CapacityError):
-    def __init__(self, used: int, ceiling: int, stats: WriteStats):
-        self.used, self.ceiling, self.stats = used, ceiling, stats
-        super().__init__(
-            f"Redis used_memory {used:,} B passed the hard ceiling {ceiling:,} B; this writer stopped after "
-            f"{stats.entities:,} entities ({stats.values_set:,} values)"
+    def __init__(self, used: int, ceiling: int, stats: WriteStats, oom: bool = False):
+        self.used, self.ceiling, self.stats, self.oom = used, ceiling, stats, oom
+        what = f"Redis refused writes: out of memory (maxmemory reached, used_memory {used:,} B)" if oom else (
+            f"Redis used_memory {used:,} B passed the hard ceiling {ceiling:,} B"
         )
+        super().__init__(f"{what}; this writer stopped after {stats.entities:,} entities ({stats.values_set:,} values)")
+
+
+class RedisRestarted(TransientSinkError):
+    """The server restarted mid-write without persistence: acknowledged writes may be gone."""
 
 
 class TlsVerificationError(TerminalSinkError):
@@ -181,12 +190,16 @@ class RedisSink:
         self._conn: redis.Connection | None = None
         """The pipeline's connection: made by redis-py, written to with RESP built here."""
         self._reader: hiredis.Reader | None = None
+        self._run_id: str | None = None
+        """The server's run_id when the pipeline first connected (a restart changes it)."""
 
     def open(self) -> None:
         c = self.config
         self.client = connect(c.url, password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
         try:
-            call_with_retries(self.check_ceiling, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=c.retries)
+            call_with_retries(self.check_ceiling, is_transient=_is_transient, retries=c.retries)
+        except redis.AuthenticationError as exc:
+            raise TerminalSinkError(f"Redis at {server_address(c.url)} refused the credentials: {exc}") from exc
         except _TRANSIENT as exc:
             raise TransientSinkError(f"cannot reach Redis at {server_address(c.url)} ({c.retries + 1} attempts): {exc}") from exc
 
@@ -251,15 +264,15 @@ class RedisSink:
             if in_flight is not None:
                 try:
                     self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
-                except CeilingReached:
-                    pass  # counted up to Redis's refusal
+                except (CeilingReached, *_TRANSIENT):
+                    pass  # counted up to Redis's refusal; a lost reply must not turn the stop into a resend
 
         def acknowledge(index: int, in_flight: int | None) -> None:
             try:
                 self._acknowledge(commands, keys, bounds[index], batch_stats)
             except CeilingReached as exc:
                 count_in_flight(in_flight)
-                raise CeilingReached(exc.used, exc.ceiling, self.stats) from exc
+                raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom) from exc
             done["next"] = index + 1
             self._chunks += 1
             if self._chunks % self.config.recheck_every == 0 and (used := self._over_ceiling()) is not None:
@@ -288,7 +301,9 @@ class RedisSink:
         while done["next"] < len(bounds):
             reached = done["next"]
             try:
-                call_with_retries(resume, is_transient=lambda e: isinstance(e, _TRANSIENT), retries=self.config.retries, on_retry=on_retry)
+                call_with_retries(resume, is_transient=_is_transient, retries=self.config.retries, on_retry=on_retry)
+            except redis.AuthenticationError as exc:
+                raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused the credentials: {exc}") from exc
             except _TRANSIENT as exc:
                 self._drop_data()
                 if done["next"] > reached:
@@ -303,8 +318,20 @@ class RedisSink:
         # redis-py makes the connection (TLS, AUTH, SELECT); the pipeline then uses its socket.
         conn = self.client.connection_pool.get_connection()
         conn.connect()
+        self._check_not_restarted()
         self._conn = conn
         self._reader = hiredis.Reader()
+
+    def _check_not_restarted(self) -> None:
+        """A server that restarted mid-write without persistence has lost what it had
+        acknowledged, which no resend of the pending chunks brings back: stop, ask for a rerun."""
+        run_id = self.client.info("server")["run_id"]
+        if self._run_id is not None and run_id != self._run_id and not int(self.client.info("persistence").get("aof_enabled", 0)):
+            raise RedisRestarted(
+                f"Redis at {server_address(self.config.url)} restarted during the write without persistence (AOF off): "
+                f"keys this writer wrote before may be lost; rerun the date"
+            )
+        self._run_id = run_id
 
     def _drop_data(self) -> None:
         if self._conn is not None:
@@ -368,5 +395,5 @@ class RedisSink:
             # Redis's own maxmemory was reached before our ceiling noticed: stop, and report
             # what was written (the counts above include this chunk's accepted entities).
             used = self.used_memory()
-            raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats) from reply
+            raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats, oom=True) from reply
         raise TerminalSinkError(f"Redis refused a command for key {keys[entity].as_py()!r}: {reply}") from reply

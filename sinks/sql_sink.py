@@ -99,28 +99,33 @@ class SqlWriteStats:
 # libpq's words for a TLS setup that no retry can fix. Such errors carry no SQLSTATE, so
 # is_transient would take them for a lost connection and retry them.
 _TLS_VERIFY_FAILED = ("certificate verify failed", "does not match host name")
+# A refused login has no SQLSTATE either; retrying it only delays the error.
+_AUTH_FAILED = ("password authentication failed", "no pg_hba.conf entry", "password is required")
 _TLS_SETUP_FAILED = ("root certificate file", "server does not support SSL", "certificate file", "private key file", "tlsv1 alert", "sslv3 alert")
 
 
-def tls_failure(conf: SqlSinkConfig, exc: psycopg.Error) -> TerminalSinkError | None:
-    """A terminal error naming the server when ``exc`` is a TLS setup failure, else None."""
+def setup_failure(conf: SqlSinkConfig, exc: psycopg.Error) -> TerminalSinkError | None:
+    """A terminal error naming the server when ``exc`` is a TLS or login failure (no retry helps), else None."""
     text = str(exc).strip()
+    hint = "check sslmode and sslrootcert in sql.dsn"
     if any(m in text for m in _TLS_VERIFY_FAILED):
         what = "TLS certificate verification failed"
     elif any(m in text for m in _TLS_SETUP_FAILED):
         what = "TLS setup failed"
+    elif any(m in text for m in _AUTH_FAILED):
+        what, hint = "login refused", "check the user in sql.dsn and its password"
     else:
         return None
     parts = conninfo_to_dict(conf.dsn)  # the dsn holds no password (SqlConf refuses one)
     where = f"{parts.get('host') or 'the default host'}:{parts.get('port') or 5432}"
-    return TerminalSinkError(f"SQL store at {where}: {what} (not retried; check sslmode and sslrootcert in sql.dsn): {text}")
+    return TerminalSinkError(f"SQL store at {where}: {what} (not retried; {hint}): {text}")
 
 
 def connect(conf: SqlSinkConfig) -> psycopg.Connection:
     try:
         conn = _open(conf)
     except psycopg.OperationalError as exc:
-        failure = tls_failure(conf, exc)
+        failure = setup_failure(conf, exc)
         if failure is None:
             raise
         raise failure from exc
@@ -188,6 +193,8 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
             "and grant this role the writer's privileges (conf/base/sql-grants.sql)"
         ) from exc
     except psycopg.Error as exc:
+        if is_transient(exc):
+            raise  # the caller retries a dropped connection or a restart
         raise TerminalSinkError(f"schema step for table {conf.table_name} failed: [{exc.sqlstate or 'no SQLSTATE'}] {str(exc).strip()}") from exc
     if not found:  # CREATE ... IF NOT EXISTS skipped a table this role cannot see
         raise TerminalSinkError(
@@ -199,7 +206,29 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
             f"table {conf.table_name} exists without the column(s) {', '.join(missing)} "
             f"(found {', '.join(sorted(found))}); expected the layout in README 'SQL layout'"
         )
+    lacking = missing_privileges(conn, conf)
+    if lacking:
+        raise TerminalSinkError(
+            f"table {conf.table_name}: this role lacks {', '.join(lacking)} on it, which the upsert needs: "
+            "grant it SELECT, INSERT, UPDATE (conf/base/sql-grants.sql)"
+        )
     return created
+
+
+def missing_privileges(conn: psycopg.Connection, conf: SqlSinkConfig) -> list[str]:
+    """Which of SELECT, INSERT, UPDATE this role lacks on the table (checked before any store
+    is written, so a read-only role does not fail halfway through the run)."""
+    try:
+        row = conn.execute(
+            "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'INSERT'), has_table_privilege(c.oid, 'UPDATE') "
+            "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relname = %s AND n.nspname = COALESCE(%s, current_schema())",
+            (conf.table, conf.schema),
+        ).fetchone()
+    except psycopg.Error as exc:  # a server without these catalogs: the write itself will tell
+        log.warning("%s: could not check privileges: %s", conf.table_name, exc)
+        return []
+    return [name for name, ok in zip(("SELECT", "INSERT", "UPDATE"), row or (True, True, True)) if not ok]
 
 
 def pre_split(conn: psycopg.Connection, conf: SqlSinkConfig, keys: Sequence[str], expires: dt.datetime) -> int:

@@ -166,11 +166,19 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
     assert {r[0] for r in pg_db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == set(owners)
 
 
-def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, sql_roles, monkeypatch):
-    conf = writer_conf(sql_conf, sql_roles)
+def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, redis_db, sql_roles, monkeypatch):
+    conf = writer_conf(sql_conf, sql_roles).model_copy(update={"sinks": ["redis", "cockroach"]})
     with pytest.raises(TerminalSinkError, match=r"store_features does not exist .*may not create it .*42501.*`materialize schema --env <env>`"):
         run_source(spark, conf, DEFS, "store_features_long", DAY2)
     assert pg_db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
+    assert redis_db.dbsize() == 0  # found before either store was written
+    # a table the writer may only read is refused the same way, before any write
+    owner = SqlConf(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
+    assert ensure_tables(sql_conf.model_copy(update={"sql": owner}), DEFS, ["store_features_long"]) == {"store_features": "created"}
+    pg_db.execute("REVOKE INSERT, UPDATE ON store_features FROM fm_writer")
+    with pytest.raises(TerminalSinkError, match=r"store_features: this role lacks INSERT, UPDATE on it"):
+        run_source(spark, conf, DEFS, "store_features_long", DAY2)
+    assert redis_db.dbsize() == 0 and pg_db.execute("SELECT count(*) FROM store_features").fetchone()[0] == 0
     monkeypatch.delenv("FM_TEST_FM_WRITER_PASSWORD")  # the password comes from that env var, and only from there
     with pytest.raises(ConfigError, match="FM_TEST_FM_WRITER_PASSWORD"):
         ensure_tables(conf, DEFS, ["store_features_long"])

@@ -187,7 +187,7 @@ def test_hard_ceiling_stops_the_write_and_says_how_much(spark, run_conf, tmp_pat
             update={"url": server.url, "max_fill": 1.0, "hard_fill": (used + 200_000) / 4_000_000, "recheck_every": 1, "pipeline_entities": 16}
         )
         conf = run_conf.model_copy(update={"redis": redis_conf})
-        with pytest.raises(CapacityError, match=r"stopped at the hard ceiling.* of \d+ entities .* were written") as info:
+        with pytest.raises(CapacityError, match=r"stopped at the memory ceiling.* of \d+ entities .* were written") as info:
             run_source(spark, conf, DEFS, "consumer_daily", DAY2)
         written = server.client().dbsize()
         assert 0 < written < 290

@@ -7,7 +7,7 @@ import pytest
 
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
-from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
+from sinks.redis_sink import CeilingReached, RedisRestarted, RedisSink, RedisSinkConfig
 
 from .conftest import start_redis
 
@@ -106,3 +106,22 @@ def test_redis_maxmemory_mid_write_stops_with_an_exact_report_and_whole_hashes(t
             assert client.hgetall(key) == expected_hash(batches[n // 1000], n % 1000, 1700000000, {})
     finally:
         server.stop()
+
+
+def test_restart_without_persistence_mid_write_is_not_taken_for_success(tmp_path):
+    # the server comes back empty: resending the pending chunks would leave the earlier keys missing
+    server = start_redis(tmp_path / "volatile")
+    restarted = None
+    try:
+        with RedisSink(sink_config(server.url)) as sink:
+            sink.write_batch(encode_batch(things(7), SPECS))
+            server.process.kill()
+            server.process.wait()
+            restarted = start_redis(tmp_path / "volatile", port=server.port)
+            with pytest.raises(RedisRestarted, match=r"restarted during the write without persistence .* rerun the date"):
+                sink.write_batch(encode_batch(things(7, offset=100), SPECS))
+        assert restarted.client().dbsize() == 0  # what was acknowledged before is indeed gone
+    finally:
+        for s in (server, restarted):
+            if s and s.process.poll() is None:
+                s.stop()

@@ -85,7 +85,7 @@ def test_known_secrets_never_reach_outputs_reports_or_errors(secret_env, capfd, 
     assert "WRONGPASS" in failed.err or "invalid username-password" in failed.err
     assert f"password authentication failed for user \"{ROLE}\"" in failed.err
 
-    for command in ("run", "backfill", "verify", "cleanup", "validate", "runs", "report", "defs", "bench", "ready", "sample-data"):
+    for command in ("run", "backfill", "verify", "cleanup", "validate", "runs", "report", "defs", "bench", "ready", "sample-data", "schema"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
     assert main(["runs", "--env", "sec"]) == 0
@@ -107,12 +107,22 @@ def test_password_file_and_env_are_exclusive_and_literals_refused(tmp_path, monk
     (folder / "x" / "m.yaml").write_text("sql:\n  password_env: PW\n  password_file: /nonexistent\n")
     with pytest.raises(ConfigError, match="sql.password_env and sql.password_file are both set"):
         load_config("x").sql_password()
+    # a higher layer naming a file replaces the env var a lower layer named (conf/base names FM_*_PASSWORD)
+    (folder / "base" / "m.yaml").write_text("sql:\n  password_env: FM_SQL_PASSWORD\n")
+    (folder / "x" / "m.yaml").write_text(f"sql:\n  password_file: {tmp_path / 'pw'}\n")
+    (tmp_path / "pw").write_text("from-the-file\n")
+    assert load_config("x").sql_password().get_secret_value() == "from-the-file"
+    (folder / "base" / "m.yaml").write_text("")
     (folder / "x" / "m.yaml").write_text("sql:\n  password_file: /nonexistent/pw\n")
     with pytest.raises(ConfigError, match="sql.password_file '/nonexistent/pw' cannot be read"):
         load_config("x").sql_password()
     (folder / "x" / "m.yaml").write_text(f"redis:\n  url: redis://user:{REDIS_SECRET}@127.0.0.1:6379/0\n")
     with pytest.raises(ConfigError) as info:
         load_config("x")
+    assert "m.yaml:2" in str(info.value) and "url contains a password" in str(info.value) and REDIS_SECRET not in str(info.value)
+    (folder / "x" / "m.yaml").write_text(f"redis:\n  url: redis://127.0.0.1:6379/0?password={REDIS_SECRET}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config("x")  # redis-py would take it from the query
     assert "m.yaml:2" in str(info.value) and "url contains a password" in str(info.value) and REDIS_SECRET not in str(info.value)
     (folder / "x" / "m.yaml").write_text(f"redis:\n  password: {REDIS_SECRET}\n")
     with pytest.raises(ConfigError) as info:
