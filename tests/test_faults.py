@@ -164,17 +164,24 @@ def test_spark_task_killed_and_retried_ends_like_a_clean_run(spark, run_conf, fa
     killed: list[int] = []
 
     def kill_a_writer() -> None:
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                if any(c.raddr and c.raddr.port == server.port for c in proc.net_connections("tcp")):
-                    os.kill(proc.pid, signal.SIGKILL)
-                    killed.append(proc.pid)
-                    return
-            except psutil.Error:
-                continue
+        # only Python workers are looked at (a JVM's many sockets make the scan slow), and
+        # again until one is found: the writer may be between two connections
+        deadline = time.monotonic() + 10
+        while not killed and time.monotonic() < deadline:
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    if "pyspark" not in " ".join(proc.cmdline()):
+                        continue
+                    if any(c.raddr and c.raddr.port == server.port for c in proc.net_connections("tcp")):
+                        os.kill(proc.pid, signal.SIGKILL)
+                        killed.append(proc.pid)
+                        return
+                except psutil.Error:
+                    continue
 
     try:
-        conf = redis_conf(run_conf, root, server.url).model_copy(update={"ledger_root": str(tmp_path / "ledger")})
+        # small chunks: the write lasts long enough to be caught in the act
+        conf = redis_conf(run_conf, root, server.url, pipeline_entities=16).model_copy(update={"ledger_root": str(tmp_path / "ledger")})
         ledger = Ledger.of(spark, conf)
         recorded_run(spark, conf, defs, ledger, "run", "tiny", DAY2)
         assert_all_hashes_exact(server.client())
