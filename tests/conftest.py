@@ -1,9 +1,10 @@
-"""Shared fixtures: one local[2] Spark session, real redis-servers and a real PostgreSQL
+"""Shared fixtures: one local[2,2] Spark session, real redis-servers and a real PostgreSQL
 on free loopback ports, and small sample Delta tables written once per session."""
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 import socket
@@ -212,3 +213,9 @@ def tiny_consumer_source(spark, tmp_path: Path, features_yaml: str, schema: str,
     # not via pandas, which would turn NaN into null
     spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
     return defs
+
+
+def pytest_unconfigure(config):
+    # Airflow's dag.test() installs log handlers on the streams pytest captured; py4j then
+    # logs from a __del__ at interpreter exit, after pytest closed them: not an error of ours.
+    logging.raiseExceptions = False
