@@ -201,8 +201,9 @@ _DECODERS = {
 def decode(feature_type: str, data: bytes, **options: Any) -> Any:
     """Decode bytes written for a feature of ``feature_type`` (same options as encode).
 
-    Bytes that no writer of the format produces raise :class:`DecodeError`, never
-    anything else: readers can tell a corrupt value from a bug.
+    Malformed bytes (anything no writer produces, bar non-canonical number text such as
+    ``007``) raise :class:`DecodeError`, never anything else: readers can tell a corrupt
+    value from a bug.
     """
     _check_type(feature_type)
     try:

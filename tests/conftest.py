@@ -11,7 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,16 +64,23 @@ def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
         stderr=subprocess.STDOUT,
     )
     server = RedisServer(port, process)
+    wait_for_redis(process, server.client, f"redis-server on port {port}")
+    return server
+
+
+def wait_for_redis(process: subprocess.Popen, client: Callable[[], redis.Redis], what: str) -> None:
+    """Until the server answers a PING (or asks for a password); kill it if it never does."""
     deadline = time.monotonic() + 10
     while True:
         try:
-            server.client().ping()
-            return server
+            client().ping()
+            return
         except (redis.AuthenticationError, redis.ResponseError):
-            return server  # up, and asks for a password (--requirepass)
+            return  # up, and asks for a password (--requirepass)
         except redis.ConnectionError:
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {port} did not start (exit {process.poll()})") from None
+                process.kill()
+                raise RuntimeError(f"{what} did not start (exit {process.poll()})") from None
             time.sleep(0.05)
 
 
@@ -118,8 +125,11 @@ def _as_postgres(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
-def start_postgres() -> PostgresServer:
-    """A throwaway PostgreSQL cluster (initdb in a temp dir) on a free loopback port."""
+def start_postgres(prepare: Callable[[Path], str] | None = None) -> PostgresServer:
+    """A throwaway PostgreSQL cluster (initdb in a temp dir) on a free loopback port.
+
+    ``prepare(root)`` runs after initdb, before the start: it may put files in ``root`` (the
+    postgres user reads it; the cluster is ``root/data``) and returns further server options."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
     assert found, "PostgreSQL is not installed: run `make setup` (scripts/setup.sh installs it)"
     bin_dir = Path(found[-1]).parent
@@ -131,11 +141,12 @@ def start_postgres() -> PostgresServer:
     out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
     assert out.returncode == 0, f"initdb failed: {out.stderr}"
     port = free_port()
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40"
+    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40 {prepare(root) if prepare else ''}"
     out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
     assert out.returncode == 0, f"PostgreSQL did not start on port {port}: {out.stdout} {out.stderr}"
     server = PostgresServer(port, data, bin_dir)
-    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+    # over the Unix socket: pg_hba may refuse plain TCP (a TLS-only server)
+    with psycopg.connect(host=str(root), port=port, user="postgres", dbname="postgres", autocommit=True) as conn:
         conn.execute("CREATE DATABASE features")
     return server
 

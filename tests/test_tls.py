@@ -4,14 +4,11 @@ that take TLS only, with a throwaway CA made here (and a second, unrelated CA)."
 from __future__ import annotations
 
 import datetime as dt
-import glob
 import ipaddress
 import json
 import os
 import shutil
 import subprocess
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +38,7 @@ from sinks.redis_sink import RedisSink, RedisSinkConfig, RedisTls, TlsVerificati
 from sinks.redis_sink import connect as redis_connect
 from sinks.sql_sink import SqlSink, SqlSinkConfig, connect, ensure_schema
 
-from .conftest import TINY_SOURCE, _as_postgres, free_port
+from .conftest import TINY_SOURCE, free_port, start_postgres, wait_for_redis
 from .test_redis_job import DAY2
 from .test_sql_job import AS_OF_DAY2, table_rows
 
@@ -165,16 +162,8 @@ def start_tls_redis(folder: Path, cert: Path, key: Path, ca: Path, *extra: str, 
             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", *extra]  # fmt: skip
     process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     server = TlsRedis(port, process, ca, check_hostname)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            server.client().ping()
-            return server
-        except redis.ConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"TLS redis-server on port {port} did not start (exit {process.poll()})") from None
-            time.sleep(0.05)
+    wait_for_redis(process, server.client, f"TLS redis-server on port {port}")
+    return server
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -219,32 +208,18 @@ def _give_to_postgres(path: Path) -> None:
 @pytest.fixture(scope="module")
 def tls_pg(certs) -> Iterator[TlsPostgres]:
     """A PostgreSQL cluster of its own whose pg_hba.conf takes TLS connections only."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-    assert found, "PostgreSQL is not installed: run `make setup`"
-    bin_dir = Path(found[-1]).parent
-    root = Path(tempfile.mkdtemp(prefix="fm-test-tls-pg-"))  # readable by the postgres user
-    _give_to_postgres(root)
-    data = root / "data"
-    out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
-    assert out.returncode == 0, f"initdb failed: {out.stderr}"
-    for name, source in (("server.pem", certs.server_cert), ("server.key", certs.server_key)):
-        shutil.copyfile(source, root / name)
-        _give_to_postgres(root / name)
-    (root / "server.key").chmod(0o600)  # the server refuses a key others can read
-    (data / "pg_hba.conf").write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n")
-    port = free_port()
-    opts = (f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=20 "
-            f"-c ssl=on -c ssl_cert_file={root / 'server.pem'} -c ssl_key_file={root / 'server.key'}")  # fmt: skip
-    out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
-    assert out.returncode == 0, f"PostgreSQL with TLS did not start: {out.stdout} {out.stderr}"
-    server = TlsPostgres(port, root, bin_dir, certs.ca)
-    try:
-        with psycopg.connect(server.dsn(database="postgres"), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE features")
-        yield server
-    finally:
-        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
-        shutil.rmtree(root, ignore_errors=True)
+
+    def with_tls(root: Path) -> str:
+        for name, source in (("server.pem", certs.server_cert), ("server.key", certs.server_key)):
+            shutil.copyfile(source, root / name)
+            _give_to_postgres(root / name)
+        (root / "server.key").chmod(0o600)  # the server refuses a key others can read
+        (root / "data" / "pg_hba.conf").write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n")
+        return f"-c ssl=on -c ssl_cert_file={root / 'server.pem'} -c ssl_key_file={root / 'server.key'}"
+
+    server = start_postgres(with_tls)
+    yield TlsPostgres(server.port, server.data_dir.parent, server.bin_dir, certs.ca)
+    server.stop()
 
 
 @pytest.fixture
