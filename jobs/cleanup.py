@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial, reduce
 
 import pyarrow as pa
@@ -21,9 +21,10 @@ from feature_defs import Definitions, EntityDef
 from jobs import transforms as tf
 from jobs.config import RunConf
 from jobs.ledger import Ledger
-from jobs.run import key_prefix, read_source, redis_tls
+from jobs.run import is_redis_cluster, key_prefix, read_source, redis_tls
 from serializers import field_id, freshness_field_name
-from sinks.redis_sink import RedisTls, connect
+from sinks.redis_cluster import KeyRouter
+from sinks.redis_sink import RedisTls
 
 CLEANUP_STATS = "keys long, fields_removed long, round_trips long"
 
@@ -60,22 +61,20 @@ class CleanupWriter:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: RedisTls | None = None
+    cluster: bool = False
 
 
 def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """HDEL the stale fields from this partition's keys, a chunk per round trip, rate-limited."""
-    client = connect(plan.url, password=plan.password, username=plan.username, tls=plan.tls)
+    router = KeyRouter(plan.url, plan.cluster, password=plan.password, username=plan.username, tls=plan.tls)
     keys = removed = trips = 0
     start = time.monotonic()
     try:
         for batch in batches:
             ids = batch.column(tf.ENTITY_ID).to_pylist()
             for i in range(0, len(ids), plan.chunk_keys):
-                chunk = ids[i : i + plan.chunk_keys]
-                pipe = client.pipeline(transaction=False)
-                for entity_id in chunk:
-                    pipe.hdel(plan.key_prefix + entity_id, *plan.fields)
-                removed += sum(pipe.execute())
+                chunk = [(plan.key_prefix + entity_id).encode() for entity_id in ids[i : i + plan.chunk_keys]]
+                removed += sum(router.run(chunk, lambda pipe, key: pipe.hdel(key, *plan.fields)))
                 keys += len(chunk)
                 trips += 1
                 if plan.keys_per_second:
@@ -84,7 +83,7 @@ def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) ->
                     if ahead > 0:
                         time.sleep(ahead)
     finally:
-        client.close()
+        router.close()
     yield pa.RecordBatch.from_pylist([{"keys": keys, "fields_removed": removed, "round_trips": trips}])
 
 
@@ -138,14 +137,15 @@ def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: DataF
         password=password.get_secret_value() if password else None,
         tls=redis_tls(conf),
     )
-    client = connect(writer.url, password=writer.password, username=writer.username, tls=writer.tls)
+    writer = replace(writer, cluster=is_redis_cluster(conf, writer))
+    servers = KeyRouter(writer.url, writer.cluster, password=writer.password, username=writer.username, tls=writer.tls)
     try:
-        before = int(client.info("memory")["used_memory"])
+        before = servers.used_memory()
         start = time.perf_counter()
         parts = keys.mapInArrow(partial(cleanup_partition, writer), CLEANUP_STATS).collect()
         seconds = time.perf_counter() - start
-        after = int(client.info("memory")["used_memory"])
+        after = servers.used_memory()
     finally:
-        client.close()
+        servers.close()
     stats = {k: sum(p[k] for p in parts) for k in ("keys", "fields_removed", "round_trips")}
     return {**stats, "memory_before": before, "memory_after": after, "memory_freed": max(0, before - after), "seconds": seconds}

@@ -82,6 +82,15 @@ class RedisConf(_Strict):
             raise KeyProblem("url", "url contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
         return self
     username: str | None = None
+    mode: Literal["auto", "standalone", "cluster"] = "auto"
+    """cluster: the url is a seed node of a Redis Cluster; auto: ask the server (INFO cluster)."""
+    wait_replicas: int = Field(0, ge=0)
+    """After each chunk, WAIT for this many replicas (at most those attached): a primary that
+    dies mid-write loses nothing it acknowledged. 0: asynchronous replication, fastest."""
+    wait_timeout_ms: int = Field(5000, ge=1)
+    failover_timeout: float = Field(60.0, gt=0)
+    """Cluster: seconds to wait for a replica to take over a lost primary's slots (Redis's
+    cluster-node-timeout, 15 s by default, plus the election)."""
     namespace: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] | None = None
     """Optional deployment namespace put in front of every key."""
     pipeline_entities: int = Field(500, ge=1)

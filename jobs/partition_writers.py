@@ -19,12 +19,13 @@ import redis
 
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.errors import SinkError
+from sinks.redis_cluster import RedisClusterSink
 from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
 from sinks.sql_sink import SqlSink, SqlSinkConfig
 
 STATS_SCHEMA = (
     "entities long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
-    "round_trips long, retries long, peak_rss long, seconds double, stopped string, error string"
+    "round_trips long, retries long, redirects long, peak_rss long, seconds double, stopped string, error string"
 )
 
 
@@ -42,7 +43,7 @@ def peak_rss() -> int:
 
 
 _STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "peak_rss")]
+    [(name, pa.int64()) for name in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects", "peak_rss")]
     + [("seconds", pa.float64()), ("stopped", pa.string()), ("error", pa.string())]
 )
 
@@ -54,9 +55,9 @@ def _stats_batch(stats: dict) -> pa.RecordBatch:
 def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     start = time.perf_counter()
     stopped = error = None
-    sink = RedisSink(plan.sink)
+    sink = RedisClusterSink(plan.sink) if plan.sink.cluster else RedisSink(plan.sink)
     try:
-        sink.open()  # checks the hard ceiling before the first write
+        sink.open()  # checks the hard ceiling (of every primary) before the first write
         for batch in batches:
             if batch.num_rows:
                 as_of = batch.column(plan.as_of_column) if plan.as_of_column else None

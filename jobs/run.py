@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import psycopg
+import redis.exceptions as redis_errors
 from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -39,8 +40,10 @@ from jobs.summary import RunSummary
 from serializers import field_id, freshness_field_name
 from serializers.batch import encode_batch
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
-from sinks.redis_capacity import project_growth, read_memory_info
+from sinks.redis_capacity import MemoryInfo, Projection, project_growth, read_memory_info
+from sinks.redis_cluster import SLOTS, ClusterTopology, is_cluster, key_slots, node_url
 from sinks.redis_sink import RedisSinkConfig, RedisTls, connect
+from sinks.redis_sink import is_transient as redis_is_transient
 from sinks.retry import call_with_retries
 from sinks.sql_sink import SqlSinkConfig, detect_dialect, ensure_schema, pre_split
 from sinks.sql_sink import connect as sql_connect
@@ -234,6 +237,9 @@ def redis_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date:
         username=conf.redis.username,
         password=password.get_secret_value() if password else None,
         tls=redis_tls(conf),
+        wait_replicas=conf.redis.wait_replicas,
+        wait_timeout_ms=conf.redis.wait_timeout_ms,
+        failover_timeout=conf.redis.failover_timeout,
     )
 
 
@@ -244,14 +250,48 @@ def redis_tls(conf: RunConf) -> RedisTls:
     return RedisTls(ca_file=ca, cert_file=cert, key_file=key)
 
 
-def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, good: DataFrame, summary: RunSummary, url: str | None = None) -> dict:
-    sink_conf = redis_sink_config(conf, source, entity, date, None, url)
+@dataclass
+class _Primary:
+    """One Redis server to check before the write: the server, or a cluster primary."""
+
+    address: str | None
+    client: object
+    memory: MemoryInfo
+    capacity: int
+
+
+def is_redis_cluster(conf: RunConf, sink_conf: RedisSinkConfig) -> bool:
+    """True for Redis Cluster: as configured, or asked of the server (INFO cluster)."""
+    if conf.redis.mode != "auto":
+        return conf.redis.mode == "cluster"
     client = connect(sink_conf.url, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
     try:
+        return call_with_retries(lambda: is_cluster(client), is_transient=redis_is_transient, retries=conf.redis.retries)
+    finally:
+        client.close()
+
+
+def _redis_primaries(conf: RunConf, sink_conf: RedisSinkConfig, cluster: bool) -> list[_Primary]:
+    options = dict(password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
+    addresses: list[str | None] = [None]
+    if cluster:
+        addresses = ClusterTopology.discover(sink_conf.url, **options).primaries
+    out = []
+    for address in addresses:
+        client = connect(node_url(sink_conf.url, address) if address else sink_conf.url, **options)
         memory = read_memory_info(client, conf.redis.hash_max_listpack_entries, conf.redis.hash_max_listpack_value)
-        if memory.listpack_note:  # a least-privilege user: say what the projection assumed
-            summary.warnings.append(memory.listpack_note)
-        capacity = memory.capacity(conf.redis.capacity_bytes)
+        out.append(_Primary(address, client, memory, memory.capacity(conf.redis.capacity_bytes)))
+    return out
+
+
+def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, good: DataFrame, summary: RunSummary, url: str | None = None) -> dict:
+    sink_conf = redis_sink_config(conf, source, entity, date, None, url)
+    cluster = is_redis_cluster(conf, sink_conf)
+    primaries = _redis_primaries(conf, sink_conf, cluster)
+    try:
+        note = primaries[0].memory.listpack_note
+        if note:  # a least-privilege user: say what the projection assumed
+            summary.warnings.append(note)
         specs = tf.feature_specs(source)
         # Project growth from an encoded random sample (small: it comes to the driver).
         fraction = min(1.0, 2.0 * conf.redis.sample_entities / max(1, summary.entities))
@@ -264,31 +304,32 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
             ts = str(sink_conf.as_of).encode()
             keys = [(sink_conf.key_prefix + i).encode() for i in encoded.ids.to_pylist()]
             rows = [[col[i] for col in columns] + [ts] for i in range(len(keys))]
-        projection = project_growth(
-            client,
-            entity_type=entity.name,
-            keys=keys,
-            rows=rows,
-            source_fields=[*sink_conf.fields, sink_conf.freshness_field],
-            ttl=bool(entity.ttl_seconds),
-            total_entities=summary.entities,
-            memory=memory,
-            capacity=capacity,
-            max_fill=conf.redis.max_fill,
-        )
-        summary.warnings.extend(projection.warnings())
+        projections = _project(conf, sink_conf, entity, summary.entities, primaries, keys, rows, cluster)
+        fullest = max(projections, key=lambda p: p.fill)
+        summary.warnings.extend(fullest.warnings())
         stats: dict = {
-            "memory_before": memory.used,
-            "capacity": capacity,
-            "projected_growth": projection.projected_growth,
-            "predicted_encoding": projection.predicted_encoding,
+            "mode": "cluster" if cluster else "standalone",
+            "memory_before": sum(p.memory.used for p in primaries),
+            "capacity": sum(p.capacity for p in primaries),
+            "projected_growth": sum(p.projected_growth for p in projections),
+            "predicted_encoding": fullest.predicted_encoding,
         }
+        if cluster:
+            stats["primaries"] = {
+                p.node: {"memory_before": p.used_before, "capacity": p.capacity, "projected_growth": p.projected_growth, "projected_fill": round(p.fill, 4)}
+                for p in projections
+            }
         summary.sinks["redis"] = stats
-        projection.check()  # raises CapacityError: nothing written
+        for projection in sorted(projections, key=lambda p: -p.fill):
+            projection.check()  # raises CapacityError: nothing written
 
-        ceiling = int(capacity * conf.redis.hard_fill)
+        ceilings = {p.address: int(p.capacity * conf.redis.hard_fill) for p in primaries}
         plan = RedisWritePlan(
-            sink=redis_sink_config(conf, source, entity, date, ceiling, url),
+            sink=replace(
+                redis_sink_config(conf, source, entity, date, min(ceilings.values()), url),
+                cluster=cluster,
+                node_ceilings=tuple((a, c) for a, c in ceilings.items() if a) if cluster else (),
+            ),
             features=specs,
             as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
         )
@@ -296,26 +337,57 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         with progress(spark, f"write {source.name} to redis"):
             parts = good.mapInArrow(partial(write_redis_partition, plan), STATS_SCHEMA).collect()
         seconds = time.perf_counter() - start
-        keys = ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries")
+        keys = ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects")
         _sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
         errors = [p["error"] for p in parts if p["error"]]
         if errors:
-            kind = TransientSinkError if all(e.startswith(("TransientSinkError", "RedisRestarted")) for e in errors) else TerminalSinkError
+            kind = TransientSinkError if all(e.startswith(("TransientSinkError", "ChunkFailed", "RedisRestarted")) for e in errors) else TerminalSinkError
             raise kind(
                 f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
                 f"{summary.entities:,} entities were written (a rerun of the date writes them all again); first: {errors[0]}"
             )
-        stats["memory_after"] = int(client.info("memory")["used_memory"])
+        stats["memory_after"] = sum(_used_memory(p.client) for p in primaries)
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
+            capacity = f"{min(p.capacity for p in primaries):,} B" + (" per primary" if cluster else "")
             raise CapacityError(
-                f"Redis write stopped at the memory ceiling (ours: {conf.redis.hard_fill:.0%} of {capacity:,} B, or Redis's maxmemory): "
+                f"Redis write stopped at the memory ceiling (ours: {conf.redis.hard_fill:.0%} of {capacity}, or Redis's maxmemory): "
                 f"{stats['entities']:,} of {summary.entities:,} entities ({stats['values_set']:,} values) were written "
                 f"before {len(stopped)} writer(s) stopped; first: {stopped[0]}"
             )
         return stats
     finally:
-        client.close()
+        for p in primaries:
+            p.client.close()
+
+
+def _used_memory(client) -> int:
+    try:
+        return int(client.info("memory")["used_memory"])
+    except redis_errors.ConnectionError:
+        return 0  # a primary lost during the write (a failover): its memory is on the new one
+
+
+def _project(conf: RunConf, sink_conf: RedisSinkConfig, entity: EntityDef, total: int, primaries: list[_Primary], keys: list[bytes], rows: list[list], cluster: bool) -> list[Projection]:
+    """One projection per primary. In a cluster each gets its share of the entities: by the
+    slots it owns or by the sample, whichever is larger (the safe side)."""
+    common = dict(entity_type=entity.name, source_fields=[*sink_conf.fields, sink_conf.freshness_field], ttl=bool(entity.ttl_seconds), max_fill=conf.redis.max_fill)
+    if not cluster:
+        p = primaries[0]
+        return [project_growth(p.client, keys=keys, rows=rows, total_entities=total, memory=p.memory, capacity=p.capacity, **common)]
+    topology = ClusterTopology.discover(sink_conf.url, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
+    groups = topology.group(key_slots(keys)) if keys else {}
+    out = []
+    for p in primaries:
+        mine = groups.get(p.address, [])
+        share = max(topology.slots_of(p.address) / SLOTS, len(mine) / max(1, len(keys)))
+        out.append(
+            project_growth(
+                p.client, keys=[keys[i] for i in mine], rows=[rows[i] for i in mine], total_entities=math.ceil(total * share),
+                memory=p.memory, capacity=p.capacity, node=p.address, **common,
+            )
+        )
+    return out
 
 
 def sql_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, dialect: Dialect) -> SqlSinkConfig:
@@ -450,7 +522,8 @@ def verify_writes(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.
     rows = verify.sample_rows(good, conf.quality.verify_sample, summary.entities)
     found = []
     if "redis" in summary.sinks:
-        found.append(verify.verify_redis(redis_sink_config(conf, source, entity, date, None, redis_url), source, rows))
+        sink_conf = redis_sink_config(conf, source, entity, date, None, redis_url)
+        found.append(verify.verify_redis(replace(sink_conf, cluster=is_redis_cluster(conf, sink_conf)), source, rows))
     if "cockroach" in summary.sinks:
         found.append(verify.verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
     for m in found:

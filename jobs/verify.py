@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame
 from feature_defs import FeatureDef, SourceDef
 from serializers import decode, field_id
 from serializers.scalar import DecodeError
-from sinks.redis_sink import RedisSinkConfig, connect
+from sinks.redis_cluster import KeyRouter
+from sinks.redis_sink import RedisSinkConfig
 from sinks.sql_sink import SqlSinkConfig
 from sinks.sql_sink import connect as sql_connect
 
@@ -102,14 +103,11 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
     out = Mismatches("redis")
     if not rows:
         return out
-    client = connect(conf.url, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout, tls=conf.tls)
+    router = KeyRouter(conf.url, conf.cluster, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout, tls=conf.tls)
     try:
-        pipe = client.pipeline(transaction=False)
-        for row in rows:
-            pipe.hgetall(conf.key_prefix + row["_id"])
-        hashes = pipe.execute()
+        hashes = router.run([(conf.key_prefix + row["_id"]).encode() for row in rows], lambda pipe, key: pipe.hgetall(key))
     finally:
-        client.close()
+        router.close()
     for row, stored in zip(rows, hashes):
         key = conf.key_prefix + row["_id"]
         as_of = str(row.get("_as_of") or conf.as_of).encode()  # range runs: the row's own date

@@ -17,6 +17,8 @@ class WriteStats:
     bytes_sent: int = 0
     round_trips: int = 0
     retries: int = 0
+    redirects: int = 0
+    """Redis Cluster: entities sent again to another node after MOVED/ASK."""
 
     def add(self, other: WriteStats) -> WriteStats:
         for f in fields(self):

@@ -107,6 +107,13 @@ class Projection:
     max_value_bytes: int
     listpack_value_limit: int
     listpack_entries_limit: int
+    node: str | None = None
+    """Redis Cluster: the primary this projection is for (its share of the entities)."""
+
+    @property
+    def fill(self) -> float:
+        """Projected share of capacity used after the write."""
+        return self.projected_used / self.capacity
 
     @property
     def projected_used(self) -> int:
@@ -133,9 +140,11 @@ class Projection:
     def check(self) -> None:
         limit = int(self.capacity * self.max_fill)
         if self.projected_used > limit:
+            what = f"{self.total_entities:,} {self.entity_type} entities: Redis"
+            if self.node:  # the fullest primary decides, whatever room the others have
+                what = f"{self.entity_type} entities: Redis Cluster primary {self.node}, which gets ~{self.total_entities:,} of them,"
             raise CapacityError(
-                f"refusing to write {self.total_entities:,} {self.entity_type} entities: Redis uses "
-                f"{self.used_before:,} B, the write is projected to add {self.projected_growth:,} B "
+                f"refusing to write {what} uses {self.used_before:,} B, the write is projected to add {self.projected_growth:,} B "
                 f"(~{self.growth_per_entity:,.0f} B per entity from a sample of {self.sampled}), "
                 f"{self.projected_used:,} B in all, over {self.max_fill:.0%} of capacity {self.capacity:,} B "
                 f"({limit:,} B). Nothing was written."
@@ -159,6 +168,7 @@ def project_growth(
     memory: MemoryInfo,
     capacity: int,
     max_fill: float,
+    node: str | None = None,
 ) -> Projection:
     """Project growth from sampled entities.
 
@@ -201,6 +211,7 @@ def project_growth(
         max_value_bytes=max_value,
         listpack_value_limit=memory.listpack_value,
         listpack_entries_limit=memory.listpack_entries,
+        node=node,
     )
 
 

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from serializers.batch import EncodedBatch
-from serializers.resp import EntityCommands, entity_commands
+from serializers.resp import EntityCommands, command, entity_commands
 from sinks.base import WriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
@@ -35,7 +35,7 @@ from sinks.retry import call_with_retries
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 
 
-def _is_transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException) -> bool:
     # a refused password is a ConnectionError to redis-py, but no retry fixes it
     return isinstance(exc, _TRANSIENT) and not isinstance(exc, redis.AuthenticationError)
 
@@ -83,15 +83,38 @@ class RedisSinkConfig:
     password: str | None = field(default=None, repr=False)
     tls: RedisTls | None = None
     """rediss:// only: what the server's certificate is verified with (None: system trust store)."""
+    cluster: bool = False
+    """Redis Cluster: the URL is a seed node; writes go to each key's slot owner."""
+    node_ceilings: tuple[tuple[str, int], ...] = ()
+    """Cluster: hard ceiling per primary ("host:port", bytes); ceiling_bytes for any other."""
+    wait_replicas: int = 0
+    """After each chunk, WAIT until this many replicas have it (at most those attached when
+    the writer connected): a primary that dies mid-write then loses nothing acknowledged."""
+    wait_timeout_ms: int = 5000
+    failover_timeout: float = 60.0
+    """Cluster: how long to wait for a replica to take over the slots of a lost primary."""
 
 
 class CeilingReached(CapacityError):
-    def __init__(self, used: int, ceiling: int, stats: WriteStats, oom: bool = False):
-        self.used, self.ceiling, self.stats, self.oom = used, ceiling, stats, oom
-        what = f"Redis refused writes: out of memory (maxmemory reached, used_memory {used:,} B)" if oom else (
-            f"Redis used_memory {used:,} B passed the hard ceiling {ceiling:,} B"
+    def __init__(self, used: int, ceiling: int, stats: WriteStats, oom: bool = False, node: str | None = None):
+        self.used, self.ceiling, self.stats, self.oom, self.node = used, ceiling, stats, oom, node
+        where = f"Redis Cluster primary {node}" if node else "Redis"
+        what = f"{where} refused writes: out of memory (maxmemory reached, used_memory {used:,} B)" if oom else (
+            f"{where} used_memory {used:,} B passed the hard ceiling {ceiling:,} B"
         )
         super().__init__(f"{what}; this writer stopped after {stats.entities:,} entities ({stats.values_set:,} values)")
+
+
+class ChunkFailed(TransientSinkError):
+    """Retries are exhausted on a node: entities from ``pending_from`` on were not acknowledged."""
+
+    def __init__(self, message: str, pending_from: int):
+        super().__init__(message)
+        self.pending_from = pending_from
+
+
+class NotReplicated(redis.ConnectionError):
+    """WAIT saw fewer replicas than asked for: the chunk is sent again, like a dropped one."""
 
 
 class RedisRestarted(TransientSinkError):
@@ -192,12 +215,17 @@ class RedisSink:
         self._reader: hiredis.Reader | None = None
         self._run_id: str | None = None
         """The server's run_id when the pipeline first connected (a restart changes it)."""
+        self._wait: bytes = b""
+        """The WAIT command sent after each chunk (empty: none)."""
+        self._wait_for = 0
+        self.redirected: list[tuple[int, str]] = []
+        """Cluster: (entity index in the last batch, MOVED/ASK reply) of entities to send elsewhere."""
 
     def open(self) -> None:
         c = self.config
         self.client = connect(c.url, password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
         try:
-            call_with_retries(self.check_ceiling, is_transient=_is_transient, retries=c.retries)
+            call_with_retries(self.check_ceiling, is_transient=is_transient, retries=c.retries)
         except redis.AuthenticationError as exc:
             raise TerminalSinkError(f"Redis at {server_address(c.url)} refused the credentials: {exc}") from exc
         except _TRANSIENT as exc:
@@ -248,6 +276,7 @@ class RedisSink:
         bounds = [(start, min(len(commands), start + c.chunk_entities)) for start in range(0, len(commands), c.chunk_entities)]
         batch_stats = WriteStats(non_finite=batch.non_finite)
         self.stats.non_finite += batch.non_finite
+        self.redirected = []
         self._pipeline(commands, keys, bounds, batch_stats)
         return batch_stats
 
@@ -284,7 +313,7 @@ class RedisSink:
                 self._connect_data()
             in_flight: int | None = None
             for k in range(done["next"], len(bounds)):
-                self._send(commands.wire_bytes(*bounds[k]))
+                self._send(commands.wire_bytes(*bounds[k]), self._wait)
                 if in_flight is not None:
                     acknowledge(in_flight, k)
                 in_flight = k
@@ -301,7 +330,7 @@ class RedisSink:
         while done["next"] < len(bounds):
             reached = done["next"]
             try:
-                call_with_retries(resume, is_transient=_is_transient, retries=self.config.retries, on_retry=on_retry)
+                call_with_retries(resume, is_transient=is_transient, retries=self.config.retries, on_retry=on_retry)
             except redis.AuthenticationError as exc:
                 raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused the credentials: {exc}") from exc
             except _TRANSIENT as exc:
@@ -309,9 +338,10 @@ class RedisSink:
                 if done["next"] > reached:
                     continue  # the resends got further: a new budget for the rest
                 start, stop = bounds[done["next"]]
-                raise TransientSinkError(
-                    f"Redis connection failed {attempts['n'] + 1} times on a chunk of {stop - start} entities "
-                    f"(first key {keys[start].as_py()!r}): {exc}"
+                raise ChunkFailed(
+                    f"Redis at {server_address(self.config.url)} failed {attempts['n'] + 1} times on a chunk of {stop - start} "
+                    f"entities (first key {keys[start].as_py()!r}): {exc}",
+                    pending_from=start,
                 ) from exc
 
     def _connect_data(self) -> None:
@@ -319,6 +349,11 @@ class RedisSink:
         conn = self.client.connection_pool.get_connection()
         conn.connect()
         self._check_not_restarted()
+        if self.config.wait_replicas:
+            # wait for the replicas there are: a promoted replica may have none yet
+            attached = int(self.client.info("replication").get("connected_slaves", 0))
+            self._wait_for = min(self.config.wait_replicas, attached)
+            self._wait = command(b"WAIT", str(self._wait_for).encode(), str(self.config.wait_timeout_ms).encode()) if self._wait_for else b""
         self._conn = conn
         self._reader = hiredis.Reader()
 
@@ -339,12 +374,14 @@ class RedisSink:
             self.client.connection_pool.release(self._conn)
             self._conn = None
 
-    def _send(self, data: memoryview) -> None:
+    def _send(self, data: memoryview, tail: bytes = b"") -> None:
         try:
             self._conn._sock.sendall(data)
+            if tail:
+                self._conn._sock.sendall(tail)
         except OSError as exc:
             raise redis.ConnectionError(f"sending to Redis failed: {exc}") from exc
-        self.stats.bytes_sent += len(data)
+        self.stats.bytes_sent += len(data) + len(tail)
         self.stats.round_trips += 1
 
     def _replies(self, count: int) -> list:
@@ -373,10 +410,25 @@ class RedisSink:
         task counts the same as a clean run."""
         start, stop = bound
         per_entity = commands.replies[start:stop]
-        replies = self._replies(int(per_entity.sum()))
+        replies = self._replies(int(per_entity.sum()) + bool(self._wait))
+        if self._wait:
+            self._check_replicated(replies.pop())
         first = np.zeros(stop - start, dtype=np.int64)  # index of each entity's HSET reply
         np.cumsum(per_entity[:-1], out=first[1:])
         written = np.fromiter((not isinstance(replies[i], hiredis.ReplyError) for i in first), bool, stop - start)
+        refused = None
+        redirected: dict[int, str] = {}
+        for i, reply in enumerate(replies):
+            if not isinstance(reply, hiredis.ReplyError):
+                continue
+            if self.config.cluster and str(reply).startswith(("MOVED ", "ASK ")):
+                # the slot moved (or is moving): the whole entity is sent again where the reply says
+                redirected.setdefault(int(np.searchsorted(first, i, side="right")) - 1, str(reply))
+            elif refused is None:
+                refused = i
+        for entity, reply in redirected.items():
+            written[entity] = False
+            self.redirected.append((start + entity, reply))
         values_set = commands.values_set[start:stop]
         chunk = WriteStats(
             entities=int(written.sum()),
@@ -386,7 +438,6 @@ class RedisSink:
         batch_stats.add(chunk)
         for name in ("entities", "values_set", "values_deleted"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(chunk, name))
-        refused = next((i for i, r in enumerate(replies) if isinstance(r, hiredis.ReplyError)), None)
         if refused is None:
             return
         reply = replies[refused]
@@ -396,4 +447,11 @@ class RedisSink:
             # what was written (the counts above include this chunk's accepted entities).
             used = self.used_memory()
             raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats, oom=True) from reply
-        raise TerminalSinkError(f"Redis refused a command for key {keys[entity].as_py()!r}: {reply}") from reply
+        raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused a command for key {keys[entity].as_py()!r}: {reply}") from reply
+
+    def _check_replicated(self, reply) -> None:
+        if isinstance(reply, hiredis.ReplyError) or reply < self._wait_for:
+            raise NotReplicated(
+                f"Redis at {server_address(self.config.url)}: {reply} of {self._wait_for} replica(s) confirmed a chunk "
+                f"within {self.config.wait_timeout_ms} ms (WAIT)"
+            )

@@ -1,0 +1,388 @@
+"""Redis Cluster: the same writes, grouped by slot owner and pipelined per primary.
+
+Each key's slot (CRC16 of the key, or of its ``{hash tag}``) names the primary that owns it
+(``CLUSTER SLOTS``). A batch is split by owner and each share is written by a
+:class:`~sinks.redis_sink.RedisSink` connected to that primary, with its own chunks, retries
+and hard ceiling. What a node did not take is sent again after a topology refresh, and only
+that: entities answered ``MOVED`` go to the new owner, entities answered ``ASK`` (a slot
+being migrated) to the importing node after ``ASKING``, and the unacknowledged chunks of a
+primary that stopped answering go to whichever node owns their slots once a replica has
+taken over (up to ``failover_timeout``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from urllib.parse import urlsplit, urlunsplit
+
+import hiredis
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import redis
+from redis.crc import key_slot
+
+from serializers.batch import EncodedBatch
+from sinks.base import WriteStats
+from sinks.errors import TerminalSinkError, TransientSinkError
+from sinks.redis_sink import (
+    _TRANSIENT,
+    CeilingReached,
+    ChunkFailed,
+    RedisRestarted,
+    RedisSink,
+    RedisSinkConfig,
+    is_transient,
+    connect,
+    entity_commands,
+    server_address,
+    ttl_with_jitter,
+)
+from sinks.retry import call_with_retries
+
+log = logging.getLogger(__name__)
+
+SLOTS = 16384
+
+
+def node_url(seed_url: str, address: str) -> str:
+    """The seed URL with another node's host:port (same scheme: TLS and db carry over)."""
+    parts = urlsplit(seed_url)
+    return urlunsplit((parts.scheme, address, parts.path, parts.query, ""))
+
+
+def is_cluster(client: redis.Redis) -> bool:
+    """Whether the server runs in cluster mode (INFO cluster)."""
+    return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+
+
+@dataclass
+class ClusterTopology:
+    """Which primary owns each slot, read with CLUSTER SLOTS from any node that answers."""
+
+    seed_url: str
+    connect_options: dict
+    primaries: list[str]
+    """"host:port" of the nodes that own slots."""
+    owner: np.ndarray
+    """Per slot: index into ``primaries`` (-1: not served)."""
+
+    @classmethod
+    def discover(cls, seed_url: str, **connect_options) -> ClusterTopology:
+        topology = cls(seed_url, connect_options, [], np.full(SLOTS, -1, np.int32))
+        topology.refresh()
+        return topology
+
+    def refresh(self) -> None:
+        """Read the slot map again, from the seed or any node known before (transient error if none answers)."""
+        seed = urlsplit(self.seed_url)
+        candidates = [f"{seed.hostname}:{seed.port or 6379}", *self.primaries]
+        errors = []
+        for address in dict.fromkeys(candidates):
+            client = connect(node_url(self.seed_url, address), **self.connect_options)
+            try:
+                slots = client.cluster("slots")
+            except redis.AuthenticationError as exc:
+                raise TerminalSinkError(f"Redis at {address} refused the credentials: {exc}") from exc
+            except redis.ResponseError as exc:
+                if "cluster support disabled" in str(exc).lower():
+                    raise TerminalSinkError(f"Redis at {address} is not a cluster node: set redis.mode to standalone (or auto)") from exc
+                raise
+            except _TRANSIENT as exc:
+                errors.append(f"{address}: {exc}")
+                continue
+            finally:
+                client.close()
+            self._load(slots, default_host=seed.hostname)
+            return
+        raise TransientSinkError(f"no Redis Cluster node answered CLUSTER SLOTS ({'; '.join(errors)})")
+
+    def _load(self, slots: list, default_host: str) -> None:
+        primaries: dict[str, int] = {}
+        owner = np.full(SLOTS, -1, np.int32)
+        for start, end, primary, *_replicas in slots:
+            host = primary[0].decode() if isinstance(primary[0], bytes) else primary[0]
+            if not host or host == "?":  # the node does not know its own address: the one we reached
+                host = default_host
+            address = f"{host}:{int(primary[1])}"
+            owner[int(start) : int(end) + 1] = primaries.setdefault(address, len(primaries))
+        self.primaries, self.owner = list(primaries), owner
+
+    def unserved(self) -> int:
+        return int((self.owner < 0).sum())
+
+    def slots_of(self, address: str) -> int:
+        if address not in self.primaries:
+            return 0
+        return int((self.owner == self.primaries.index(address)).sum())
+
+    def group(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Positions of ``slots`` per owning primary."""
+        owners = self.owner[slots]
+        if (owners < 0).any():
+            raise TransientSinkError(f"{int((owners < 0).sum())} key(s) fall in slots no primary serves (the cluster is down or resharding)")
+        order = np.argsort(owners, kind="stable")
+        bounds = np.searchsorted(owners[order], np.arange(len(self.primaries) + 1))
+        return {self.primaries[n]: order[bounds[n] : bounds[n + 1]] for n in range(len(self.primaries)) if bounds[n + 1] > bounds[n]}
+
+
+def key_slots(keys: list[bytes]) -> np.ndarray:
+    return np.fromiter((key_slot(k) for k in keys), np.int32, len(keys))
+
+
+def _take(batch: EncodedBatch, positions: np.ndarray) -> EncodedBatch:
+    index = pa.array(positions, pa.int64())
+    return EncodedBatch(ids=batch.ids.take(index), columns=[c.take(index) for c in batch.columns], non_finite=0)
+
+
+class RedisClusterSink:
+    """The Redis sink for Redis Cluster: one :class:`RedisSink` per primary, fed by slot."""
+
+    def __init__(self, config: RedisSinkConfig):
+        self.config = config
+        self.topology: ClusterTopology | None = None
+        self.nodes: dict[str, RedisSink] = {}
+        self._closed_stats = WriteStats()
+        """What the writers of nodes dropped since (a failed primary) wrote."""
+        self._own = WriteStats()
+        """Counted here: non-finite values, redirects and the cluster's own retries."""
+        self._prefix = config.key_prefix.encode("utf-8")
+        self._run_ids: dict[str, str] = {}
+        """run_id per node, kept across a dropped writer: a restart without persistence is caught."""
+
+    @property
+    def stats(self) -> WriteStats:
+        total = WriteStats().add(self._closed_stats).add(self._own)
+        for node in self.nodes.values():
+            total.add(node.stats)
+        return total
+
+    def _connect_options(self) -> dict:
+        c = self.config
+        return dict(password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
+
+    def open(self) -> None:
+        c = self.config
+        if urlsplit(c.url).path not in ("", "/", "/0"):
+            raise TerminalSinkError(f"Redis Cluster has database 0 only: {server_address(c.url)} names another")
+        self.topology = call_with_retries(
+            lambda: ClusterTopology.discover(c.url, **self._connect_options()),
+            is_transient=lambda e: isinstance(e, TransientSinkError), retries=c.retries,
+        )
+        for address in self.topology.primaries:  # every primary's ceiling is checked before the first write
+            self._node(address)
+
+    def close(self) -> None:
+        for address in list(self.nodes):
+            self._drop(address)
+
+    def __enter__(self) -> RedisClusterSink:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ceiling(self, address: str) -> int | None:
+        ceilings = dict(self.config.node_ceilings)
+        if address in ceilings:
+            return ceilings[address]
+        # a node the driver did not see (a promoted replica): the strictest known ceiling
+        return min(ceilings.values(), default=self.config.ceiling_bytes)
+
+    def _node(self, address: str) -> RedisSink:
+        if address not in self.nodes:
+            sink = RedisSink(replace(self.config, url=node_url(self.config.url, address), ceiling_bytes=self._ceiling(address)))
+            sink._run_id = self._run_ids.get(address)
+            self.nodes[address] = sink
+            try:
+                sink.open()
+            except CeilingReached as exc:
+                raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address) from exc
+        return self.nodes[address]
+
+    def _drop(self, address: str) -> None:
+        sink = self.nodes.pop(address, None)
+        if sink is not None:
+            if sink._run_id:
+                self._run_ids[address] = sink._run_id
+            self._closed_stats.add(sink.stats)
+            sink.close()
+
+    def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> WriteStats:
+        """Write one encoded batch to the slot owners; returns what this batch wrote."""
+        before = self.stats
+        self._own.non_finite += batch.non_finite
+        keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"").to_pylist()
+        slots = key_slots(keys)
+        todo = np.arange(len(keys))
+        stalls = 0
+        while todo.size:
+            progress, retry, asks, lost = self._write_round(batch, as_of, slots, todo)
+            progress += self._write_asking(batch, as_of, asks, retry)
+            if not retry:
+                break
+            todo = np.sort(np.concatenate(retry))
+            stalls = 0 if progress else stalls + 1
+            if stalls > self.config.retries:
+                raise TransientSinkError(
+                    f"Redis Cluster: {todo.size} entities could not be written after {stalls} rounds without progress "
+                    f"(first key {keys[todo[0]]!r}); nodes lost: {', '.join(sorted(lost)) or 'none'}"
+                )
+            self._own.retries += 1
+            self._await_topology(lost)
+        return WriteStats(**{k: v - getattr(before, k) for k, v in self.stats.as_dict().items()})
+
+    def _write_round(self, batch, as_of, slots, todo) -> tuple[int, list[np.ndarray], dict[str, list[int]], set[str]]:
+        """Each primary's share through its writer. Returns (entities written, positions to
+        send again after a refresh, ASK targets with their positions, primaries lost)."""
+        progress, retry, asks, lost = 0, [], {}, set()
+        for address, positions in self.topology.group(slots[todo]).items():
+            share = todo[positions]
+            try:
+                sink = self._node(address)
+                before = sink.stats.entities
+                sink.write_batch(_take(batch, share), as_of.take(pa.array(share)) if as_of is not None else None)
+            except ChunkFailed as exc:
+                log.warning("Redis Cluster primary %s: %s; its unacknowledged writes go to the slots' owner after a refresh", address, exc)
+                progress += self.nodes[address].stats.entities - before
+                retry.append(share[exc.pending_from :])
+                self._drop(address)
+                lost.add(address)
+                continue
+            except RedisRestarted:
+                raise  # what it had acknowledged is gone: no resend brings it back
+            except TransientSinkError as exc:  # could not even connect (open) to it
+                log.warning("Redis Cluster primary %s: %s", address, exc)
+                retry.append(share)
+                self._drop(address)
+                lost.add(address)
+                continue
+            except CeilingReached as exc:
+                raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address) from exc
+            progress += sink.stats.entities - before
+            for position, reply in sink.redirected:
+                self._own.redirects += 1
+                kind, _slot, target = reply.split(" ", 2)
+                if kind == "ASK":
+                    asks.setdefault(target, []).append(int(share[position]))
+                else:
+                    retry.append(share[position : position + 1])
+        return progress, retry, asks, lost
+
+    def _write_asking(self, batch, as_of, asks: dict[str, list[int]], retry: list[np.ndarray]) -> int:
+        """Entities of a slot being migrated, to the importing node, each command after ASKING.
+
+        Rare (only while a slot moves), so this goes through redis-py command by command."""
+        written = 0
+        c = self.config
+        for target, positions in asks.items():
+            share = np.array(positions)
+            sub = _take(batch, share)
+            keys = pc.binary_join_element_wise(self._prefix, sub.ids.cast(pa.binary()), b"")
+            ttl = None
+            if c.ttl_seconds:
+                ttl = np.fromiter((ttl_with_jitter(k, c.ttl_seconds, c.ttl_jitter) for k in keys.to_pylist()), np.int64, len(keys))
+            freshness = str(c.as_of).encode() if as_of is None else as_of.take(pa.array(share))
+            commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, ttl)
+            client = connect(node_url(c.url, target), **self._connect_options())
+            try:
+                pipe = client.pipeline(transaction=False)
+                for i in range(len(share)):
+                    reader = hiredis.Reader()
+                    reader.feed(bytes(commands.wire_bytes(i, i + 1)))
+                    while (args := reader.gets()) is not False:
+                        pipe.execute_command("ASKING")
+                        pipe.execute_command(*args)
+                replies = call_with_retries(lambda: pipe.execute(raise_on_error=False), is_transient=is_transient, retries=c.retries)
+            except _TRANSIENT:
+                retry.append(share)  # the importing node is gone: ask the topology again
+                continue
+            finally:
+                client.close()
+            replies = replies[1::2]  # the commands' own replies (ASKING answers OK)
+            at = 0
+            for i in range(len(share)):
+                mine = replies[at : at + int(commands.replies[i])]
+                at += int(commands.replies[i])
+                refused = next((r for r in mine if isinstance(r, Exception)), None)
+                if refused is None:
+                    written += 1
+                    values = int(commands.values_set[i])
+                    self._own.add(WriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values))
+                elif str(refused).startswith(("MOVED", "ASK")):
+                    retry.append(share[i : i + 1])
+                else:
+                    raise TerminalSinkError(f"Redis at {target} refused a command for key {keys[i].as_py()!r}: {refused}")
+            self._own.round_trips += 1
+        return written
+
+    def _await_topology(self, lost: set[str]) -> None:
+        """Refresh the slot map; while a lost primary still owns slots and does not answer,
+        wait for a replica to take over (up to failover_timeout)."""
+        deadline = time.monotonic() + self.config.failover_timeout
+        delay = 0.1
+        while True:
+            try:
+                self.topology.refresh()
+                still = [a for a in lost if self.topology.slots_of(a) and not self._answers(a)]
+                if not still and not self.topology.unserved():
+                    return
+            except TransientSinkError as exc:
+                still = [str(exc)]
+            if time.monotonic() > deadline:
+                raise TransientSinkError(
+                    f"Redis Cluster: {', '.join(still)} did not answer and no replica took over its slots "
+                    f"within {self.config.failover_timeout:.0f} s (redis.failover_timeout)"
+                )
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+    def _answers(self, address: str) -> bool:
+        client = connect(node_url(self.config.url, address), **{**self._connect_options(), "socket_timeout": 2.0})
+        try:
+            return bool(client.ping())
+        except _TRANSIENT:
+            return False
+        finally:
+            client.close()
+
+
+class KeyRouter:
+    """Per-key control commands (verify, cleanup) in one pipeline per owning node: the
+    cluster's primaries, or the one server. A MOVED reply (resharding meanwhile) fails the
+    pipeline: rerun the step."""
+
+    def __init__(self, url: str, cluster: bool, **connect_options):
+        self.url, self.options = url, connect_options
+        self.topology = ClusterTopology.discover(url, **connect_options) if cluster else None
+        self.clients: dict[str | None, redis.Redis] = {}
+
+    def _client(self, address: str | None) -> redis.Redis:
+        if address not in self.clients:
+            self.clients[address] = connect(node_url(self.url, address) if address else self.url, **self.options)
+        return self.clients[address]
+
+    def run(self, keys: list[bytes], add) -> list:
+        """``add(pipeline, key)`` queues a key's command; returns the replies in key order."""
+        groups = self.topology.group(key_slots(keys)) if self.topology else {None: np.arange(len(keys))}
+        out: list = [None] * len(keys)
+        for address, positions in groups.items():
+            pipe = self._client(address).pipeline(transaction=False)
+            for i in positions:
+                add(pipe, keys[i])
+            for i, reply in zip(positions, pipe.execute()):
+                out[i] = reply
+        return out
+
+    def used_memory(self) -> int:
+        """used_memory summed over the primaries (or the one server)."""
+        addresses = self.topology.primaries if self.topology else [None]
+        return sum(int(self._client(a).info("memory")["used_memory"]) for a in addresses)
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()

@@ -1,0 +1,242 @@
+"""The Redis sink against a real Redis Cluster (3 primaries + 1 replica each) on loopback:
+grouping by slot owner, MOVED after a slot moved, ASK while a slot migrates, a graceful
+failover and a killed primary mid-write, and the hard ceiling per primary."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+
+import pytest
+
+from bench.local_cluster import LocalCluster, start_cluster
+from serializers.batch import encode_batch
+from sinks.redis_cluster import RedisClusterSink
+from sinks.redis_sink import CeilingReached
+
+from .test_redis_sink import SPECS, expected_hash, sink_config, things
+
+STAMP = 1700000000
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = start_cluster(tmp_path / "cluster", primaries=3, replicas=1)
+    yield c
+    c.stop()
+
+
+def cluster_config(c: LocalCluster, **overrides):
+    return sink_config(c.url, cluster=True, **{"chunk_entities": 100, **overrides})
+
+
+def slots_of(c: LocalCluster, n: int) -> list[int]:
+    """The slot of each key t:0..t:n-1, asked of a server (CLUSTER KEYSLOT)."""
+    pipe = c.client(c.primaries()[0]).pipeline(transaction=False)
+    for i in range(n):
+        pipe.cluster("keyslot", f"t:{i}")
+    return pipe.execute()
+
+
+def keys_by_owner(c: LocalCluster, n: int) -> dict[int, list[int]]:
+    """Entity numbers per primary port, asked of the servers (CLUSTER KEYSLOT and SLOTS)."""
+    ranges = [(start, end, int(primary[1])) for start, end, primary, *_ in c.client(c.primaries()[0]).cluster("slots")]
+    out: dict[int, list[int]] = {}
+    for i, slot in enumerate(slots_of(c, n)):
+        out.setdefault(next(port for start, end, port in ranges if start <= slot <= end), []).append(i)
+    return out
+
+
+def assert_all_exact(c: LocalCluster, batch, n: int) -> None:
+    """Every key on the primary that owns it now, holding exactly the scalar encoder's bytes."""
+    for port, entities in keys_by_owner(c, n).items():
+        node = c.client(port)
+        assert node.dbsize() == len(entities), f"primary {port}"
+        pipe = node.pipeline(transaction=False)
+        for i in entities:
+            pipe.hgetall(f"t:{i}")
+        for i, stored in zip(entities, pipe.execute()):
+            assert stored == expected_hash(batch, i, STAMP, {}), f"t:{i} on {port}"
+
+
+def test_writes_go_to_each_slot_owner_pipelined_per_primary(cluster):
+    n = 3000
+    batch = things(n)
+    with RedisClusterSink(cluster_config(cluster)) as sink:
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+    owners = keys_by_owner(cluster, n)
+    assert sorted(owners) == sorted(cluster.primaries())
+    assert_all_exact(cluster, batch, n)
+    nulls = sum(batch.column(s.name).null_count for s in SPECS)
+    assert (stats.entities, stats.values_set, stats.values_deleted, stats.redirects) == (n, 3 * n - nulls, nulls, 0)
+    # one pipeline per primary, in chunks of 100 of that primary's own keys
+    assert sink.stats.round_trips == sum(math.ceil(len(e) / 100) for e in owners.values())
+    # replicas hold copies of their primary's keys only
+    for primary, entities in owners.items():
+        replica = cluster.replica_of(primary)
+        deadline = time.monotonic() + 10
+        while cluster.client(replica).dbsize() != len(entities) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cluster.client(replica).dbsize() == len(entities)
+
+
+def _move_slots(c: LocalCluster, slots: range, source: int, target: int) -> None:
+    """Give empty slots to another primary, as a resharding tool ends a migration."""
+    target_id = c.client(target).cluster("myid")
+    for port in c.primaries():  # replicas learn it from their primary
+        for slot in slots:
+            c.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    c.wait_ok()
+
+
+def test_moved_entities_alone_are_sent_again_to_the_new_owner(cluster):
+    n = 2000
+    batch = things(n)
+    first, second = cluster.primaries()[:2]
+    moved = range(0, 800)  # slots of the first primary, given to the second after the writer read the map
+    with RedisClusterSink(cluster_config(cluster)) as sink:
+        _move_slots(cluster, moved, first, second)
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+    in_moved = [i for i, slot in enumerate(slots_of(cluster, n)) if slot in moved]
+    assert in_moved
+    assert stats.redirects == len(in_moved)  # only these were sent again
+    assert stats.entities == n  # and counted once
+    assert_all_exact(cluster, batch, n)
+
+
+def test_entities_of_a_migrating_slot_follow_ask_to_the_importing_node(cluster):
+    n = 2000
+    batch = things(n)
+    first, second = cluster.primaries()[:2]
+    source, target = cluster.client(first), cluster.client(second)
+    migrating = range(100, 400)
+    source_id, target_id = source.cluster("myid"), target.cluster("myid")
+    for slot in migrating:
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    in_migrating = [i for i, slot in enumerate(slots_of(cluster, n)) if slot in migrating]
+    with RedisClusterSink(cluster_config(cluster)) as sink:
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+    # new keys of a migrating slot are created on the importing node, after ASKING
+    assert stats.redirects == len(in_migrating) and stats.entities == n
+    assert sum(source.cluster("countkeysinslot", s) for s in migrating) == 0
+    assert sum(target.cluster("countkeysinslot", s) for s in migrating) == len(in_migrating)
+    for port in cluster.primaries():  # end the migration as redis-cli would
+        for slot in migrating:
+            cluster.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    cluster.wait_ok()
+    assert_all_exact(cluster, batch, n)
+
+
+def _when_primary_holds(c: LocalCluster, port: int, keys: int, action) -> threading.Thread:
+    def watch():
+        node = c.client(port)
+        deadline = time.monotonic() + 60
+        while node.dbsize() < keys and time.monotonic() < deadline:
+            time.sleep(0.002)
+        action()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_graceful_failover_mid_write_moves_the_rest_to_the_promoted_replica(cluster):
+    n = 20000
+    batch = things(n)
+    primary = cluster.primaries()[0]
+    replica = cluster.replica_of(primary)
+    watcher = _when_primary_holds(cluster, primary, 500, lambda: cluster.client(replica).execute_command("CLUSTER", "FAILOVER"))
+    with RedisClusterSink(cluster_config(cluster, chunk_entities=20)) as sink:
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+    watcher.join()
+    cluster.wait_ok()
+    assert primary not in cluster.primaries() and replica in cluster.primaries()
+    assert stats.entities == n
+    assert stats.redirects > 0  # the old primary answered MOVED once demoted
+    assert_all_exact(cluster, batch, n)
+
+
+def test_killed_primary_fails_over_and_nothing_acknowledged_is_lost(cluster):
+    n = 20000
+    batch = things(n)
+    primary = cluster.primaries()[0]
+    replica = cluster.replica_of(primary)
+    watcher = _when_primary_holds(cluster, primary, 500, lambda: cluster.kill(primary))
+    # WAIT for the replica after each chunk: what the primary acknowledged survives it
+    with RedisClusterSink(cluster_config(cluster, chunk_entities=20, wait_replicas=1, retries=1, failover_timeout=30)) as sink:
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+    watcher.join()
+    cluster.wait_ok(without=(primary,))
+    assert replica in cluster.primaries()
+    assert stats.entities >= n and stats.retries >= 1
+    assert_all_exact(cluster, batch, n)
+
+
+def test_the_fullest_primary_stops_the_writer(cluster):
+    first = cluster.primaries()[0]
+    used = int(cluster.client(first).info("memory")["used_memory"])
+    # this primary's ceiling is below what it uses already; the others have room
+    ceilings = tuple((f"127.0.0.1:{p}", used // 2 if p == first else 10 * used) for p in cluster.primaries())
+    with pytest.raises(CeilingReached, match=rf"Redis Cluster primary 127\.0\.0\.1:{first} used_memory .* passed the hard ceiling"):
+        with RedisClusterSink(cluster_config(cluster, node_ceilings=ceilings)) as sink:
+            sink.write_batch(encode_batch(things(100), SPECS))
+    assert all(cluster.client(p).dbsize() == 0 for p in cluster.primaries())  # checked before the first write
+
+
+# --- the whole job against a cluster ---------------------------------------------------------
+
+
+def test_job_finds_the_cluster_and_writes_every_entity_to_its_owner(spark, sample_root, run_conf, tmp_path):
+    from redis.cluster import RedisCluster
+
+    from jobs.run import run_source
+
+    from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
+
+    cluster = start_cluster(tmp_path / "job", 3, 0, "--maxmemory", "64mb")
+    try:
+        conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": cluster.url})})  # mode: auto
+        summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+        expected = expected_consumers(spark, sample_root, DAY2)
+        # read back through redis-py's own cluster client, not the job's routing
+        reader = RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        assert check_consumer_hashes(reader, expected, DAY2) > 0
+        reader.close()
+        redis_stats = summary.sinks["redis"]
+        assert redis_stats["mode"] == "cluster" and redis_stats["entities"] == len(expected)
+        assert sorted(redis_stats["primaries"]) == sorted(f"127.0.0.1:{p}" for p in cluster.primaries())
+        assert sum(cluster.client(p).dbsize() for p in cluster.primaries()) == len(expected)
+        assert summary.verification["redis"]["mismatches"] == 0  # verified through the cluster too
+    finally:
+        cluster.stop()
+
+
+def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, run_conf, tmp_path):
+    from jobs.run import run_source
+    from sinks.errors import CapacityError
+
+    from .test_redis_job import DAY2, DEFS
+
+    cluster = start_cluster(tmp_path / "full", 3, 0, "--maxmemory", "8mb")
+    try:
+        full = cluster.primaries()[1]
+        node = cluster.client(full)
+        # fill one primary (keys in its own slots) to just under max_fill: the others stay empty
+        limit = int(8 * 2**20 * 0.85)
+        tag = next(f"{{f{i}}}" for i in range(10_000) if cluster.owner_of(f"{{f{i}}}".encode()) == full)
+        pieces = 0
+        while int(node.info("memory")["used_memory"]) < limit - 60_000:  # small pieces: a big argument counts twice
+            node.set(f"{tag}filler{pieces}", b"x" * 20_000)
+            pieces += 1
+        conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": cluster.url, "mode": "cluster"})})
+        with pytest.raises(CapacityError, match=rf"refusing to write consumer entities: Redis Cluster primary 127\.0\.0\.1:{full}, which gets ~\d+ of them, uses .*Nothing was written") as info:
+            run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+        # it was the write's share that would not fit, on that primary alone
+        used, growth = (int(x.replace(",", "")) for x in re.search(r"uses ([\d,]+) B, the write is projected to add ([\d,]+) B", str(info.value)).groups())
+        assert used < limit < used + growth
+        assert [cluster.client(p).dbsize() for p in cluster.primaries()] == [pieces if p == full else 0 for p in cluster.primaries()]
+    finally:
+        cluster.stop()
