@@ -1,7 +1,7 @@
 """A throwaway Redis Cluster on loopback, for the tests and the sizing benchmark.
 
 ``primaries`` redis-servers with ``cluster-enabled yes`` (plus ``replicas`` per primary),
-joined with ``redis-cli --cluster create``. No persistence: it lives as long as the test.
+joined as ``redis-cli --cluster create`` would (which refuses fewer than 3 primaries). No persistence: it lives as long as the test.
 """
 
 from __future__ import annotations
@@ -112,10 +112,11 @@ class LocalCluster:
 
 def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: str, node_timeout_ms: int = 1000) -> LocalCluster:
     """Start and join a cluster; the caller stops it (``LocalCluster.stop``)."""
-    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if not binary or not cli:
-        raise RuntimeError("redis-server/redis-cli are not installed: run `make setup` (scripts/setup.sh installs them)")
-    workdir.mkdir(parents=True, exist_ok=True)
+    binary = shutil.which("redis-server")
+    if not binary:
+        raise RuntimeError("redis-server is not installed: run `make setup` (scripts/setup.sh installs it)")
+    shutil.rmtree(workdir, ignore_errors=True)  # no nodes.conf of an earlier cluster
+    workdir.mkdir(parents=True)
     cluster = LocalCluster(workdir, free_ports(primaries * (1 + replicas)))
     try:
         for port in cluster.ports:
@@ -129,15 +130,7 @@ def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: 
             )
         for port in cluster.ports:
             _wait_ping(cluster, port)
-        if primaries == 1 and replicas == 0:
-            # redis-cli refuses a 1-node cluster (it wants 3 primaries): assign the slots ourselves
-            cluster.client(cluster.ports[0]).execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-        else:
-            nodes = [f"127.0.0.1:{p}" for p in cluster.ports]
-            done = subprocess.run([cli, "--cluster", "create", *nodes, "--cluster-replicas", str(replicas), "--cluster-yes"],
-                                  capture_output=True, text=True, timeout=60)
-            if done.returncode != 0:
-                raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        _join(cluster, primaries, replicas)
         cluster.wait_ok()
         if replicas:
             _wait_replicas_synced(cluster)
@@ -145,6 +138,27 @@ def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: 
     except BaseException:
         cluster.stop()
         raise
+
+
+def _join(cluster: LocalCluster, primaries: int, replicas: int) -> None:
+    """What `redis-cli --cluster create` does, for any number of primaries (it wants 3 or more):
+    meet, split the slots evenly, then attach the replicas."""
+    ports = cluster.ports
+    first = cluster.client(ports[0])
+    for port in ports[1:]:
+        first.execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+    deadline = time.monotonic() + 30
+    while any(len(cluster.client(p).cluster("nodes")) < len(ports) for p in ports):
+        if time.monotonic() > deadline:
+            raise RuntimeError("cluster nodes did not meet")
+        time.sleep(0.05)
+    bounds = [round(i * 16384 / primaries) for i in range(primaries + 1)]
+    for i in range(primaries):
+        cluster.client(ports[i]).execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
+    for i in range(primaries):
+        primary_id = cluster.client(ports[i]).cluster("myid")
+        for k in range(replicas):
+            cluster.client(ports[primaries + i * replicas + k]).execute_command("CLUSTER", "REPLICATE", primary_id)
 
 
 def _wait_ping(cluster: LocalCluster, port: int) -> None:
