@@ -34,7 +34,6 @@ from sinks.redis_sink import (
     RedisRestarted,
     RedisSink,
     RedisSinkConfig,
-    is_transient,
     connect,
     entity_commands,
     server_address,
@@ -296,9 +295,9 @@ class RedisClusterSink:
                     while (args := reader.gets()) is not False:
                         pipe.execute_command("ASKING")
                         pipe.execute_command(*args)
-                replies = call_with_retries(lambda: pipe.execute(raise_on_error=False), is_transient=is_transient, retries=c.retries)
+                replies = pipe.execute(raise_on_error=False)
             except _TRANSIENT:
-                retry.append(share)  # the importing node is gone: ask the topology again
+                retry.append(share)  # the importing node did not answer: the next round asks the map again
                 continue
             finally:
                 client.close()
