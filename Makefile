@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test bench services-start services-stop sample-data submit airflow-nightly proto clean
+.PHONY: setup demo test bench services-start services-stop sample-data submit package airflow-nightly proto clean
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
@@ -27,6 +27,9 @@ demo: services-start        ## set up, write sample data once, run the nightly j
 submit: services-start      ## the same job under spark-submit
 	$(BIN)/spark-submit --master 'local[2]' --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \
 	  jobs/materialize.py --env $(ENV) --date $(DATE)
+
+package: setup              ## build dist/: the project zip (--py-files) and the executors' PEX (spark.pyspark.python)
+	bash scripts/package.sh
 
 test: setup                 ## set up and run the whole suite (real Redis servers, local Spark)
 	$(BIN)/python -m pytest

@@ -7,6 +7,7 @@ All problems found are reported together, each as ``file:line: where: problem``.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from feature_defs.yamlio import YamlFileError, describe_validation_error, line_o
 from serializers import freshness_field_name
 
 DEFAULT_DIR = Path(__file__).resolve().parent
+if not DEFAULT_DIR.is_dir():  # imported from the --py-files zip: the checkout's copy
+    DEFAULT_DIR = Path(os.environ.get("FM_PROJECT_ROOT") or Path.cwd()).resolve() / "feature_defs"
 
 
 class DefinitionError(ValueError):

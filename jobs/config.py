@@ -15,7 +15,18 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from feature_defs.yamlio import KeyProblem, YamlFileError, describe_validation_error, line_of, load_yaml
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _project_root() -> Path:
+    """The checkout: FM_PROJECT_ROOT, else this file's, else (imported from the --py-files
+    zip, as a spark-submit driver does) the working directory."""
+    if os.environ.get("FM_PROJECT_ROOT"):
+        return Path(os.environ["FM_PROJECT_ROOT"]).resolve()
+    here = Path(__file__).resolve().parent
+    return here.parent if here.is_dir() else Path.cwd().resolve()
+
+
+PROJECT_ROOT = _project_root()
 ENV_VAR = "FM_ENV"
 CONF_DIR_VAR = "FM_CONF_DIR"
 DEFAULT_ENV = "local"

@@ -189,31 +189,6 @@ def test_the_fullest_primary_stops_the_writer(cluster):
 # --- the whole job against a cluster ---------------------------------------------------------
 
 
-def test_job_finds_the_cluster_and_writes_every_entity_to_its_owner(spark, sample_root, run_conf, tmp_path):
-    from redis.cluster import RedisCluster
-
-    from jobs.run import run_source
-
-    from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
-
-    cluster = start_cluster(tmp_path / "job", 3, 0, "--maxmemory", "64mb")
-    try:
-        conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": cluster.url})})  # mode: auto
-        summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
-        expected = expected_consumers(spark, sample_root, DAY2)
-        # read back through redis-py's own cluster client, not the job's routing
-        reader = RedisCluster(host="127.0.0.1", port=cluster.ports[0])
-        assert check_consumer_hashes(reader, expected, DAY2) > 0
-        reader.close()
-        redis_stats = summary.sinks["redis"]
-        assert redis_stats["mode"] == "cluster" and redis_stats["entities"] == len(expected)
-        assert sorted(redis_stats["primaries"]) == sorted(f"127.0.0.1:{p}" for p in cluster.primaries())
-        assert sum(cluster.client(p).dbsize() for p in cluster.primaries()) == len(expected)
-        assert summary.verification["redis"]["mismatches"] == 0  # verified through the cluster too
-    finally:
-        cluster.stop()
-
-
 def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, run_conf, tmp_path):
     from jobs.run import run_source
     from sinks.errors import CapacityError
