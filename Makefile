@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test bench services-start services-stop sample-data submit package airflow-nightly proto clean
+.PHONY: setup demo test bench bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
@@ -37,6 +37,9 @@ test: setup                 ## set up and run the whole suite (real Redis server
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)
 	$(BIN)/materialize bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json
+
+bench-cluster: setup        ## Redis write throughput and CPU per entity at 1, 2, 3 primaries and 1, 2 writers (README "Sizing")
+	$(BIN)/python -m bench.cluster_scaling --output bench/cluster_results.json
 
 airflow-nightly: services-start  ## run the nightly DAG once for DATE with `airflow dags test` (Airflow in .run/airflow)
 	test -d data/consumer_daily/_delta_log -a -d data/store_features_long/_delta_log || $(BIN)/materialize sample-data --env $(ENV)

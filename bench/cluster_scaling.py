@@ -72,30 +72,48 @@ def _writer(data: str, part: int, parts: int, url: str, cluster: bool, wait_repl
         as_of=1_763_596_800, chunk_entities=500, cluster=cluster, wait_replicas=wait_replicas,
     )
     start.wait()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     sink = RedisClusterSink(config) if cluster else RedisSink(config)
     with sink:
         for batch in batches:
             sink.write_batch(encode_batch(batch, specs))
-    results.put({"part": part, "seconds": time.perf_counter() - began, "entities": sink.stats.entities, "round_trips": sink.stats.round_trips})
+    results.put({"part": part, "seconds": time.perf_counter() - began, "cpu": time.process_time() - cpu, "entities": sink.stats.entities})
 
 
-def _measure(data: Path, url: str, cluster: bool, writers: int, wait_replicas: int = 0) -> dict:
+def _server_cpu(ports: list[int]) -> float:
+    """CPU seconds the servers have used (INFO cpu, main thread and children)."""
+    import redis
+
+    total = 0.0
+    for port in ports:
+        info = redis.Redis(port=port).info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int, wait_replicas: int = 0) -> dict:
     ctx = mp.get_context("spawn")
     start, results = ctx.Barrier(writers + 1), ctx.Queue()
     procs = [ctx.Process(target=_writer, args=(str(data), i, writers, url, cluster, wait_replicas, start, results)) for i in range(writers)]
     for p in procs:
         p.start()
+    server_cpu = _server_cpu(ports)
     start.wait()
     began = time.perf_counter()
     out = [results.get(timeout=600) for _ in procs]
     seconds = time.perf_counter() - began
+    server_cpu = _server_cpu(ports) - server_cpu
     for p in procs:
         p.join()
         if p.exitcode:
             raise RuntimeError(f"a writer failed (exit {p.exitcode})")
     entities = sum(r["entities"] for r in out)
-    return {"seconds": seconds, "entities": entities, "entities_per_s": entities / seconds}
+    return {
+        "seconds": seconds, "entities": entities, "entities_per_s": entities / seconds,
+        # CPU per million entities: what sizing divides by (the cores each side needs)
+        "writer_cpu_s_per_m": sum(r["cpu"] for r in out) / entities * 1e6,
+        "redis_cpu_s_per_m": server_cpu / entities * 1e6,
+    }
 
 
 def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: Path | None) -> dict:
@@ -116,12 +134,12 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
                 if kind == "standalone":
                     (workdir / "standalone").mkdir(exist_ok=True)
                     server = RedisServer(workdir / "standalone")
-                    url, stop = server.url, server.stop
+                    url, ports, stop = server.url, [server.port], server.stop
                 else:
                     cluster = start_cluster(workdir / f"cluster-{primaries}-{replicas}", primaries, replicas, "--hash-max-listpack-value", "256")
-                    url, stop = cluster.url, cluster.stop
+                    url, ports, stop = cluster.url, cluster.ports, cluster.stop
                 try:
-                    result = _measure(data, url, kind == "cluster", w, wait)
+                    result = _measure(data, url, ports, kind == "cluster", w, wait)
                 finally:
                     stop()
                 if best is None or result["entities_per_s"] > best["entities_per_s"]:
@@ -140,12 +158,15 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
         "baseline": f"standalone redis-server, {writers[0]} writer(s)",
         "results": rows,
     }
-    print(f"\n{'setting':<34} {'writers':>7} {'entities/s':>11} {'values/s':>11} {'x baseline':>10}")
+    print(f"\n{'setting':<38} {'writers':>7} {'entities/s':>11} {'values/s':>11} {'x baseline':>10} {'writer CPU s/M':>14} {'Redis CPU s/M':>13}")
     for r in rows:
         name = "redis-server (standalone sink)" if r["setting"] == "standalone" else f"cluster {r['primaries']} primaries" + (
             f" +{r['replicas_each']} replica" + (" WAIT 1" if r["wait_replicas"] else "") if r["replicas_each"] else ""
         )
-        print(f"{name:<34} {r['writers']:>7} {r['entities_per_s']:>11,.0f} {r['entities_per_s'] * report['values_per_entity']:>11,.0f} {r['ratio_to_baseline']:>10.2f}")
+        print(
+            f"{name:<38} {r['writers']:>7} {r['entities_per_s']:>11,.0f} {r['entities_per_s'] * report['values_per_entity']:>11,.0f} "
+            f"{r['ratio_to_baseline']:>10.2f} {r['writer_cpu_s_per_m']:>14.1f} {r['redis_cpu_s_per_m']:>13.1f}"
+        )
     if output:
         output.write_text(json.dumps(report, indent=2) + "\n")
         print(f"\nwrote {output}")

@@ -18,7 +18,9 @@ from feature_defs.yamlio import YamlFileError, describe_validation_error, line_o
 from serializers import freshness_field_name
 
 DEFAULT_DIR = Path(__file__).resolve().parent
-if not DEFAULT_DIR.is_dir():  # imported from the --py-files zip: the checkout's copy
+if os.environ.get("FM_PROJECT_ROOT") or not DEFAULT_DIR.is_dir():
+    # as jobs.config's PROJECT_ROOT: FM_PROJECT_ROOT, else (imported from the --py-files
+    # zip) the working directory's checkout
     DEFAULT_DIR = Path(os.environ.get("FM_PROJECT_ROOT") or Path.cwd()).resolve() / "feature_defs"
 
 

@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 
 import psycopg
-import redis.exceptions as redis_errors
 from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -41,7 +40,7 @@ from serializers import field_id, freshness_field_name
 from serializers.batch import encode_batch
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis_capacity import MemoryInfo, Projection, project_growth, read_memory_info
-from sinks.redis_cluster import SLOTS, ClusterTopology, is_cluster, key_slots, node_url
+from sinks.redis_cluster import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots, node_url
 from sinks.redis_sink import RedisSinkConfig, RedisTls, connect
 from sinks.redis_sink import is_transient as redis_is_transient
 from sinks.retry import call_with_retries
@@ -256,7 +255,7 @@ class _Primary:
 
     address: str | None
     client: object
-    memory: MemoryInfo
+    memory: MemoryInfo | None
     capacity: int
 
 
@@ -276,11 +275,17 @@ def _redis_primaries(conf: RunConf, sink_conf: RedisSinkConfig, cluster: bool) -
     addresses: list[str | None] = [None]
     if cluster:
         addresses = ClusterTopology.discover(sink_conf.url, **options).primaries
-    out = []
-    for address in addresses:
-        client = connect(node_url(sink_conf.url, address) if address else sink_conf.url, **options)
-        memory = read_memory_info(client, conf.redis.hash_max_listpack_entries, conf.redis.hash_max_listpack_value)
-        out.append(_Primary(address, client, memory, memory.capacity(conf.redis.capacity_bytes)))
+    out: list[_Primary] = []
+    try:
+        for address in addresses:
+            client = connect(node_url(sink_conf.url, address) if address else sink_conf.url, **options)
+            out.append(_Primary(address, client, None, 0))
+            out[-1].memory = read_memory_info(client, conf.redis.hash_max_listpack_entries, conf.redis.hash_max_listpack_value)
+            out[-1].capacity = out[-1].memory.capacity(conf.redis.capacity_bytes)
+    except BaseException:
+        for p in out:
+            p.client.close()
+        raise
     return out
 
 
@@ -341,12 +346,12 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         _sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
         errors = [p["error"] for p in parts if p["error"]]
         if errors:
-            kind = TransientSinkError if all(e.startswith(("TransientSinkError", "ChunkFailed", "RedisRestarted")) for e in errors) else TerminalSinkError
+            kind = TransientSinkError if all(e.startswith(("TransientSinkError", "ChunkFailed", "RedisRestarted", "FailedOverUnreplicated")) for e in errors) else TerminalSinkError
             raise kind(
                 f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
                 f"{summary.entities:,} entities were written (a rerun of the date writes them all again); first: {errors[0]}"
             )
-        stats["memory_after"] = sum(_used_memory(p.client) for p in primaries)
+        stats["memory_after"] = _used_memory_now(sink_conf, cluster)
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
             capacity = f"{min(p.capacity for p in primaries):,} B" + (" per primary" if cluster else "")
@@ -361,11 +366,13 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
             p.client.close()
 
 
-def _used_memory(client) -> int:
+def _used_memory_now(sink_conf: RedisSinkConfig, cluster: bool) -> int:
+    """used_memory after the write, of the primaries there are now (a failover replaced one)."""
+    router = KeyRouter(sink_conf.url, cluster, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
     try:
-        return int(client.info("memory")["used_memory"])
-    except redis_errors.ConnectionError:
-        return 0  # a primary lost during the write (a failover): its memory is on the new one
+        return router.used_memory()
+    finally:
+        router.close()
 
 
 def _project(conf: RunConf, sink_conf: RedisSinkConfig, entity: EntityDef, total: int, primaries: list[_Primary], keys: list[bytes], rows: list[list], cluster: bool) -> list[Projection]:
@@ -387,6 +394,13 @@ def _project(conf: RunConf, sink_conf: RedisSinkConfig, entity: EntityDef, total
                 memory=p.memory, capacity=p.capacity, node=p.address, **common,
             )
         )
+    # a primary with few sampled keys gets at least the whole sample's growth per entity
+    sampled = sum(p.sampled for p in out)
+    overall = sum(p.growth_per_entity * p.sampled for p in out) / sampled if sampled else 0.0
+    for p in out:
+        if p.growth_per_entity < overall:
+            p.growth_per_entity = overall
+            p.projected_growth = max(0, int(overall * p.total_entities))
     return out
 
 

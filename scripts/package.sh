@@ -135,10 +135,10 @@ size() { numfmt --to=iec-i --suffix=B "$(stat -c %s "$1")"; }
 log "dist/$(basename "$ZIP")  $(size "$ZIP")  the project's packages (--py-files)"
 log "dist/$(basename "$PEX")  $(size "$PEX")  the executors' Python 3.11 environment (no pyspark, no project code)"
 cat <<EOF
-[package] spark-submit, client mode (README "Running on a cluster"). With --py-files the driver imports the
-[package] project from the zip too: FM_CONF_DIR must name the conf folder, and the env's config absolute paths
-[package] (definitions_dir, data_root, reports_dir; relative ones would resolve inside the zip).
-  FM_CONF_DIR=\$PWD/conf .venv/bin/spark-submit --master spark://HOST:7077 \\
+[package] spark-submit, client mode, from this checkout (README "Running on a Spark cluster"). With --py-files
+[package] the driver imports the project from the zip too; it then finds conf/ and feature_defs/ in the
+[package] working directory (or FM_PROJECT_ROOT).
+  .venv/bin/spark-submit --master spark://HOST:7077 \\
     --py-files dist/$(basename "$ZIP") \\
     --files dist/$(basename "$PEX") \\
     --conf spark.pyspark.python=./$(basename "$PEX") \\

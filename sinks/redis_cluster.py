@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 import hiredis
@@ -94,7 +94,7 @@ class ClusterTopology:
                 continue
             finally:
                 client.close()
-            self._load(slots, default_host=seed.hostname)
+            self._load(slots, default_host=address.rsplit(":", 1)[0])
             return
         raise TransientSinkError(f"no Redis Cluster node answered CLUSTER SLOTS ({'; '.join(errors)})")
 
@@ -103,11 +103,17 @@ class ClusterTopology:
         owner = np.full(SLOTS, -1, np.int32)
         for start, end, primary, *_replicas in slots:
             host = primary[0].decode() if isinstance(primary[0], bytes) else primary[0]
-            if not host or host == "?":  # the node does not know its own address: the one we reached
+            if not host or host == "?":  # the node does not know its own address: the one that answered
                 host = default_host
             address = f"{host}:{int(primary[1])}"
             owner[int(start) : int(end) + 1] = primaries.setdefault(address, len(primaries))
         self.primaries, self.owner = list(primaries), owner
+
+    def assign(self, slot: int, address: str) -> None:
+        """A MOVED reply's news, until the next refresh confirms it."""
+        if address not in self.primaries:
+            self.primaries.append(address)
+        self.owner[slot] = self.primaries.index(address)
 
     def unserved(self) -> int:
         return int((self.owner < 0).sum())
@@ -125,6 +131,30 @@ class ClusterTopology:
         order = np.argsort(owners, kind="stable")
         bounds = np.searchsorted(owners[order], np.arange(len(self.primaries) + 1))
         return {self.primaries[n]: order[bounds[n] : bounds[n + 1]] for n in range(len(self.primaries)) if bounds[n + 1] > bounds[n]}
+
+
+class FailedOverUnreplicated(RedisRestarted):
+    """A primary was replaced mid-write while its writes were not WAITed for: rerun the date."""
+
+
+_RESEND = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
+
+
+@dataclass
+class _Round:
+    """What one round of a batch left to do."""
+
+    progress: int = 0
+    """Entities written this round."""
+    retry: list = field(default_factory=list)
+    """Batch positions to send again after a refresh of the slot map."""
+    asks: dict = field(default_factory=dict)
+    """Importing node -> batch positions answered ASK."""
+    moved: dict = field(default_factory=dict)
+    """Slot -> the "host:port" a MOVED reply named."""
+    lost: dict = field(default_factory=dict)
+    """Primaries that stopped answering -> the replicas their writes were WAITed for (None: it wrote nothing)."""
+    last_error: str = ""
 
 
 def key_slots(keys: list[bytes]) -> np.ndarray:
@@ -149,6 +179,8 @@ class RedisClusterSink:
         """Counted here: non-finite values, redirects and the cluster's own retries."""
         self._prefix = config.key_prefix.encode("utf-8")
         self._run_ids: dict[str, str] = {}
+        self._waited: dict[str, int] = {}
+        """Per node that was written to: the replicas its writes were WAITed for."""
         """run_id per node, kept across a dropped writer: a restart without persistence is caught."""
 
     @property
@@ -207,77 +239,102 @@ class RedisClusterSink:
         if sink is not None:
             if sink._run_id:
                 self._run_ids[address] = sink._run_id
+            if sink.stats.entities:  # it wrote: were its writes WAITed for?
+                self._waited[address] = sink._wait_for
             self._closed_stats.add(sink.stats)
             sink.close()
 
     def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> WriteStats:
-        """Write one encoded batch to the slot owners; returns what this batch wrote."""
+        """Write one encoded batch to the slot owners; returns what this batch wrote.
+
+        Rounds: every primary takes its share; what came back (MOVED, ASK, CLUSTERDOWN, a
+        primary lost) goes again after the slot map is refreshed. Rounds without progress
+        are spaced with backoff and allowed for ``failover_timeout`` seconds."""
         before = self.stats
         self._own.non_finite += batch.non_finite
         keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"").to_pylist()
         slots = key_slots(keys)
         todo = np.arange(len(keys))
-        stalls = 0
+        stalled_since: float | None = None
+        delay = 0.05
         while todo.size:
-            progress, retry, asks, lost = self._write_round(batch, as_of, slots, todo)
-            progress += self._write_asking(batch, as_of, asks, retry)
-            if not retry:
+            outcome = _Round()
+            self._write_round(batch, as_of, slots, todo, outcome)
+            self._write_asking(batch, as_of, outcome)
+            if not outcome.retry:
                 break
-            todo = np.sort(np.concatenate(retry))
-            stalls = 0 if progress else stalls + 1
-            if stalls > self.config.retries:
-                raise TransientSinkError(
-                    f"Redis Cluster: {todo.size} entities could not be written after {stalls} rounds without progress "
-                    f"(first key {keys[todo[0]]!r}); nodes lost: {', '.join(sorted(lost)) or 'none'}"
-                )
+            todo = np.unique(np.concatenate(outcome.retry))
             self._own.retries += 1
-            self._await_topology(lost)
+            if outcome.progress:
+                stalled_since, delay = None, 0.05
+            else:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > self.config.failover_timeout:
+                    raise TransientSinkError(
+                        f"Redis Cluster: {todo.size} entities could not be written for {self.config.failover_timeout:.0f} s "
+                        f"(redis.failover_timeout; first key {keys[todo[0]]!r}): {outcome.last_error}"
+                    )
+                time.sleep(delay)  # the cluster is electing, or a map is stale: give it time
+                delay = min(1.0, delay * 2)
+            self._await_topology(outcome.lost)
+            for slot, target in outcome.moved.items():  # the node that answered knows best
+                self.topology.assign(slot, target)
         return WriteStats(**{k: v - getattr(before, k) for k, v in self.stats.as_dict().items()})
 
-    def _write_round(self, batch, as_of, slots, todo) -> tuple[int, list[np.ndarray], dict[str, list[int]], set[str]]:
-        """Each primary's share through its writer. Returns (entities written, positions to
-        send again after a refresh, ASK targets with their positions, primaries lost)."""
-        progress, retry, asks, lost = 0, [], {}, set()
+    def _write_round(self, batch, as_of, slots, todo, outcome: _Round) -> None:
+        """Each primary's share through its writer; what did not land goes to ``outcome``."""
         for address, positions in self.topology.group(slots[todo]).items():
             share = todo[positions]
+            sink = None
             try:
                 sink = self._node(address)
                 before = sink.stats.entities
                 sink.write_batch(_take(batch, share), as_of.take(pa.array(share)) if as_of is not None else None)
             except ChunkFailed as exc:
                 log.warning("Redis Cluster primary %s: %s; its unacknowledged writes go to the slots' owner after a refresh", address, exc)
-                progress += self.nodes[address].stats.entities - before
-                retry.append(share[exc.pending_from :])
+                outcome.progress += sink.stats.entities - before
+                self._collect(sink, share, slots, outcome)  # redirects of the chunks it acknowledged
+                outcome.retry.append(share[exc.pending_from :])
+                outcome.last_error = str(exc)
                 self._drop(address)
-                lost.add(address)
+                outcome.lost[address] = self._waited.get(address)
                 continue
             except RedisRestarted:
                 raise  # what it had acknowledged is gone: no resend brings it back
             except TransientSinkError as exc:  # could not even connect (open) to it
                 log.warning("Redis Cluster primary %s: %s", address, exc)
-                retry.append(share)
+                outcome.retry.append(share)
+                outcome.last_error = str(exc)
                 self._drop(address)
-                lost.add(address)
+                outcome.lost[address] = self._waited.get(address)
                 continue
             except CeilingReached as exc:
                 raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address) from exc
-            progress += sink.stats.entities - before
-            for position, reply in sink.redirected:
-                self._own.redirects += 1
-                kind, _slot, target = reply.split(" ", 2)
-                if kind == "ASK":
-                    asks.setdefault(target, []).append(int(share[position]))
-                else:
-                    retry.append(share[position : position + 1])
-        return progress, retry, asks, lost
+            outcome.progress += sink.stats.entities - before
+            self._collect(sink, share, slots, outcome)
 
-    def _write_asking(self, batch, as_of, asks: dict[str, list[int]], retry: list[np.ndarray]) -> int:
+    def _collect(self, sink: RedisSink, share: np.ndarray, slots: np.ndarray, outcome: _Round) -> None:
+        """The entities a node answered MOVED/ASK (or CLUSTERDOWN/TRYAGAIN) for."""
+        for position, reply in sink.redirected:
+            entity = int(share[position])
+            kind, _, rest = reply.partition(" ")
+            if kind == "ASK":
+                self._own.redirects += 1
+                outcome.asks.setdefault(rest.split(" ")[1], []).append(entity)
+                continue
+            if kind == "MOVED":
+                self._own.redirects += 1
+                slot, target = rest.split(" ")[:2]
+                outcome.moved[int(slot)] = target
+            outcome.retry.append(np.array([entity]))
+            outcome.last_error = reply
+
+    def _write_asking(self, batch, as_of, outcome: _Round) -> None:
         """Entities of a slot being migrated, to the importing node, each command after ASKING.
 
         Rare (only while a slot moves), so this goes through redis-py command by command."""
-        written = 0
         c = self.config
-        for target, positions in asks.items():
+        for target, positions in outcome.asks.items():
             share = np.array(positions)
             sub = _take(batch, share)
             keys = pc.binary_join_element_wise(self._prefix, sub.ids.cast(pa.binary()), b"")
@@ -296,8 +353,9 @@ class RedisClusterSink:
                         pipe.execute_command("ASKING")
                         pipe.execute_command(*args)
                 replies = pipe.execute(raise_on_error=False)
-            except _TRANSIENT:
-                retry.append(share)  # the importing node did not answer: the next round asks the map again
+            except _TRANSIENT as exc:
+                outcome.retry.append(share)  # the importing node did not answer: the next round asks the map again
+                outcome.last_error = str(exc)
                 continue
             finally:
                 client.close()
@@ -308,19 +366,20 @@ class RedisClusterSink:
                 at += int(commands.replies[i])
                 refused = next((r for r in mine if isinstance(r, Exception)), None)
                 if refused is None:
-                    written += 1
                     values = int(commands.values_set[i])
                     self._own.add(WriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values))
-                elif str(refused).startswith(("MOVED", "ASK")):
-                    retry.append(share[i : i + 1])
+                    outcome.progress += 1
+                elif isinstance(refused, _RESEND):  # the migration ended or was rolled back
+                    outcome.retry.append(share[i : i + 1])
+                    outcome.last_error = str(refused)
                 else:
                     raise TerminalSinkError(f"Redis at {target} refused a command for key {keys[i].as_py()!r}: {refused}")
             self._own.round_trips += 1
-        return written
 
-    def _await_topology(self, lost: set[str]) -> None:
+    def _await_topology(self, lost: dict[str, int | None]) -> None:
         """Refresh the slot map; while a lost primary still owns slots and does not answer,
-        wait for a replica to take over (up to failover_timeout)."""
+        wait for a replica to take over (up to failover_timeout). A primary that failed over
+        while its writes were not WAITed for may have taken acknowledged writes with it."""
         deadline = time.monotonic() + self.config.failover_timeout
         delay = 0.1
         while True:
@@ -328,7 +387,7 @@ class RedisClusterSink:
                 self.topology.refresh()
                 still = [a for a in lost if self.topology.slots_of(a) and not self._answers(a)]
                 if not still and not self.topology.unserved():
-                    return
+                    break
             except TransientSinkError as exc:
                 still = [str(exc)]
             if time.monotonic() > deadline:
@@ -338,6 +397,13 @@ class RedisClusterSink:
                 )
             time.sleep(delay)
             delay = min(1.0, delay * 2)
+        unguarded = [a for a, waited in lost.items() if waited == 0 and not self.topology.slots_of(a)]
+        if unguarded:
+            raise FailedOverUnreplicated(
+                f"Redis Cluster primary {', '.join(unguarded)} failed over during the write, and its writes were not "
+                "WAITed for (redis.wait_replicas 0, or no replica attached): what it acknowledged last may not have "
+                "reached the replica that took over; rerun the date (redis.wait_replicas: 1 avoids this)"
+            )
 
     def _answers(self, address: str) -> bool:
         client = connect(node_url(self.config.url, address), **{**self._connect_options(), "socket_timeout": 2.0})

@@ -421,8 +421,9 @@ class RedisSink:
         for i, reply in enumerate(replies):
             if not isinstance(reply, hiredis.ReplyError):
                 continue
-            if self.config.cluster and str(reply).startswith(("MOVED ", "ASK ")):
-                # the slot moved (or is moving): the whole entity is sent again where the reply says
+            if self.config.cluster and str(reply).startswith(("MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN")):
+                # the slot moved or is moving, or the cluster is electing a new primary: the
+                # whole entity is sent again (where the reply says) after a refresh of the map
                 redirected.setdefault(int(np.searchsorted(first, i, side="right")) - 1, str(reply))
             elif refused is None:
                 refused = i

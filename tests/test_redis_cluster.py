@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import math
 import re
-import threading
+import signal
 import time
 
 import pytest
 
 from bench.local_cluster import LocalCluster, start_cluster
 from serializers.batch import encode_batch
-from sinks.redis_cluster import RedisClusterSink
-from sinks.redis_sink import CeilingReached
+from sinks.redis_cluster import FailedOverUnreplicated, RedisClusterSink
+from sinks.redis_sink import CeilingReached, ChunkFailed, RedisSink
+
+from .conftest import start_redis
 
 from .test_redis_sink import SPECS, expected_hash, sink_config, things
 
@@ -130,28 +132,45 @@ def test_entities_of_a_migrating_slot_follow_ask_to_the_importing_node(cluster):
     assert_all_exact(cluster, batch, n)
 
 
-def _when_primary_holds(c: LocalCluster, port: int, keys: int, action) -> threading.Thread:
-    def watch():
-        node = c.client(port)
-        deadline = time.monotonic() + 60
-        while node.dbsize() < keys and time.monotonic() < deadline:
-            time.sleep(0.002)
-        action()
+@pytest.fixture
+def after_chunks(monkeypatch):
+    """``after_chunks(port, n, action)``: run ``action`` once, in the writer's own thread,
+    right after the primary on ``port`` acknowledged its n-th chunk (no race with the write)."""
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    def arm(port: int, n: int, action) -> list:
+        done: list = []
+        original = RedisSink._acknowledge
+
+        def acknowledge(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if not done and self.config.url.endswith(f":{port}/0"):
+                self._acked_here = getattr(self, "_acked_here", 0) + 1
+                if self._acked_here == n:
+                    done.append(action())
+
+        monkeypatch.setattr(RedisSink, "_acknowledge", acknowledge)
+        return done
+
+    return arm
 
 
-def test_graceful_failover_mid_write_moves_the_rest_to_the_promoted_replica(cluster):
-    n = 20000
+def _promoted(c: LocalCluster, replica: int) -> None:
+    deadline = time.monotonic() + 20
+    while c.client(replica).info("replication")["role"] != "master":
+        assert time.monotonic() < deadline, "the replica was not promoted"
+        time.sleep(0.02)
+
+
+def test_graceful_failover_mid_write_moves_the_rest_to_the_promoted_replica(cluster, after_chunks):
+    n = 6000
     batch = things(n)
     primary = cluster.primaries()[0]
     replica = cluster.replica_of(primary)
-    watcher = _when_primary_holds(cluster, primary, 500, lambda: cluster.client(replica).execute_command("CLUSTER", "FAILOVER"))
+    # after the primary's 10th chunk its replica takes over (CLUSTER FAILOVER: in sync first)
+    done = after_chunks(primary, 10, lambda: (cluster.client(replica).execute_command("CLUSTER", "FAILOVER"), _promoted(cluster, replica)))
     with RedisClusterSink(cluster_config(cluster, chunk_entities=20)) as sink:
         stats = sink.write_batch(encode_batch(batch, SPECS))
-    watcher.join()
+    assert done
     cluster.wait_ok()
     assert primary not in cluster.primaries() and replica in cluster.primaries()
     assert stats.entities == n
@@ -159,24 +178,58 @@ def test_graceful_failover_mid_write_moves_the_rest_to_the_promoted_replica(clus
     assert_all_exact(cluster, batch, n)
 
 
-def test_killed_primary_fails_over_and_nothing_acknowledged_is_lost(cluster):
-    n = 20000
+def test_killed_primary_fails_over_and_nothing_acknowledged_is_lost(cluster, after_chunks):
+    n = 6000
     batch = things(n)
     primary = cluster.primaries()[0]
     replica = cluster.replica_of(primary)
-    watcher = _when_primary_holds(cluster, primary, 500, lambda: cluster.kill(primary))
+    done = after_chunks(primary, 10, lambda: cluster.kill(primary))
     # WAIT for the replica after each chunk: what the primary acknowledged survives it
     with RedisClusterSink(cluster_config(cluster, chunk_entities=20, wait_replicas=1, retries=1, failover_timeout=30)) as sink:
         stats = sink.write_batch(encode_batch(batch, SPECS))
-    watcher.join()
+    assert done
     cluster.wait_ok(without=(primary,))
     assert replica in cluster.primaries()
-    assert stats.entities >= n and stats.retries >= 1
+    assert stats.entities == n and stats.retries >= 1  # each entity counted once, resent or not
     assert_all_exact(cluster, batch, n)
 
 
+def test_killed_primary_without_wait_asks_for_a_rerun(cluster, after_chunks):
+    primary = cluster.primaries()[1]
+    done = after_chunks(primary, 10, lambda: cluster.kill(primary))
+    # no WAIT: the replica that takes over may lack the last acknowledged chunks
+    with pytest.raises(FailedOverUnreplicated, match=rf"primary 127\.0\.0\.1:{primary} failed over .* rerun the date"):
+        with RedisClusterSink(cluster_config(cluster, chunk_entities=20, retries=1, failover_timeout=30)) as sink:
+            sink.write_batch(encode_batch(things(6000), SPECS))
+    assert done
+
+
+def test_unconfirmed_replication_is_not_counted_and_is_sent_again(tmp_path):
+    primary = start_redis(tmp_path / "p")
+    replica = start_redis(tmp_path / "r", "--replicaof", "127.0.0.1", str(primary.port))
+    try:
+        deadline = time.monotonic() + 10
+        while replica.client().info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        replica.process.send_signal(signal.SIGSTOP)  # linked, but confirms nothing
+        config = sink_config(primary.url, chunk_entities=10, wait_replicas=1, wait_timeout_ms=100, retries=1)
+        with pytest.raises(ChunkFailed, match=r"0 of 1 replica\(s\) confirmed a chunk within 100 ms") as info:
+            with RedisSink(config) as sink:
+                sink.write_batch(encode_batch(things(30), SPECS))
+        assert sink.stats.entities == 0 and sink.stats.retries == 1 and info.value.pending_from == 0
+        replica.process.send_signal(signal.SIGCONT)
+        with RedisSink(config) as sink:
+            stats = sink.write_batch(encode_batch(things(30), SPECS))
+        assert stats.entities == 30 and replica.client().dbsize() == 30
+    finally:
+        replica.process.send_signal(signal.SIGCONT)
+        replica.stop()
+        primary.stop()
+
+
 def test_the_fullest_primary_stops_the_writer(cluster):
-    first = cluster.primaries()[0]
+    first = cluster.primaries()[2]  # not the first one opened
     used = int(cluster.client(first).info("memory")["used_memory"])
     # this primary's ceiling is below what it uses already; the others have room
     ceilings = tuple((f"127.0.0.1:{p}", used // 2 if p == first else 10 * used) for p in cluster.primaries())
