@@ -43,16 +43,17 @@ def test_latest_mode_leaves_the_state_of_replaying_the_dates_in_order(spark, con
     latest_db, replay_db = redis_server.client(0), redis_server.client(1)
     replay_db.flushdb()
     ledger = Ledger(spark, tmp_path / "ledger")
-    plan = plan_backfill(spark, conf, DEFS, ledger, source, FIVE[0], FIVE[-1], "latest", force=False)
-    assert plan.steps == [(FIVE[0], FIVE[-1])] and plan.to_write == FIVE
+    dates = FIVE[:3]  # three dates: earlier rows superseded, entities coming and going, and a short suite
+    plan = plan_backfill(spark, conf, DEFS, ledger, source, dates[0], dates[-1], "latest", force=False)
+    assert plan.steps == [(dates[0], dates[-1])] and plan.to_write == dates
     [summary] = run_backfill(spark, conf, DEFS, ledger, plan)
     # one write per entity, not one per day
     assert summary.sinks["redis"]["entities"] == summary.entities == latest_db.dbsize()
     assert summary.earlier_dates > 0
 
     replay_conf = conf.model_copy(update={"ledger_root": str(tmp_path / "ledger2")})
-    replay_plan = plan_backfill(spark, replay_conf, DEFS, Ledger(spark, tmp_path / "ledger2"), source, FIVE[0], FIVE[-1], "replay", force=False)
-    assert replay_plan.steps == [(d, None) for d in FIVE]
+    replay_plan = plan_backfill(spark, replay_conf, DEFS, Ledger(spark, tmp_path / "ledger2"), source, dates[0], dates[-1], "replay", force=False)
+    assert replay_plan.steps == [(d, None) for d in dates]
     run_backfill(spark, replay_conf, DEFS, Ledger(spark, tmp_path / "ledger2"), replay_plan, redis_url=redis_server.url[:-1] + "1")
     assert state(latest_db) == state(replay_db)
     assert len(state(latest_db)) > 30

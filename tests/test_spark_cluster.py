@@ -198,7 +198,7 @@ def _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, 
         f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
         f"redis: {{url: '{redis_cluster.url}', password_env: null, sample_entities: 50}}\n"
-        f"sql: {{dsn: '{pg_server.dsn}', password_env: null}}\n"
+        "sql: {dsn: 'postgresql://nobody@127.0.0.1:9/none', password_env: null}\n"  # --sql-dsn overrides it
         "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 100, data_docs: false}\n"
     )
     pex_root = tmp_path / "executor-pex-root"  # where the executors' PEX unpacks itself: proof it ran
@@ -220,6 +220,7 @@ def _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, 
                 "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                 "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                 str(ROOT / "jobs" / "materialize.py"), "--env", "cluster", "--date", DAY2_STR, "--source", "consumer_daily",
+                "--sink", "all", "--sql-dsn", pg_server.dsn,  # the flags reach the job through spark-submit
             ],
             cwd=tmp_path, env=_env(FM_CONF_DIR=str(conf), FM_PROJECT_ROOT=str(ROOT)), capture_output=True, text=True, timeout=400,
         )  # fmt: skip
