@@ -270,11 +270,9 @@ def is_redis_cluster(conf: RunConf, sink_conf: RedisSinkConfig) -> bool:
         client.close()
 
 
-def _redis_primaries(conf: RunConf, sink_conf: RedisSinkConfig, cluster: bool) -> list[_Primary]:
+def _redis_primaries(conf: RunConf, sink_conf: RedisSinkConfig, topology: ClusterTopology | None) -> list[_Primary]:
     options = dict(password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
-    addresses: list[str | None] = [None]
-    if cluster:
-        addresses = ClusterTopology.discover(sink_conf.url, **options).primaries
+    addresses: list[str | None] = list(topology.primaries) if topology else [None]
     out: list[_Primary] = []
     try:
         for address in addresses:
@@ -292,7 +290,8 @@ def _redis_primaries(conf: RunConf, sink_conf: RedisSinkConfig, cluster: bool) -
 def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, good: DataFrame, summary: RunSummary, url: str | None = None) -> dict:
     sink_conf = redis_sink_config(conf, source, entity, date, None, url)
     cluster = is_redis_cluster(conf, sink_conf)
-    primaries = _redis_primaries(conf, sink_conf, cluster)
+    topology = ClusterTopology.discover(sink_conf.url, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls) if cluster else None
+    primaries = _redis_primaries(conf, sink_conf, topology)
     try:
         note = primaries[0].memory.listpack_note
         if note:  # a least-privilege user: say what the projection assumed
@@ -309,7 +308,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
             ts = str(sink_conf.as_of).encode()
             keys = [(sink_conf.key_prefix + i).encode() for i in encoded.ids.to_pylist()]
             rows = [[col[i] for col in columns] + [ts] for i in range(len(keys))]
-        projections = _project(conf, sink_conf, entity, summary.entities, primaries, keys, rows, cluster)
+        projections = _project(conf, sink_conf, entity, summary.entities, primaries, keys, rows, topology)
         fullest = max(projections, key=lambda p: p.fill)
         summary.warnings.extend(fullest.warnings())
         stats: dict = {
@@ -375,14 +374,13 @@ def _used_memory_now(sink_conf: RedisSinkConfig, cluster: bool) -> int:
         router.close()
 
 
-def _project(conf: RunConf, sink_conf: RedisSinkConfig, entity: EntityDef, total: int, primaries: list[_Primary], keys: list[bytes], rows: list[list], cluster: bool) -> list[Projection]:
+def _project(conf: RunConf, sink_conf: RedisSinkConfig, entity: EntityDef, total: int, primaries: list[_Primary], keys: list[bytes], rows: list[list], topology: ClusterTopology | None) -> list[Projection]:
     """One projection per primary. In a cluster each gets its share of the entities: by the
     slots it owns or by the sample, whichever is larger (the safe side)."""
     common = dict(entity_type=entity.name, source_fields=[*sink_conf.fields, sink_conf.freshness_field], ttl=bool(entity.ttl_seconds), max_fill=conf.redis.max_fill)
-    if not cluster:
+    if topology is None:
         p = primaries[0]
         return [project_growth(p.client, keys=keys, rows=rows, total_entities=total, memory=p.memory, capacity=p.capacity, **common)]
-    topology = ClusterTopology.discover(sink_conf.url, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
     groups = topology.group(key_slots(keys)) if keys else {}
     out = []
     for p in primaries:
