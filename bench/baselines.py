@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 import redis
 from psycopg import sql
 
-from serializers.resp import EntityCommands
+from serializers.resp import WRITE_SCRIPT, EntityCommands
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -33,8 +33,14 @@ def _host_port(url: str) -> tuple[str, int]:
 
 
 def raw_load(url: str, commands: list[EntityCommands], chunk_entities: int = 500) -> float:
-    """Send pre-built commands as fast as one connection takes them; returns seconds."""
-    expected = sum(int(c.replies.sum()) for c in commands)
+    """Send pre-built commands as fast as one connection takes them; returns seconds.
+
+    Each entity's command is one call of the write script, loaded here first; each
+    element of ``commands`` may instead say how many replies it expects (``replies``)."""
+    loader = redis.Redis.from_url(url)
+    loader.script_load(WRITE_SCRIPT)
+    loader.close()
+    expected = sum(getattr(c, "replies", len(c)) for c in commands)
     chunks = [c.wire_bytes(s, min(len(c), s + chunk_entities)) for c in commands for s in range(0, len(c), chunk_entities)]
     sock = socket.create_connection(_host_port(url))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

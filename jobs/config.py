@@ -117,7 +117,11 @@ class RedisConf(_Strict):
     """The server's hash-max-listpack-* for the capacity check when CONFIG GET is refused
     (a least-privilege user); unset: Redis's defaults 512 / 64 are assumed."""
     recheck_every: int = Field(20, ge=1)
-    """Re-read used memory every N pipeline chunks during the write."""
+    """Re-read used memory (and evicted_keys) every N pipeline chunks during the write."""
+    eviction: Literal["refuse", "warn"] = "refuse"
+    """When the server's maxmemory-policy may evict this run's keys (allkeys-*, or volatile-*
+    for an entity type with a TTL): refuse to write, or write with a warning. Either way a
+    run during which such a server evicted keys fails."""
     sample_entities: int = Field(1000, ge=10)
     """Entities encoded on the driver to project the write's memory growth."""
     ttl_jitter: float = Field(0.1, ge=0, le=1)

@@ -24,7 +24,7 @@ from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
 from sinks.sql_sink import SqlSink, SqlSinkConfig
 
 STATS_SCHEMA = (
-    "entities long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
+    "entities long, skipped_newer long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
     "round_trips long, retries long, redirects long, peak_rss long, seconds double, stopped string, error string"
 )
 
@@ -43,7 +43,7 @@ def peak_rss() -> int:
 
 
 _STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects", "peak_rss")]
+    [(name, pa.int64()) for name in ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects", "peak_rss")]
     + [("seconds", pa.float64()), ("stopped", pa.string()), ("error", pa.string())]
 )
 
@@ -78,11 +78,11 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
 
 
 SQL_STATS_SCHEMA = (
-    "rows_upserted long, duplicates long, statements long, transactions long, retries long, reconnects long, "
+    "rows_upserted long, rows_skipped_newer long, duplicates long, statements long, transactions long, retries long, reconnects long, "
     "bytes_sent long, non_finite long, peak_rss long, seconds double, error string"
 )
 _SQL_STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("rows_upserted", "duplicates", "statements", "transactions", "retries", "reconnects", "bytes_sent", "non_finite", "peak_rss")]
+    [(name, pa.int64()) for name in ("rows_upserted", "rows_skipped_newer", "duplicates", "statements", "transactions", "retries", "reconnects", "bytes_sent", "non_finite", "peak_rss")]
     + [("seconds", pa.float64()), ("error", pa.string())]
 )
 

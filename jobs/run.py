@@ -41,7 +41,7 @@ from serializers.batch import encode_batch
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis_capacity import MemoryInfo, Projection, project_growth, read_memory_info
 from sinks.redis_cluster import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots, node_url
-from sinks.redis_sink import RedisSinkConfig, RedisTls, connect
+from sinks.redis_sink import KeysEvicted, RedisRestarted, RedisSinkConfig, RedisTls, connect, node_address
 from sinks.redis_sink import is_transient as redis_is_transient
 from sinks.retry import call_with_retries
 from sinks.sql_sink import SqlSinkConfig, detect_dialect, ensure_schema, pre_split
@@ -326,13 +326,20 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         summary.sinks["redis"] = stats
         for projection in sorted(projections, key=lambda p: -p.fill):
             projection.check()  # raises CapacityError: nothing written
+        guard_evictions = _check_eviction_policy(conf, entity, primaries, sink_conf, summary)
 
         ceilings = {p.address: int(p.capacity * conf.redis.hard_fill) for p in primaries}
+        # baselines taken before any write: what every writer (whenever it starts) and the
+        # check after the last write compare with
+        before = {p.address or node_address(sink_conf.url): p.memory for p in primaries}
         plan = RedisWritePlan(
             sink=replace(
                 redis_sink_config(conf, source, entity, date, min(ceilings.values()), url),
                 cluster=cluster,
                 node_ceilings=tuple((a, c) for a, c in ceilings.items() if a) if cluster else (),
+                run_ids=tuple((a, m.run_id) for a, m in before.items()),
+                evicted_keys=tuple((a, m.evicted_keys) for a, m in before.items()),
+                stop_on_eviction=guard_evictions,
             ),
             features=specs,
             as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
@@ -341,8 +348,13 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
         with progress(spark, f"write {source.name} to redis"):
             parts = good.mapInArrow(partial(write_redis_partition, plan), STATS_SCHEMA).collect()
         seconds = time.perf_counter() - start
-        keys = ("entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects")
+        keys = ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects")
         _sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
+        if stats["skipped_newer"]:
+            summary.warnings.append(
+                f"redis: {stats['skipped_newer']:,} entities already hold a newer snapshot of {source.name} than {date} "
+                "and were left as they are"
+            )
         errors = [p["error"] for p in parts if p["error"]]
         if errors:
             kind = TransientSinkError if all(e.startswith(("TransientSinkError", "ChunkFailed", "RedisRestarted", "FailedOverUnreplicated")) for e in errors) else TerminalSinkError
@@ -350,7 +362,7 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
                 f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
                 f"{summary.entities:,} entities were written (a rerun of the date writes them all again); first: {errors[0]}"
             )
-        stats["memory_after"] = _used_memory_now(sink_conf, cluster)
+        stats["memory_after"] = _check_after_write(sink_conf, cluster, before, guard_evictions, stats)
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
             capacity = f"{min(p.capacity for p in primaries):,} B" + (" per primary" if cluster else "")
@@ -365,13 +377,56 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
             p.client.close()
 
 
-def _used_memory_now(sink_conf: RedisSinkConfig, cluster: bool) -> int:
-    """used_memory after the write, of the primaries there are now (a failover replaced one)."""
+def _check_eviction_policy(conf: RunConf, entity: EntityDef, primaries: list[_Primary], sink_conf: RedisSinkConfig, summary: RunSummary) -> bool:
+    """Refuse (or, with redis.eviction: warn, report) a server whose maxmemory-policy may
+    evict this run's keys. Returns whether evictions during the write must fail it (not
+    when every server's policy is volatile-* and the entity type has no TTL)."""
+    ttl = bool(entity.ttl_seconds)
+    # volatile-* evicts only keys with an expiry: keys of an entity type without a TTL are safe
+    concerned = ttl or not all(p.memory.policy.startswith("volatile") for p in primaries)
+    evicting = [p for p in primaries if p.memory.evicts(ttl)]
+    if not evicting:
+        return concerned
+    where = ", ".join(f"{p.address or node_address(sink_conf.url)} ({p.memory.policy})" for p in evicting)
+    text = (
+        f"Redis maxmemory-policy may evict {entity.name} keys this run writes ({'any key' if 'allkeys' in where else 'keys with a TTL'}): {where}; "
+        "evicted entities would read as missing. Set maxmemory-policy noeviction (the write then stops at maxmemory instead)"
+    )
+    if conf.redis.eviction == "refuse":
+        raise CapacityError(f"refusing to write: {text}, or redis.eviction: warn to write anyway. Nothing was written.")
+    summary.warnings.append(f"{text}. Writing anyway (redis.eviction: warn); the run fails if keys are evicted during it.")
+    return True
+
+
+def _check_after_write(sink_conf: RedisSinkConfig, cluster: bool, before: dict[str, MemoryInfo], guard_evictions: bool, stats: dict) -> int:
+    """After the last write: no server restarted without persistence and none evicted keys
+    since the baselines (a writer started after such an event could not tell). Returns
+    used_memory of the primaries there are now (a failover replaced one)."""
     router = KeyRouter(sink_conf.url, cluster, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls)
     try:
-        return router.used_memory()
+        addresses = router.topology.primaries if router.topology else [None]
+        used = evicted = 0
+        for address in addresses:
+            info = router.client(address).info("memory", "stats", "server", "persistence")
+            used += int(info["used_memory"])
+            name = address or node_address(sink_conf.url)
+            if name not in before:
+                continue  # a promoted replica: the cluster writer checked its failover
+            if str(info["run_id"]) != before[name].run_id and not int(info.get("aof_enabled", 0)):
+                raise RedisRestarted(
+                    f"Redis at {name} restarted during the run without persistence (AOF off): entities written before "
+                    "the restart are gone; rerun the date"
+                )
+            evicted += max(0, int(info.get("evicted_keys", 0)) - before[name].evicted_keys)
     finally:
         router.close()
+    stats["evicted_keys"] = evicted
+    if evicted and guard_evictions:
+        raise KeysEvicted(
+            f"Redis evicted {evicted:,} key(s) during the write (maxmemory-policy): entities this run wrote may be gone; "
+            "free memory or raise maxmemory, set maxmemory-policy noeviction, and rerun the date"
+        )
+    return used
 
 
 def _project(conf: RunConf, sink_conf: RedisSinkConfig, entity: EntityDef, total: int, primaries: list[_Primary], keys: list[bytes], rows: list[list], topology: ClusterTopology | None) -> list[Projection]:
@@ -480,8 +535,12 @@ def write_sql(spark: SparkSession, conf: RunConf, sink_conf: SqlSinkConfig, sour
         plan = SqlWritePlan(sink=sink_conf, as_of_column=tf.AS_OF if tf.AS_OF in rows.columns else None)
         parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_sql_partition, plan), SQL_STATS_SCHEMA).collect()
     seconds = time.perf_counter() - start
-    keys = ("rows_upserted", "statements", "transactions", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
+    keys = ("rows_upserted", "rows_skipped_newer", "statements", "transactions", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
     _sum_partition_stats(stats, parts, keys, seconds, rate=("rows_per_s", "rows_upserted"))
+    if stats["rows_skipped_newer"]:
+        summary.warnings.append(
+            f"{dialect}: {stats['rows_skipped_newer']:,} rows already hold a newer snapshot of {source.name} and were left as they are"
+        )
     errors = [p["error"] for p in parts if p["error"]]
     if errors:
         raise TerminalSinkError(
@@ -539,7 +598,7 @@ def verify_writes(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.
     if "cockroach" in summary.sinks:
         found.append(verify.verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
     for m in found:
-        summary.verification[m.sink] = {"checked": len(rows), "mismatches": m.count, "listed": m.listed}
+        summary.verification[m.sink] = {"checked": len(rows), "newer": m.newer, "mismatches": m.count, "listed": m.listed}
     wrong = [m for m in found if m.count]
     if wrong:
         total = sum(m.count for m in wrong)

@@ -90,7 +90,8 @@ class RunSummary:
                     continue
                 rows.append((f"{name}: {key.replace('_', ' ')}", text))
         for name, check in self.verification.items():
-            rows.append((f"{name}: verified", f"{check['checked']:,} entities read back, {check['mismatches']:,} mismatches"))
+            newer = f" ({check['newer']:,} hold a newer snapshot)" if check.get("newer") else ""
+            rows.append((f"{name}: verified", f"{check['checked']:,} entities read back{newer}, {check['mismatches']:,} mismatches"))
         if self.data_docs:
             rows.append(("data docs", self.data_docs))
         rows.append(("seconds", f"{self.seconds:,.1f}"))

@@ -1,25 +1,34 @@
 """Redis commands for a whole batch of entities, built column-wise as RESP bytes.
 
 Building commands argument by argument in Python (what a client library does) costs
-more than the Redis server spends running them. Here each entity's commands become one
+more than the Redis server spends running them. Here each entity's command becomes one
 value of an Arrow binary array, assembled by Arrow compute from the encoded feature
 columns, so no Python object is made per value. The array's data buffer then holds the
 wire bytes of any run of consecutive entities: a pipeline chunk is a zero-copy slice.
 
-Per entity (README "Online format"), in this order:
+Per entity (README "Online format"), one ``EVALSHA`` of :data:`WRITE_SCRIPT`, which on
+the server, atomically:
 
-- ``HSET key fid value ... freshness_fid as_of``: every non-null feature, then the
-  source's freshness field;
-- ``HDEL key fid ...``: the source's features that are null, only when there are any;
-- ``EXPIRE key ttl``: only when the entity type has a TTL.
+- leaves the hash as it is (replies 0) when its freshness field for this source holds a
+  later as-of time than this write's: an older snapshot never replaces a newer one,
+  whoever writes it and in whatever order;
+- else ``HSET``s every non-null feature and the freshness field, ``HDEL``s the source's
+  null features, and ``EXPIRE``s the key (``PERSIST`` when the entity type has no TTL),
+  and replies 1.
 
-A value's argument is written as ``\\r\\n$4\\r\\n<fid>\\r\\n$<len>\\r\\n<value>``: the CRLF
-that ends each argument leads the next one, so a null value (no argument at all) is an
-empty piece, and the freshness argument, always present, closes the command.
+The script declares its flags (``#!lua``), so Redis refuses it whole with ``OOM`` before
+it runs when memory is full: an entity gets all of its commands or none.
+
+Arguments: ``KEYS[1]`` the key; ``ARGV`` the TTL (0: none), the number of (field, value)
+pairs, the pairs with the freshness field last, then the fields to delete. A value's
+argument is written as ``\\r\\n$4\\r\\n<fid>\\r\\n$<len>\\r\\n<value>``: the CRLF that ends
+each argument leads the next one, so a null value (no argument at all) is an empty piece,
+and the freshness argument, always present, closes the pairs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +38,23 @@ import pyarrow.compute as pc
 
 CRLF = b"\r\n"
 _NULL = pa.scalar(None, pa.binary())
+
+WRITE_SCRIPT = b"""#!lua
+local last = 2 + 2 * tonumber(ARGV[2])
+local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[last - 1]))
+if stored and stored > tonumber(ARGV[last]) then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3, last))
+if #ARGV > last then redis.call('HDEL', KEYS[1], unpack(ARGV, last + 1)) end
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
+return 1
+"""
+"""The conditional write of one entity and source (see the module docstring)."""
+WRITE_SCRIPT_SHA = hashlib.sha1(WRITE_SCRIPT).hexdigest().encode()
+MAX_FEATURES = 3000
+"""Features of one source in one script call: Lua's unpack takes about 8,000 values."""
+WRITTEN, SKIPPED_NEWER = 1, 0
+"""The script's replies."""
 
 
 def bulk(value: bytes) -> bytes:
@@ -44,11 +70,7 @@ def command(*args: bytes) -> bytes:
 @dataclass(frozen=True)
 class EntityCommands:
     wire: pa.Array
-    """One binary value per entity: its commands, back to back."""
-    replies: np.ndarray
-    """Commands (so replies) per entity."""
-    deletes: np.ndarray
-    """Per entity: whether it has an HDEL (its second command)."""
+    """One binary value per entity: its command (one reply each)."""
     values_set: np.ndarray
     """Per entity: feature values in its HSET (the freshness field not counted)."""
 
@@ -102,12 +124,14 @@ def entity_commands(
     freshness: bytes | pa.Array,
     ttl: pa.Array | np.ndarray | None = None,
 ) -> EntityCommands:
-    """The RESP commands of each entity (see the module docstring).
+    """The RESP command of each entity (see the module docstring).
 
     ``keys``: binary, the full Redis key per entity. ``columns``: encoded feature values
     (binary, null where not written) in the order of ``fields``. ``freshness``: the as-of
     value, one for all or one per entity. ``ttl``: seconds per entity, or None.
     """
+    if len(fields) > MAX_FEATURES:
+        raise ValueError(f"{len(fields)} features in one source: at most {MAX_FEATURES} fit one write script call")
     n = len(keys)
     keys = keys.cast(pa.binary())
     key_arg = _join(b"$", _decimal(pc.binary_length(keys)), CRLF, keys)  # no CRLF: see module docstring
@@ -117,7 +141,14 @@ def entity_commands(
     values_set = valid.sum(axis=0, dtype=np.int64)
     nulls = len(columns) - values_set
 
-    pieces: list = [_join(b"*", _decimal(2 * values_set + 4), b"\r\n$4\r\nHSET\r\n", key_arg)]
+    seconds = _decimal(np.zeros(n, np.int64) if ttl is None else ttl)
+    pairs = _decimal(values_set + 1)
+    # EVALSHA sha 1 key ttl pairs, the pairs' 2 arguments each, the deletes
+    head = b"\r\n$7\r\nEVALSHA\r\n$40\r\n" + WRITE_SCRIPT_SHA + b"\r\n$1\r\n1\r\n"
+    pieces: list = [
+        _join(b"*", _decimal(2 * values_set + nulls + 8), head, key_arg, CRLF),
+        _join(b"$", _decimal(pc.binary_length(seconds)), CRLF, seconds, CRLF, b"$", _decimal(pc.binary_length(pairs)), CRLF, pairs),
+    ]
     for fid, col in zip(fields, columns):
         pieces += [_value_heads(b"\r\n$4\r\n" + fid + b"\r\n$", col), col]
     fresh_head = b"\r\n$4\r\n" + freshness_field + b"\r\n"
@@ -126,18 +157,7 @@ def entity_commands(
     else:
         stamp = _decimal(freshness)
         pieces.append(_join(fresh_head + b"$", _decimal(pc.binary_length(stamp)), CRLF, stamp, CRLF))
-
-    deletes = nulls > 0
-    if deletes.any():
-        mask = pa.array(deletes)
-        hdel = _join(b"*", _decimal(nulls + 2), b"\r\n$4\r\nHDEL\r\n", key_arg, CRLF)
-        pieces.append(pc.if_else(mask, hdel, _NULL))
-        for j, fid in enumerate(fields):
-            if not valid[j].all():
-                pieces.append(pc.if_else(pa.array(~valid[j]), pa.scalar(bulk(fid)), _NULL))
-    if ttl is not None:
-        seconds = _decimal(ttl)
-        pieces.append(_join(b"*3\r\n$6\r\nEXPIRE\r\n", key_arg, CRLF, b"$", _decimal(pc.binary_length(seconds)), CRLF, seconds, CRLF))
-    wire = _join(*pieces, nulls_as_empty=True)
-    replies = 1 + deletes.astype(np.int64) + (1 if ttl is not None else 0)
-    return EntityCommands(wire=wire, replies=replies, deletes=deletes, values_set=values_set)
+    for j, fid in enumerate(fields):
+        if not valid[j].all():
+            pieces.append(pc.if_else(pa.array(~valid[j]), pa.scalar(bulk(fid)), _NULL))
+    return EntityCommands(wire=_join(*pieces, nulls_as_empty=True), values_set=values_set)

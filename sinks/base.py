@@ -19,6 +19,8 @@ class WriteStats:
     retries: int = 0
     redirects: int = 0
     """Redis Cluster: entities sent again to another node after MOVED/ASK."""
+    skipped_newer: int = 0
+    """Entities left as they were: the store holds a newer snapshot of the source."""
 
     def add(self, other: WriteStats) -> WriteStats:
         for f in fields(self):

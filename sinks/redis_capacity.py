@@ -35,6 +35,18 @@ class MemoryInfo:
     listpack_value: int
     listpack_note: str | None = None
     """Set when the server's hash-max-listpack-* could not be read: which values were assumed."""
+    policy: str = "noeviction"
+    """maxmemory-policy: what Redis does at maxmemory (evict keys, or refuse writes)."""
+    evicted_keys: int = 0
+    run_id: str = ""
+    """Changes when the server restarts: taken before any write, compared after."""
+
+    def evicts(self, ttl: bool) -> bool:
+        """Whether the policy may evict this run's keys: any key (allkeys-*), or keys with an
+        expiry (volatile-*) when the entity type has a TTL. No maxmemory: nothing is evicted."""
+        if not self.maxmemory or self.policy == "noeviction":
+            return False
+        return self.policy.startswith("allkeys") or ttl
 
     def capacity(self, configured: int | None) -> int:
         if self.maxmemory:
@@ -53,7 +65,7 @@ def read_memory_info(client: redis.Redis, entries: int | None = None, value: int
     A least-privilege user may not run CONFIG GET (it would also read secrets such as
     requirepass): the limits then come from ``entries``/``value`` (the config's copy of the
     server's settings), else Redis's defaults 512/64, and the note says which were used."""
-    info = client.info("memory")
+    info = client.info("memory", "stats", "server")
     note = None
     try:
         conf = client.config_get("hash-max-listpack-*")
@@ -65,7 +77,10 @@ def read_memory_info(client: redis.Redis, entries: int | None = None, value: int
         where = "from the config" if configured else "Redis's defaults: set redis.hash_max_listpack_entries/_value to the server's values"
         note = f"CONFIG GET hash-max-listpack-* refused ({exc}); the capacity check assumed entries {entries}, value {value} ({where})"
         log.warning("%s", note)
-    return MemoryInfo(int(info["used_memory"]), int(info.get("maxmemory", 0)), entries, value, note)
+    return MemoryInfo(
+        int(info["used_memory"]), int(info.get("maxmemory", 0)), entries, value, note,
+        policy=str(info.get("maxmemory_policy", "noeviction")), evicted_keys=int(info.get("evicted_keys", 0)), run_id=str(info.get("run_id", "")),
+    )
 
 
 def _listpack_entry(value: bytes) -> int:

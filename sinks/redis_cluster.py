@@ -25,6 +25,7 @@ import redis
 from redis.crc import key_slot
 
 from serializers.batch import EncodedBatch
+from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT
 from sinks.base import WriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.redis_sink import (
@@ -36,8 +37,8 @@ from sinks.redis_sink import (
     RedisSinkConfig,
     connect,
     entity_commands,
+    entity_ttls,
     server_address,
-    ttl_with_jitter,
 )
 from sinks.retry import call_with_retries
 
@@ -178,10 +179,11 @@ class RedisClusterSink:
         self._own = WriteStats()
         """Counted here: non-finite values, redirects and the cluster's own retries."""
         self._prefix = config.key_prefix.encode("utf-8")
-        self._run_ids: dict[str, str] = {}
+        self._run_ids: dict[str, str] = dict(config.run_ids)
+        """run_id per node (the driver's, before any write), kept across a dropped writer: a
+        restart without persistence is caught."""
         self._waited: dict[str, int] = {}
         """Per node that was written to: the replicas its writes were WAITed for."""
-        """run_id per node, kept across a dropped writer: a restart without persistence is caught."""
 
     @property
     def stats(self) -> WriteStats:
@@ -226,7 +228,7 @@ class RedisClusterSink:
     def _node(self, address: str) -> RedisSink:
         if address not in self.nodes:
             sink = RedisSink(replace(self.config, url=node_url(self.config.url, address), ceiling_bytes=self._ceiling(address)))
-            sink._run_id = self._run_ids.get(address)
+            sink._run_id = self._run_ids.get(address, sink._run_id)
             self.nodes[address] = sink
             try:
                 sink.open()
@@ -338,13 +340,11 @@ class RedisClusterSink:
             share = np.array(positions)
             sub = _take(batch, share)
             keys = pc.binary_join_element_wise(self._prefix, sub.ids.cast(pa.binary()), b"")
-            ttl = None
-            if c.ttl_seconds:
-                ttl = np.fromiter((ttl_with_jitter(k, c.ttl_seconds, c.ttl_jitter) for k in keys.to_pylist()), np.int64, len(keys))
             freshness = str(c.as_of).encode() if as_of is None else as_of.take(pa.array(share))
-            commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, ttl)
+            commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys))
             client = connect(node_url(c.url, target), **self._connect_options())
             try:
+                client.script_load(WRITE_SCRIPT)  # the importing node may never have run it
                 pipe = client.pipeline(transaction=False)
                 for i in range(len(share)):
                     reader = hiredis.Reader()
@@ -360,12 +360,12 @@ class RedisClusterSink:
             finally:
                 client.close()
             replies = replies[1::2]  # the commands' own replies (ASKING answers OK)
-            at = 0
-            for i in range(len(share)):
-                mine = replies[at : at + int(commands.replies[i])]
-                at += int(commands.replies[i])
-                refused = next((r for r in mine if isinstance(r, Exception)), None)
-                if refused is None:
+            for i, reply in enumerate(replies):
+                refused = reply if isinstance(reply, Exception) else None
+                if refused is None and reply == SKIPPED_NEWER:
+                    self._own.skipped_newer += 1
+                    outcome.progress += 1
+                elif refused is None:
                     values = int(commands.values_set[i])
                     self._own.add(WriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values))
                     outcome.progress += 1
@@ -425,7 +425,8 @@ class KeyRouter:
         self.topology = ClusterTopology.discover(url, **connect_options) if cluster else None
         self.clients: dict[str | None, redis.Redis] = {}
 
-    def _client(self, address: str | None) -> redis.Redis:
+    def client(self, address: str | None) -> redis.Redis:
+        """The client of one node (None: the one server), made once."""
         if address not in self.clients:
             self.clients[address] = connect(node_url(self.url, address) if address else self.url, **self.options)
         return self.clients[address]
@@ -435,7 +436,7 @@ class KeyRouter:
         groups = self.topology.group(key_slots(keys)) if self.topology else {None: np.arange(len(keys))}
         out: list = [None] * len(keys)
         for address, positions in groups.items():
-            pipe = self._client(address).pipeline(transaction=False)
+            pipe = self.client(address).pipeline(transaction=False)
             for i in positions:
                 add(pipe, keys[i])
             for i, reply in zip(positions, pipe.execute()):
@@ -445,7 +446,7 @@ class KeyRouter:
     def used_memory(self) -> int:
         """used_memory summed over the primaries (or the one server)."""
         addresses = self.topology.primaries if self.topology else [None]
-        return sum(int(self._client(a).info("memory")["used_memory"]) for a in addresses)
+        return sum(int(self.client(a).info("memory")["used_memory"]) for a in addresses)
 
     def close(self) -> None:
         for client in self.clients.values():

@@ -1,13 +1,19 @@
-"""Redis sink: one hash per entity, pipelined HSET/HDEL/EXPIRE in bounded chunks.
+"""Redis sink: one hash per entity, a pipelined conditional write per entity, in bounded chunks.
 
 The commands are built column-wise as RESP bytes (:mod:`serializers.resp`) and written
 to the socket of a connection that redis-py made (so TLS, AUTH and SELECT are its
 business); replies are parsed with hiredis. redis-py itself runs the control commands.
 
-Per entity and source (README "Online format"): HSET every non-null feature and the
-source's freshness field, HDEL the source's null features, EXPIRE with jitter. Fields
-of other sources in the same hash are never touched. Every command can be repeated, so
-a chunk that failed on a dropped connection is simply sent again.
+Per entity and source (README "Online format"), one server-side script call: unless the
+hash already holds a newer snapshot of this source, HSET every non-null feature and the
+source's freshness field, HDEL the source's null features, EXPIRE with jitter (PERSIST
+without a TTL). Fields of other sources in the same hash are never touched. Every call
+can be repeated, so a chunk that failed on a dropped connection is simply sent again.
+
+What the writer cannot see from its replies, it checks: the server's ``run_id`` against
+the one the driver read before any write (a restart without persistence loses what was
+acknowledged), and ``evicted_keys`` against the driver's baseline (an eviction policy
+may drop keys this run wrote).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from serializers.batch import EncodedBatch
-from serializers.resp import EntityCommands, command, entity_commands
+from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
 from sinks.base import WriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
@@ -93,6 +99,13 @@ class RedisSinkConfig:
     wait_timeout_ms: int = 5000
     failover_timeout: float = 60.0
     """Cluster: how long to wait for a replica to take over the slots of a lost primary."""
+    run_ids: tuple[tuple[str, str], ...] = ()
+    """("host:port", run_id) of each server as the driver saw it before any write: a server
+    whose run_id differs later restarted during the run."""
+    evicted_keys: tuple[tuple[str, int], ...] = ()
+    """("host:port", evicted_keys) before any write: growth means Redis evicted keys."""
+    stop_on_eviction: bool = True
+    """Stop the writer when evicted_keys grew (redis.eviction: refuse)."""
 
 
 class CeilingReached(CapacityError):
@@ -119,6 +132,10 @@ class NotReplicated(redis.ConnectionError):
 
 class RedisRestarted(TransientSinkError):
     """The server restarted mid-write without persistence: acknowledged writes may be gone."""
+
+
+class KeysEvicted(TerminalSinkError):
+    """Redis evicted keys during the write: some entities this run wrote may be gone."""
 
 
 class TlsVerificationError(TerminalSinkError):
@@ -191,6 +208,12 @@ def connect(url: str, *, password: str | None = None, username: str | None = Non
     )
 
 
+def node_address(url: str) -> str:
+    """host:port of a Redis URL: how the driver's baselines name a server."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
 def server_address(url: str) -> str:
     """host:port/db of a Redis URL, never its credentials (for messages)."""
     parts = urlsplit(url)
@@ -203,6 +226,13 @@ def ttl_with_jitter(key: bytes, ttl: int, jitter: float) -> int:
     return ttl + (xxhash.xxh32_intdigest(key) % (span + 1) if span else 0)
 
 
+def entity_ttls(config: RedisSinkConfig, keys: pa.Array) -> np.ndarray | None:
+    """Each key's EXPIRE seconds, or None when the entity type has no TTL (the write PERSISTs)."""
+    if not config.ttl_seconds:
+        return None
+    return np.fromiter((ttl_with_jitter(k, config.ttl_seconds, config.ttl_jitter) for k in keys.to_pylist()), np.int64, len(keys))
+
+
 class RedisSink:
     def __init__(self, config: RedisSinkConfig):
         self.config = config
@@ -213,8 +243,10 @@ class RedisSink:
         self._conn: redis.Connection | None = None
         """The pipeline's connection: made by redis-py, written to with RESP built here."""
         self._reader: hiredis.Reader | None = None
-        self._run_id: str | None = None
-        """The server's run_id when the pipeline first connected (a restart changes it)."""
+        self._run_id: str | None = dict(config.run_ids).get(node_address(config.url))
+        """The server's run_id before the write (the driver's), else when the pipeline first
+        connected: a restart changes it."""
+        self._evicted: int | None = dict(config.evicted_keys).get(node_address(config.url))
         self._wait: bytes = b""
         """The WAIT command sent after each chunk (empty: none)."""
         self._wait_for = 0
@@ -248,12 +280,24 @@ class RedisSink:
         return int(self.client.info("memory")["used_memory"])
 
     def _over_ceiling(self) -> int | None:
-        """used_memory when it is past the hard ceiling, else None."""
+        """used_memory when it is past the hard ceiling, else None; checks evictions too."""
+        info = self.client.info("memory", "stats")
+        self._check_evictions(int(info.get("evicted_keys", 0)))
         ceiling = self.config.ceiling_bytes
         if ceiling is None:
             return None
-        used = self.used_memory()
+        used = int(info["used_memory"])
         return used if used > ceiling else None
+
+    def _check_evictions(self, evicted: int) -> None:
+        if self._evicted is None:
+            self._evicted = evicted
+        elif evicted > self._evicted and self.config.stop_on_eviction:
+            raise KeysEvicted(
+                f"Redis at {server_address(self.config.url)} evicted {evicted - self._evicted:,} key(s) during the write "
+                f"(maxmemory-policy {self.client.info('memory').get('maxmemory_policy', '?')}): entities written may be gone; "
+                f"this writer stopped after {self.stats.entities:,} entities"
+            )
 
     def check_ceiling(self) -> None:
         used = self._over_ceiling()
@@ -268,11 +312,8 @@ class RedisSink:
         ``as_of``: a freshness value per row (range runs) instead of the config's one."""
         c = self.config
         keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"")
-        ttl = None
-        if c.ttl_seconds:
-            ttl = np.fromiter((ttl_with_jitter(k, c.ttl_seconds, c.ttl_jitter) for k in keys.to_pylist()), np.int64, len(keys))
         freshness = str(c.as_of).encode() if as_of is None else as_of
-        commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, ttl)
+        commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys))
         bounds = [(start, min(len(commands), start + c.chunk_entities)) for start in range(0, len(commands), c.chunk_entities)]
         batch_stats = WriteStats(non_finite=batch.non_finite)
         self.stats.non_finite += batch.non_finite
@@ -349,6 +390,9 @@ class RedisSink:
         conn = self.client.connection_pool.get_connection()
         conn.connect()
         self._check_not_restarted()
+        # the script cache is the server's: empty after a restart or SCRIPT FLUSH, so load it
+        # on every (re)connect; EVALSHA then finds it (NOSCRIPT otherwise: resent after this)
+        self.client.script_load(WRITE_SCRIPT)
         if self.config.wait_replicas:
             # wait for the replicas there are: a promoted replica may have none yet
             attached = int(self.client.info("replication").get("connected_slaves", 0))
@@ -404,51 +448,48 @@ class RedisSink:
     def _acknowledge(self, commands: EntityCommands, keys: pa.Array, bound: tuple[int, int], batch_stats: WriteStats) -> None:
         """Read one chunk's replies and count what it wrote; stop on the first refused command.
 
-        An entity counts as written when its HSET was accepted (HSET is atomic: a hash gets
-        all of the entity's values or none). ``values_deleted`` counts the null features
-        cleared by HDEL whether or not the field was there, so a resent chunk or a retried
-        task counts the same as a clean run."""
+        One reply per entity: 1 written, 0 left as it was (the hash holds a newer snapshot
+        of this source), or an error, in which case the script did nothing (it is refused
+        before it runs). ``values_deleted`` counts the null features cleared whether or not
+        the field was there, so a resent chunk or a retried task counts the same as a clean run."""
         start, stop = bound
-        per_entity = commands.replies[start:stop]
-        replies = self._replies(int(per_entity.sum()) + bool(self._wait))
+        replies = self._replies(stop - start + bool(self._wait))
         if self._wait:
             self._check_replicated(replies.pop())
-        first = np.zeros(stop - start, dtype=np.int64)  # index of each entity's HSET reply
-        np.cumsum(per_entity[:-1], out=first[1:])
-        written = np.fromiter((not isinstance(replies[i], hiredis.ReplyError) for i in first), bool, stop - start)
+        if any(isinstance(r, hiredis.ReplyError) and str(r).startswith("NOSCRIPT") for r in replies):
+            # the server lost its script cache (SCRIPT FLUSH, a restart): reconnect, load, resend
+            raise redis.ConnectionError(f"Redis at {server_address(self.config.url)} answered NOSCRIPT: the write script is loaded again")
+        written = np.fromiter((r == WRITTEN and not isinstance(r, hiredis.ReplyError) for r in replies), bool, stop - start)
+        skipped = sum(1 for r in replies if r == SKIPPED_NEWER and not isinstance(r, hiredis.ReplyError))
         refused = None
-        redirected: dict[int, str] = {}
         for i, reply in enumerate(replies):
             if not isinstance(reply, hiredis.ReplyError):
                 continue
             if self.config.cluster and str(reply).startswith(("MOVED ", "ASK ", "CLUSTERDOWN", "TRYAGAIN")):
                 # the slot moved or is moving, or the cluster is electing a new primary: the
-                # whole entity is sent again (where the reply says) after a refresh of the map
-                redirected.setdefault(int(np.searchsorted(first, i, side="right")) - 1, str(reply))
+                # entity is sent again (where the reply says) after a refresh of the map
+                self.redirected.append((start + i, str(reply)))
             elif refused is None:
                 refused = i
-        for entity, reply in redirected.items():
-            written[entity] = False
-            self.redirected.append((start + entity, reply))
         values_set = commands.values_set[start:stop]
         chunk = WriteStats(
             entities=int(written.sum()),
             values_set=int(values_set[written].sum()),
             values_deleted=int((len(self.config.fields) - values_set[written]).sum()),
+            skipped_newer=skipped,
         )
         batch_stats.add(chunk)
-        for name in ("entities", "values_set", "values_deleted"):
+        for name in ("entities", "values_set", "values_deleted", "skipped_newer"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(chunk, name))
         if refused is None:
             return
         reply = replies[refused]
-        entity = start + int(np.searchsorted(first, refused, side="right")) - 1
         if str(reply).startswith("OOM"):
             # Redis's own maxmemory was reached before our ceiling noticed: stop, and report
             # what was written (the counts above include this chunk's accepted entities).
             used = self.used_memory()
             raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats, oom=True) from reply
-        raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused a command for key {keys[entity].as_py()!r}: {reply}") from reply
+        raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused a command for key {keys[start + refused].as_py()!r}: {reply}") from reply
 
     def _check_replicated(self, reply) -> None:
         if isinstance(reply, hiredis.ReplyError) or reply < self._wait_for:

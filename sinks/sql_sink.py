@@ -85,6 +85,9 @@ class SqlSinkConfig:
 @dataclass
 class SqlWriteStats:
     rows_upserted: int = 0
+    """Rows written (inserted, or replacing an older or equal snapshot)."""
+    rows_skipped_newer: int = 0
+    """Rows left as they were: the table holds a newer snapshot of the entity and source."""
     duplicates: int = 0
     """Repeated keys in the input; the last row of a key wins."""
     statements: int = 0
@@ -294,7 +297,7 @@ class SqlSink:
 
     def _statement(self, rows: int) -> sql.Composed:
         if rows not in self._statements:
-            self._statements[rows] = stmts.upsert(self.conf.table_id, self.conf.dialect, rows)
+            self._statements[rows] = stmts.upsert(self.conf.table_id, rows)
         return self._statements[rows]
 
     def _send(self, rows: int) -> None:
@@ -309,24 +312,29 @@ class SqlSink:
         full = params if rows % size == 0 else params[:-1]
         last = None if rows % size == 0 else params[-1]
 
-        def execute() -> None:
+        def execute() -> int:
+            """Rows written; the others hold a newer snapshot (the upsert's WHERE left them)."""
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.conf)
                 self.stats.reconnects += 1
             conn = self._conn
             if len(params) == 1:  # one statement: its own implicit transaction
-                conn.execute(self._statement(rows), params[0])
-                return
+                return conn.execute(self._statement(rows), params[0]).rowcount
+            written = 0
             with conn.transaction(), conn.cursor() as cur:
                 if full:
                     cur.executemany(self._statement(size), full)  # pipelined: one round trip
+                    written += cur.rowcount  # summed over the statements
                 if last is not None:
                     cur.execute(self._statement(rows % size), last)
+                    written += cur.rowcount
+            return written
 
         keys = self._keys
-        self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[rows - 1]!r}")
+        written = self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[rows - 1]!r}")
         del self._keys[:rows], self._maps[:rows], self._as_ofs[:rows]
-        self.stats.rows_upserted += rows
+        self.stats.rows_upserted += written
+        self.stats.rows_skipped_newer += rows - written
         self.stats.statements += len(params)
         self.stats.transactions += 1
 

@@ -1,8 +1,9 @@
 """The SQL the sink sends, per dialect, composed with ``psycopg.sql`` (identifiers quoted).
 
 CockroachDB and PostgreSQL share the wire protocol and most SQL; the differences that
-matter here are the full-row upsert (``UPSERT INTO`` is CockroachDB's blind-write fast
-path), the column type names, and pre-splitting (``SPLIT AT``, CockroachDB only).
+matter here are the column type names and pre-splitting (``SPLIT AT``, CockroachDB only).
+The upsert is the same on both: CockroachDB's blind ``UPSERT INTO`` would replace a newer
+snapshot with an older one, so both take ``INSERT ... ON CONFLICT ... DO UPDATE ... WHERE``.
 """
 
 from __future__ import annotations
@@ -44,17 +45,22 @@ def create_table(table: sql.Identifier, dialect: Dialect) -> sql.Composed:
     ).format(table=table, text=sql.SQL(text))
 
 
-def upsert(table: sql.Identifier, dialect: Dialect, rows: int) -> sql.Composed:
-    """A full-row upsert of ``rows`` rows; parameters are (key, source, json, as_of) per row."""
+def upsert(table: sql.Identifier, rows: int) -> sql.Composed:
+    """A full-row upsert of ``rows`` rows that never replaces a newer snapshot.
+
+    Parameters are (key, source, json, as_of) per row. A row whose stored ``as_of`` is later
+    than the new one is left as it is (the statement's row count leaves it out); an equal
+    one is written again, so a rerun repeats itself. CockroachDB's ``UPSERT`` cannot carry
+    that condition, so both dialects send the same ``INSERT ... ON CONFLICT ... WHERE``,
+    which CockroachDB supports."""
     if rows < 1:
         raise ValueError("an upsert needs at least one row")
     columns = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
     values = sql.SQL(", ").join([sql.SQL("(%s, %s, %s::JSONB, %s)")] * rows)
-    if dialect == "cockroach":
-        return sql.SQL("UPSERT INTO {table} ({columns}) VALUES {values}").format(table=table, columns=columns, values=values)
     return sql.SQL(
-        "INSERT INTO {table} ({columns}) VALUES {values} "
-        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of"
+        "INSERT INTO {table} AS stored ({columns}) VALUES {values} "
+        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
+        "WHERE stored.as_of <= excluded.as_of"
     ).format(table=table, columns=columns, values=values)
 
 

@@ -59,7 +59,7 @@ def test_clean_date_passes_and_leaves_html_and_json_reports(spark, sample_root, 
     assert profile["orders_7d"]["max"] == latest["orders_7d"].max() and profile["orders_7d"]["min"] == latest["orders_7d"].min()
     assert profile["orders_7d"]["zero_fraction"] == pytest.approx(int((latest["orders_7d"] == 0).sum()) / snapshot)
     assert profile["recent_store_ids"]["len_max"] == latest["recent_store_ids"].map(len).max()
-    assert report["verification"]["redis"] == {"checked": summary.entities, "mismatches": 0, "listed": []}
+    assert report["verification"]["redis"] == {"checked": summary.entities, "mismatches": 0, "newer": 0, "listed": []}
     assert report["verification"]["cockroach"]["mismatches"] == 0
 
     # the HTML data docs: index, and a validation page naming the checks with counts

@@ -63,6 +63,17 @@ def assert_all_exact(c: LocalCluster, batch, n: int) -> None:
             assert stored == expected_hash(batch, i, STAMP, {}), f"t:{i} on {port}"
 
 
+def test_an_older_snapshot_is_left_on_every_primary(cluster):
+    n = 600
+    batch = things(n)
+    with RedisClusterSink(cluster_config(cluster)) as sink:
+        sink.write_batch(encode_batch(batch, SPECS))
+    with RedisClusterSink(cluster_config(cluster, as_of=STAMP - 86400)) as sink:
+        stats = sink.write_batch(encode_batch(things(n, offset=0), SPECS))
+    assert (stats.entities, stats.skipped_newer) == (0, n)
+    assert_all_exact(cluster, batch, n)  # every key still holds the newer snapshot
+
+
 def test_writes_go_to_each_slot_owner_pipelined_per_primary(cluster):
     n = 3000
     batch = things(n)

@@ -7,7 +7,7 @@ import pytest
 
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
-from sinks.redis_sink import CeilingReached, RedisRestarted, RedisSink, RedisSinkConfig
+from sinks.redis_sink import CeilingReached, KeysEvicted, RedisRestarted, RedisSink, RedisSinkConfig
 
 from .conftest import start_redis
 
@@ -125,3 +125,127 @@ def test_restart_without_persistence_mid_write_is_not_taken_for_success(tmp_path
         for s in (server, restarted):
             if s and s.process.poll() is None:
                 s.stop()
+
+
+def test_an_older_snapshot_never_replaces_a_newer_one(redis_db, redis_server):
+    old, new = things(10), things(10, offset=0)
+    with RedisSink(sink_config(redis_server.url, as_of=1700000500)) as sink:
+        sink.write_batch(encode_batch(new, SPECS))
+    written = {i: redis_db.hgetall(f"t:{i}") for i in range(10)}
+    # the same entities as of an earlier time, with other values: every one is left as it is
+    older = pa.RecordBatch.from_pydict({**old.to_pydict(), "score": pa.array([99.5] * 10, pa.float64())}, schema=old.schema)
+    with RedisSink(sink_config(redis_server.url, as_of=1700000000)) as sink:
+        stats = sink.write_batch(encode_batch(older, SPECS))
+    assert (stats.entities, stats.skipped_newer, stats.values_set, stats.values_deleted) == (0, 10, 0, 0)
+    assert {i: redis_db.hgetall(f"t:{i}") for i in range(10)} == written
+    # per row: entities 0-4 older than stored, 5-9 as of the same time (a rerun writes again)
+    stamps = pa.array([1700000499] * 5 + [1700000500] * 5, pa.int64())
+    with RedisSink(sink_config(redis_server.url)) as sink:
+        stats = sink.write_batch(encode_batch(older, SPECS), stamps)
+    assert (stats.entities, stats.skipped_newer) == (5, 5)
+    for i in range(10):
+        want = written[i] if i < 5 else expected_hash(older, i, 1700000500, {})
+        assert redis_db.hgetall(f"t:{i}") == want
+
+
+def test_two_writers_racing_leave_the_newer_snapshot_on_every_key(redis_db, redis_server):
+    # a nightly run and a backfill of an older date writing the same keys at the same time
+    import threading
+
+    batches = [things(500, offset=500 * b) for b in range(4)]
+    errors: list[BaseException] = []
+
+    def write(as_of: int) -> None:
+        try:
+            with RedisSink(sink_config(redis_server.url, as_of=as_of, chunk_entities=50)) as sink:
+                for batch in batches:
+                    sink.write_batch(encode_batch(batch, SPECS))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    for _ in range(3):
+        redis_db.flushall()
+        threads = [threading.Thread(target=write, args=(t,)) for t in (1700000000, 1700086400)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        stamps = redis_db.pipeline(transaction=False)
+        for n in range(2000):
+            stamps.hget(f"t:{n}", FRESH)
+        assert set(stamps.execute()) == {b"1700086400"}
+
+
+def test_out_of_memory_refuses_an_entity_whole_and_keeps_its_old_values(tmp_path):
+    # The new snapshot has null features where the stored one has values: a refused entity
+    # must keep every old value (its deletes must not run without its sets).
+    server = start_redis(tmp_path / "oom", "--maxmemory-policy", "noeviction")
+    try:
+        client = server.client()
+        full = pa.RecordBatch.from_pydict(
+            {"_id": [str(i) for i in range(200)], "score": pa.array([1.5] * 200, pa.float64()),
+             "ids": pa.array([[7, 8]] * 200, pa.list_(pa.int64())), "flag": pa.array([True] * 200, pa.bool_())}
+        )  # fmt: skip
+        with RedisSink(sink_config(server.url, as_of=1700000000)) as sink:
+            sink.write_batch(encode_batch(full, SPECS))
+        before = {k: client.hgetall(k) for k in client.keys()}
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", str(used - 50_000))  # every write is refused from now on
+        with RedisSink(sink_config(server.url, as_of=1700086400)) as sink:
+            with pytest.raises(CeilingReached, match="out of memory") as info:
+                sink.write_batch(encode_batch(things(200), SPECS))  # nulls in score and flag
+        assert info.value.stats.entities == 0
+        assert {k: client.hgetall(k) for k in client.keys()} == before
+    finally:
+        server.stop()
+
+
+def test_a_key_written_without_ttl_loses_the_expiry_it_had(redis_db, redis_server):
+    redis_db.hset("t:0", b"othr", b"keep")
+    redis_db.expire("t:0", 5000)
+    with RedisSink(sink_config(redis_server.url, ttl_seconds=1000, ttl_jitter=0.0)) as sink:
+        sink.write_batch(encode_batch(things(1), SPECS))
+    assert 995 <= redis_db.ttl("t:0") <= 1000  # the entity type's TTL replaces the old one
+    with RedisSink(sink_config(redis_server.url)) as sink:  # ttl_seconds removed from the definition
+        sink.write_batch(encode_batch(things(1), SPECS))
+    assert redis_db.ttl("t:0") == -1  # no expiry left over from the old definition
+    assert redis_db.hget("t:0", b"othr") == b"keep"
+
+
+def test_a_restart_before_a_writer_starts_is_caught_from_the_drivers_baseline(tmp_path):
+    # The driver reads run_id before any write; a server restarted (empty, no AOF) between two
+    # waves of writer tasks is caught by the later writers, which never saw the first run_id.
+    server = start_redis(tmp_path / "waves")
+    restarted = None
+    try:
+        baseline = server.client().info("server")["run_id"]
+        address = f"127.0.0.1:{server.port}"
+        config = sink_config(server.url, run_ids=((address, baseline),))
+        with RedisSink(config) as sink:  # the first wave
+            sink.write_batch(encode_batch(things(7), SPECS))
+        server.process.kill()
+        server.process.wait()
+        restarted = start_redis(tmp_path / "waves", port=server.port)
+        with pytest.raises(RedisRestarted, match=r"restarted during the write without persistence .* rerun the date"):
+            with RedisSink(config) as sink:  # a writer of the second wave
+                sink.write_batch(encode_batch(things(7, offset=100), SPECS))
+    finally:
+        for s in (server, restarted):
+            if s and s.process.poll() is None:
+                s.stop()
+
+
+def test_evictions_during_the_write_stop_the_writer(tmp_path):
+    server = start_redis(tmp_path / "lru", "--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru")
+    try:
+        client = server.client()
+        evicted = int(client.info("stats")["evicted_keys"])
+        config = sink_config(server.url, chunk_entities=64, recheck_every=1, evicted_keys=((f"127.0.0.1:{server.port}", evicted),))
+        with pytest.raises(KeysEvicted, match=r"evicted [\d,]+ key\(s\) during the write \(maxmemory-policy allkeys-lru\)"):
+            with RedisSink(config) as sink:
+                for b in range(40):  # far more than 3 MB holds
+                    sink.write_batch(encode_batch(things(1000, offset=1000 * b), SPECS))
+        assert int(client.info("stats")["evicted_keys"]) > evicted
+    finally:
+        server.stop()

@@ -71,15 +71,15 @@ def test_dialect_from_version():
     assert dialect_from_version("PostgreSQL 15.18 (Debian 15.18-0+deb12u1) on x86_64-pc-linux-gnu") == "postgres"
 
 
-def test_upsert_text_per_dialect():
+def test_upsert_text_is_conditional_on_as_of_in_both_dialects():
+    # CockroachDB's blind UPSERT would let an older snapshot replace a newer one: both
+    # dialects send the conditional form (valid on CockroachDB too)
     table = table_identifier("consumer_features")
-    assert upsert(table, "cockroach", 2).as_string(None) == (
-        'UPSERT INTO "consumer_features" ("entity_key", "source", "features", "as_of") '
-        "VALUES (%s, %s, %s::JSONB, %s), (%s, %s, %s::JSONB, %s)"
-    )
-    assert upsert(table, "postgres", 1).as_string(None) == (
-        'INSERT INTO "consumer_features" ("entity_key", "source", "features", "as_of") VALUES (%s, %s, %s::JSONB, %s) '
-        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of"
+    assert upsert(table, 2).as_string(None) == (
+        'INSERT INTO "consumer_features" AS stored ("entity_key", "source", "features", "as_of") '
+        "VALUES (%s, %s, %s::JSONB, %s), (%s, %s, %s::JSONB, %s) "
+        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
+        "WHERE stored.as_of <= excluded.as_of"
     )
 
 
