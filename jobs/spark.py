@@ -43,6 +43,10 @@ def build_spark(conf: SparkConf):
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.adaptive.enabled": "true",
         **conf.extra,
+        # Pinned, over spark.extra too (Spark 4's default, but a cluster may turn it off): the
+        # transforms cast data with try_cast and check its nulls; any other cast then fails
+        # the run instead of turning a bad value into a null, which would delete the stored value.
+        "spark.sql.ansi.enabled": "true",
     }
     for key, value in settings.items():
         builder = builder.config(key, value)

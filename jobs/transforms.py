@@ -35,6 +35,14 @@ CONFLICTS = "_conflicts"
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
 
+# Long layout text values. Numbers: ASCII digits, optional fraction and exponent (Spark's own
+# cast would also take "1d", "0x1p3", Unicode digits). NaN/inf only spelled out.
+_NUMBER_TEXT = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+_SPELLED = ((float("nan"), ("nan", "+nan", "-nan")), (float("inf"), ("inf", "+inf", "infinity", "+infinity")), (float("-inf"), ("-inf", "-infinity")))
+_TRUE_TEXT = ("true", "1", "1.0")
+_FALSE_TEXT = ("false", "0", "0.0")
+_INT64_END = 2.0**63  # a double cast to long saturates here instead of failing
+
 
 class SchemaDriftError(ValueError):
     """The source table does not have the columns or types its definition declares."""
@@ -172,9 +180,18 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     their encode types and named by feature."""
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     latest = latest_per_key(df, source, keys)
+    typed, reasons = {}, []
+    for f in source.features:
+        raw = F.col(f.source_column)
+        typed[f.name] = raw.try_cast(spark_type(f))
+        # a failed cast is bad input: read as a null it would delete the stored value
+        reasons.append(_reason(raw.isNotNull() & typed[f.name].isNull(), f"{f.name}: does not fit {spark_type(f).simpleString()}"))
+        if f.type == "float":
+            reasons.append(_beyond_range(_is_finite(raw.try_cast("double")), typed[f.name], f))
+    latest = _collect_reasons(latest, reasons)
     return latest.select(
         *keys,
-        *[F.col(f.source_column).cast(spark_type(f)).alias(f.name) for f in source.features],
+        *[typed[f.name].alias(f.name) for f in source.features],
         *([source.timestamp_column] if source.timestamp_column else []),
         REASONS,
         CONFLICTS,
@@ -190,6 +207,7 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     """
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     by_column = {f.source_column: f for f in source.features}
+    found = df.schema[source.value_column].dataType
     rows = df.where(F.col(source.name_column).isin(list(by_column)))
     latest = latest_per_key(rows, source, [*keys, source.name_column])
     value = F.col(source.value_column)
@@ -200,18 +218,84 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     pivoted = latest.groupBy(*keys).agg(*aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS), F.sum(CONFLICTS).cast("int").alias(CONFLICTS))
     cols = []
     for feature in by_column.values():
-        raw = F.col(f"_raw_{feature.name}")
-        typed = raw.cast(spark_type(feature))
-        if feature.type == "int":
-            reasons.append(_reason(raw.isNotNull() & (typed.isNull() | (raw.cast("double") != typed.cast("double"))), f"{feature.name}: not an integer"))
-        elif feature.type == "bool":
-            reasons.append(_reason(raw.isNotNull() & ~raw.cast("string").isin("0", "1", "0.0", "1.0", "true", "false"), f"{feature.name}: not a bool (0/1)"))
-        elif feature.type == "float":
-            reasons.append(_reason(raw.isNotNull() & typed.isNull(), f"{feature.name}: not a number"))
+        typed, bad = _long_value(F.col(f"_raw_{feature.name}"), found, feature)
+        reasons += bad
         cols.append(typed.alias(feature.name))
     out = pivoted.select(*keys, *cols, REASONS, CONFLICTS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
     out = _collect_reasons(out, reasons)
     return out.drop(*[f"_raw_{f.name}" for f in by_column.values()])
+
+
+def _is_infinite(c: Column) -> Column:
+    return F.abs(c) == float("inf")
+
+
+def _is_finite(c: Column) -> Column:
+    return ~F.isnan(c) & ~_is_infinite(c)
+
+
+def _beyond_range(finite: Column, typed: Column, feature: FeatureDef) -> Column:
+    """A finite number that became inf in the feature's type is bad input: written as
+    inf (not written, a delete) it would lose the stored value."""
+    return _reason(finite & _is_infinite(typed), f"{feature.name}: beyond {feature.precision or 'float64'} range")
+
+
+def _long_value(raw: Column, found: T.DataType, feature: FeatureDef) -> tuple[Column, list[Column]]:
+    """A long layout's value (of the value column's type ``found``) as ``feature``'s type,
+    and the reasons it is bad input. Never null for a value that is there: a value that
+    does not fit is bad input, since a null would delete the stored value."""
+    name, present = feature.name, raw.isNotNull()
+    text = F.trim(raw) if isinstance(found, T.StringType) else None
+    if feature.type == "string":
+        return raw.try_cast("string"), []
+    if feature.type == "bool":
+        if isinstance(found, T.BooleanType):
+            typed = raw
+        elif text is not None:
+            word = F.lower(text)
+            typed = F.when(word.isin(*_TRUE_TEXT), True).when(word.isin(*_FALSE_TEXT), False)
+        else:
+            typed = F.when(raw == 1, True).when(raw == 0, False)
+        return typed, [_reason(present & typed.isNull(), f"{name}: not a bool (true/false, 1/0)")]
+    if feature.type == "int":
+        if text is not None:
+            typed = _int_from_text(text)
+        elif isinstance(found, (T.FloatType, T.DoubleType)):
+            d = raw.try_cast("double")
+            whole = d.try_cast("long")  # truncates; null for NaN, inf and beyond int64
+            typed = F.when((whole.try_cast("double") == d) & (d < _INT64_END), whole)
+        elif isinstance(found, T.DecimalType):
+            whole = raw.try_cast("long")
+            typed = F.when(whole == raw, whole)  # compared as decimals: exact
+        else:
+            typed = raw.try_cast("long")  # integral, or boolean as 1/0
+        return typed, [_reason(present & typed.isNull(), f"{name}: not an integer within int64")]
+    if text is not None:
+        finite = text.rlike(_NUMBER_TEXT)
+        d = F.when(finite, text.try_cast("double"))
+        for v, words in _SPELLED:
+            d = d.when(F.lower(text).isin(*words), F.lit(v))
+    else:
+        d = raw.try_cast("double")
+        finite = _is_finite(d)
+    typed = d.try_cast(spark_type(feature))
+    return typed, [_reason(present & d.isNull(), f"{name}: not a number"), _beyond_range(finite, typed, feature)]
+
+
+def _int_from_text(text: Column) -> Column:
+    """The int64 a number text denotes exactly (`7`, `-7`, `1.0`, `1.0E7`, `100e-2`), else null.
+
+    Whole or not is read off the digits; the value goes through decimal(38,0), which is
+    exact for whole numbers (a double is not beyond 2^53).
+    """
+    whole = F.regexp_extract(text, r"^[+-]?([0-9]*)", 1)
+    fraction = F.regexp_extract(text, r"\.([0-9]*)", 1)
+    exponent_text = F.regexp_extract(text, r"[eE]([+-]?[0-9]+)$", 1)
+    exponent = F.when(exponent_text == "", 0).otherwise(exponent_text.try_cast("long"))  # long: no overflow below
+    # up to the last non-zero digit: whole when that digit is left of the decimal point
+    significant = F.regexp_replace(F.concat(whole, fraction), "0+$", "")
+    integral = (significant == "") | (F.length(significant) <= F.length(whole) + exponent)
+    return F.when(text.rlike(_NUMBER_TEXT) & integral, text.try_cast("decimal(38,0)").try_cast("long"))
 
 
 def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:

@@ -229,6 +229,28 @@ def tiny_consumer_source(spark, tmp_path: Path, features_yaml: str, schema: str,
     return defs
 
 
+TINY_LONG_SOURCE = (
+    "source:\n  name: tiny_long\n  entity: consumer\n  location: tiny_long\n  layout: long\n"
+    "  name_column: feature_name\n  value_column: value\n  features:\n"
+)
+
+
+def tiny_long_consumer_source(spark, tmp_path: Path, features_yaml: str, value_type: str, rows: list):
+    """A long-layout consumer source 'tiny_long' of its own: rows (consumer_id, feature_name,
+    value, ds) with a value column of Spark type ``value_type``. Returns the definitions;
+    run it with ``data_root=tmp_path``."""
+    from feature_defs import DEFAULT_DIR, load_definitions
+
+    folder = tmp_path / "defs"
+    folder.mkdir(exist_ok=True)
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "tiny_long.yaml").write_text(TINY_LONG_SOURCE + features_yaml)
+    defs = load_definitions(folder)
+    schema = f"consumer_id long, feature_name string, value {value_type}, ds date"
+    spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny_long"))
+    return defs
+
+
 def pytest_unconfigure(config):
     # Airflow's dag.test() installs log handlers on the streams pytest captured; py4j then
     # logs from a __del__ at interpreter exit, after pytest closed them: not an error of ours.
