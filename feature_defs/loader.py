@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from pydantic import ValidationError
 
-from feature_defs.models import EntitiesFile, EntityDef, SourceDef, SourceFile
-from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
+from feature_defs.models import EntitiesFile, EntityDef, SourceDef, SourceFile, value_type_problem, yaml_text
+from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml, read_file, written_at
 from serializers import freshness_field_name
 
 DEFAULT_DIR = Path(__file__).resolve().parent
@@ -32,6 +33,13 @@ class DefinitionError(ValueError):
         super().__init__("invalid feature definitions:\n  " + "\n  ".join(problems))
 
 
+class UnknownNameError(KeyError):
+    """A source or entity name (from the command line or config) that no definition has."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError's own str() would quote the message
+
+
 @dataclass(frozen=True)
 class Definitions:
     entities: dict[str, EntityDef]
@@ -45,7 +53,13 @@ class Definitions:
         try:
             return self.sources[name]
         except KeyError:
-            raise KeyError(f"unknown source {name!r}; defined sources: {', '.join(sorted(self.sources))}") from None
+            raise UnknownNameError(f"unknown source {name!r}; defined sources: {', '.join(sorted(self.sources))}") from None
+
+    def entity(self, name: str) -> EntityDef:
+        try:
+            return self.entities[name]
+        except KeyError:
+            raise UnknownNameError(f"unknown entity {name!r}; defined entities: {', '.join(sorted(self.entities))}") from None
 
     def entity_of(self, source: SourceDef) -> EntityDef:
         return self.entities[source.entity]
@@ -64,12 +78,14 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
     sources: dict[str, SourceDef] = {}
     where: dict[str, Path] = {}
     lines: dict[str, int | None] = {}
+    nodes: dict[str, yaml.Node] = {}
     digest = hashlib.sha256()
 
     for path in files:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
         try:
-            data, node = load_yaml(path)
+            raw = read_file(path)  # a folder, FIFO or dangling symlink named *.yaml is a problem, not a crash
+            digest.update(path.name.encode() + b"\0" + raw + b"\0")
+            data, node = load_yaml(path, raw)
         except YamlFileError as exc:
             problems.append(str(exc))
             continue
@@ -91,7 +107,7 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
                 if source.name in sources:
                     problems.append(f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at {where[key]}:{lines[key]}")
                     continue
-                sources[source.name], where[key] = source, path
+                sources[source.name], where[key], nodes[key] = source, path, node
                 lines[key] = line_of(node, ["source"])
                 for i, feature in enumerate(source.features):
                     lines[f"{key}:{feature.name}"] = lines[f"{key}:features:{i}"] = line_of(node, ["source", "features", i])
@@ -100,14 +116,33 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
         except ValidationError as exc:
             problems.extend(describe_validation_error(exc, path, node))
 
-    problems.extend(_cross_checks(entities, sources, where, lines))
+    problems.extend(_cross_checks(entities, sources, where, lines, nodes))
     if problems:
         raise DefinitionError(problems)
     return Definitions(entities=entities, sources=sources, files=where, digest=digest.hexdigest())
 
 
-def _extra_expectation_problem(extra, columns: set[str]) -> str | None:
+# Expectations whose min_value/max_value are values of the column (others bound a length, a count, a mean).
+VALUE_BOUNDS = frozenset({"expect_column_values_to_be_between", "expect_column_min_to_be_between", "expect_column_max_to_be_between"})
+
+
+def _extra_expectation_values(extra) -> list[tuple[tuple, object]]:
+    """(place under kwargs, value) of every kwarg that holds values of the expectation's column."""
+    found: list[tuple[tuple, object]] = []
+    if isinstance(extra.kwargs.get("value_set"), list):
+        found += [(("value_set", i), v) for i, v in enumerate(extra.kwargs["value_set"])]
+    if extra.type in VALUE_BOUNDS:
+        found += [((k,), extra.kwargs[k]) for k in ("min_value", "max_value") if extra.kwargs.get(k) is not None]
+    return found
+
+
+def _extra_expectation_problem(extra, columns: dict[str, str]) -> str | None:
     """Is this a great-expectations expectation, built from these kwargs, on a known column?"""
+    column = extra.kwargs.get("column")
+    if column is not None and not isinstance(column, str):
+        return f"kwargs.column: expected one column name, found a {type(column).__name__}: write one expectation per column"
+    if column is not None and column not in columns:
+        return f"column {column!r} is not a feature or key of this source"
     import great_expectations.expectations as gxe  # only when a source declares extra checks (slow import)
     from pydantic import ValidationError as GxValidationError
 
@@ -117,9 +152,6 @@ def _extra_expectation_problem(extra, columns: set[str]) -> str | None:
     reserved = {"meta", "notes"} & set(extra.kwargs)
     if reserved:
         return f"kwargs {sorted(reserved)} are set by the job (name and severity), not in the definition"
-    column = extra.kwargs.get("column")
-    if column is not None and column not in columns:
-        return f"column {column!r} is not a feature or key of this source"
     try:
         cls(**extra.kwargs)
     except (GxValidationError, TypeError, ValueError) as exc:
@@ -127,7 +159,7 @@ def _extra_expectation_problem(extra, columns: set[str]) -> str | None:
     return None
 
 
-def _cross_checks(entities, sources, where, lines) -> list[str]:
+def _cross_checks(entities, sources, where, lines, nodes) -> list[str]:
     problems = []
 
     def at(key: str) -> str:
@@ -147,16 +179,41 @@ def _cross_checks(entities, sources, where, lines) -> list[str]:
                 f"{at(skey)}: source {source.name!r}: key_columns has {len(source.key_columns)} columns, "
                 f"entity {entity.name!r} has {len(entity.keys)} key parts"
             )
-        columns = {f.name for f in source.features} | set(source.key_columns or [k.name for k in entity.keys])
+        # column -> type of its values, for the checks' arguments
+        columns = dict(zip(source.key_columns or [k.name for k in entity.keys], [k.type for k in entity.keys]))
+        columns |= {f.name: f.type for f in source.features}
         for i, extra in enumerate(source.expectations):
-            problem = _extra_expectation_problem(extra, columns)
+            column = extra.kwargs.get("column")
+            wrong_values = 0
+            for place, value in _extra_expectation_values(extra) if isinstance(column, str) and column in columns else []:
+                wrong = value_type_problem(columns[column], value, of=f"column {column!r}")
+                if wrong:
+                    loc = ["source", "expectations", i, "kwargs", *place]
+                    wrong = wrong.replace("{written}", written_at(nodes[skey], loc) or yaml_text(value))
+                    problems.append(
+                        f"{where[skey]}:{line_of(nodes[skey], loc)}: source {source.name!r}: expectations[{i}] {extra.type}: "
+                        f"kwargs.{'.'.join(map(str, place))}: {wrong}"
+                    )
+                    wrong_values += 1
+            problem = None if wrong_values else _extra_expectation_problem(extra, columns)
             if problem:
                 problems.append(f"{at(f'{skey}:expectations:{i}')}: source {source.name!r}: expectations[{i}] {extra.type}: {problem}")
         seen: set[str] = set()
+        by_column: dict[str, int] = {}
         for i, feature in enumerate(source.features):
             if feature.name in seen:
                 problems.append(f"{at(f'{skey}:features:{i}')}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
+                continue
             seen.add(feature.name)
+            first = by_column.setdefault(feature.source_column, i)
+            if source.layout == "long" and first != i:
+                # the pivot keeps one feature per name: the run would fail after reading the table
+                other = source.features[first]
+                problems.append(
+                    f"{at(f'{skey}:features:{i}')}: source {source.name!r}: features {other.name!r} (line {lines.get(f'{skey}:features:{first}')}) "
+                    f"and {feature.name!r} both read the rows where {source.name_column} is {feature.source_column!r}: "
+                    f"a long layout gives each name to one feature (set another 'column', or drop one)"
+                )
 
     prefixes: dict[str, str] = {}
     for entity in entities.values():

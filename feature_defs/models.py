@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from feature_defs.yamlio import KeyProblem
 from serializers import field_id_int, freshness_field_name
 
 FeatureName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}$")]
@@ -15,7 +17,56 @@ Prefix = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
 FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list"]
 Severity = Literal["blocking", "warning"]
 """blocking: a failed check stops the run before any write; warning: reported only."""
-Fraction = Annotated[float, Field(ge=0, le=1)]
+# Strict: YAML 1.1 reads yes/no/on/off as booleans, and lax pydantic would take `max_null_fraction: yes`
+# for 1.0 (no null check) or `ttl_seconds: on` for 1 second.
+Fraction = Annotated[float, Field(strict=True, ge=0, le=1)]
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+
+
+def yaml_text(value: Any) -> str:
+    """A loaded value as YAML would print it (when no file says how it was written)."""
+    return str(value).lower() if isinstance(value, bool) else "null" if value is None else str(value)
+
+
+_EXPECTED = {"string": "a string", "bool": "a boolean", "int": "an integer", "float": "a finite number"}
+
+
+def value_type_problem(feature_type: str, value: Any, of: str = "the feature") -> str | None:
+    """Why ``value`` (as YAML loaded it) is not a value of a feature of this type, and what to
+    write instead; None when it is one, or when the type has no scalar values. ``of`` names
+    what has the type; ``{written}`` stands for the value as the file spells it (see
+    yamlio.KeyProblem).
+
+    A check against a value of another type fails every row: a string feature's
+    ``allowed_values: [NO, SE]`` loads as [False, 'SE'], and no 'NO' row would pass."""
+    if feature_type not in _EXPECTED:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {
+        "string": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": number and (isinstance(value, int) or math.isfinite(value)),
+    }[feature_type]
+    if fits:
+        return None
+    if isinstance(value, str):
+        found = "'{written}', a string"
+    elif number:
+        if feature_type in ("string", "bool"):
+            found = "{written}, which YAML reads as a number"
+        else:
+            found = "{written}, " + ("a float" if math.isfinite(value) else "not a finite number")
+    else:
+        kind = f"the boolean {str(value).lower()}" if isinstance(value, bool) else "null" if value is None else f"a {type(value).__name__}"
+        found = f"{{written}}, which YAML reads as {kind}"
+    fix = {
+        "string": "quote it: '{written}'",
+        "bool": "write true or false, unquoted",
+        "int": "write an integer" + (", unquoted" if isinstance(value, str) else ""),
+        "float": "write a number" + (", unquoted" if isinstance(value, str) else ""),
+    }[feature_type]
+    return f"expected {_EXPECTED[feature_type]} ({of} is of type {feature_type}), found {found}: {fix}"
 
 
 class _Strict(BaseModel):
@@ -67,6 +118,24 @@ class FeatureDef(_Strict):
     severity: Severity = "blocking"
     """Of this feature's range and allowed-values checks."""
     description: str = ""
+
+    @field_validator("min_value", "max_value", "allowed_values", mode="before")
+    @classmethod
+    def _values_fit_type(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each value has the feature's type as YAML loaded it (no coercion: 'NO' must not become false)."""
+        feature_type = info.data.get("type")
+        applies = {"allowed_values": ("string", "int", "bool")}.get(info.field_name, ("float", "int"))
+        if value is None or feature_type not in applies:
+            return value  # a missing type, or an option the type does not take, is reported on its own
+        if info.field_name == "allowed_values":
+            items = [((i,), item) for i, item in enumerate(value)] if isinstance(value, list) else []
+        else:
+            items = [((), value)]
+        for place, item in items:
+            problem = value_type_problem(feature_type, item)
+            if problem:
+                raise KeyProblem(place, problem, yaml_text(item))  # reported at that value's line
+        return value
 
     @model_validator(mode="after")
     def _options_fit_type(self) -> FeatureDef:

@@ -6,6 +6,9 @@ duplicate keys; both definitions and config need better than that.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,11 +102,30 @@ def _measure(node: yaml.Node, path: Path, depth: int, memo: dict[int, tuple[int,
     return known
 
 
-def _read_text(path: Path) -> str:
+def read_file(path: Path) -> bytes:
+    """The bytes of a regular file. Anything else that a ``*.yaml`` glob matches (a folder,
+    a dangling symlink, a FIFO, which would block the reader forever) is a YamlFileError."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
     except OSError as exc:
-        raise YamlFileError(f"{path}: cannot read: {exc.strerror}") from exc
+        dangling = exc.errno == errno.ENOENT and path.is_symlink()
+        raise YamlFileError(f"{path}: cannot read: {exc.strerror}" + (f" (a symlink to {os.readlink(path)})" if dangling else "")) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise YamlFileError(f"{path}: is a directory, not a YAML file (every *.yaml in its folder is read: rename or move it)")
+        if not stat.S_ISREG(mode):
+            raise YamlFileError(f"{path}: not a regular file (a FIFO, socket or device): expected YAML text")
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError as exc:
+        raise YamlFileError(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: Path, raw: bytes | None = None) -> str:
+    raw = read_file(path) if raw is None else raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -111,9 +133,9 @@ def _read_text(path: Path) -> str:
         raise YamlFileError(f"{path}:{line}: invalid YAML: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
-    """Parse one YAML file into (data, node tree). Empty files give ({}, None)."""
-    text = _read_text(path)
+def load_yaml(path: Path, raw: bytes | None = None) -> tuple[Any, yaml.Node | None]:
+    """Parse one YAML file (or ``raw``, its bytes read already) into (data, node tree). Empty files give ({}, None)."""
+    text = _read_text(path, raw)
     try:
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:  # a control character: refused before parsing
@@ -135,11 +157,8 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
         loader.dispose()
 
 
-def line_of(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:
-    """1-based line of the deepest node on ``loc`` (a path of keys and indexes)."""
-    if node is None:
-        return None
-    line = line_at(node.start_mark)
+def _walk(node: yaml.Node, loc: Sequence[Any]) -> tuple[yaml.Node, bool]:
+    """The deepest node on ``loc`` (a path of keys and indexes), and whether it is ``loc``'s own."""
     for part in loc:
         child = None
         if isinstance(node, yaml.MappingNode):
@@ -150,23 +169,42 @@ def line_of(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             child = node.value[part]
         if child is None:
-            break
+            return node, False
         node = child
-        line = line_at(node.start_mark)
-    return line
+    return node, True
+
+
+def line_of(node: yaml.Node | None, loc: Sequence[Any]) -> int | None:
+    """1-based line of the deepest node on ``loc`` (a path of keys and indexes)."""
+    return None if node is None else line_at(_walk(node, loc)[0].start_mark)
+
+
+def written_at(node: yaml.Node | None, loc: Sequence[Any]) -> str | None:
+    """The scalar at ``loc`` as the file spells it (``NO``, not the False YAML reads), without quotes."""
+    if node is None:
+        return None
+    found, exact = _walk(node, loc)
+    return found.value if exact and isinstance(found, yaml.ScalarNode) else None
 
 
 class KeyProblem(ValueError):
-    """A model validator's objection to one key of the mapping it checks: reported at that key's line."""
+    """A model validator's objection to one key of the mapping it checks (or, as a tuple, to
+    a place under it, e.g. ``(0,)`` for a list's first item): reported at that line.
 
-    def __init__(self, key: Any, message: str):
-        super().__init__(message)
+    ``{written}`` in the message stands for the value there as the file spells it
+    (``fallback`` when there is no file). Only for definitions: config values may be secrets."""
+
+    def __init__(self, key: Any, message: str, fallback: str = ""):
+        super().__init__(message.replace("{written}", fallback))
         self.key = key
+        self.template = message
 
 
 def _key_of(err: dict) -> tuple:
     error = err.get("ctx", {}).get("error")
-    return (error.key,) if isinstance(error, KeyProblem) else ()
+    if not isinstance(error, KeyProblem):
+        return ()
+    return tuple(error.key) if isinstance(error.key, tuple) else (error.key,)
 
 
 def _loc_text(part: Any) -> str:
@@ -183,6 +221,10 @@ def describe_validation_error(exc: ValidationError, path: Path, node: yaml.Node 
         line = line_of(node, loc)
         where = ".".join(_loc_text(p) for p in loc) or "(top level)"
         msg = _one_line(err["msg"])
+        error = err.get("ctx", {}).get("error")
+        written = written_at(node, loc) if isinstance(error, KeyProblem) and "{written}" in error.template else None
+        if written is not None:
+            msg = msg.replace(_one_line(error), _one_line(error.template.replace("{written}", written)))
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "missing":

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -283,3 +286,177 @@ def test_bad_config_names_file_and_line(tmp_path, monkeypatch, case):
     text = content.decode("latin-1") if isinstance(content, bytes) else content
     assert f"{conf / 'prod' / 'm.yaml'}:{line_with(text, fragment)}: {message}" in str(info.value)
     assert "hunter2" not in str(info.value)  # values are never echoed: they may be secrets
+
+
+# Each case: features (YAML), a fragment of the line the problem must be reported at, the message there.
+# YAML 1.1 reads NO/yes/off as booleans: a check against such a value would fail every row.
+WRONG_VALUE_TYPES = {
+    "NO in a string's allowed_values": (
+        "    - name: country\n      type: string\n      allowed_values:\n        - SE\n        - NO\n",
+        "- NO",
+        "source.features.0.allowed_values.1: Value error, expected a string (the feature is of type string), "
+        "found NO, which YAML reads as the boolean false: quote it: 'NO'",
+    ),
+    "a number in a string's allowed_values": (
+        "    - {name: zip, type: string, allowed_values: ['0100', 1010]}\n",
+        "name: zip",
+        "source.features.0.allowed_values.1: Value error, expected a string (the feature is of type string), "
+        "found 1010, which YAML reads as a number: quote it: '1010'",
+    ),
+    "a quoted int bound": (
+        "    - {name: n, type: int}\n    - {name: orders, type: int, min_value: '5'}\n",
+        "name: orders",
+        "source.features.1.min_value: Value error, expected an integer (the feature is of type int), found '5', a string: write an integer, unquoted",
+    ),
+    "a fraction as an int bound": (
+        "    - {name: orders, type: int, min_value: 0, max_value: 7.5}\n",
+        "name: orders",
+        "source.features.0.max_value: Value error, expected an integer (the feature is of type int), found 7.5, a float: write an integer",
+    ),
+    "a boolean as a float bound": (
+        "    - name: score\n      type: float\n      min_value: off\n",
+        "min_value: off",
+        "source.features.0.min_value: Value error, expected a finite number (the feature is of type float), "
+        "found off, which YAML reads as the boolean false: write a number",
+    ),
+    "NaN as a float bound": (
+        "    - {name: score, type: float, max_value: .nan}\n",
+        "name: score",
+        "source.features.0.max_value: Value error, expected a finite number (the feature is of type float), found .nan, not a finite number: write a number",
+    ),
+    "a string in a bool's allowed_values": (
+        "    - name: late\n      type: bool\n      allowed_values: [true, 'false']\n",
+        "allowed_values",
+        "source.features.0.allowed_values.1: Value error, expected a boolean (the feature is of type bool), found 'false', a string: write true or false, unquoted",
+    ),
+    "a boolean in an int's allowed_values": (
+        "    - name: tier\n      type: int\n      allowed_values:\n        - 1\n        - yes\n",
+        "- yes",
+        "source.features.0.allowed_values.1: Value error, expected an integer (the feature is of type int), "
+        "found yes, which YAML reads as the boolean true: write an integer",
+    ),
+    "yes as a null fraction": (
+        "    - name: score\n      type: float\n      max_null_fraction: yes\n",
+        "max_null_fraction",
+        "source.features.0.max_null_fraction: Input should be a valid number",
+    ),
+    "on as a dimension": (
+        "    - name: vec\n      type: embedding\n      dimension: on\n",
+        "dimension",
+        "source.features.0.dimension: Input should be a valid integer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_VALUE_TYPES, ids=list(WRONG_VALUE_TYPES))
+def test_values_of_another_type_than_the_feature_are_refused_at_their_line(tmp_path, case):
+    features, fragment, message = WRONG_VALUE_TYPES[case]
+    text = source(features)
+    folder = write_defs(tmp_path, text)
+    assert f"{folder / 'src.yaml'}:{line_with(text, fragment)}: {message}" in problems_of(folder)
+
+
+def test_doing_what_the_message_says_loads_the_values_as_written(tmp_path):
+    features = (
+        "    - {name: country, type: string, allowed_values: [NO, SE, '1010']}\n"
+        "    - {name: late, type: bool, allowed_values: [yes]}\n"
+        "    - {name: orders, type: int, min_value: 0, max_value: 7, allowed_values: [0, 7]}\n"
+        "    - {name: score, type: float, min_value: 0, max_value: 0.5, max_null_fraction: 1}\n"
+    )
+    assert "found NO, which YAML reads as the boolean false: quote it: 'NO'" in problems_of(write_defs(tmp_path / "a", source(features)))
+    quoted = features.replace("[NO, SE,", "['NO', SE,")
+    src = load_definitions(write_defs(tmp_path / "b", source(quoted))).sources["src"]
+    assert src.feature("country").allowed_values == ["NO", "SE", "1010"]
+    assert src.feature("late").allowed_values == [True]
+    assert (src.feature("orders").min_value, src.feature("orders").max_value, src.feature("orders").allowed_values) == (0, 7, [0, 7])
+    assert (src.feature("score").min_value, src.feature("score").max_value, src.feature("score").max_null_fraction) == (0, 0.5, 1)
+
+
+def test_a_boolean_ttl_is_refused_at_its_line(tmp_path):
+    entities = ENTITIES + "    ttl_seconds: on\n"  # YAML 1.1: true, which lax parsing took for 1 second
+    folder = write_defs(tmp_path, source("    - {name: a, type: float}\n"), entities=entities)
+    expected = f"{folder / 'entities.yaml'}:{line_with(entities, 'ttl_seconds')}: entities.0.ttl_seconds: Input should be a valid integer"
+    assert expected in problems_of(folder)
+
+
+def test_expectation_arguments_must_name_one_column_and_fit_its_type(tmp_path):
+    text = source("    - {name: country, type: string}\n    - {name: orders, type: int}\n") + (
+        "  expectations:\n"
+        "    - type: expect_column_values_to_be_in_set\n"
+        "      kwargs: {column: country, value_set: [DK, 'NO', off]}\n"
+        "    - type: expect_column_values_to_be_between\n"
+        "      kwargs:\n"
+        "        column: [country, orders]\n"
+        "        min_value: 0\n"
+        "    - type: expect_column_values_to_be_between\n"
+        "      kwargs:\n"
+        "        column: consumer_id\n"
+        "        min_value: '1'\n"
+    )
+    folder = write_defs(tmp_path, text)
+    problems = problems_of(folder)
+    path = folder / "src.yaml"
+    assert (
+        f"{path}:{line_with(text, 'value_set')}: source 'src': expectations[0] expect_column_values_to_be_in_set: kwargs.value_set.2: "
+        "expected a string (column 'country' is of type string), found off, which YAML reads as the boolean false: quote it: 'off'"
+    ) in problems
+    assert (
+        f"{path}:{line_with(text, 'type: expect_column_values_to_be_between')}: source 'src': expectations[1] expect_column_values_to_be_between: "
+        "kwargs.column: expected one column name, found a list: write one expectation per column"
+    ) in problems
+    # a key column has its entity's key type
+    assert (
+        f"{path}:{line_with(text, 'min_value: ' + repr('1'))}: source 'src': expectations[2] expect_column_values_to_be_between: kwargs.min_value: "
+        "expected an integer (column 'consumer_id' is of type int), found '1', a string: write an integer, unquoted"
+    ) in problems
+    assert len(problems.split("\n")) == 1 + 3, problems
+
+
+def test_long_layout_features_reading_the_same_name_are_refused(tmp_path):
+    features = "    - {name: rating, type: float}\n    - {name: orders, type: int}\n    - {name: rating_int, type: int, column: rating}\n"
+    text = source(features).replace("layout: wide\n", "layout: long\n  name_column: feature_name\n  value_column: value\n")
+    folder = write_defs(tmp_path / "long", text)
+    assert (
+        f"{folder / 'src.yaml'}:{line_with(text, 'name: rating_int')}: source 'src': features 'rating' (line {line_with(text, 'name: rating,')}) "
+        "and 'rating_int' both read the rows where feature_name is 'rating': a long layout gives each name to one feature "
+        "(set another 'column', or drop one)"
+    ) in problems_of(folder)
+    # a wide layout may read one column into two features: each is a select of its own
+    wide = load_definitions(write_defs(tmp_path / "wide", source(features))).sources["src"]
+    assert [f.source_column for f in wide.features] == ["rating", "orders", "rating"]
+
+
+def load_within(folder: Path, seconds: float = 10) -> DefinitionError:
+    """The loader's DefinitionError; a failure, not a hung test, when a read blocks (a FIFO)."""
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            load_definitions(folder)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():  # let the blocked reader go before failing
+        for fifo in (p for p in folder.iterdir() if p.is_fifo()):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert outcome, f"the loader blocked for {seconds}s"
+    assert isinstance(outcome[0], DefinitionError), repr(outcome[0])
+    return outcome[0]
+
+
+def test_unreadable_definition_files_are_named_not_crashes(tmp_path):
+    folder = write_defs(tmp_path, source("    - {name: a, type: float}\n"))
+    (folder / "a_folder.yaml").mkdir()
+    (folder / "b_dangling.yaml").symlink_to(tmp_path / "gone.yaml")
+    os.mkfifo(folder / "c_pipe.yaml")
+    error = load_within(folder)
+    assert error.problems == [
+        f"{folder / 'a_folder.yaml'}: is a directory, not a YAML file (every *.yaml in its folder is read: rename or move it)",
+        f"{folder / 'b_dangling.yaml'}: cannot read: No such file or directory (a symlink to {tmp_path / 'gone.yaml'})",
+        f"{folder / 'c_pipe.yaml'}: not a regular file (a FIFO, socket or device): expected YAML text",
+    ]
