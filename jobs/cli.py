@@ -276,10 +276,8 @@ def cmd_ready(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import json
-
     from jobs.run import report_path
-    from jobs.summary import RunSummary
+    from jobs.summary import RunSummary, SummaryError
 
     conf, defs = _load(args)
     defs.source(args.source)
@@ -287,9 +285,11 @@ def cmd_report(args) -> int:
     if not path.is_file():
         print(f"error: no report at {path}: {args.source} {args.date} has not run with this config", file=sys.stderr)
         return EXIT_FAILED
-    data = json.loads(path.read_text())
-    data.pop("bad_fraction", None)
-    summary = RunSummary(**data)
+    try:
+        summary = RunSummary.read_json(path)
+    except SummaryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     print(summary.table())
     print(f"report: {path}")
     return EXIT_OK if summary.status == "succeeded" else EXIT_FAILED
@@ -405,6 +405,8 @@ def cmd_cleanup(args) -> int:
 
 
 def cmd_schema(args) -> int:
+    import psycopg
+
     from jobs.schema import ensure_tables
     from sinks.errors import SinkError
 
@@ -413,7 +415,10 @@ def cmd_schema(args) -> int:
     try:
         done = ensure_tables(conf, defs, names)
     except SinkError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # libpq puts its hints on lines of their own
+        return EXIT_FAILED
+    except psycopg.Error as exc:  # after connecting: the server went away, a timeout, a lock
+        print(f"error: schema step on the SQL store ({conf.sql.dsn}) failed: [{exc.sqlstate or 'no SQLSTATE'}] {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_FAILED
     for table, state in done.items():
         print(f"{table}: {state}" + ("" if state == "created" else " (columns checked)"))
@@ -430,14 +435,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     from feature_defs import DefinitionError
+    from feature_defs.loader import UnknownNameError
     from jobs.config import ConfigError
 
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
         commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "bench": cmd_bench, "schema": cmd_schema}
         return {**commands, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
-    except (ConfigError, DefinitionError, KeyError, FileNotFoundError) as exc:
-        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+    except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError) as exc:
+        # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+
+class SummaryError(ValueError):
+    """A summary.json this version cannot read: truncated, edited, or written in another format."""
 
 
 @dataclass
@@ -55,6 +59,37 @@ class RunSummary:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return path
+
+    @classmethod
+    def read_json(cls, path: Path) -> RunSummary:
+        """The summary ``write_json`` wrote; anything else is a one-line SummaryError naming the file."""
+        try:
+            data = json.loads(path.read_bytes())
+        except OSError as exc:
+            raise SummaryError(f"{path}: cannot read: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise SummaryError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}): truncated? run the date again to rewrite it") from None
+        except UnicodeDecodeError as exc:
+            raise SummaryError(f"{path}: not UTF-8 JSON ({exc.reason} at byte {exc.start})") from None
+        if not isinstance(data, dict):
+            raise SummaryError(f"{path}: expected a JSON object, found a JSON {type(data).__name__}")
+        data.pop("bad_fraction", None)  # derived: written for readers of the JSON
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise SummaryError(
+                f"{path}: keys this version does not know ({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}): "
+                "written by a newer feature-materializer? read it with that version, or read the JSON itself"
+            )
+        missing = [n for n, f in known.items() if n not in data and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise SummaryError(f"{path}: lacks {', '.join(missing)}: not a run summary of this job")
+        summary = cls(**data)
+        try:
+            summary.table()  # every value the table shows has the shape it needs
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise SummaryError(f"{path}: a value is not in the format this version writes ({type(exc).__name__}: {exc}): written by another version?") from None
+        return summary
 
     def table(self) -> str:
         rows: list[tuple[str, str]] = [

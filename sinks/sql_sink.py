@@ -45,8 +45,9 @@ def is_transient(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     if state is None:
-        # No SQLSTATE: the client lost the connection (closed, reset, timed out).
-        return isinstance(exc, psycopg.OperationalError)
+        # No SQLSTATE: the client lost the connection (closed, reset, timed out), or the
+        # connection could not be set up (TLS, login, a missing role or database): no retry fixes that.
+        return isinstance(exc, psycopg.OperationalError) and _setup_problem(str(exc)) is None
     return state in TRANSIENT_SQLSTATES or state.startswith("08")
 
 
@@ -105,20 +106,37 @@ _TLS_VERIFY_FAILED = ("certificate verify failed", "does not match host name")
 # A refused login has no SQLSTATE either; retrying it only delays the error.
 _AUTH_FAILED = ("password authentication failed", "no pg_hba.conf entry", "password is required")
 _TLS_SETUP_FAILED = ("root certificate file", "server does not support SSL", "certificate file", "private key file", "tlsv1 alert", "sslv3 alert")
+# PostgreSQL refuses the login the same way (no SQLSTATE) when the dsn's role or database
+# does not exist on that server (`FATAL:  role "x" does not exist`); no retry creates them.
+_MISSING = {
+    "role": "check the user in sql.dsn (or --sql-dsn), and that this role was created on that server: conf/base/sql-grants.sql",
+    "database": "check the database name in sql.dsn (or --sql-dsn), and that it was created on that server",
+}
+
+
+def _setup_problem(text: str) -> tuple[str, str] | None:
+    """(what failed, what to check) when ``text`` is a TLS or login failure, which no retry fixes."""
+    if any(m in text for m in _TLS_VERIFY_FAILED):
+        return "TLS certificate verification failed", "check sslmode and sslrootcert in sql.dsn"
+    if any(m in text for m in _TLS_SETUP_FAILED):
+        return "TLS setup failed", "check sslmode and sslrootcert in sql.dsn"
+    if any(m in text for m in _AUTH_FAILED):
+        return "login refused", "check the user in sql.dsn and its password"
+    for kind, hint in _MISSING.items():
+        name, missing, _ = text.partition(f'{kind} "')[2].rpartition('" does not exist')
+        if missing:
+            return f"{kind} {name!r} does not exist", hint
+    return None
 
 
 def setup_failure(conf: SqlSinkConfig, exc: psycopg.Error) -> TerminalSinkError | None:
-    """A terminal error naming the server when ``exc`` is a TLS or login failure (no retry helps), else None."""
+    """A terminal error naming the server when ``exc`` is a TLS or login failure (a refused password,
+    a missing role or database: no retry helps), else None."""
     text = str(exc).strip()
-    hint = "check sslmode and sslrootcert in sql.dsn"
-    if any(m in text for m in _TLS_VERIFY_FAILED):
-        what = "TLS certificate verification failed"
-    elif any(m in text for m in _TLS_SETUP_FAILED):
-        what = "TLS setup failed"
-    elif any(m in text for m in _AUTH_FAILED):
-        what, hint = "login refused", "check the user in sql.dsn and its password"
-    else:
+    problem = _setup_problem(text)
+    if problem is None:
         return None
+    what, hint = problem
     parts = conninfo_to_dict(conf.dsn)  # the dsn holds no password (SqlConf refuses one)
     where = f"{parts.get('host') or 'the default host'}:{parts.get('port') or 5432}"
     return TerminalSinkError(f"SQL store at {where}: {what} (not retried; {hint}): {text}")
