@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from feature_defs import Definitions
 from jobs.config import RunConf
-from jobs.ledger import Entry, Ledger, config_hash, sink_targets
+from jobs.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.run import read_source, run_source
 from jobs.summary import RunSummary
 
@@ -164,7 +164,7 @@ def recorded_run(
         Entry(
             kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
             definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.name for f in source.features],
-            targets=sink_targets(conf, run_kwargs.get("redis_url")),
+            targets=sink_targets(conf, run_kwargs.get("redis_url")), keys_from=keys_from(conf, source, defs.entity_of(source)),
         )
     )  # fmt: skip
     try:

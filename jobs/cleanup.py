@@ -1,27 +1,36 @@
 """Stale-field cleanup: delete the Redis fields of features an entity type no longer has.
 
-No SCAN of the keyspace. Which fields are stale comes from the ledger: every feature a
-succeeded step wrote for the entity type, minus the features defined now (and the
-freshness fields of sources that are gone). Which keys to visit comes from the entity
-keys in the sources' ETL tables, read by Spark; each partition sends pipelined HDELs in
-bounded chunks, at a bounded rate.
+No SCAN of the keyspace (the job's Redis user may not). Everything comes from the ledger:
+the steps that wrote to this Redis, with the field names no cleanup has removed since;
+a name no current feature or freshness field uses is stale. The keys to visit are those
+steps' entity keys, read again by Spark from the tables and dates the steps recorded
+(the source's definition may be gone). Each source is cleaned on its own keys: each
+partition sends pipelined HDELs in bounded chunks, at a bounded rate. The ledger records a
+source as cleaned only when all its keys were found and visited; what could not be found
+is reported and left for a later cleanup.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from feature_defs import Definitions, EntityDef
+from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
-from jobs.ledger import Ledger
-from jobs.run import is_redis_cluster, key_prefix, read_source, redis_tls
+from jobs.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
+from jobs.run import is_redis_cluster, key_prefix, redis_tls
 from serializers import field_id, freshness_field_name
 from sinks.redis_cluster import KeyRouter
 from sinks.redis_sink import RedisTls
@@ -29,25 +38,64 @@ from sinks.redis_sink import RedisTls
 CLEANUP_STATS = "keys long, fields_removed long, round_trips long"
 
 
+class CleanupIncomplete(RuntimeError):
+    """Some stale fields were not deleted: their keys could not be found (or the cleanup stopped)."""
+
+
+@dataclass
+class SourceCleanup:
+    """The stale fields one source wrote, and the keys it wrote them to."""
+
+    source: str
+    fields: list[str]
+    """Its features no longer defined, then its freshness field when the source is gone."""
+    steps: list[str]
+    """Run ids of the write steps whose keys are visited."""
+    tables: list[str] = field(default_factory=list)
+    keys: int = 0
+    """Distinct keys found in those steps' tables and dates."""
+    left: list[str] = field(default_factory=list)
+    """Why some of its keys cannot be found; then it is not recorded as cleaned."""
+
+    def describe(self) -> str:
+        steps = f"{len(self.steps)} write step" + "s" * (len(self.steps) != 1)
+        return f"{self.source}: {', '.join(self.fields)} on {self.keys:,} keys (from {', '.join(self.tables) or 'no table'}, {steps})"
+
+
 @dataclass
 class CleanupPlan:
     entity: str
     removed_features: list[str]
     removed_sources: list[str]
-    sources_read: list[str]
+    sources_read: list[str] = field(default_factory=list)
     keys: int = 0
+    parts: list[SourceCleanup] = field(default_factory=list)
+    """Per source that wrote stale fields."""
+    target: str = ""
+    """The Redis cleaned (URL and namespace, no secrets)."""
+    legacy_cleanups: list[dt.date] = field(default_factory=list)
+    """Start dates of cleanups recorded without what they did: their fields are planned again."""
 
     @property
     def fields(self) -> list[str]:
         """Names whose field ids are deleted: stale features and stale freshness fields."""
         return self.removed_features + [freshness_field_name(s) for s in self.removed_sources]
 
+    @property
+    def left(self) -> list[SourceCleanup]:
+        return [p for p in self.parts if p.left]
+
     def describe(self) -> str:
-        lines = [f"cleanup of entity {self.entity}"]
+        lines = [f"cleanup of entity {self.entity}" + (f" in {self.target}" if self.target else "")]
         lines.append(f"  features no longer defined: {', '.join(self.removed_features) or 'none'}")
         if self.removed_sources:
             lines.append(f"  sources no longer defined (their freshness fields go): {', '.join(self.removed_sources)}")
-        lines.append(f"  keys to visit: {self.keys:,} (entity keys in {', '.join(self.sources_read) or 'no source table'})")
+        lines += [f"  {p.describe()}" for p in self.parts]
+        lines += [f"  cannot clean {p.source} on every key it wrote: {'; '.join(p.left)} (keys are never SCANned: left for a later cleanup)" for p in self.left]
+        if self.legacy_cleanups:
+            days = ", ".join(sorted({str(d) for d in self.legacy_cleanups}))
+            lines.append(f"  note: cleanups of {days} did not record which keys they visited: their fields are checked again")
+        lines.append(f"  keys to visit: {self.keys:,}")
         return "\n".join(lines)
 
 
@@ -87,44 +135,103 @@ def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) ->
     yield pa.RecordBatch.from_pylist([{"keys": keys, "fields_removed": removed, "round_trips": trips}])
 
 
-def entity_keys(spark: SparkSession, conf: RunConf, defs: Definitions, entity: EntityDef) -> tuple[DataFrame | None, list[str]]:
-    """Distinct entity ids (as in the Redis key) over every date of the entity's source tables."""
-    frames, names = [], []
-    for source in (s for s in defs.sources.values() if s.entity == entity.name):
-        raw = read_source(spark, conf, source)
-        tagged = tf.tag_key_problems(raw, source, entity)
-        usable = tagged.where(~tf.is_bad(tagged))
-        frames.append(tf.with_entity_id(usable, source, entity).select(tf.ENTITY_ID))
-        names.append(source.name)
-    if not frames:
-        return None, names
-    return reduce(DataFrame.unionByName, frames).distinct(), names
+def table_keys(spark: SparkSession, entity: EntityDef, where: dict[str, Any], writes: list[RedisWrite]) -> tuple[DataFrame | None, str | None]:
+    """Distinct entity ids (as in the Redis key) of the rows these steps wrote from one table,
+    and what keeps some of them from being found (None when all can be)."""
+    path, columns, day_column = where["location"], where["key_columns"], where.get("date_column")
+    if "://" not in path and not (Path(path) / "_delta_log").is_dir():
+        return None, f"no Delta table at {path}"
+    try:
+        table = spark.read.format("delta").load(path)
+    except AnalysisException as exc:
+        return None, f"cannot read {path}: {str(exc).splitlines()[0]}"
+    missing = [c for c in columns if c not in table.columns]
+    if missing or len(columns) != len(entity.keys):
+        return None, f"{path}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) do not match entity {entity.name}'s {len(entity.keys)} key parts"
+    problem = None
+    # Without a date column or a recorded range every row is read: a superset of the keys written.
+    if day_column in table.columns and all(w.dates is not None or w.start_date for w in writes):
+        day = F.col(day_column)
+        exact = sorted({d for w in writes if w.dates is not None for d in w.dates})
+        keep = day.isin(exact) if exact else F.lit(False)
+        for w in writes:
+            if w.dates is None:
+                keep = keep | day.between(F.lit(w.start_date), F.lit(w.end_date or w.start_date))
+        table = table.where(keep)
+        if exact:
+            present = {r[0] for r in table.where(day.isin(exact)).select(day).distinct().collect()}
+            gone = [str(d) for d in exact if d not in present]
+            if gone:
+                problem = f"{path} no longer holds the dates {', '.join(gone)} that were written from it"
+    keyed = SourceDef.model_construct(key_columns=list(columns))  # the key transforms read only the key columns
+    tagged = tf.tag_key_problems(table, keyed, entity)
+    return tf.with_entity_id(tagged.where(~tf.is_bad(tagged)), keyed, entity).select(tf.ENTITY_ID), problem
 
 
-def plan_cleanup(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, entity_name: str) -> tuple[CleanupPlan, DataFrame | None]:
-    entity = defs.entities.get(entity_name)
-    if entity is None:
-        raise KeyError(f"unknown entity {entity_name!r} (defined: {', '.join(sorted(defs.entities))})")
-    recorded = ledger.recorded_features(entity.name)
+def source_keys(spark: SparkSession, conf: RunConf, entity: EntityDef, defined: SourceDef | None, writes: list[RedisWrite], part: SourceCleanup) -> DataFrame | None:
+    """The distinct keys the steps of one source wrote; what cannot be found goes to ``part.left``."""
+    by_table: dict[str, list[RedisWrite]] = {}
+    unrecorded = 0
+    for w in writes:
+        # steps recorded before the ledger kept keys_from: the source's current definition, if any
+        where = w.keys_from or (keys_from(conf, defined, entity) if defined else None)
+        if where is None:
+            unrecorded += 1
+            continue
+        by_table.setdefault(json.dumps(where, sort_keys=True), []).append(w)
+    if unrecorded:
+        part.left.append(f"{unrecorded} of its steps were recorded without the table their keys come from, and the source is no longer defined")
+    frames = []
+    for where, group in by_table.items():
+        location = json.loads(where)
+        frame, problem = table_keys(spark, entity, location, group)
+        if problem:
+            part.left.append(problem)
+        if frame is not None:
+            frames.append(frame)
+            part.tables.append(location["location"])
+    return reduce(DataFrame.unionByName, frames).distinct() if frames else None
+
+
+def plan_cleanup(
+    spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, entity_name: str, redis_url: str | None = None
+) -> tuple[CleanupPlan, dict[str, DataFrame]]:
+    """The stale fields per source and the keys to visit for each (persisted: unpersist them when done)."""
+    entity = defs.entity(entity_name)
+    target = redis_target(conf, redis_url)
+    writes, legacy = ledger.redis_writes(entity.name, target)
     current_sources = {s.name: s for s in defs.sources.values() if s.entity == entity.name}
-    current = {f.name for s in current_sources.values() for f in s.features}
-    written = set().union(*recorded.values()) if recorded else set()
-    # A removed name whose field id a current feature shares would delete live data: keep it.
-    live_ids = {field_id(n) for n in current} | {field_id(freshness_field_name(s)) for s in current_sources}
-    keys, names = entity_keys(spark, conf, defs, entity)
+    # A name whose field id a current feature or freshness field shares would delete live data: never stale.
+    live_ids = {field_id(f.name) for s in current_sources.values() for f in s.features} | {field_id(freshness_field_name(s)) for s in current_sources}
+    stale_by_source: dict[str, list[tuple[RedisWrite, set[str]]]] = {}
+    for w in writes:
+        stale = {n for n in w.names if field_id(n) not in live_ids}
+        if stale:
+            stale_by_source.setdefault(w.source, []).append((w, stale))
+    parts, keys = [], {}
+    for name, found in sorted(stale_by_source.items()):
+        stale = set().union(*(names for _, names in found))
+        freshness = freshness_field_name(name)
+        part = SourceCleanup(name, sorted(stale - {freshness}) + ([freshness] if freshness in stale else []), sorted(w.run_id for w, _ in found))
+        frame = source_keys(spark, conf, entity, current_sources.get(name), [w for w, _ in found], part)
+        if frame is not None:
+            keys[name] = frame.persist()
+            part.keys = keys[name].count()
+        parts.append(part)
     plan = CleanupPlan(
         entity=entity.name,
-        removed_features=sorted(n for n in written - current if field_id(n) not in live_ids),
-        removed_sources=sorted(s for s in set(recorded) - set(current_sources) if field_id(freshness_field_name(s)) not in live_ids),
-        sources_read=names,
+        removed_features=sorted({n for p in parts for n in p.fields if n != freshness_field_name(p.source)}),
+        removed_sources=[p.source for p in parts if freshness_field_name(p.source) in p.fields],
+        sources_read=[p.source for p in parts if p.source in keys],
+        keys=sum(p.keys for p in parts),
+        parts=parts,
+        target=target,
+        legacy_cleanups=[r["start_date"] for r in legacy if set(r["features"] or []) & {n for p in parts for n in p.fields}],
     )
-    if keys is not None and plan.fields:
-        keys = keys.persist()
-        plan.keys = keys.count()
     return plan, keys
 
 
-def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: DataFrame, redis_url: str | None = None) -> dict:
+def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan | SourceCleanup, keys: DataFrame, redis_url: str | None = None) -> dict:
     """Delete the plan's fields from its keys; returns counts and Redis memory before/after."""
     password = conf.redis_password()
     writer = CleanupWriter(
@@ -149,3 +256,76 @@ def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: DataF
         servers.close()
     stats = {k: sum(p[k] for p in parts) for k in ("keys", "fields_removed", "round_trips")}
     return {**stats, "memory_before": before, "memory_after": after, "memory_freed": max(0, before - after), "seconds": seconds}
+
+
+@dataclass
+class CleanupResult:
+    """What a cleanup did, per source: the ledger's record of it."""
+
+    cleaned: dict[str, dict] = field(default_factory=dict)
+    """Sources whose stale fields are gone from every key they were written to."""
+    left: dict[str, dict] = field(default_factory=dict)
+    """Sources with stale fields that may remain on some keys, and why."""
+    memory_before: int | None = None
+    memory_after: int | None = None
+    seconds: float = 0.0
+    error: Exception | None = None
+
+    @property
+    def keys(self) -> int:
+        return sum(d["keys"] for d in (*self.cleaned.values(), *self.left.values()))
+
+    @property
+    def fields_removed(self) -> int:
+        return sum(d["fields_removed"] for d in (*self.cleaned.values(), *self.left.values()))
+
+    def incomplete(self) -> Exception | None:
+        """The error to record: the one that stopped the cleanup, or what was left."""
+        if self.error is not None or not self.left:
+            return self.error
+        return CleanupIncomplete("not cleaned: " + "; ".join(f"{s} ({', '.join(d['fields'])}): {d['reason']}" for s, d in sorted(self.left.items())))
+
+
+def clean(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: dict[str, DataFrame], redis_url: str | None = None) -> CleanupResult:
+    """Run the plan source by source. A source some of whose keys cannot be found is still
+    cleaned on those that can, but left; an error stops the cleanup, keeping what was done."""
+    result = CleanupResult()
+    for part in plan.parts:
+        done = {"fields": part.fields, "keys": 0, "fields_removed": 0}
+        if result.error is not None:
+            result.left[part.source] = {**done, "reason": "not reached: the cleanup stopped at an error"}
+            continue
+        if part.keys:
+            try:
+                stats = run_cleanup(conf, entity, part, keys[part.source], redis_url)
+            except Exception as exc:
+                result.error = exc
+                result.left[part.source] = {**done, "reason": f"{type(exc).__name__}: {exc}"}
+                continue
+            done |= {"keys": stats["keys"], "fields_removed": stats["fields_removed"]}
+            result.memory_before = stats["memory_before"] if result.memory_before is None else result.memory_before
+            result.memory_after, result.seconds = stats["memory_after"], result.seconds + stats["seconds"]
+        if part.left:
+            result.left[part.source] = {**done, "reason": "; ".join(part.left)}
+        else:
+            result.cleaned[part.source] = {**done, "steps": part.steps}
+    return result
+
+
+def recorded_cleanup(
+    conf: RunConf, defs: Definitions, ledger: Ledger, plan: CleanupPlan, keys: dict[str, DataFrame], redis_url: str | None = None
+) -> CleanupResult:
+    """clean() with a ledger entry that records only what was done: the sources cleaned (with
+    the steps whose keys were visited), and what was left and why, for a later cleanup."""
+    today = dt.datetime.now(dt.UTC).date()
+    entry = ledger.start(
+        Entry(kind="cleanup", source=None, entity=plan.entity, start_date=today, end_date=today, sinks=["redis"],
+              definitions_hash=defs.digest, config_hash=config_hash(conf), features=plan.fields, targets={"redis": plan.target})
+    )  # fmt: skip
+    result = clean(conf, defs.entities[plan.entity], plan, keys, redis_url)
+    entry.features = [n for done in result.cleaned.values() for n in done["fields"]]
+    entry.entities = result.keys
+    entry.written = {"redis": {"keys": result.keys, "fields_removed": result.fields_removed}}
+    entry.cleanup = {"cleaned": result.cleaned, "left": result.left}
+    ledger.finish(entry, error=result.incomplete())
+    return result

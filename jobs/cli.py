@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         "cleanup",
         help="delete Redis fields of features no longer defined",
         description="Delete, from the Redis hashes of one entity type, the fields of features that the ledger shows were "
-        "written but that are no longer defined (and the freshness fields of removed sources). Keys come from the entity "
-        "keys in the source tables, not from a SCAN.",
+        "written but that are no longer defined (and the freshness fields of removed sources). Keys come from the tables "
+        "and dates the ledger recorded for the steps that wrote them, not from a SCAN; a source whose keys cannot be found "
+        "is reported, recorded as left and exits 1.",
     )
     _common(clean)
     clean.add_argument("--entity", required=True, help="entity type, e.g. consumer")
@@ -364,44 +365,34 @@ def cmd_runs(args) -> int:
 
 
 def cmd_cleanup(args) -> int:
-    import datetime as dt
-
-    from jobs.cleanup import plan_cleanup, run_cleanup
-    from jobs.ledger import Entry, Ledger, config_hash
+    from jobs.cleanup import plan_cleanup, recorded_cleanup
+    from jobs.ledger import Ledger
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
     spark = build_spark(conf.spark)
     ledger = Ledger.of(spark, conf)
-    plan, keys = plan_cleanup(spark, conf, defs, ledger, args.entity)
-    print(plan.describe(), flush=True)
-    if not plan.fields:
-        print("nothing to delete")
-        return EXIT_OK
-    if keys is None:
-        print(f"error: entity {args.entity} has no source table left to take keys from; nothing deleted", file=sys.stderr)
-        return EXIT_FAILED
-    if args.dry_run:
-        print("dry run: nothing deleted")
-        return EXIT_OK
-    today = dt.datetime.now(dt.UTC).date()
-    entry = ledger.start(
-        Entry(kind="cleanup", source=None, entity=plan.entity, start_date=today, end_date=today, sinks=["redis"],
-              definitions_hash=defs.digest, config_hash=config_hash(conf), features=plan.fields)
-    )  # fmt: skip
+    plan, keys = plan_cleanup(spark, conf, defs, ledger, args.entity, args.redis_url)
     try:
-        stats = run_cleanup(conf, defs.entities[plan.entity], plan, keys, args.redis_url)
-    except Exception as exc:
-        ledger.finish(entry, error=exc)
-        print(f"error: cleanup of {plan.entity}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        print(plan.describe(), flush=True)
+        if not plan.parts:
+            print("nothing to delete")
+            return EXIT_OK
+        if args.dry_run:
+            print("dry run: nothing deleted")
+            return EXIT_OK
+        result = recorded_cleanup(conf, defs, ledger, plan, keys, args.redis_url)
     finally:
-        keys.unpersist()
-    entry.written = {"redis": {"fields_removed": stats["fields_removed"]}}
-    ledger.finish(entry)
-    print(f"removed {stats['fields_removed']:,} fields from {stats['keys']:,} keys in {stats['seconds']:.1f}s; "
-          f"Redis memory {stats['memory_before']:,} -> {stats['memory_after']:,} B (freed {stats['memory_freed']:,} B)")  # fmt: skip
-    return EXIT_OK
+        for frame in keys.values():
+            frame.unpersist()
+    for source, done in {**result.cleaned, **result.left}.items():
+        print(f"{source}: removed {done['fields_removed']:,} fields ({', '.join(done['fields'])}) from {done['keys']:,} keys")
+    if result.memory_before is not None:
+        print(f"removed {result.fields_removed:,} fields from {result.keys:,} keys in {result.seconds:.1f}s; "
+              f"Redis memory {result.memory_before:,} -> {result.memory_after:,} B (freed {max(0, result.memory_before - result.memory_after):,} B)")  # fmt: skip
+    for source, done in sorted(result.left.items()):
+        print(f"error: not cleaned: {source} ({', '.join(done['fields'])}): {done['reason']}; recorded as left for a later cleanup", file=sys.stderr)
+    return EXIT_FAILED if result.left else EXIT_OK
 
 
 def cmd_schema(args) -> int:

@@ -6,6 +6,12 @@ appends a ``running`` event when it starts and a ``succeeded``/``failed`` event 
 ends, written from the driver only (Spark task retries cannot add events). A step's
 state is its latest event, so a crash leaves ``running`` for the next run to see, and a
 repeated append of the same event changes nothing.
+
+A write step also records where its keys can be found again (``keys_from``), and a cleanup
+records what it did (``cleanup``): per source, the fields deleted, on how many keys and for
+which write steps, and what it could not clean and why. Cleanup plans from these, so a
+field is recorded as cleaned only once every key the ledger says it was written to was
+visited.
 """
 
 from __future__ import annotations
@@ -24,7 +30,11 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from feature_defs import EntityDef, SourceDef
 from jobs.config import PROJECT_ROOT, RunConf
+from jobs.run import source_path
+from jobs.transforms import key_columns
+from serializers import freshness_field_name
 
 SCHEMA = T.StructType(
     [
@@ -50,6 +60,8 @@ SCHEMA = T.StructType(
         T.StructField("features", T.ArrayType(T.StringType())),
         T.StructField("error", T.StringType()),
         T.StructField("recorded_at", T.TimestampType(), False),
+        T.StructField("keys_from", T.StringType()),
+        T.StructField("cleanup", T.StringType()),
     ]
 )
 STATUSES = ("running", "succeeded", "failed")
@@ -77,18 +89,29 @@ def config_hash(conf: RunConf) -> str:
     return hashlib.sha256(conf.model_dump_json().encode()).hexdigest()[:16]
 
 
-def sink_targets(conf: RunConf, redis_url: str | None = None) -> dict[str, str]:
-    """Where each sink of the run writes, without secrets: Redis URL and namespace, SQL DSN and schema."""
+def redis_target(conf: RunConf, redis_url: str | None = None) -> str:
+    """The Redis a step writes, without secrets: URL and namespace."""
     from urllib.parse import urlsplit, urlunsplit
 
+    url = urlsplit(redis_url or conf.redis.url)
+    host = url.netloc.rsplit("@", 1)[-1]  # drop any user:password@
+    return urlunsplit(url._replace(netloc=host, query="")) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
+
+
+def sink_targets(conf: RunConf, redis_url: str | None = None) -> dict[str, str]:
+    """Where each sink of the run writes, without secrets: Redis URL and namespace, SQL DSN and schema."""
     targets = {}
     if "redis" in conf.sinks:
-        url = urlsplit(redis_url or conf.redis.url)
-        host = url.netloc.rsplit("@", 1)[-1]  # drop any user:password@
-        targets["redis"] = urlunsplit(url._replace(netloc=host, query="")) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
+        targets["redis"] = redis_target(conf, redis_url)
     if "cockroach" in conf.sinks:
         targets["cockroach"] = conf.sql.dsn + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
     return targets
+
+
+def keys_from(conf: RunConf, source: SourceDef, entity: EntityDef) -> dict[str, Any]:
+    """Where the keys a step of ``source`` writes can be read again: cleanup never SCANs, and
+    the source's definition may be gone by the time its fields are stale."""
+    return {"location": source_path(conf, source), "key_columns": key_columns(source, entity), "date_column": source.date_column}
 
 
 @dataclass
@@ -117,6 +140,10 @@ class Entry:
     written: dict[str, Any] = field(default_factory=dict)
     ended_at: dt.datetime | None = None
     error: str | None = None
+    keys_from: dict[str, Any] = field(default_factory=dict)
+    """Write steps: the table, key and date columns its keys come from (see keys_from())."""
+    cleanup: dict[str, Any] | None = None
+    """Cleanups: {"cleaned": {source: {fields, keys, fields_removed, steps}}, "left": {source: {fields, keys, fields_removed, reason}}}."""
 
     def row(self) -> tuple:
         # aware datetimes: PySpark would read naive ones in the driver's local time zone
@@ -126,6 +153,8 @@ class Entry:
             self.rows_read, self.entities, self.bad_rows, json.dumps(self.written, sort_keys=True, default=str),
             self.started_at, self.ended_at, code_version(), self.definitions_hash, self.config_hash,
             self.features, self.error, dt.datetime.now(dt.UTC),
+            json.dumps(self.keys_from, sort_keys=True) if self.keys_from else None,
+            json.dumps(self.cleanup, sort_keys=True) if self.cleanup is not None else None,
         )  # fmt: skip
 
 
@@ -169,6 +198,10 @@ class Ledger:
         if not self.exists():
             return self.spark.createDataFrame([], SCHEMA)
         events = self.spark.read.format("delta").load(self.path)
+        # a ledger written by an older version lacks the newer columns: they read as null
+        for column in SCHEMA.fields:
+            if column.name not in events.columns:
+                events = events.withColumn(column.name, F.lit(None).cast(column.dataType))
         # a finished event outranks 'running' whatever the clocks say
         finished = (F.col("status") != "running").cast("int")
         latest = Window.partitionBy("run_id").orderBy(finished.desc(), F.col("recorded_at").desc())
@@ -207,18 +240,57 @@ class Ledger:
         df = self.steps().where((F.col("source") == source) & (F.col("status") == "running"))
         return [r.asDict() for r in df.collect()]
 
-    def recorded_features(self, entity: str) -> dict[str, set[str]]:
-        """Per source of ``entity``: the features steps wrote (failed ones may have written
-        too) and that no later succeeded cleanup has removed."""
-        rows = self.steps().where((F.col("entity") == entity) & (F.col("status") != "running")).select("kind", "status", "source", "features", "started_at").collect()
-        cleaned: dict[str, Any] = {}
+    def redis_writes(self, entity: str, target: str) -> tuple[list[RedisWrite], list[dict]]:
+        """Steps of ``entity`` that may have written to the Redis ``target`` (failed and crashed
+        ones too), each with the field names no cleanup of that Redis has removed from its
+        keys; and the succeeded cleanups recorded without saying what they did (older
+        versions): their claims are not trusted, since they covered only the keys of the
+        sources defined at the time."""
+        rows = self.steps().where(F.col("entity") == entity).collect()
+        cleaned: dict[str, set[str]] = {}  # run_id of a write step -> names removed from its keys
+        legacy = []
         for r in rows:
-            if r["kind"] == "cleanup" and r["status"] == "succeeded":
-                for name in r["features"] or []:
-                    cleaned[name] = max(cleaned.get(name, r["started_at"]), r["started_at"])
-        out: dict[str, set[str]] = {}
+            if r["kind"] != "cleanup" or r["status"] == "running":
+                continue
+            if r["cleanup"] is None:
+                if r["status"] == "succeeded":
+                    legacy.append(r.asDict())
+                continue
+            if json.loads(r["targets"] or "{}").get("redis") != target:
+                continue
+            for done in json.loads(r["cleanup"]).get("cleaned", {}).values():
+                for run_id in done["steps"]:
+                    cleaned.setdefault(run_id, set()).update(done["fields"])
+        writes = []
         for r in rows:
-            if r["kind"] != "cleanup" and r["source"]:
-                kept = {f for f in r["features"] or [] if f not in cleaned or r["started_at"] > cleaned[f]}
-                out.setdefault(r["source"], set()).update(kept)
-        return out
+            if r["kind"] == "cleanup" or not r["source"] or not _may_have_written(r, target):
+                continue
+            names = {*(r["features"] or []), freshness_field_name(r["source"])} - cleaned.get(r["run_id"], set())
+            if names:
+                dates = tuple(r["dates"]) if r["status"] == "succeeded" and r["dates"] is not None else None
+                where = json.loads(r["keys_from"]) if r["keys_from"] else None
+                writes.append(RedisWrite(r["run_id"], r["source"], frozenset(names), where, dates, r["start_date"], r["end_date"]))
+        return writes, legacy
+
+
+def _may_have_written(step, target: str) -> bool:
+    targets = json.loads(step["targets"] or "{}")
+    if targets:
+        return targets.get("redis") == target
+    return step["sinks"] is None or "redis" in step["sinks"]  # recorded before targets were: it may be this Redis
+
+
+@dataclass(frozen=True)
+class RedisWrite:
+    """A step that may have written fields to a Redis: the names still on its keys, and how to find those keys."""
+
+    run_id: str
+    source: str
+    names: frozenset[str]
+    """Feature names and the source's freshness field name."""
+    keys_from: dict[str, Any] | None
+    """Where its keys come from (keys_from()); None when recorded before the ledger kept it."""
+    dates: tuple[dt.date, ...] | None
+    """The dates a succeeded step wrote; None: any of start..end (a failed or crashed step may have written some)."""
+    start_date: dt.date | None
+    end_date: dt.date | None

@@ -9,7 +9,7 @@ import redis
 
 from feature_defs import load_definitions
 from jobs.backfill import BackfillError, plan_backfill, recorded_run, run_backfill
-from jobs.cleanup import plan_cleanup, run_cleanup
+from jobs.cleanup import clean, plan_cleanup
 from jobs.cli import main
 from jobs.ledger import Entry, Ledger
 from jobs.sample_data import sample_dates, write_sample_tables
@@ -176,11 +176,12 @@ def test_cleanup_removes_exactly_the_dropped_features_fields(spark, conf, redis_
 
     plan, keys = plan_cleanup(spark, conf, reduced, ledger, "consumer")
     assert plan.removed_features == ["tip_rate_30d"] and plan.removed_sources == []
-    # keys to visit: every consumer id in the table (all dates), not a SCAN of Redis
-    ids = spark.read.format("delta").load(str(conf.data_path / "consumer_daily")).select("consumer_id").toPandas()["consumer_id"]
+    # keys to visit: every consumer id in the table on the date the ledger says was written, not a SCAN of Redis
+    ids = spark.read.format("delta").load(str(conf.data_path / "consumer_daily")).where(f"ds = '{FIVE[-1]}'").select("consumer_id").toPandas()["consumer_id"]
     assert plan.keys == ids.dropna().nunique() > sum(k.startswith(b"c:") for k in before)
-    stats = run_cleanup(conf, reduced.entities["consumer"], plan, keys)
-    assert stats["fields_removed"] == len(had_field) and stats["keys"] == plan.keys
+    result = clean(conf, reduced.entities["consumer"], plan, keys)
+    keys["consumer_daily"].unpersist()
+    assert result.cleaned["consumer_daily"]["fields_removed"] == len(had_field) and result.keys == plan.keys and not result.left
 
     after = {k: redis_db.hgetall(k) for k in redis_db.scan_iter()}
     expected = {k: {f: v for f, v in h.items() if not (k.startswith(b"c:") and f == field_id("tip_rate_30d"))} for k, h in before.items()}

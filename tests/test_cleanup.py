@@ -1,0 +1,207 @@
+"""Cleanup of the fields of removed sources and features, planned from the run ledger, on a
+real Redis, real Spark and real Delta tables. Every state is read back raw from Redis."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+
+import pytest
+import redis
+from pyspark.sql import types as T
+
+from feature_defs import load_definitions
+from jobs.backfill import recorded_run
+from jobs.cleanup import plan_cleanup, recorded_cleanup
+from jobs.cli import main
+from jobs.ledger import SCHEMA, Ledger, redis_target
+from serializers import field_id, freshness_field_name
+
+from .conftest import SAMPLE_DATES, tiny_consumer_source
+
+DEFS = load_definitions()
+DAY1, DAY2 = SAMPLE_DATES
+TINY_FEATURES = "    - {name: tiny_score, type: float}\n    - {name: tiny_label, type: string}\n"
+TINY_SCHEMA = "consumer_id long, ds date, tiny_score double, tiny_label string"
+# Ids 1..9 are consumers of consumer_daily too; 5001..5006 only 'tiny' writes. DAY1 - 1 is never written.
+TINY_ROWS = (
+    [(i, DAY1, i / 3, f"d1-{i}") for i in [*range(1, 7), *range(5001, 5005)]]
+    + [(i, DAY2, None if i == 5 else i / 7, f"d2-{i}") for i in [*range(4, 10), *range(5003, 5007)]]
+    + [(None, DAY2, 1.0, "bad key"), *((i, DAY1 - dt.timedelta(days=1), 1.0, "never written") for i in range(7001, 7004))]
+)
+TINY_WRITTEN_IDS = {r[0] for r in TINY_ROWS if r[0] is not None and r[1] in (DAY1, DAY2)}
+TINY_FIELDS = ["tiny_label", "tiny_score", freshness_field_name("tiny")]  # as the ledger lists them: features, then freshness
+
+
+def raw(client: redis.Redis) -> dict[bytes, dict[bytes, bytes]]:
+    return {k: client.hgetall(k) for k in client.scan_iter()}
+
+
+def without(state: dict, names: list[str], prefix: bytes = b"c:") -> dict:
+    """``state`` with these fields gone from the keys of ``prefix``; a hash left empty is no key (Redis deletes it)."""
+    ids = {field_id(n) for n in names}
+    out = {k: {f: v for f, v in h.items() if not (k.startswith(prefix) and f in ids)} for k, h in state.items()}
+    return {k: h for k, h in out.items() if h}
+
+
+def fields_present(state: dict, names: list[str]) -> int:
+    ids = {field_id(n) for n in names}
+    return sum(f in ids for k, h in state.items() if k.startswith(b"c:") for f in h)
+
+
+@pytest.fixture
+def written(spark, run_conf, sample_root, redis_db, tmp_path, monkeypatch):
+    """consumer_daily (DAY2) and a source 'tiny' (DAY1..DAY2, one latest-mode step) written
+    to the session's Redis with a ledger; ``materialize cleanup --env ci`` sees the
+    definitions in tmp_path/defs."""
+    defs = tiny_consumer_source(spark, tmp_path, TINY_FEATURES, TINY_SCHEMA, TINY_ROWS)
+    (tmp_path / "defs" / "consumer_daily.yaml").write_text(DEFS.files["source:consumer_daily"].read_text())
+    (tmp_path / "consumer_daily").symlink_to(sample_root / "consumer_daily")
+    defs = load_definitions(tmp_path / "defs")
+    conf = run_conf.model_copy(update={"data_root": str(tmp_path), "ledger_root": str(tmp_path / "ledger")})
+    ledger = Ledger(spark, conf.ledger_path)
+    recorded_run(spark, conf, defs, ledger, "run", "consumer_daily", DAY2)
+    recorded_run(spark, conf, defs, ledger, "backfill-latest", "tiny", DAY1, DAY2, dates=[DAY1, DAY2])
+    folder = tmp_path / "conf"
+    (folder / "base").mkdir(parents=True)
+    (folder / "ci").mkdir()
+    (folder / "ci" / "m.yaml").write_text(
+        f"data_root: {tmp_path}\nledger_root: {conf.ledger_path}\ndefinitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"sinks: [redis]\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n"
+    )
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    return conf, ledger
+
+
+def step_id(ledger: Ledger, source: str) -> str:
+    [step] = ledger.list(source)
+    return step["run_id"]
+
+
+def cleanups(ledger: Ledger) -> list[dict]:
+    """The cleanup steps, oldest first, with their record parsed."""
+    rows = [r for r in ledger.list(last=100) if r["kind"] == "cleanup"]
+    return [{**r, "cleanup": json.loads(r["cleanup"])} for r in reversed(rows)]
+
+
+def test_cleanup_removes_a_removed_sources_fields_from_every_key_it_wrote(spark, written, redis_db, tmp_path, capsys):
+    conf, ledger = written
+    before = raw(redis_db)
+    tiny_keys = {f"c:{i}".encode() for i in TINY_WRITTEN_IDS}
+    assert {k for k, h in before.items() if field_id(freshness_field_name("tiny")) in h} == tiny_keys
+    only_tiny = {k for k in tiny_keys if field_id(freshness_field_name("consumer_daily")) not in before[k]}
+    assert only_tiny >= {f"c:{i}".encode() for i in range(5001, 5007)} and tiny_keys - only_tiny  # keys no current table holds, and shared ones
+
+    (tmp_path / "defs" / "tiny.yaml").unlink()
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 0
+    # every key tiny wrote lost its fields (the keys of tiny alone are gone); all else byte for byte
+    assert raw(redis_db) == without(before, TINY_FIELDS)
+    assert only_tiny.isdisjoint(redis_db.keys())
+    out = capsys.readouterr().out
+    assert "sources no longer defined (their freshness fields go): tiny" in out
+    assert f"tiny: tiny_label, tiny_score, _ts:tiny on {len(TINY_WRITTEN_IDS)} keys (from {tmp_path / 'tiny'}, 1 write step)" in out
+    [done] = cleanups(ledger)
+    assert done["status"] == "succeeded" and done["error"] is None and done["features"] == TINY_FIELDS
+    assert done["cleanup"] == {
+        "cleaned": {"tiny": {"fields": TINY_FIELDS, "keys": len(TINY_WRITTEN_IDS), "fields_removed": fields_present(before, TINY_FIELDS), "steps": [step_id(ledger, "tiny")]}},
+        "left": {},
+    }
+    assert json.loads(done["targets"]) == {"redis": conf.redis.url}
+
+    # the ledger now says it is done: nothing is planned again
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--dry-run"]) == 0
+    assert "nothing to delete" in capsys.readouterr().out
+    assert len(cleanups(ledger)) == 1
+
+
+def test_cleanup_of_a_source_whose_table_is_gone_records_only_what_it_did(spark, written, redis_db, tmp_path, capsys):
+    conf, ledger = written
+    before = raw(redis_db)
+    defs = tmp_path / "defs"
+    (defs / "tiny.yaml").unlink()
+    text = (defs / "consumer_daily.yaml").read_text()
+    (defs / "consumer_daily.yaml").write_text(text.replace("    - {name: tip_rate_30d, type: float}\n", ""))
+    shutil.rmtree(tmp_path / "tiny")
+
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 1
+    captured = capsys.readouterr()
+    reason = f"no Delta table at {tmp_path / 'tiny'}"
+    assert f"cannot clean tiny on every key it wrote: {reason}" in captured.out
+    assert f"error: not cleaned: tiny (tiny_label, tiny_score, _ts:tiny): {reason}; recorded as left for a later cleanup" in captured.err
+    # the dropped feature went from every consumer key; tiny's fields are all still there
+    assert raw(redis_db) == without(before, ["tip_rate_30d"])
+    assert fields_present(raw(redis_db), TINY_FIELDS) == fields_present(before, TINY_FIELDS) > 0
+
+    cd_keys = spark.read.format("delta").load(str(tmp_path / "consumer_daily")).where(f"ds = '{DAY2}'").select("consumer_id").toPandas()
+    [first] = cleanups(ledger)
+    assert first["status"] == "failed" and first["error"].startswith("CleanupIncomplete: not cleaned: tiny (")
+    assert first["features"] == ["tip_rate_30d"]  # what was cleaned, not what was planned
+    assert first["cleanup"] == {
+        "cleaned": {
+            "consumer_daily": {
+                "fields": ["tip_rate_30d"], "keys": cd_keys["consumer_id"].dropna().nunique(),
+                "fields_removed": fields_present(before, ["tip_rate_30d"]), "steps": [step_id(ledger, "consumer_daily")],
+            }
+        },
+        "left": {"tiny": {"fields": TINY_FIELDS, "keys": 0, "fields_removed": 0, "reason": reason}},
+    }  # fmt: skip
+    assert main(["runs", "--env", "ci"]) == 0
+    [listed] = [line for line in capsys.readouterr().out.splitlines() if " cleanup " in line]
+    assert " failed " in listed and "CleanupIncomplete: not cleaned: tiny" in listed
+
+    # the table is back: a later cleanup does the rest, and only that
+    spark.createDataFrame(TINY_ROWS, TINY_SCHEMA).write.format("delta").save(str(tmp_path / "tiny"))
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 0
+    assert "consumer_daily:" not in capsys.readouterr().out
+    assert raw(redis_db) == without(without(before, ["tip_rate_30d"]), TINY_FIELDS)
+    second = cleanups(ledger)[1]
+    assert second["status"] == "succeeded" and second["features"] == TINY_FIELDS
+    assert second["cleanup"]["left"] == {} and list(second["cleanup"]["cleaned"]) == ["tiny"]
+    assert second["cleanup"]["cleaned"]["tiny"]["fields_removed"] == fields_present(before, TINY_FIELDS)
+
+
+def test_a_ledger_written_before_keys_were_recorded_is_read_and_not_trusted_blindly(spark, run_conf, sample_root, redis_db, tmp_path):
+    """Ledger rows without keys_from/cleanup (older versions): a defined source's keys come
+    from its definition, a removed source's cannot be found, an old cleanup claims nothing."""
+    conf = run_conf.model_copy(update={"ledger_root": str(tmp_path / "ledger")})
+    target = redis_target(conf)
+    old_schema = T.StructType([f for f in SCHEMA.fields if f.name not in ("keys_from", "cleanup")])
+    now = dt.datetime.now(dt.UTC)
+
+    def old_row(run_id, kind, source, features, targets, dates, start=DAY2):
+        row = {f: None for f in old_schema.fieldNames()}
+        row |= {"run_id": run_id, "kind": kind, "source": source, "entity": "consumer", "start_date": start, "end_date": start,
+                "sinks": ["redis"], "targets": json.dumps(targets), "dates": dates, "status": "succeeded", "features": features,
+                "started_at": now, "ended_at": now, "recorded_at": now}  # fmt: skip
+        return tuple(row[f] for f in old_schema.fieldNames())
+
+    consumer_features = [f.name for f in DEFS.source("consumer_daily").features]
+    old = [
+        old_row("r1", "run", "consumer_daily", [*consumer_features, "old_rate"], {"redis": target}, [DAY2]),
+        old_row("r2", "run", "gone", ["gone_score"], {"redis": target}, [DAY2]),
+        old_row("c1", "cleanup", None, ["old_rate"], {}, None),  # claimed old_rate cleaned: not trusted
+    ]
+    spark.createDataFrame(old, old_schema).write.format("delta").save(str(conf.ledger_path))
+    ids = spark.read.format("delta").load(str(sample_root / "consumer_daily")).where(f"ds = '{DAY2}'").select("consumer_id").toPandas()
+    ids = sorted(int(i) for i in ids["consumer_id"].dropna().unique())
+    for i in ids:  # what those old steps left: a stale field of each source next to a live one
+        redis_db.hset(f"c:{i}", mapping={field_id("old_rate"): b"0.5", field_id("gone_score"): b"1", field_id("orders_7d"): b"3"})
+    before = raw(redis_db)
+
+    ledger = Ledger(spark, conf.ledger_path)
+    plan, keys = plan_cleanup(spark, conf, DEFS, ledger, "consumer")
+    assert [(p.source, p.fields, p.keys) for p in plan.parts] == [("consumer_daily", ["old_rate"], len(ids)), ("gone", ["gone_score", "_ts:gone"], 0)]
+    assert plan.parts[1].left == ["1 of its steps were recorded without the table their keys come from, and the source is no longer defined"]
+    assert "note: cleanups of" in plan.describe() and "their fields are checked again" in plan.describe()
+    result = recorded_cleanup(conf, DEFS, ledger, plan, keys)
+    for frame in keys.values():
+        frame.unpersist()
+    assert list(result.cleaned) == ["consumer_daily"] and list(result.left) == ["gone"]
+    assert raw(redis_db) == without(before, ["old_rate"])
+
+    # the old rows and the new one (with the new columns) read together
+    again, keys = plan_cleanup(spark, conf, DEFS, ledger, "consumer")
+    assert [p.source for p in again.parts] == ["gone"] and keys == {}
+    [last] = [r for r in ledger.list() if r["run_id"] not in ("r1", "r2", "c1")]
+    assert json.loads(last["cleanup"])["cleaned"]["consumer_daily"]["steps"] == ["r1"]
