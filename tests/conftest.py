@@ -229,6 +229,14 @@ def tiny_consumer_source(spark, tmp_path: Path, features_yaml: str, schema: str,
     return defs
 
 
+def env_conf(folder: Path, env: str, settings: str) -> Path:
+    """A conf folder of its own (point FM_CONF_DIR at it): an empty base and ``env`` with these settings (YAML)."""
+    (folder / "base").mkdir(parents=True)
+    (folder / env).mkdir()
+    (folder / env / "m.yaml").write_text(settings)
+    return folder
+
+
 TINY_LONG_SOURCE = (
     "source:\n  name: tiny_long\n  entity: consumer\n  location: tiny_long\n  layout: long\n"
     "  name_column: feature_name\n  value_column: value\n  features:\n"

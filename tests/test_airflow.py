@@ -24,7 +24,7 @@ os.environ["AIRFLOW_CONN_FM_SPARK"] = json.dumps({"conn_type": "spark", "host": 
 from jobs.ledger import Ledger  # noqa: E402
 from serializers import decode, field_id  # noqa: E402
 
-from .conftest import SAMPLE_DATES  # noqa: E402
+from .conftest import SAMPLE_DATES, env_conf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGS = ROOT / "airflow" / "dags"
@@ -106,10 +106,7 @@ def dag_env(monkeypatch, sample_root, redis_server, pg_server, pg_db, redis_db, 
     defs.mkdir()
     for name in ("entities.yaml", "store_features_long.yaml"):
         (defs / name).write_text((ROOT / "feature_defs" / name).read_text())
-    conf = tmp_path / "conf"
-    (conf / "base").mkdir(parents=True)
-    (conf / "ci").mkdir()
-    (conf / "ci" / "m.yaml").write_text(
+    conf = env_conf(tmp_path / "conf", "ci",
         f"data_root: {sample_root}\ndefinitions_dir: {defs}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
         f"ledger_root: {tmp_path / 'ledger'}\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
         f"sql:\n  dsn: {pg_server.dsn}\n  password_env: null\nquality:\n  max_bad_fraction: 0.05\n  verify_sample: 1000\n"

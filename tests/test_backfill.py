@@ -15,7 +15,7 @@ from jobs.ledger import Entry, Ledger
 from jobs.sample_data import sample_dates, write_sample_tables
 from serializers import field_id
 
-from .conftest import start_redis
+from .conftest import env_conf, start_redis
 
 DEFS = load_definitions()
 FIVE = sample_dates(5)  # 2026-11-16 .. 2026-11-20
@@ -99,10 +99,7 @@ def test_interrupted_backfill_resumes_and_completes(spark, conf, tmp_path):
 @pytest.fixture
 def cli_conf(five_days, redis_server, tmp_path, monkeypatch):
     """A conf folder for in-process CLI calls (the session's Spark is reused)."""
-    folder = tmp_path / "conf"
-    (folder / "base").mkdir(parents=True)
-    (folder / "ci").mkdir()
-    (folder / "ci" / "m.yaml").write_text(
+    folder = env_conf(tmp_path / "conf", "ci",
         f"data_root: {five_days}\nledger_root: {tmp_path / 'ledger'}\nquarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
         f"sinks: [redis]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\nquality:\n  max_bad_fraction: 0.05\n  expectations: false\n"
     )

@@ -18,7 +18,7 @@ from jobs.cli import main
 from jobs.ledger import SCHEMA, Ledger, redis_target
 from serializers import field_id, freshness_field_name
 
-from .conftest import SAMPLE_DATES, tiny_consumer_source
+from .conftest import SAMPLE_DATES, env_conf, tiny_consumer_source
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES
@@ -63,10 +63,7 @@ def written(spark, run_conf, sample_root, redis_db, tmp_path, monkeypatch):
     ledger = Ledger(spark, conf.ledger_path)
     recorded_run(spark, conf, defs, ledger, "run", "consumer_daily", DAY2)
     recorded_run(spark, conf, defs, ledger, "backfill-latest", "tiny", DAY1, DAY2, dates=[DAY1, DAY2])
-    folder = tmp_path / "conf"
-    (folder / "base").mkdir(parents=True)
-    (folder / "ci").mkdir()
-    (folder / "ci" / "m.yaml").write_text(
+    folder = env_conf(tmp_path / "conf", "ci",
         f"data_root: {tmp_path}\nledger_root: {conf.ledger_path}\ndefinitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
         f"sinks: [redis]\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n"
     )

@@ -15,6 +15,8 @@ import xxhash
 from feature_defs import DefinitionError, load_definitions
 from jobs.config import ConfigError, load_config
 
+from .conftest import env_conf
+
 ENTITIES = """\
 entities:
   - name: consumer
@@ -139,10 +141,7 @@ def test_config_env_overlay_and_errors(tmp_path, monkeypatch):
 
 
 def test_missing_password_env_var_is_a_clear_error(tmp_path, monkeypatch):
-    conf = tmp_path / "conf"
-    (conf / "base").mkdir(parents=True)
-    (conf / "x").mkdir()
-    (conf / "x" / "m.yaml").write_text("redis:\n  password_env: NOT_SET_ANYWHERE\n")
+    conf = env_conf(tmp_path / "conf", "x", "redis:\n  password_env: NOT_SET_ANYWHERE\n")
     monkeypatch.setenv("FM_CONF_DIR", str(conf))
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     with pytest.raises(ConfigError, match="'NOT_SET_ANYWHERE'.*not set"):

@@ -24,7 +24,7 @@ from serializers import field_id
 from sinks.errors import TerminalSinkError
 from sinks.redis_capacity import read_memory_info
 
-from .conftest import start_redis
+from .conftest import env_conf, start_redis
 from .test_cli import BIN, run
 from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
 from .test_sql_job import AS_OF_DAY2, check_consumer_rows
@@ -136,10 +136,7 @@ def writer_conf(sql_conf, dsns):
 
 
 def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, pg_db, sql_roles, tmp_path):
-    conf_dir = tmp_path / "conf"
-    (conf_dir / "base").mkdir(parents=True)
-    (conf_dir / "lp").mkdir()
-    (conf_dir / "lp" / "m.yaml").write_text(f"sql:\n  dsn: {sql_roles['fm_writer']}\n  password_env: FM_TEST_FM_WRITER_PASSWORD\n")
+    conf_dir = env_conf(tmp_path / "conf", "lp", f"sql:\n  dsn: {sql_roles['fm_writer']}\n  password_env: FM_TEST_FM_WRITER_PASSWORD\n")
     out = run(
         str(BIN / "materialize"), "schema", "--env", "lp", "--sql-dsn", sql_roles["fm_schema"], "--sql-password-env", "FM_TEST_FM_SCHEMA_PASSWORD",
         env={"FM_CONF_DIR": str(conf_dir)},

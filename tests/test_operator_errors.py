@@ -19,7 +19,7 @@ from sinks.errors import TerminalSinkError
 from sinks.sql_sink import SqlSink, SqlSinkConfig
 from sinks.sql_sink import connect as real_connect
 
-from .conftest import free_port
+from .conftest import env_conf, free_port
 
 DAY = "2026-11-20"
 MISSING_ROLE = "fm_no_such_role"
@@ -41,10 +41,7 @@ def tiny_defs(folder: Path) -> Path:
 def ops(tmp_path, monkeypatch, pg_server) -> Path:
     """An env 'ops' of its own: tiny definitions, reports under tmp_path, the suite's PostgreSQL."""
     tiny_defs(tmp_path / "defs")
-    conf = tmp_path / "conf"
-    (conf / "base").mkdir(parents=True)
-    (conf / "ops").mkdir()
-    (conf / "ops" / "m.yaml").write_text(
+    conf = env_conf(tmp_path / "conf", "ops",
         f"data_root: {tmp_path / 'data'}\nreports_dir: {tmp_path / 'reports'}\ndefinitions_dir: {tmp_path / 'defs'}\n"
         f"sql: {{dsn: '{pg_server.dsn}', statement_timeout_ms: 300}}\n"
     )

@@ -12,7 +12,7 @@ import redis
 from jobs.cli import main
 from jobs.config import ConfigError, load_config
 
-from .conftest import DAY2_STR, start_redis
+from .conftest import DAY2_STR, env_conf, start_redis
 
 REDIS_SECRET = "r3dis-S3cret-7f1c0e"
 SQL_SECRET = "pg-S3cret-91ab44"
@@ -43,10 +43,7 @@ def secret_env(spark, sample_root, pg_server, pg_db, tmp_path, monkeypatch):
     secret_file = tmp_path / "secrets" / "sql_password"
     secret_file.parent.mkdir()
     secret_file.write_text(SQL_SECRET + "\n")
-    folder = tmp_path / "conf"
-    (folder / "base").mkdir(parents=True)
-    (folder / "sec").mkdir()
-    (folder / "sec" / "m.yaml").write_text(
+    folder = env_conf(tmp_path / "conf", "sec",
         f"data_root: {sample_root}\nledger_root: {tmp_path / 'out' / 'ledger'}\nquarantine_root: {tmp_path / 'out' / 'q'}\n"
         f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"

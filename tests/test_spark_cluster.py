@@ -36,7 +36,7 @@ from redis.cluster import RedisCluster
 from bench.local_cluster import start_cluster
 from serializers import encode, field_id
 
-from .conftest import DAY2_STR
+from .conftest import DAY2_STR, env_conf
 from .test_redis_job import CONSUMER, is_null
 from .test_sql_job import check_consumer_rows
 
@@ -188,12 +188,9 @@ def _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, 
         assert alone.returncode != 0 and f"No module named '{module}'" in alone.stderr, (module, alone.stderr[-2000:])
     assert subprocess.run([str(pex), "-c", "import pyarrow, redis, psycopg"], cwd=tmp_path, env=_env(), timeout=120).returncode == 0
 
-    conf = tmp_path / "conf"
-    (conf / "base").mkdir(parents=True)
-    (conf / "cluster").mkdir()
     # The driver imports the project from the zip too (spark-submit puts --py-files first on
     # its PYTHONPATH): FM_PROJECT_ROOT (else the working directory) is where it finds feature_defs/.
-    (conf / "cluster" / "m.yaml").write_text(
+    conf = env_conf(tmp_path / "conf", "cluster",
         f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
         f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
