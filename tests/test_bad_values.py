@@ -108,6 +108,15 @@ def check_stores(spark, summary, source, day, values: dict, reasons: dict, befor
     assert {json.loads(r["row"])["consumer_id"]: sorted(r["reasons"]) for r in quarantined} == {cid: sorted(rs) for cid, rs in reasons.items()}
 
 
+def first_date(spark, sql_conf, tmp_path, defs, name: str, day1: dict, redis_db, pg_db):
+    """Run DAY1 of source ``name`` (all good values) and check it: (source, conf, what the stores hold)."""
+    source = defs.sources[name]
+    conf = bad_run_conf(sql_conf, tmp_path)
+    first = run_source(spark, conf, defs, name, DAY1)
+    check_stores(spark, first, source, DAY1, day1, {}, ({}, {}), redis_db, pg_db)
+    return source, conf, stored_state(redis_db, pg_db, name)
+
+
 # --- wide layout ---------------------------------------------------------------------
 
 WIDE_FEATURES = """\
@@ -168,12 +177,7 @@ def test_bad_values_of_a_wide_source_are_quarantined_and_stored_values_kept(spar
     day2 = {cid: {n: rng.choice(WIDE_BAD[n]) if n in WIDE_BAD and rng.random() < 0.1 else rng.choice(WIDE_GOOD[n]) for n in WIDE_NAMES} for cid in entities}
     rows = [(cid, *(v[n] for n in WIDE_NAMES), day) for day, values in ((DAY1, day1), (DAY2, day2)) for cid, v in values.items()]
     defs = tiny_consumer_source(spark, tmp_path, WIDE_FEATURES, WIDE_SCHEMA, rows)
-    source = defs.sources["tiny"]
-    conf = bad_run_conf(sql_conf, tmp_path)
-
-    first = run_source(spark, conf, defs, "tiny", DAY1)
-    check_stores(spark, first, source, DAY1, day1, {}, ({}, {}), redis_db, pg_db)
-    before = stored_state(redis_db, pg_db, "tiny")
+    source, conf, before = first_date(spark, sql_conf, tmp_path, defs, "tiny", day1, redis_db, pg_db)
 
     reasons = {cid: rs for cid, v in day2.items() if (rs := [r for n in WIDE_NAMES for r in wide_reasons(n, v[n])])}
     assert 30 < len(reasons) < 150  # the draw holds both kinds, and every kind of bad value
@@ -292,12 +296,7 @@ def long_draw(rng: random.Random, features: list[FeatureDef], good, junk, parse,
 def run_long(spark, sql_conf, redis_db, pg_db, tmp_path, features_yaml, value_type, good, junk, parse, day1_value, seed) -> dict:
     rows, day1, day2, reasons, ignored = long_draw(random.Random(seed), long_features_of(features_yaml), good, junk, parse, day1_value)
     defs = tiny_long_consumer_source(spark, tmp_path, features_yaml, value_type, rows)
-    source = defs.sources["tiny_long"]
-    conf = bad_run_conf(sql_conf, tmp_path)
-
-    first = run_source(spark, conf, defs, "tiny_long", DAY1)
-    check_stores(spark, first, source, DAY1, day1, {}, ({}, {}), redis_db, pg_db)
-    before = stored_state(redis_db, pg_db, "tiny_long")
+    source, conf, before = first_date(spark, sql_conf, tmp_path, defs, "tiny_long", day1, redis_db, pg_db)
 
     assert 30 < len(reasons) < 130
     summary = run_source(spark, conf, defs, "tiny_long", DAY2)
