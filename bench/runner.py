@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlparse
 from jobs.config import PROJECT_ROOT
 
 FEAST_VALUES_PER_S = 74_000
-"""`feast materialize` into Redis on this kind of machine (measured once, see README)."""
+"""`feast materialize` into Redis on this kind of machine (measured once, see bench/README.md)."""
 SAMPLE_ENTITIES = 100_000
 """Entities the baselines load (the same rows the job wrote)."""
 REDIS_PY_ENTITIES = 20_000

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="create (or check) the SQL store's entity tables, as a role that may create tables",
         description="The schema step: create each entity table the sources write when it is missing, and check the "
         "columns of those that exist. The nightly run needs no right to create tables; run this under the owner role "
-        "(README 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features --sql-password-env FM_SQL_SCHEMA_PASSWORD.",
+        "(conf/README.md 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features --sql-password-env FM_SQL_SCHEMA_PASSWORD.",
     )
     _common(schema)
     schema.add_argument("--source", action="append", help="source whose entity table to create; repeat for several (default: all configured)")

@@ -108,7 +108,7 @@ def _type_name(feature) -> str:
 
 
 def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, previous: tuple[str, int] | None = None) -> list[Check]:
-    """The expectations of one source, from its definition (see the README's table)."""
+    """The expectations of one source, from its definition (see the table in feature_defs/README.md "Data quality")."""
     tolerance = 1.0 - quality.max_bad_fraction  # rows the bad-row quarantine may take out
     checks = [
         Check(f"{c} not null", "expect_column_values_to_not_be_null", {"column": c, "mostly": tolerance})

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make package`: what a Spark cluster needs to run the job (README "Running on a cluster").
+# `make package`: what a Spark cluster needs to run the job (sinks/README.md "Running on a Spark cluster").
 #   dist/feature_materializer-<version>.zip              the project's packages, for --py-files
 #   dist/feature_materializer-<version>-executor.pex     the executors' Python environment (PEX),
 #                                                        for spark.pyspark.python / --files
@@ -73,7 +73,7 @@ EOF
 # --- 2. the executors' Python environment, a PEX ------------------------------------------
 # Only requirements-executor.txt (what the executor-side code imports), resolved from the
 # .venv's installed distributions (--venv-repository: no index, no network), which
-# constraints.txt pinned. Options, measured on 2 cores (README "Running on a cluster"):
+# constraints.txt pinned. Options, measured on 2 cores (sinks/README.md "Running on a Spark cluster"):
 #   --venv --non-hermetic-venv-scripts: on first boot the PEX unpacks itself into a venv
 #     under PEX_ROOT (~/.cache/pex) and reuses it. The venv hides the node's site-packages
 #     but keeps PYTHONPATH, where Spark puts its own pyspark.zip and py4j: pyspark is not
@@ -135,7 +135,7 @@ size() { numfmt --to=iec-i --suffix=B "$(stat -c %s "$1")"; }
 log "dist/$(basename "$ZIP")  $(size "$ZIP")  the project's packages (--py-files)"
 log "dist/$(basename "$PEX")  $(size "$PEX")  the executors' Python 3.11 environment (no pyspark, no project code)"
 cat <<EOF
-[package] spark-submit, client mode, from this checkout (README "Running on a Spark cluster"). With --py-files
+[package] spark-submit, client mode, from this checkout (sinks/README.md "Running on a Spark cluster"). With --py-files
 [package] the driver imports the project from the zip too; it then finds conf/ and feature_defs/ in the
 [package] working directory (or FM_PROJECT_ROOT).
   .venv/bin/spark-submit --master spark://HOST:7077 \\

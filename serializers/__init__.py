@@ -1,4 +1,4 @@
-"""Online feature format v1: field ids, value encoding and decoding (README "Online format")."""
+"""Online feature format v1: field ids, value encoding and decoding (FORMAT.md)."""
 
 from serializers.columnar import encode_column
 from serializers.scalar import (

@@ -6,7 +6,7 @@ value of an Arrow binary array, assembled by Arrow compute from the encoded feat
 columns, so no Python object is made per value. The array's data buffer then holds the
 wire bytes of any run of consecutive entities: a pipeline chunk is a zero-copy slice.
 
-Per entity (README "Online format"), one ``EVALSHA`` of :data:`WRITE_SCRIPT`, which on
+Per entity (FORMAT.md), one ``EVALSHA`` of :data:`WRITE_SCRIPT`, which on
 the server, atomically:
 
 - leaves the hash as it is (replies 0) when its freshness field for this source holds a

@@ -1,6 +1,6 @@
 """Reference encoder/decoder, one value at a time.
 
-This is the readable definition of the online format (README "Online format"): readers
+This is the readable definition of the online format (serializers/FORMAT.md): readers
 in Python can use it as is, and the column-wise encoder used by the jobs is tested to
 produce the same bytes.
 """

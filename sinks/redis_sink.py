@@ -4,7 +4,7 @@ The commands are built column-wise as RESP bytes (:mod:`serializers.resp`) and w
 to the socket of a connection that redis-py made (so TLS, AUTH and SELECT are its
 business); replies are parsed with hiredis. redis-py itself runs the control commands.
 
-Per entity and source (README "Online format"), one server-side script call: unless the
+Per entity and source (serializers/FORMAT.md), one server-side script call: unless the
 hash already holds a newer snapshot of this source, HSET every non-null feature and the
 source's freshness field, HDEL the source's null features, EXPIRE with jitter (PERSIST
 without a TTL). Fields of other sources in the same hash are never touched. Every call

@@ -181,7 +181,7 @@ def detect_dialect(conn: psycopg.Connection) -> Dialect:
 
 
 SCHEMA_STEP = "materialize schema --env <env>"
-"""The command that creates the entity tables, under a role that may (README "Least privilege")."""
+"""The command that creates the entity tables, under a role that may (conf/README.md "Least privilege")."""
 
 
 def table_columns(conn: psycopg.Connection, conf: SqlSinkConfig) -> set[str]:
@@ -225,7 +225,7 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
     if missing:
         raise TerminalSinkError(
             f"table {conf.table_name} exists without the column(s) {', '.join(missing)} "
-            f"(found {', '.join(sorted(found))}); expected the layout in README 'SQL layout'"
+            f"(found {', '.join(sorted(found))}); expected the layout in serializers/FORMAT.md 'SQL layout'"
         )
     lacking = missing_privileges(conn, conf)
     if lacking:

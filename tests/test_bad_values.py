@@ -5,7 +5,7 @@ random (seeded, so every run sees the same ones) from pools of good and bad valu
 second run must complete; every entity with a bad value is quarantined with reasons
 naming its features and counted, and keeps, byte for byte, what the first run stored in
 Redis and in SQL; the good entities hold their new values. Expectations are derived here
-from the values themselves, by the rules the README states, never from the job's code.
+from the values themselves, by the rules feature_defs/README.md states, never from the job's code.
 
 Wide sources hold columns of the right Spark types, so their bad values are the ones a
 type cannot rule out (a double beyond float32 range, an embedding of the wrong dimension,
@@ -203,7 +203,7 @@ BOOL_TEXT = {"true": True, "1": True, "1.0": True, "false": False, "0": False, "
 
 
 def from_text(feature, text: str | None) -> tuple[object, list[str]]:
-    """(value, reasons) of a text in a long source's string value column, by the README's rules."""
+    """(value, reasons) of a text in a long source's string value column, by feature_defs/README.md's rules."""
     name = feature.name
     if text is None:
         return None, []
@@ -228,7 +228,7 @@ def from_text(feature, text: str | None) -> tuple[object, list[str]]:
 
 
 def from_double(feature, v: float | None) -> tuple[object, list[str]]:
-    """(value, reasons) of a value in a long source's double value column, by the README's rules."""
+    """(value, reasons) of a value in a long source's double value column, by feature_defs/README.md's rules."""
     name = feature.name
     if v is None:
         return None, []

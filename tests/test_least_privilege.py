@@ -1,6 +1,6 @@
 """Least privilege: the job under a Redis ACL user and SQL roles holding only what it needs.
 
-The ACL line and the grants are read from the files the README points to
+The ACL line and the grants are read from the files conf/README.md points to
 (conf/base/redis-acl.txt, conf/base/sql-grants.sql), so what is documented is what is tested.
 Results are read back raw as the admin user (Redis default user, PostgreSQL superuser).
 """

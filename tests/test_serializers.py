@@ -1,7 +1,7 @@
 """Golden bytes of the online format, and the column-wise encoder against the scalar one.
 
-Every expected byte string here was written down from the format's rules (README
-"Online format"), the published xxh32 test vectors, the protobuf wire format and the
+Every expected byte string here was written down from the format's rules
+(serializers/FORMAT.md), the published xxh32 test vectors, the protobuf wire format and the
 Snappy block format, not produced by the code under test.
 """
 

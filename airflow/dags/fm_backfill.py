@@ -1,6 +1,6 @@
 """On-demand backfill of one source: trigger with params (source, start, end, mode, ...).
 
-Runs `materialize backfill` (see the README): skipped dates, resume after a failure and
+Runs `materialize backfill` (see jobs/README.md): skipped dates, resume after a failure and
 the run ledger all come from the CLI. In the Redis pool, so it never overlaps a nightly
 upload to the same cluster.
 """

@@ -1,4 +1,4 @@
--- Least-privilege roles of the SQL store (README "Least privilege"). Run once as an admin,
+-- Least-privilege roles of the SQL store (conf/README.md "Least privilege"). Run once as an admin,
 -- before the schema step. PostgreSQL syntax that CockroachDB (v21.2+) also takes; the tests
 -- run this file as it is on PostgreSQL 15 (tests/test_least_privilege.py).
 -- Passwords are set apart (ALTER ROLE fm_writer WITH PASSWORD '...'), or use certificates.
