@@ -160,7 +160,8 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
 
     from bench import baselines
     from jobs.partition_writers import RedisWritePlan, write_redis_partition
-    from jobs.run import as_of_epoch, redis_sink_config
+    from jobs.run import redis_sink_config
+    from serializers.keys import as_of_epoch
     from jobs.transforms import feature_specs
     from bench.standard import DATE
     from serializers.batch import encode_batch

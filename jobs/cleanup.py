@@ -30,8 +30,9 @@ from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
 from jobs.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
-from jobs.run import is_redis_cluster, key_prefix, redis_tls
+from jobs.run import is_redis_cluster, redis_tls
 from serializers import field_id, freshness_field_name
+from serializers.keys import key_prefix, redis_key
 from sinks.redis_cluster import KeyRouter
 from sinks.redis_sink import RedisTls
 
@@ -121,7 +122,7 @@ def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) ->
         for batch in batches:
             ids = batch.column(tf.ENTITY_ID).to_pylist()
             for i in range(0, len(ids), plan.chunk_keys):
-                chunk = [(plan.key_prefix + entity_id).encode() for entity_id in ids[i : i + plan.chunk_keys]]
+                chunk = [redis_key(plan.key_prefix, entity_id) for entity_id in ids[i : i + plan.chunk_keys]]
                 removed += sum(router.run(chunk, lambda pipe, key: pipe.hdel(key, *plan.fields)))
                 keys += len(chunk)
                 trips += 1
@@ -236,7 +237,7 @@ def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan | SourceClea
     password = conf.redis_password()
     writer = CleanupWriter(
         url=redis_url or conf.redis.url,
-        key_prefix=key_prefix(entity, conf.redis.namespace),
+        key_prefix=key_prefix(entity.prefix, conf.redis.namespace),
         fields=tuple(field_id(name) for name in plan.fields),
         chunk_keys=conf.redis.pipeline_entities,
         keys_per_second=conf.redis.cleanup_keys_per_second,

@@ -192,7 +192,7 @@ def cmd_defs(args) -> int:
             continue
         entity = defs.entity_of(source)
         print(f"{source.name}  (entity {entity.name}, key {entity.prefix}:<{':'.join(k.name for k in entity.keys)}>, layout {source.layout})")
-        print(f"  {'_ts:' + source.name:<34} {'freshness':<12} field id {field_id_int(freshness_field_name(source.name)):>10}")
+        print(f"  {freshness_field_name(source.name):<34} {'freshness':<12} field id {field_id_int(freshness_field_name(source.name)):>10}")
         for f in source.features:
             opts = ", ".join(f"{k}={v}" for k, v in f.options.items())
             print(f"  {f.name:<34} {f.type:<12} field id {f.field_id:>10}  {opts}")

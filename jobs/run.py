@@ -36,7 +36,8 @@ from jobs.partition_writers import (
 from jobs.progress import progress
 from jobs.quality import QualityGateError
 from jobs.summary import RunSummary
-from serializers import field_id, freshness_field_name
+from serializers import field_id
+from serializers.keys import as_of_epoch, freshness_field, key_prefix
 from serializers.batch import encode_batch
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis_capacity import MemoryInfo, Projection, project_growth, read_memory_info
@@ -58,15 +59,6 @@ class BadInputError(QualityGateError, ValueError):
 
 class SourceNotFound(FileNotFoundError):
     pass
-
-
-def as_of_epoch(date: dt.date) -> int:
-    """A date's snapshot is as of the end of that day, UTC (the next midnight)."""
-    return int(dt.datetime.combine(date + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC).timestamp())
-
-
-def key_prefix(entity: EntityDef, namespace: str | None) -> str:
-    return f"{namespace}:{entity.prefix}:" if namespace else f"{entity.prefix}:"
 
 
 def source_path(conf: RunConf, source: SourceDef) -> str:
@@ -222,9 +214,9 @@ def redis_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date:
     password = conf.redis_password()
     return RedisSinkConfig(
         url=url or conf.redis.url,
-        key_prefix=key_prefix(entity, conf.redis.namespace),
+        key_prefix=key_prefix(entity.prefix, conf.redis.namespace),
         fields=tuple(field_id(f.name) for f in source.features),
-        freshness_field=field_id(freshness_field_name(source.name)),
+        freshness_field=freshness_field(source.name),
         as_of=as_of_epoch(date),
         ttl_seconds=entity.ttl_seconds,
         ttl_jitter=conf.redis.ttl_jitter,

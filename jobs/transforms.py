@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from feature_defs import EntityDef, FeatureDef, SourceDef
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
+from serializers.keys import KEY_SEPARATOR
 
 REASONS = "_reasons"
 ENTITY_ID = "_id"
@@ -314,9 +315,9 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
 
 
 def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
-    """``_id``: the key parts joined by ':' (ints in decimal), as in the Redis key."""
+    """``_id``: the entity id (serializers.keys.entity_id, as a column): key parts joined, ints in decimal."""
     parts = [F.col(c).cast("string") for c in key_columns(source, entity)]
-    return df.withColumn(ENTITY_ID, F.concat_ws(":", *parts))
+    return df.withColumn(ENTITY_ID, F.concat_ws(KEY_SEPARATOR, *parts))
 
 
 def feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:

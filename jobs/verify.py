@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 
 from feature_defs import FeatureDef, SourceDef
 from serializers import decode, field_id
+from serializers.keys import freshness_field_name, redis_key
 from serializers.scalar import DecodeError
 from sinks.redis_cluster import KeyRouter
 from sinks.redis_sink import RedisSinkConfig
@@ -114,7 +115,7 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
         return out
     router = KeyRouter(conf.url, conf.cluster, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout, tls=conf.tls)
     try:
-        hashes = router.run([(conf.key_prefix + row["_id"]).encode() for row in rows], lambda pipe, key: pipe.hgetall(key))
+        hashes = router.run([redis_key(conf.key_prefix, row["_id"]) for row in rows], lambda pipe, key: pipe.hgetall(key))
     finally:
         router.close()
     for row, stored in zip(rows, hashes):
@@ -124,7 +125,7 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
             out.newer += 1  # the write left it: nothing of this snapshot to compare
             continue
         if stored.get(conf.freshness_field) != as_of:
-            out.add(key, f"_ts:{source.name}", as_of, stored.get(conf.freshness_field))
+            out.add(key, freshness_field_name(source.name), as_of, stored.get(conf.freshness_field))
         by_name = {f.name: stored.get(field_id(f.name)) for f in source.features}
         _compare(source, key, row, by_name, out, lambda f, raw: decode(f.type, raw, **f.options))
     return out

@@ -9,11 +9,16 @@ from serializers.scalar import (
     encode,
     field_id,
     field_id_int,
-    freshness_field_name,
 )
+from serializers.keys import as_of_epoch, entity_id, freshness_field, freshness_field_name, key_prefix, redis_key
 
 __all__ = [
     "FEATURE_TYPES",
+    "as_of_epoch",
+    "entity_id",
+    "freshness_field",
+    "key_prefix",
+    "redis_key",
     "BadValue",
     "DecodeError",
     "decode",

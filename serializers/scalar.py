@@ -41,10 +41,6 @@ def field_id(name: str) -> bytes:
     return field_id_int(name).to_bytes(4, "little")
 
 
-def freshness_field_name(source: str) -> str:
-    return "_ts:" + source
-
-
 def _check_type(feature_type: str) -> None:
     if feature_type not in FEATURE_TYPES:
         raise ValueError(f"unknown feature type {feature_type!r}; expected one of {', '.join(FEATURE_TYPES)}")

@@ -17,7 +17,8 @@ import redis
 from jobs.backfill import recorded_run
 from jobs.config import SqlConf
 from jobs.ledger import Ledger
-from jobs.run import as_of_epoch, run_source, sql_sink_config
+from jobs.run import run_source, sql_sink_config
+from serializers.keys import as_of_epoch
 from serializers import encode, field_id
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.sql_sink import ensure_schema

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from feature_defs import load_definitions
-from jobs.run import BadInputError, as_of_epoch, run_source
+from jobs.run import BadInputError, run_source
+from serializers.keys import as_of_epoch
 from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
 from sinks.errors import CapacityError

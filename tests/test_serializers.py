@@ -211,3 +211,21 @@ def test_decode_bool_is_strict():
     with pytest.raises(DecodeError):
         decode("bool", b"2")
     assert math.isclose(decode("float", b"1e-07"), 1e-7)
+
+
+def test_key_and_field_rules():
+    """serializers.keys against the format's rules, written down here (FORMAT.md "Key", "Freshness field")."""
+    import calendar
+    import datetime as dt
+
+    from serializers import keys
+
+    assert keys.key_prefix("c") == "c:" and keys.key_prefix("c", "blue") == "blue:c:"
+    assert keys.entity_id(42) == "42" and keys.entity_id(7, "NYC") == "7:NYC" and keys.entity_id(-3, 0) == "-3:0"
+    assert keys.redis_key("blue:c:", "7:NYC") == b"blue:c:7:NYC"
+    assert keys.redis_key("c:", "caf\u00e9") == b"c:caf\xc3\xa9"
+    assert keys.freshness_field_name("consumer_daily") == "_ts:consumer_daily"
+    assert keys.freshness_field("consumer_daily") == struct.pack("<I", field_id_int("_ts:consumer_daily"))
+    # the end of the date, UTC: 2026-11-21T00:00:00Z for 2026-11-20
+    assert keys.as_of_epoch(dt.date(2026, 11, 20)) == calendar.timegm((2026, 11, 21, 0, 0, 0)) == 1795219200
+    assert keys.as_of_epoch(dt.date(2024, 2, 28)) == calendar.timegm((2024, 2, 29, 0, 0, 0))

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from feature_defs import load_definitions
-from jobs.run import _check_after_write, as_of_epoch, redis_sink_config, run_source
+from jobs.run import _check_after_write, redis_sink_config, run_source
+from serializers.keys import as_of_epoch
 from serializers import field_id, freshness_field_name
 from sinks.errors import CapacityError
 from sinks.redis_capacity import read_memory_info
