@@ -34,6 +34,9 @@ package: setup              ## build dist/: the project zip (--py-files) and the
 test: setup                 ## set up and run the whole suite (real Redis servers, local Spark)
 	$(BIN)/python -m pytest
 
+test-fast: setup            ## the tests without Spark (about a minute): formats, sinks, clusters, CLI, config, docs
+	$(BIN)/python -m pytest -m "not spark"
+
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)
 	$(BIN)/materialize bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json

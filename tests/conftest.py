@@ -259,6 +259,13 @@ def tiny_long_consumer_source(spark, tmp_path: Path, features_yaml: str, value_t
     return defs
 
 
+def pytest_collection_modifyitems(config, items):
+    # the fast tier (`make test-fast`, -m "not spark"): whatever uses the Spark session is marked here
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 def pytest_unconfigure(config):
     # Airflow's dag.test() installs log handlers on the streams pytest captured; py4j then
     # logs from a __del__ at interpreter exit, after pytest closed them: not an error of ours.
