@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 import hiredis
 import pyarrow as pa
@@ -18,15 +18,47 @@ import pyarrow.compute as pc
 import redis
 
 from serializers.batch import FeatureSpec, encode_batch
-from sinks.errors import SinkError
+from sinks.base import WriteStats
+from sinks.errors import SinkError, to_wire
 from sinks.redis_cluster import RedisClusterSink
 from sinks.redis_sink import CeilingReached, RedisSink, RedisSinkConfig
-from sinks.sql_sink import SqlSink, SqlSinkConfig
+from sinks.sql_sink import SqlSink, SqlSinkConfig, SqlWriteStats
 
-STATS_SCHEMA = (
-    "entities long, skipped_newer long, values_set long, values_deleted long, non_finite long, bytes_sent long, "
-    "round_trips long, retries long, redirects long, peak_rss long, seconds double, stopped string, error string"
-)
+
+@dataclass
+class Outcome:
+    """What every writer reports besides its store's stats: one format for both stores."""
+
+    peak_rss: int = 0
+    seconds: float = 0.0
+    stopped: str | None = None
+    """Redis: why this writer stopped at the memory ceiling (not an error of the writer)."""
+    error_kind: str | None = None
+    error: str | None = None
+    """The error that ended this writer (sinks.errors.to_wire), rebuilt as its class on the driver."""
+
+
+_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str | None": pa.string()}
+_SPARK_TYPES = {pa.int64(): "long", pa.float64(): "double", pa.string(): "string"}
+
+
+def stats_schema(*types: type) -> tuple[pa.Schema, str]:
+    """The Arrow schema and Spark DDL of a writer's stats row, from the stats dataclasses
+    themselves (annotations are strings here: ``from __future__ import annotations``)."""
+    schema = pa.schema([(f.name, _ARROW_TYPES[f.type if isinstance(f.type, str) else f.type.__name__]) for t in types for f in fields(t)])
+    return schema, ", ".join(f"{f.name} {_SPARK_TYPES[f.type]}" for f in schema)
+
+
+@dataclass
+class SqlCounts:
+    """What the SQL writer counts of its input, besides the sink's stats."""
+
+    non_finite: int = 0
+    bytes_sent: int = 0
+
+
+_STATS_ARROW, STATS_SCHEMA = stats_schema(WriteStats, Outcome)
+_SQL_STATS_ARROW, SQL_STATS_SCHEMA = stats_schema(SqlWriteStats, SqlCounts, Outcome)
 
 
 @dataclass(frozen=True)
@@ -42,19 +74,12 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-_STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects", "peak_rss")]
-    + [("seconds", pa.float64()), ("stopped", pa.string()), ("error", pa.string())]
-)
-
-
-def _stats_batch(stats: dict) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([stats], schema=_STATS_ARROW)
+def _stats_batch(schema: pa.Schema, *parts: dict) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{k: v for part in parts for k, v in part.items()}], schema=schema)
 
 
 def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    start = time.perf_counter()
-    stopped = error = None
+    outcome, start = Outcome(), time.perf_counter()
     sink = RedisClusterSink(plan.sink) if plan.sink.cluster else RedisSink(plan.sink)
     try:
         sink.open()  # checks the hard ceiling (of every primary) before the first write
@@ -64,27 +89,15 @@ def write_redis_partition(plan: RedisWritePlan, batches: Iterator[pa.RecordBatch
                 sink.write_batch(encode_batch(batch, list(plan.features)), as_of)
     except CeilingReached as exc:
         # Stop this writer and report; the driver sums every writer and fails the run.
-        stopped = str(exc)
-    except SinkError as exc:
-        # Retries are exhausted or Redis refused a command: report it with what was written.
-        error = f"{type(exc).__name__}: {exc}"
-    except (redis.RedisError, hiredis.ProtocolError) as exc:
-        # e.g. NOPERM for a command the ACL does not allow: no retry of the task can help
-        error = f"TerminalSinkError: Redis: {type(exc).__name__}: {exc}"
+        outcome.stopped = str(exc)
+    except (SinkError, redis.RedisError, hiredis.ProtocolError) as exc:
+        # Retries are exhausted, or Redis refused a command (e.g. NOPERM: terminal). Anything
+        # else is a bug: it fails the task, with its traceback, as Spark reports it.
+        outcome.error_kind, outcome.error = to_wire(exc, "Redis")
     finally:
         sink.close()
-    stats = {**sink.stats.as_dict(), "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "stopped": stopped, "error": error}
-    yield _stats_batch(stats)
-
-
-SQL_STATS_SCHEMA = (
-    "rows_upserted long, rows_skipped_newer long, duplicates long, statements long, transactions long, retries long, reconnects long, "
-    "bytes_sent long, non_finite long, peak_rss long, seconds double, error string"
-)
-_SQL_STATS_ARROW = pa.schema(
-    [(name, pa.int64()) for name in ("rows_upserted", "rows_skipped_newer", "duplicates", "statements", "transactions", "retries", "reconnects", "bytes_sent", "non_finite", "peak_rss")]
-    + [("seconds", pa.float64()), ("error", pa.string())]
-)
+    outcome.peak_rss, outcome.seconds = peak_rss(), time.perf_counter() - start
+    yield _stats_batch(_STATS_ARROW, sink.stats.as_dict(), asdict(outcome))
 
 
 @dataclass(frozen=True)
@@ -98,15 +111,13 @@ class SqlWritePlan:
 
 def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Upsert one partition's rows (sorted by key) through one connection; yield its stats."""
-    start = time.perf_counter()
-    error = None
-    non_finite = bytes_sent = 0
+    outcome, counts, start = Outcome(), SqlCounts(), time.perf_counter()
     sink = SqlSink(plan.sink)
     try:
         sink.open()
         for batch in batches:
-            non_finite += pc.sum(batch.column(plan.non_finite_column)).as_py() or 0
-            bytes_sent += pc.sum(pc.binary_length(batch.column(plan.json_column))).as_py() or 0
+            counts.non_finite += pc.sum(batch.column(plan.non_finite_column)).as_py() or 0
+            counts.bytes_sent += pc.sum(pc.binary_length(batch.column(plan.json_column))).as_py() or 0
             keys, docs = batch.column(plan.key_column).to_pylist(), batch.column(plan.json_column).to_pylist()
             as_ofs = batch.column(plan.as_of_column).to_pylist() if plan.as_of_column else [None] * len(keys)
             for key, doc, as_of in zip(keys, docs, as_ofs):
@@ -114,8 +125,8 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
         sink.flush()
     except SinkError as exc:
         # Retries are exhausted or the error is terminal: report it, the driver fails the run.
-        error = str(exc)
+        outcome.error_kind, outcome.error = to_wire(exc)
     finally:
         sink.close()
-    stats = {**sink.stats.as_dict(), "non_finite": non_finite, "bytes_sent": bytes_sent, "peak_rss": peak_rss(), "seconds": time.perf_counter() - start, "error": error}
-    yield pa.RecordBatch.from_pylist([stats], schema=_SQL_STATS_ARROW)
+    outcome.peak_rss, outcome.seconds = peak_rss(), time.perf_counter() - start
+    yield _stats_batch(_SQL_STATS_ARROW, sink.stats.as_dict(), asdict(counts), asdict(outcome))

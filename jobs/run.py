@@ -39,7 +39,7 @@ from jobs.summary import RunSummary
 from serializers import field_id
 from serializers.keys import as_of_epoch, freshness_field, key_prefix
 from serializers.batch import encode_batch
-from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
+from sinks.errors import CapacityError, TerminalSinkError, from_wire, raise_first
 from sinks.redis_capacity import MemoryInfo, Projection, project_growth, read_memory_info
 from sinks.redis_cluster import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots, node_url
 from sinks.redis_sink import KeysEvicted, RedisRestarted, RedisSinkConfig, RedisTls, connect, node_address
@@ -347,13 +347,12 @@ def write_redis(spark: SparkSession, conf: RunConf, source: SourceDef, entity: E
                 f"redis: {stats['skipped_newer']:,} entities already hold a newer snapshot of {source.name} than {date} "
                 "and were left as they are"
             )
-        errors = [p["error"] for p in parts if p["error"]]
-        if errors:
-            kind = TransientSinkError if all(e.startswith(("TransientSinkError", "ChunkFailed", "RedisRestarted", "FailedOverUnreplicated")) for e in errors) else TerminalSinkError
-            raise kind(
-                f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
-                f"{summary.entities:,} entities were written (a rerun of the date writes them all again); first: {errors[0]}"
-            )
+        errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
+        raise_first(
+            errors,
+            f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
+            f"{summary.entities:,} entities were written (a rerun of the date writes them all again)",
+        )
         stats["memory_after"] = _check_after_write(sink_conf, cluster, before, guard_evictions, stats)
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
@@ -533,12 +532,12 @@ def write_sql(spark: SparkSession, conf: RunConf, sink_conf: SqlSinkConfig, sour
         summary.warnings.append(
             f"{dialect}: {stats['rows_skipped_newer']:,} rows already hold a newer snapshot of {source.name} and were left as they are"
         )
-    errors = [p["error"] for p in parts if p["error"]]
-    if errors:
-        raise TerminalSinkError(
-            f"SQL write to {sink_conf.table_name} failed in {len(errors)} of {len(parts)} writer(s) after "
-            f"{stats['rows_upserted']:,} of {summary.entities:,} rows were upserted (a rerun repeats them safely); first: {errors[0]}"
-        )
+    errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
+    raise_first(
+        errors,
+        f"SQL write to {sink_conf.table_name} failed in {len(errors)} of {len(parts)} writer(s) after "
+        f"{stats['rows_upserted']:,} of {summary.entities:,} rows were upserted (a rerun repeats them safely)",
+    )
     return stats
 
 

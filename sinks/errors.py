@@ -1,8 +1,24 @@
-"""Errors at the sink boundary: transient ones are retried, terminal ones are not."""
+"""Errors at the sink boundary: transient ones are retried, terminal ones are not.
+
+An error leaves a Spark partition as two strings, its kind (the class name) and its
+message (:func:`to_wire`), the same for every store, and is rebuilt as its class on the
+driver (:func:`from_wire`): the classes register themselves, so nothing classifies an
+error by the text of its name.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
 
 
 class SinkError(RuntimeError):
     """Base of every sink failure."""
+
+    kinds: ClassVar[dict[str, type[SinkError]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        SinkError.kinds[cls.__name__] = cls
 
 
 class TransientSinkError(SinkError):
@@ -15,3 +31,29 @@ class TerminalSinkError(SinkError):
 
 class CapacityError(TerminalSinkError):
     """The store is, or would be, too full for this write."""
+
+
+def to_wire(exc: BaseException, store: str = "") -> tuple[str, str]:
+    """(kind, message) of an error leaving a partition. A store client's own error (e.g. a
+    command the ACL refuses) is terminal: no retry of the task can help."""
+    if isinstance(exc, SinkError):
+        return type(exc).__name__, str(exc)
+    return TerminalSinkError.__name__, f"{store + ': ' if store else ''}{type(exc).__name__}: {exc}"
+
+
+def from_wire(kind: str, message: str) -> SinkError:
+    """The error a partition reported, as its class (an unknown kind: terminal). Built
+    without the class's own __init__ (some take more than a message): only the message crosses."""
+    cls = SinkError.kinds.get(kind, TerminalSinkError)
+    error = cls.__new__(cls)
+    error.args = (message,)
+    return error
+
+
+def raise_first(errors: list[SinkError], context: str) -> None:
+    """Fail with the writers' errors: as the class of the first terminal one (of the first
+    when all are transient, so the run stays retryable), ``context`` leading the message."""
+    if not errors:
+        return
+    first = next((e for e in errors if not isinstance(e, TransientSinkError)), errors[0])
+    raise from_wire(type(first).__name__, f"{context}; first: {type(first).__name__}: {first}")
