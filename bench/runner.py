@@ -318,6 +318,7 @@ def run_one_size(env: str, workdir: Path, entities: int, redis_url: str, with_sq
             "redis_values_per_s": r["values_per_s"],
             "redis_bytes_per_value": (r["memory_after"] - r["memory_before"]) / r["values_set"],
             "worker_peak_rss": r["worker_peak_rss"],
+            "stages": summary.stages,
         }
         # peaks of the Redis run alone, so every size measures the same work
         result["jvm_peak_rss"] = _jvm_peak_rss()
@@ -392,6 +393,9 @@ def _print_report(report: dict) -> None:
             f"{s['entities']:>10,} {s['values']:>12,} {s['run_seconds']:>7.1f} {s['redis_write_seconds']:>8.1f} {s['redis_values_per_s']:>11,.0f} "
             f"{s['redis_bytes_per_value']:>8.2f} {sql_rate} {s['jvm_peak_rss'] / mib:>7.0f}Mi {s['worker_peak_rss'] / mib:>9.0f}Mi"
         )
+    print("\nstage seconds of the Redis run (the summary's stages):")
+    for s in report["sizes"]:
+        print(f"{s['entities']:>10,}  " + ", ".join(f"{name} {sec:.1f}" for name, sec in s.get("stages", {}).items()))
     base = report["sizes"][0].get("baselines", {})
     if base:
         print(f"\nbaselines on {base['sample_entities']:,} of the same entities:")

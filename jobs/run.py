@@ -104,8 +104,9 @@ def prepare(
     With the SQL sink in the run, each row's JSON object is built here, so an object over
     ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
     """
-    raw = read_source(spark, conf, source)
-    tf.check_schema(raw, source, entity)
+    with summary.stage("read"):  # the table's log and schema; the rows are read by the actions below
+        raw = read_source(spark, conf, source)
+        tf.check_schema(raw, source, entity)
     per_date = end is not None
     day = F.col(source.date_column)
     snapshot = raw.where(day.between(F.lit(date), F.lit(end)) if per_date else day == F.lit(date))
@@ -617,12 +618,14 @@ class _Step:
         else:
             summary.status = "failed"
             summary.error = f"{type(exc).__name__}: {exc}"
-        summary.seconds = time.perf_counter() - self.start
         if self.prepared:
             for df in self.prepared.cached:
                 df.unpersist()
         if self.report:
-            summary.write_json(self.report)
+            with summary.stage("report"):
+                summary.seconds = time.perf_counter() - self.start
+                summary.write_json(self.report)  # its own time is the one the file cannot hold
+        summary.seconds = time.perf_counter() - self.start
 
 
 def _new_summary(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date) -> RunSummary:
@@ -655,18 +658,27 @@ def run_source(
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with _Step(summary, report_file if report else None, "succeeded") as step:
         with progress(spark, f"check {source.name}"):
-            step.prepared = prepared = prepare(spark, conf, source, entity, date, summary, end)
-            write_quarantine(conf, source, date, prepared.quarantine, summary, end)
-        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations, end=end)
-        sql_sink = prepare_sql(conf, source, entity, date, summary) if "cockroach" in conf.sinks else None
+            with summary.stage("prepare"):
+                step.prepared = prepared = prepare(spark, conf, source, entity, date, summary, end)
+            with summary.stage("quarantine"):
+                write_quarantine(conf, source, date, prepared.quarantine, summary, end)
+        with summary.stage("gate"):
+            check_quality(spark, conf, source, entity, date, prepared, summary, expectations=conf.quality.expectations, end=end)
+        sql_sink = None
+        if "cockroach" in conf.sinks:
+            with summary.stage("sql checks"):  # before either store is written
+                sql_sink = prepare_sql(conf, source, entity, date, summary)
         if "redis" in conf.sinks:
-            write_redis(spark, conf, source, entity, date, prepared.good, summary, redis_url)
+            with summary.stage("write redis"):
+                write_redis(spark, conf, source, entity, date, prepared.good, summary, redis_url)
         if sql_sink:
-            write_sql(spark, conf, sql_sink, source, prepared.sql_good, summary)
+            with summary.stage("write cockroach"):
+                write_sql(spark, conf, sql_sink, source, prepared.sql_good, summary)
         if after_write:
             after_write(summary)
         if conf.quality.verify_sample:
-            verify_writes(conf, source, entity, date, prepared.good, summary, redis_url)
+            with summary.stage("verify"):
+                verify_writes(conf, source, entity, date, prepared.good, summary, redis_url)
     return summary
 
 
@@ -676,10 +688,11 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     entity = defs.entity_of(source)
     summary = _new_summary(conf, source, entity, date)
     with _Step(summary, report_dir(conf, source.name, date) / "validation.json", "passed") as step:
-        with progress(spark, f"check {source.name}"):
+        with progress(spark, f"check {source.name}"), summary.stage("prepare"):
             step.prepared = prepared = prepare(spark, conf, source, entity, date, summary)
             count_reasons(prepared.quarantine, summary)
-        check_quality(spark, conf, source, entity, date, prepared, summary, expectations=True, docs_folder="validate_docs")
+        with summary.stage("gate"):
+            check_quality(spark, conf, source, entity, date, prepared, summary, expectations=True, docs_folder="validate_docs")
     return summary
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,24 @@ class RunSummary:
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)
+    """Wall seconds per stage, in run order: read, prepare, quarantine, gate, write <store>, verify, report."""
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time a stage (also when it fails): its own seconds, less those of the stages timed
+        inside it, add to ``stages[name]``."""
+        inner = self.__dict__.setdefault("_nested", [])  # per open stage: its nested stages' seconds (not a field: not reported)
+        inner.append(0.0)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - start
+            nested = inner.pop()
+            if inner:
+                inner[-1] += took
+            self.stages[name] = self.stages.get(name, 0.0) + took - nested
 
     @property
     def bad_fraction(self) -> float:
@@ -130,6 +151,8 @@ class RunSummary:
         if self.data_docs:
             rows.append(("data docs", self.data_docs))
         rows.append(("seconds", f"{self.seconds:,.1f}"))
+        if self.stages:
+            rows.append(("stage seconds", ", ".join(f"{name} {s:,.1f}" for name, s in self.stages.items())))
         width = max(len(k) for k, _ in rows)
         lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
         lines += [f"  warning: {w}" for w in self.warnings]

@@ -84,6 +84,11 @@ def test_consumer_snapshot_round_trips_through_redis(spark, sample_root, run_con
     ttl = redis_db.ttl(f"c:{next(iter(expected))}")
     assert 2592000 * 0.99 <= ttl <= 2592000 * 1.1
     assert (run_conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").is_file()
+    # the stages in run order; together they are the run, less the bookkeeping between them
+    assert list(summary.stages) == ["read", "prepare", "quarantine", "gate", "write redis", "verify", "report"]
+    assert all(s >= 0 for s in summary.stages.values())
+    assert 0.8 * summary.seconds <= sum(summary.stages.values()) <= summary.seconds
+    assert summary.sinks["redis"]["write_seconds"] <= summary.stages["write redis"]
 
 
 def test_null_deletes_field_other_source_untouched_and_rerun_identical(spark, sample_root, run_conf, redis_db):

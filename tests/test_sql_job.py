@@ -76,6 +76,7 @@ def test_consumer_snapshot_round_trips_through_jsonb(spark, sample_root, sql_con
     assert {f.type for f in CONSUMER.features} == {"float", "int", "bool", "string", "embedding", "int_list", "string_list"}
     stats = summary.sinks["cockroach"]
     assert stats["dialect"] == "postgres" and stats["table"] == "consumer_features"
+    assert list(summary.stages) == ["read", "prepare", "quarantine", "gate", "sql checks", "write cockroach", "verify", "report"]
     assert stats["rows_upserted"] == len(expected) == summary.entities
     assert stats["statements"] >= math.ceil(len(expected) / 25) and stats["retries"] == 0
     assert "redis" not in summary.sinks  # --sink cockroach writes only the SQL store
