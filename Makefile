@@ -39,7 +39,7 @@ test-fast: setup            ## the tests without Spark (about a minute): formats
 
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)
-	$(BIN)/materialize bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json
+	$(BIN)/python -m bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json
 
 bench-cluster: setup        ## Redis write throughput and CPU per entity at 1, 2, 3 primaries and 1, 2 writers (sinks/README.md "Sizing")
 	$(BIN)/python -m bench.cluster_scaling --output bench/cluster_results.json

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -16,23 +15,7 @@ from pathlib import Path
 
 import redis
 
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports whose port+10000 (the cluster bus) is free too."""
-    ports: list[int] = []
-    while len(ports) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535 or port in ports:
-            continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
+from bench.servers import free_ports  # noqa: F401 (the cluster tests take ports from here)
 
 
 @dataclass

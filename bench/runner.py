@@ -1,4 +1,4 @@
-"""`materialize bench`: the real job on the standard shape, side by side with its baselines.
+"""`python -m bench`: the real job on the standard shape, side by side with its baselines.
 
 The parent starts a throwaway redis-server (``hash-max-listpack-value 256``), then runs
 each size in a child process of its own (a fresh JVM, so each peak RSS belongs to that
@@ -18,8 +18,6 @@ import json
 import os
 import platform
 import pstats
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from bench.servers import start_redis
 from jobs.config import PROJECT_ROOT
 
 FEAST_VALUES_PER_S = 74_000
@@ -38,41 +37,6 @@ REDIS_PY_ENTITIES = 20_000
 SQL_SWEEP_ROWS = 50_000
 SQL_MAX_ENTITIES = 1_000_000
 """The SQL path and its baselines run at the largest size up to this (the raw loaders hold its rows in memory)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A throwaway redis-server on loopback: no persistence, compact hashes up to 256-byte values."""
-
-    def __init__(self, workdir: Path):
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        args += ["--hash-max-listpack-value", "256", "--dir", str(workdir), "--logfile", str(workdir / "redis.log")]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
-
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start (see {workdir / 'redis.log'})") from None
-                time.sleep(0.1)
-        client.close()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 # ---------------------------------------------------------------- child: one size
@@ -431,7 +395,8 @@ def _print_report(report: dict) -> None:
 def run_bench(env: str, sizes: list[int], output: Path | None, workdir: Path | None, with_sql: bool = True) -> dict:
     workdir = (workdir or PROJECT_ROOT / ".run" / "bench").resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    server = RedisServer(workdir)
+    # a throwaway server: no persistence, compact hashes up to 256-byte values (the embeddings)
+    server = start_redis(workdir, "--hash-max-listpack-value", "256", "--logfile", str(workdir / "redis.log"))
     results = []
     # SQL at the largest size up to SQL_MAX_ENTITIES: fixed costs (starting workers, connecting) fade there
     sql_index = max((i for i, n in enumerate(sizes) if n <= SQL_MAX_ENTITIES), default=0)
@@ -452,7 +417,7 @@ def run_bench(env: str, sizes: list[int], output: Path | None, workdir: Path | N
     finally:
         server.stop()
     report = {
-        "command": "materialize bench --entities " + ",".join(str(s) for s in sizes),
+        "command": "python -m bench --entities " + ",".join(str(s) for s in sizes),
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "sizes": results,
         "targets": _targets(results),

@@ -19,9 +19,7 @@ import argparse
 import json
 import platform
 import shutil
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +29,7 @@ import pyarrow.compute as pc
 import redis
 
 from bench.baselines import raw_load
-from bench.local_cluster import free_ports
+from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.resp import EntityCommands, entity_commands
 from serializers.scalar import field_id
@@ -112,20 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
         plain.append(plain_commands(keys.to_pylist(), [c.to_pylist() for c in encoded.columns], fields, fresh, newer))
 
     workdir = Path(tempfile.mkdtemp(prefix="fm-bench-guard-"))
-    port = free_ports(1)[0]
-    server = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--hash-max-listpack-value", "256", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    server = start_redis(workdir, "--hash-max-listpack-value", "256")
+    url, client = server.url, server.client()
     try:
         def best(commands, fresh_server: bool) -> float:
             rates = []
@@ -146,8 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
         stamps = {client.hget(f"b:{i}", fresh) for i in range(0, args.entities, max(1, args.entities // 1000))}
         assert stamps == {newer}, f"an older snapshot replaced a newer one: {stamps}"
     finally:
-        server.terminate()
-        server.wait()
+        server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     out["guard_cost_new"] = out["plain_new_keys_per_s"] / out["guarded_new_keys_per_s"]
     out["guard_cost_overwrite"] = out["plain_overwrite_keys_per_s"] / out["guarded_overwrite_keys_per_s"]

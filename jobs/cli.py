@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_GATE_FAILED = 4
@@ -84,22 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     back.add_argument("--redis-url", help="Redis URL overriding the config")
     back.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password)")
 
-    bench = sub.add_parser(
-        "bench",
-        help="benchmark the job on the standard data shape against its baselines",
-        description="Generate Delta tables of the standard shape (per entity: 44 floats, 4 ints, a 10-int list, a 32-dim "
-        "embedding), run the real job end to end into a throwaway Redis (hash-max-listpack-value 256) and the "
-        "configured SQL store, and measure in the same run: the Redis server's ceiling on the same bytes, redis-py, "
-        "encoding alone, bytes per value (with default settings too), raw psycopg upserts from two processes, peak "
-        "RSS per size, and a profile of the write path. Prints a table with the targets; --output writes JSON.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Examples:\n  materialize bench\n  materialize bench --entities 100000,1000000,5000000 --output bench/results.json",
-    )
-    bench.add_argument("--env", help="config env (default: $FM_ENV or local); its sql.dsn is the SQL store measured")
-    bench.add_argument("--entities", default="100000", help="comma-separated sizes, each run in a fresh process (default: 100000)")
-    bench.add_argument("--output", type=Path, help="write the results as JSON here")
-    bench.add_argument("--workdir", type=Path, help="tables and the throwaway Redis live here (default: .run/bench; tables are kept for the next bench)")
-    bench.add_argument("--no-sql", action="store_true", help="skip the SQL store (and its baseline)")
+    sub.add_parser("bench", help="moved: python -m bench (development tooling, run from a checkout)", add_help=False)
 
     runs = sub.add_parser("runs", help="list the run ledger", description="List runs, backfill steps and cleanups from the ledger, newest first.")
     _common(runs)
@@ -330,19 +313,11 @@ def cmd_backfill(args) -> int:
     return EXIT_OK
 
 
-def cmd_bench(args) -> int:
-    from bench.runner import run_bench
-
-    try:
-        sizes = [int(s.replace("_", "")) for s in args.entities.split(",") if s.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1000:
-        print(f"error: --entities: expected comma-separated sizes of at least 1000, got {args.entities!r}", file=sys.stderr)
-        return EXIT_USAGE
-    run_bench(args.env or os.environ.get("FM_ENV") or "local", sizes, args.output, args.workdir, with_sql=not args.no_sql)
-    return EXIT_OK
-
+def bench_moved(rest: Sequence[str]) -> int:
+    """The benchmarks are development tooling: not in the installed package, never imported by it."""
+    command = " ".join(["python -m bench", *rest])
+    print(f"error: the benchmarks moved out of the installed job: run `{command}` (or `make bench`) from a checkout of the project", file=sys.stderr)
+    return EXIT_USAGE
 
 def cmd_runs(args) -> int:
     from jobs.ledger import Ledger
@@ -424,6 +399,9 @@ def cmd_validate(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return bench_moved(argv[1:])
     args = build_parser().parse_args(argv)
     from feature_defs import DefinitionError
     from feature_defs.loader import UnknownNameError
@@ -431,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
-        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "bench": cmd_bench, "schema": cmd_schema}
+        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema}
         return {**commands, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted

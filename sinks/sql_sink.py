@@ -4,7 +4,7 @@ A writer opens one psycopg 3 connection. Rows arrive sorted by key; a statement 
 multi-row upsert of ``batch_rows`` distinct keys (CockroachDB rejects an upsert that
 names one key twice), and ``statements_per_transaction`` statements go out pipelined in
 one short transaction: committing each statement on its own is bound by the server's
-fsync (about half the rate, measured by `materialize bench`). With 1, each statement is its
+fsync (about half the rate, measured by `python -m bench`). With 1, each statement is its
 own implicit transaction. Every statement is a full-row upsert and can be repeated, so
 after a dropped connection or a serialization failure the sink reconnects and sends the
 same transaction again.

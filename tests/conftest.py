@@ -3,22 +3,16 @@ on free loopback ports, and small sample Delta tables written once per session."
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 
+from bench.servers import PostgresServer, RedisServer, start_postgres, start_redis
 from jobs.config import QualityConf, RedisConf, RunConf, SparkConf, SqlConf
 from jobs.sample_data import sample_dates, write_sample_tables
 
@@ -26,62 +20,6 @@ SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
 DAY2_STR = SAMPLE_DATES[1].isoformat()
 SAMPLE_CONSUMERS = 300
 SAMPLE_STORES = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class RedisServer:
-    port: int
-    process: subprocess.Popen
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self, db: int = 0) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-
-def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
-    """A real redis-server on a free loopback port (no automatic saves; a dump.rdb in
-    ``tmp`` is loaded at start, so a server shut down with SAVE can come back)."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed: run `make setup` (scripts/setup.sh installs it)"
-    port = port or free_port()
-    tmp.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    server = RedisServer(port, process)
-    wait_for_redis(process, server.client, f"redis-server on port {port}")
-    return server
-
-
-def wait_for_redis(process: subprocess.Popen, client: Callable[[], redis.Redis], what: str) -> None:
-    """Until the server answers a PING (or asks for a password); kill it if it never does."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client().ping()
-            return
-        except (redis.AuthenticationError, redis.ResponseError):
-            return  # up, and asks for a password (--requirepass)
-        except redis.ConnectionError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"{what} did not start (exit {process.poll()})") from None
-            time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
@@ -97,58 +35,6 @@ def redis_db(redis_server) -> redis.Redis:
     client = redis_server.client()
     client.flushall()
     return client
-
-
-@dataclass
-class PostgresServer:
-    port: int
-    data_dir: Path
-    bin_dir: Path
-    database: str = "features"
-
-    @property
-    def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"
-
-    def connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.dsn, autocommit=True)
-
-    def stop(self) -> None:
-        _as_postgres([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
-        shutil.rmtree(self.data_dir.parent, ignore_errors=True)
-
-
-def _as_postgres(cmd: list[str]) -> subprocess.CompletedProcess:
-    # initdb and postgres refuse to run as root: run them as the 'postgres' system user then.
-    if os.geteuid() == 0:
-        cmd = ["runuser", "-u", "postgres", "--", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-
-
-def start_postgres(prepare: Callable[[Path], str] | None = None) -> PostgresServer:
-    """A throwaway PostgreSQL cluster (initdb in a temp dir) on a free loopback port.
-
-    ``prepare(root)`` runs after initdb, before the start: it may put files in ``root`` (the
-    postgres user reads it; the cluster is ``root/data``) and returns further server options."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-    assert found, "PostgreSQL is not installed: run `make setup` (scripts/setup.sh installs it)"
-    bin_dir = Path(found[-1]).parent
-    # Not under pytest's tmp dir: that one is private to root, and the server runs as postgres.
-    root = Path(tempfile.mkdtemp(prefix="fm-test-pg-"))
-    data = root / "data"
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
-    out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
-    assert out.returncode == 0, f"initdb failed: {out.stderr}"
-    port = free_port()
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40 {prepare(root) if prepare else ''}"
-    out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
-    assert out.returncode == 0, f"PostgreSQL did not start on port {port}: {out.stdout} {out.stderr}"
-    server = PostgresServer(port, data, bin_dir)
-    # over the Unix socket: pg_hba may refuse plain TCP (a TLS-only server)
-    with psycopg.connect(host=str(root), port=port, user="postgres", dbname="postgres", autocommit=True) as conn:
-        conn.execute("CREATE DATABASE features")
-    return server
 
 
 @pytest.fixture(scope="session")

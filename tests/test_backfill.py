@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 import redis
 
+from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.backfill import BackfillError, plan_backfill, recorded_run, run_backfill
 from jobs.cleanup import clean, plan_cleanup
@@ -15,7 +16,7 @@ from jobs.ledger import Entry, Ledger
 from jobs.sample_data import sample_dates, write_sample_tables
 from serializers import field_id
 
-from .conftest import env_conf, start_redis
+from .conftest import env_conf
 
 DEFS = load_definitions()
 FIVE = sample_dates(5)  # 2026-11-16 .. 2026-11-20

@@ -48,8 +48,28 @@ def test_targets_are_ratios_within_the_run():
 
 
 def test_bench_refuses_bad_sizes_before_starting_anything(capsys):
+    from bench.__main__ import EXIT_USAGE, main
+
+    assert main(["--entities", "100000,abc"]) == EXIT_USAGE
+    assert main(["--entities", "10"]) == EXIT_USAGE
+    assert "at least 1000" in capsys.readouterr().err
+
+
+def test_the_installed_job_never_imports_bench(capsys):
+    """bench/ is development tooling, outside the wheel: the CLI points to it instead."""
+    import subprocess
+    import sys
+
     from jobs.cli import EXIT_USAGE, main
 
-    assert main(["bench", "--entities", "100000,abc"]) == EXIT_USAGE
-    assert main(["bench", "--entities", "10"]) == EXIT_USAGE
-    assert "at least 1000" in capsys.readouterr().err
+    assert main(["bench", "--entities", "100000"]) == EXIT_USAGE
+    assert capsys.readouterr().err.startswith("error: the benchmarks moved out of the installed job: run `python -m bench --entities 100000`")
+    # importing every product module loads no bench module
+    code = ("import sys, pkgutil, importlib\n"
+            "for pkg in ('jobs', 'feature_defs', 'serializers', 'sinks'):\n"
+            "    for m in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
+            "        importlib.import_module(m.name)\n"
+            "print(sorted(n for n in sys.modules if n == 'bench' or n.startswith('bench.')))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -14,6 +14,7 @@ import psutil
 import pytest
 import redis
 
+from bench.servers import _as_postgres, start_redis
 from jobs.backfill import recorded_run
 from jobs.config import SqlConf
 from jobs.ledger import Ledger
@@ -23,7 +24,7 @@ from serializers import encode, field_id
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.sql_sink import ensure_schema
 
-from .conftest import SAMPLE_DATES, _as_postgres, start_redis, tiny_consumer_source
+from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .test_redis_job import CONSUMER, DEFS, expected_consumers
 from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
 

@@ -15,6 +15,7 @@ import pytest
 import redis
 from psycopg import sql
 
+from bench.servers import start_redis
 from jobs.cleanup import CleanupPlan, run_cleanup
 from jobs.config import ConfigError, RedisConf, SqlConf
 from jobs.run import run_source
@@ -24,7 +25,7 @@ from serializers import field_id
 from sinks.errors import TerminalSinkError
 from sinks.redis_capacity import read_memory_info
 
-from .conftest import env_conf, start_redis
+from .conftest import env_conf
 from .test_cli import BIN, run
 from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
 from .test_sql_job import AS_OF_DAY2, check_consumer_rows

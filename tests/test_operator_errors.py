@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 import jobs.run
+from bench.servers import free_port
 from feature_defs import load_definitions
 from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
 from jobs.config import RedisConf, RunConf, SqlConf
@@ -19,7 +20,7 @@ from sinks.errors import TerminalSinkError
 from sinks.sql_sink import SqlSink, SqlSinkConfig
 from sinks.sql_sink import connect as real_connect
 
-from .conftest import env_conf, free_port
+from .conftest import env_conf
 
 DAY = "2026-11-20"
 MISSING_ROLE = "fm_no_such_role"

@@ -11,12 +11,13 @@ import time
 
 import pytest
 
+from bench.servers import start_redis
 from bench.local_cluster import LocalCluster, start_cluster
 from serializers.batch import encode_batch
 from sinks.redis_cluster import FailedOverUnreplicated, RedisClusterSink
 from sinks.redis_sink import CeilingReached, ChunkFailed, RedisSink
 
-from .conftest import start_redis
+
 
 from .test_redis_sink import SPECS, expected_hash, sink_config, things
 

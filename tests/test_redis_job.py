@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.run import BadInputError, run_source
 from serializers.keys import as_of_epoch
@@ -16,7 +17,7 @@ from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
 from sinks.errors import CapacityError
 
-from .conftest import SAMPLE_DATES, start_redis, tiny_consumer_source
+from .conftest import SAMPLE_DATES, tiny_consumer_source
 
 DEFS = load_definitions()
 CONSUMER = DEFS.sources["consumer_daily"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
 from sinks.redis_sink import CeilingReached, KeysEvicted, RedisRestarted, RedisSink, RedisSinkConfig
 
-from .conftest import start_redis
+
 
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
 FRESH = field_id("_ts:things")

@@ -9,10 +9,11 @@ import psycopg
 import pytest
 import redis
 
+from bench.servers import start_redis
 from jobs.cli import main
 from jobs.config import ConfigError, load_config
 
-from .conftest import DAY2_STR, env_conf, start_redis
+from .conftest import DAY2_STR, env_conf
 
 REDIS_SECRET = "r3dis-S3cret-7f1c0e"
 SQL_SECRET = "pg-S3cret-91ab44"

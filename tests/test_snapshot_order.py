@@ -4,10 +4,10 @@ Redis states the writer cannot see from its replies (a policy that evicts) stop 
 from __future__ import annotations
 
 import datetime as dt
-import json
 
 import pytest
 
+from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.run import _check_after_write, redis_sink_config, run_source
 from serializers.keys import as_of_epoch
@@ -16,7 +16,7 @@ from sinks.errors import CapacityError
 from sinks.redis_capacity import read_memory_info
 from sinks.redis_sink import KeysEvicted, RedisRestarted
 
-from .conftest import SAMPLE_DATES, start_redis
+from .conftest import SAMPLE_DATES
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES

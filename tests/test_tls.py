@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from bench.servers import free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
 from jobs.cleanup import CleanupWriter, cleanup_partition
 from jobs.config import PROJECT_ROOT, RedisConf, RunConf, SqlConf
@@ -38,7 +39,7 @@ from sinks.redis_sink import RedisSink, RedisSinkConfig, RedisTls, TlsVerificati
 from sinks.redis_sink import connect as redis_connect
 from sinks.sql_sink import SqlSink, SqlSinkConfig, connect, ensure_schema
 
-from .conftest import TINY_SOURCE, free_port, start_postgres, wait_for_redis
+from .conftest import TINY_SOURCE
 from .test_redis_job import DAY2
 from .test_sql_job import AS_OF_DAY2, table_rows
 
