@@ -118,10 +118,8 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
         for batch in batches:
             counts.non_finite += pc.sum(batch.column(plan.non_finite_column)).as_py() or 0
             counts.bytes_sent += pc.sum(pc.binary_length(batch.column(plan.json_column))).as_py() or 0
-            keys, docs = batch.column(plan.key_column).to_pylist(), batch.column(plan.json_column).to_pylist()
-            as_ofs = batch.column(plan.as_of_column).to_pylist() if plan.as_of_column else [None] * len(keys)
-            for key, doc, as_of in zip(keys, docs, as_ofs):
-                sink.add(key, doc, as_of)
+            as_ofs = batch.column(plan.as_of_column) if plan.as_of_column else None
+            sink.write_batch(batch.column(plan.key_column), batch.column(plan.json_column), as_ofs)
         sink.flush()
     except SinkError as exc:
         # Retries are exhausted or the error is terminal: report it, the driver fails the run.

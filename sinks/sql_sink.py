@@ -21,6 +21,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -288,22 +291,41 @@ class SqlSink:
             self._conn.close()
             self._conn = None
 
-    def add(self, key: str, features_json: str, as_of: int | None = None) -> None:
-        """Queue one row; a key equal to the previous one replaces it (input is sorted).
+    def write_batch(self, keys: pa.Array, docs: pa.Array, as_ofs: pa.Array | None = None) -> SqlWriteStats:
+        """Queue a batch of rows sorted by key (entity ids, JSON objects, and for range runs each
+        row's as-of epoch instead of the config's); full transactions go out as they fill.
 
-        ``as_of``: this row's as-of time (range runs) instead of the config's one."""
-        stamp = self._as_of if as_of is None else dt.datetime.fromtimestamp(as_of, dt.UTC)
-        if self._keys and self._keys[-1] == key:
-            self._maps[-1] = features_json
-            self._as_ofs[-1] = stamp
+        A key repeated in a row (within the batch or across batches) is sent once: its last
+        row wins, counted in ``duplicates``."""
+        if len(keys) == 0:
+            return self.stats
+        # the last row of each run of equal keys
+        last = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1)).to_numpy(zero_copy_only=False)
+        kept = np.flatnonzero(np.append(last, True))
+        key_list = keys.take(kept).to_pylist()
+        doc_list = docs.take(kept).to_pylist()
+        if as_ofs is None:
+            stamps = [self._as_of] * len(key_list)
+        else:
+            micros = pc.multiply(as_ofs.take(kept).cast(pa.int64()), 1_000_000)
+            stamps = micros.cast(pa.timestamp("us", tz="UTC")).to_pylist()
+        self.stats.duplicates += len(keys) - len(kept)
+        if self._keys and self._keys[-1] == key_list[0]:
+            # the previous batch ended with this key: its row is replaced
+            self._maps[-1], self._as_ofs[-1] = doc_list[0], stamps[0]
+            key_list, doc_list, stamps = key_list[1:], doc_list[1:], stamps[1:]
             self.stats.duplicates += 1
-            return
-        self._keys.append(key)
-        self._maps.append(features_json)
-        self._as_ofs.append(stamp)
-        if len(self._keys) > self._per_transaction:
-            # Keep the newest row buffered: the next input row may repeat its key.
+        self._keys += key_list
+        self._maps += doc_list
+        self._as_ofs += stamps
+        while len(self._keys) > self._per_transaction:
+            # Keep the newest row buffered: the next batch may repeat its key.
             self._send(self._per_transaction)
+        return self.stats
+
+    def add(self, key: str, features_json: str, as_of: int | None = None) -> None:
+        """Queue one row (``write_batch`` of one)."""
+        self.write_batch(pa.array([key]), pa.array([features_json]), None if as_of is None else pa.array([as_of], pa.int64()))
 
     @property
     def _per_transaction(self) -> int:

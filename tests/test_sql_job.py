@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from feature_defs import load_definitions
@@ -270,15 +271,20 @@ def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
         ensure_schema(conn, conf)
 
 
+@pytest.mark.parametrize("sizes", [[1] * 6, [2, 2, 2], [4, 2]], ids=["rows", "a repeat across batches", "a repeat within a batch"])
 @pytest.mark.parametrize(("per_transaction", "transactions"), [(20, 1), (2, 2), (1, 3)])
-def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_transaction, transactions):
+def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_transaction, transactions, sizes):
     conf = replace(
         sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"), batch_rows=2, statements_per_transaction=per_transaction
     )
     ensure_schema(pg_db, conf)
+    rows = [("a", '{"n":1}'), ("b", '{"n":2}'), ("b", '{"n":3}'), ("c", "{}"), ("d", '{"s":"x"}'), ("e", '{"n":5}')]
     with SqlSink(conf) as sink:
-        for key, doc in [("a", '{"n":1}'), ("b", '{"n":2}'), ("b", '{"n":3}'), ("c", "{}"), ("d", '{"s":"x"}'), ("e", '{"n":5}')]:
-            sink.add(key, doc)
+        start = 0
+        for size in sizes:  # Arrow batches, as the partition writer sends them
+            keys, docs = zip(*rows[start : start + size])
+            sink.write_batch(pa.array(keys), pa.array(docs))
+            start += size
         sink.flush()
     assert {k: v[1] for k, v in table_rows(pg_db, "consumer_features").items()} == {"a": {"n": 1}, "b": {"n": 3}, "c": {}, "d": {"s": "x"}, "e": {"n": 5}}
     assert (sink.stats.rows_upserted, sink.stats.duplicates, sink.stats.statements) == (5, 1, 3)
@@ -306,3 +312,15 @@ def test_hostile_keys_and_values_are_data_not_sql(spark, sql_conf, pg_db, redis_
     assert sorted(redis_db.scan_iter()) == sorted([f"t:{injection}".encode(), "t:ünï $1 %s {}".encode()])
     tags = redis_db.hget("t:ünï $1 %s {}".encode(), field_id("tags"))
     assert decode("string_list", tags) == ["\r\nFLUSHALL\r\n"]
+
+
+def test_rows_of_a_range_carry_their_own_as_of(sql_conf, pg_db):
+    """Range runs send each row's as-of epoch with it (a backfill's latest date per entity)."""
+    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres")
+    ensure_schema(pg_db, conf)
+    with SqlSink(conf) as sink:
+        sink.write_batch(pa.array(["x", "y", "y"]), pa.array(['{"n":1}', '{"n":2}', '{"n":3}']), pa.array([1795132800, 1795219200, 1795219200]))
+        sink.flush()
+    rows = dict(pg_db.execute("SELECT entity_key, as_of FROM consumer_features").fetchall())
+    assert rows == {"x": dt.datetime(2026, 11, 20, tzinfo=dt.UTC), "y": dt.datetime(2026, 11, 21, tzinfo=dt.UTC)}
+    assert sink.stats.duplicates == 1
