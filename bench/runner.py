@@ -80,7 +80,7 @@ def _sample(spark, conf, source, limit: int):
     """The first ``limit`` entities as the writers see them (_id and feature columns), in 10k-row batches."""
     from pyspark.sql import functions as F
 
-    from jobs.run import source_path
+    from jobs.pipeline.read import source_path
 
     df = spark.read.format("delta").load(source_path(conf, source)).orderBy("entity_id").limit(limit)
     table = df.select(F.col("entity_id").cast("string").alias("_id"), *[f.name for f in source.features]).toArrow()
@@ -100,7 +100,7 @@ def _profile_summary(profiler: cProfile.Profile, top: int = 15) -> list[dict]:
 
 
 def _sql_sink_rate(conf, source, entity, keys: list[str], docs: list[str], per_transaction: int) -> float:
-    from jobs.run import sql_sink_config
+    from jobs.pipeline.write_sql import sql_sink_config
     from sinks.sql_sink import SqlSink, connect, ensure_schema
 
     from bench.standard import DATE
@@ -124,7 +124,7 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
 
     from bench import baselines
     from jobs.partition_writers import RedisWritePlan, write_redis_partition
-    from jobs.run import redis_sink_config
+    from jobs.pipeline.write_redis import redis_sink_config
     from serializers.keys import as_of_epoch
     from jobs.transforms import feature_specs
     from bench.standard import DATE
@@ -214,7 +214,7 @@ def _sql_baselines(spark, conf, source, entity, workdir: Path) -> dict:
     import pyarrow.dataset as ds
 
     from bench import baselines
-    from jobs.run import source_path
+    from jobs.pipeline.read import source_path
     from jobs.transforms import feature_specs
     from serializers.json_map import encode_json_maps
 
@@ -250,7 +250,8 @@ def run_one_size(env: str, workdir: Path, entities: int, redis_url: str, with_sq
 
     from bench.standard import DATE, SHAPE_VERSION, SOURCE, write_definitions, write_standard_table
     from feature_defs import load_definitions
-    from jobs.run import run_source, source_path
+    from jobs.pipeline.read import source_path
+    from jobs.pipeline.run import run_source
     from jobs.spark import build_spark
 
     write_definitions(workdir / "defs")

@@ -197,7 +197,7 @@ def cmd_sample_data(args) -> int:
 
 def _each_source(args, action, report_name: str) -> int:
     """Run ``action(spark, conf, defs, name)`` per source; one failing does not stop the others."""
-    from jobs.run import report_dir
+    from jobs.pipeline.report import report_dir
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
@@ -238,7 +238,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from jobs.run import verify_source
+    from jobs.pipeline.run import verify_source
 
     return _each_source(args, lambda spark, conf, defs, name: verify_source(spark, conf, defs, name, args.date, redis_url=args.redis_url), "verification.json")
 
@@ -247,7 +247,7 @@ EXIT_NOT_READY = 3
 
 
 def cmd_ready(args) -> int:
-    from jobs.run import partition_rows
+    from jobs.pipeline.read import partition_rows
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
@@ -260,7 +260,7 @@ def cmd_ready(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from jobs.run import report_path
+    from jobs.pipeline.report import report_path
     from jobs.summary import RunSummary, SummaryError
 
     conf, defs = _load(args)
@@ -392,7 +392,7 @@ def cmd_schema(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from jobs.run import validate_source
+    from jobs.pipeline.run import validate_source
 
     return _each_source(args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json")
 

@@ -32,7 +32,7 @@ from pyspark.sql import types as T
 
 from feature_defs import EntityDef, SourceDef
 from jobs.config import PROJECT_ROOT, RunConf
-from jobs.run import source_path
+from jobs.pipeline.read import source_path
 from jobs.transforms import key_columns
 from serializers import freshness_field_name
 

@@ -128,3 +128,15 @@ def write_sql_partition(plan: SqlWritePlan, batches: Iterator[pa.RecordBatch]) -
         sink.close()
     outcome.peak_rss, outcome.seconds = peak_rss(), time.perf_counter() - start
     yield _stats_batch(_SQL_STATS_ARROW, sink.stats.as_dict(), asdict(counts), asdict(outcome))
+
+
+def sum_partition_stats(stats: dict, parts: list, keys: tuple[str, ...], seconds: float, rate: tuple[str, str]) -> None:
+    """Add up the writers' stats rows; ``rate`` is (name, counted key) of the per-second figure."""
+    for key in keys:
+        stats[key] = sum(p[key] for p in parts)
+    # memory per Python worker, the figure that must stay flat as the data grows
+    stats["worker_peak_rss"] = max((p["peak_rss"] for p in parts), default=0)
+    # the rest of write_seconds is Spark's: scheduling, starting workers, the rows' first batch
+    stats["slowest_writer_seconds"] = max((p["seconds"] for p in parts), default=0.0)
+    stats["write_seconds"] = seconds
+    stats[rate[0]] = stats[rate[1]] / seconds if seconds else 0.0

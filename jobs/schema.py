@@ -14,7 +14,7 @@ import psycopg
 
 from feature_defs import Definitions, SourceDef
 from jobs.config import RunConf
-from jobs.run import sql_sink_config
+from jobs.pipeline.write_sql import sql_sink_config
 from sinks.errors import TerminalSinkError
 from sinks.sql_sink import connect, detect_dialect, ensure_schema
 

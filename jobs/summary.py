@@ -53,6 +53,11 @@ class RunSummary:
     stages: dict[str, float] = field(default_factory=dict)
     """Wall seconds per stage, in run order: read, prepare, quarantine, gate, write <store>, verify, report."""
 
+    def record(self, counts: Any) -> None:
+        """Take the counts of a stage (a dataclass whose fields are named as the summary's)."""
+        for f in fields(counts):
+            setattr(self, f.name, getattr(counts, f.name))
+
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Time a stage (also when it fails): its own seconds, less those of the stages timed

@@ -28,7 +28,7 @@ import yaml
 from pyspark.sql import functions as F
 
 from feature_defs import FeatureDef
-from jobs.run import run_source
+from jobs.pipeline.run import run_source
 from jobs.transforms import REASONS, long_features
 from serializers import encode, field_id
 

@@ -18,9 +18,10 @@ from bench.servers import _as_postgres, start_redis
 from jobs.backfill import recorded_run
 from jobs.config import SqlConf
 from jobs.ledger import Ledger
-from jobs.run import run_source, sql_sink_config
-from serializers.keys import as_of_epoch
+from jobs.pipeline.run import run_source
+from jobs.pipeline.write_sql import sql_sink_config
 from serializers import encode, field_id
+from serializers.keys import as_of_epoch
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.sql_sink import ensure_schema
 

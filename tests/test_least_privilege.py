@@ -18,7 +18,7 @@ from psycopg import sql
 from bench.servers import start_redis
 from jobs.cleanup import CleanupPlan, run_cleanup
 from jobs.config import ConfigError, RedisConf, SqlConf
-from jobs.run import run_source
+from jobs.pipeline.run import run_source
 from jobs.schema import ensure_tables
 from jobs.transforms import ENTITY_ID
 from serializers import field_id

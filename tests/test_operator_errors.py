@@ -10,11 +10,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import jobs.run
+import jobs.pipeline.write_sql
 from bench.servers import free_port
 from feature_defs import load_definitions
 from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
 from jobs.config import RedisConf, RunConf, SqlConf
+from jobs.pipeline.context import RunContext
 from jobs.summary import RunSummary
 from sinks.errors import TerminalSinkError
 from sinks.sql_sink import SqlSink, SqlSinkConfig
@@ -149,12 +150,12 @@ def test_a_missing_role_or_database_is_terminal_at_once(pg_server, monkeypatch, 
         attempts.append(conf.dsn)
         return real_connect(conf)
 
-    monkeypatch.setattr(jobs.run, "sql_connect", counted)
+    monkeypatch.setattr(jobs.pipeline.write_sql, "sql_connect", counted)
     conf = RunConf(env="test", redis=RedisConf(password_env=None), sql=SqlConf(dsn=dsn, password_env=None, retries=5, retry_base_delay=0.01, retry_max_delay=0.01))
     defs = load_definitions(tiny_defs(tmp_path))
     source = defs.source("src")
     summary = RunSummary(source=source.name, entity=source.entity, date=DAY, env="test", as_of=0)
     with pytest.raises(TerminalSinkError) as info:
-        jobs.run.prepare_sql(conf, source, defs.entity_of(source), dt.date.fromisoformat(DAY), summary)
+        jobs.pipeline.write_sql.prepare_sql(RunContext(None, conf, source, defs.entity_of(source), dt.date.fromisoformat(DAY)), summary)
     assert str(info.value).startswith(expected), str(info.value)
     assert attempts == [dsn]

@@ -12,8 +12,9 @@ from pyspark.sql import functions as F
 
 from feature_defs import DefinitionError
 from jobs.config import QualityConf, SqlConf
+from jobs.pipeline.report import report_dir
+from jobs.pipeline.run import run_source, validate_source
 from jobs.quality import QualityGateError, VerificationError, derive_checks
-from jobs.run import report_dir, run_source, validate_source
 from serializers import field_id
 
 from .conftest import tiny_consumer_source

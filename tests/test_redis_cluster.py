@@ -255,7 +255,7 @@ def test_the_fullest_primary_stops_the_writer(cluster):
 
 
 def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, run_conf, tmp_path):
-    from jobs.run import run_source
+    from jobs.pipeline.run import run_source
     from sinks.errors import CapacityError
 
     from .test_redis_job import DAY2, DEFS

@@ -11,10 +11,11 @@ import pytest
 
 from bench.servers import start_redis
 from feature_defs import load_definitions
-from jobs.run import BadInputError, run_source
-from serializers.keys import as_of_epoch
+from jobs.pipeline.gate import BadInputError
+from jobs.pipeline.run import run_source
 from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
+from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source

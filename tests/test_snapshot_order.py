@@ -9,9 +9,10 @@ import pytest
 
 from bench.servers import start_redis
 from feature_defs import load_definitions
-from jobs.run import _check_after_write, redis_sink_config, run_source
-from serializers.keys import as_of_epoch
+from jobs.pipeline.run import run_source
+from jobs.pipeline.write_redis import _check_after_write, redis_sink_config
 from serializers import field_id, freshness_field_name
+from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
 from sinks.redis_capacity import read_memory_info
 from sinks.redis_sink import KeysEvicted, RedisRestarted

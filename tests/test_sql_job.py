@@ -15,7 +15,9 @@ import pytest
 
 from feature_defs import load_definitions
 from jobs.config import SqlConf
-from jobs.run import BadInputError, run_source, split_keys, sql_sink_config
+from jobs.pipeline.gate import BadInputError
+from jobs.pipeline.run import run_source
+from jobs.pipeline.write_sql import split_keys, sql_sink_config
 from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
 from serializers import decode, field_id
 from sinks.errors import TerminalSinkError

@@ -3,6 +3,7 @@ decode it with the serializers, and compare it with the rows that were to be wri
 
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import math
 from typing import Any
@@ -12,6 +13,11 @@ from psycopg import sql
 from pyspark.sql import DataFrame
 
 from feature_defs import FeatureDef, SourceDef
+from jobs.pipeline.context import RunContext
+from jobs.pipeline.write_redis import is_redis_cluster, redis_sink_config
+from jobs.pipeline.write_sql import sql_sink_config
+from jobs.quality import VerificationError
+from jobs.summary import RunSummary
 from serializers import decode, field_id
 from serializers.keys import freshness_field_name, redis_key
 from serializers.scalar import DecodeError
@@ -19,6 +25,7 @@ from sinks.redis_cluster import KeyRouter
 from sinks.redis_sink import RedisSinkConfig
 from sinks.sql_sink import SqlSinkConfig
 from sinks.sql_sink import connect as sql_connect
+
 
 MAX_LISTED = 50
 """Mismatches kept in the report (all are counted)."""
@@ -154,3 +161,24 @@ def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mism
         for extra in features:  # _compare pops every defined feature
             out.add(key, extra, None, features[extra])
     return out
+
+
+def verify_writes(ctx: RunContext, good: DataFrame, summary: RunSummary) -> None:
+    """Read a random sample back from every store written; any difference fails the run."""
+    conf, source, entity, date = ctx.conf, ctx.source, ctx.entity, ctx.date
+    rows = sample_rows(good, conf.quality.verify_sample, summary.entities)
+    found = []
+    if "redis" in summary.sinks:
+        sink_conf = redis_sink_config(conf, source, entity, date, None, ctx.redis_url)
+        found.append(verify_redis(replace(sink_conf, cluster=is_redis_cluster(conf, sink_conf)), source, rows))
+    if "cockroach" in summary.sinks:
+        found.append(verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
+    for m in found:
+        summary.verification[m.sink] = {"checked": len(rows), "newer": m.newer, "mismatches": m.count, "listed": m.listed}
+    wrong = [m for m in found if m.count]
+    if wrong:
+        total = sum(m.count for m in wrong)
+        raise VerificationError(
+            f"source {source.name!r} {date}: {total:,} value(s) read back differ from the source "
+            f"({', '.join(f'{m.sink}: {m.count:,}' for m in wrong)}); first: {wrong[0].listed[0]}"
+        )

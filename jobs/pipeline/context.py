@@ -1,0 +1,35 @@
+"""What every stage of one run knows: frozen, built once by the orchestration (run.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import datetime as dt
+
+from pyspark.sql import SparkSession
+
+from feature_defs import EntityDef, SourceDef
+from jobs.config import RunConf
+from serializers.keys import as_of_epoch
+
+
+@dataclass(frozen=True)
+class RunContext:
+    spark: SparkSession | None
+    """None only for stages that need no Spark (the SQL store's checks)."""
+    conf: RunConf
+    source: SourceDef
+    entity: EntityDef
+    date: dt.date
+    end: dt.date | None = None
+    """A range run (backfill, latest mode): the dates date..end in one pass."""
+    redis_url: str | None = None
+    """Overrides redis.url (the CLI's --redis-url)."""
+
+    @property
+    def per_date(self) -> bool:
+        return self.end is not None
+
+    @property
+    def as_of(self) -> int:
+        """The snapshot's as-of time: the end of its (last) date, UTC epoch seconds."""
+        return as_of_epoch(self.end or self.date)

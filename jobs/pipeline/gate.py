@@ -1,0 +1,51 @@
+"""Stage 4, gate: profile, expectations (jobs/quality.py) and the bad-row limit; a failure writes nothing."""
+
+from __future__ import annotations
+
+from jobs import quality
+from jobs.pipeline.context import RunContext
+from jobs.pipeline.prepare import Prepared
+from jobs.pipeline.report import report_dir
+from jobs.progress import progress
+from jobs.quality import QualityGateError
+from jobs.summary import RunSummary
+
+
+class BadInputError(QualityGateError, ValueError):
+    """Too much of the snapshot is bad input: nothing was written to the stores."""
+
+
+def check_quality(ctx: RunContext, prepared: Prepared, summary: RunSummary, *, expectations: bool, docs_folder: str = "data_docs") -> None:
+    """Profile the snapshot, run the expectations, apply the bad-row limit.
+
+    Raises QualityGateError (BadInputError when only the bad-row limit is passed) before
+    anything is written; warning-level failures only go to the summary.
+    """
+    spark, conf, source, entity, date, end = ctx.spark, ctx.conf, ctx.source, ctx.entity, ctx.date, ctx.end
+    failures: list[str] = []
+    with progress(spark, f"quality checks {source.name}"):
+        frame = quality.validation_frame(prepared.snapshot, source)
+        summary.profile = quality.profile(frame, source)
+        if expectations:
+            # a range's size is not comparable with one date's: no row-count band then
+            previous = None if end else quality.previous_success(conf.reports_path, source.name, date)
+            checks = quality.derive_checks(source, entity, conf.quality, previous)
+            docs = report_dir(conf, source.name, date, end) / docs_folder if conf.quality.data_docs else None
+            result = quality.run_gate(frame, checks, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
+            summary.expectations = result.as_dicts()
+            summary.data_docs = result.data_docs
+            summary.warnings.extend(f"expectation failed (warning): {r.describe()}" for r in result.warnings)
+            failures = [r.describe() for r in result.blocking_failures]
+    too_bad = summary.bad_fraction > conf.quality.max_bad_fraction
+    bad_text = (
+        f"{summary.bad_rows:,} of {summary.rows_read:,} rows are bad input ({summary.bad_fraction:.2%} > "
+        f"quality.max_bad_fraction {conf.quality.max_bad_fraction:.2%}); reasons: {summary.bad_reasons}"
+    )
+    if failures:
+        lines = failures + ([bad_text] if too_bad else [])
+        docs_line = f"\n  report: {summary.data_docs}" if summary.data_docs else ""
+        raise QualityGateError(
+            f"source {source.name!r} {date}: {len(failures)} blocking expectation(s) failed; nothing was written:\n  " + "\n  ".join(lines) + docs_line
+        )
+    if too_bad:
+        raise BadInputError(f"source {source.name!r} {date}: {bad_text}; nothing was written. Rows kept in {summary.quarantine_table or 'quarantine (not written by validate)'}")

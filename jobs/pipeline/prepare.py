@@ -1,0 +1,145 @@
+"""Stage 2, prepare: one date (or range) of the source, de-duplicated and checked, split into
+rows to write and rows to quarantine, with the counts the summary reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+import math
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from jobs import transforms as tf
+from jobs.pipeline.context import RunContext
+
+
+@dataclass(frozen=True)
+class SnapshotCounts:
+    """What prepare counted, for the summary (same names as its fields)."""
+
+    rows_read: int = 0
+    bad_rows: int = 0
+    ignored_rows: int = 0
+    superseded_rows: int = 0
+    earlier_dates: int = 0
+    entities: int = 0
+    snapshot_entities: int = 0
+    conflicting_keys: int = 0
+
+
+@dataclass
+class Prepared:
+    """A snapshot after the checks: rows to write, rows to quarantine, counts."""
+
+    snapshot: DataFrame
+    """What the expectations check: one row per entity after de-duplication, bad values
+    included, plus the rows whose key is unusable (with null features)."""
+    good: DataFrame
+    """Rows for the Redis writers: _id and the feature columns."""
+    sql_good: DataFrame | None
+    """Rows for the SQL writers: _id, JSON object, omitted NaN/inf (when that sink runs)."""
+    quarantine: DataFrame
+    cached: list[DataFrame]
+    counts: SnapshotCounts
+
+
+def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
+    """Split the date's snapshot of ``raw`` (the read source) into rows to write and rows to quarantine.
+
+    With ``ctx.end``, a range of dates: each date is de-duplicated and checked on its own, and
+    each entity's good row of its latest date is written, with that date's as-of time
+    (the state that applying the dates in order would leave).
+
+    With the SQL sink in the run, each row's JSON object is built here, so an object over
+    ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
+    """
+    conf, source, entity = ctx.conf, ctx.source, ctx.entity
+    day = F.col(source.date_column)
+    snapshot = raw.where(day.between(F.lit(ctx.date), F.lit(ctx.end)) if ctx.per_date else day == F.lit(ctx.date))
+    tagged = tf.tag_key_problems(snapshot, source, entity).persist()
+    read = _count_read(ctx, tagged)
+    # Partitions by entity key, as many as the size needs: each task's share (and the cached
+    # blocks) stays the same size however large the snapshot; the de-duplication reuses it.
+    partitions = max(conf.spark.shuffle_partitions, math.ceil(read["rows"] / conf.spark.rows_per_partition))
+    good_rows = tagged.where(~tf.is_bad(tagged)).repartition(partitions, *tf.key_columns(source, entity))
+    checked = _checked(ctx, good_rows).persist()
+    counts = _count_checked(ctx, checked, read)
+    written = checked
+    if ctx.per_date:
+        written = tf.latest_good_date(checked, source, entity)
+        if "cockroach" in conf.sinks:
+            written = written.sortWithinPartitions(tf.ENTITY_ID)
+        written = written.persist()
+        latest = written.count()
+        counts = replace(counts, earlier_dates=counts.entities - latest, entities=latest)
+    for_writers = _for_writers(conf, counts.entities, written)
+    ds = None if ctx.per_date else ctx.date.isoformat()
+    quarantine = tf.quarantine_rows(tagged, source, ds, "key").unionByName(tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, ds, "value"))
+    return Prepared(
+        snapshot=tf.snapshot_for_checks(checked, tagged, source, entity, ctx.per_date),
+        good=for_writers(tf.encode_ready(written, source)),
+        sql_good=for_writers(tf.sql_ready(written)) if "cockroach" in conf.sinks else None,
+        quarantine=quarantine,
+        cached=[tagged, checked, *([written] if ctx.per_date else [])],
+        counts=counts,
+    )
+
+
+def _count_read(ctx: RunContext, tagged: DataFrame) -> dict:
+    """Rows read and those with unusable keys; long layout: rows of undefined names, and the
+    (entity, name) pairs the de-duplication keeps."""
+    source = ctx.source
+    bad = tf.is_bad(tagged)
+    aggs = [F.count(F.lit(1)).alias("rows"), F.sum(bad.cast("long")).alias("bad")]
+    if source.layout == "long":
+        dated = [source.date_column] if ctx.per_date else []
+        defined = F.col(source.name_column).isin([f.source_column for f in source.features])
+        aggs.append(F.sum((~bad & ~defined).cast("long")).alias("ignored"))
+        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*tf.key_columns(source, ctx.entity), *dated, source.name_column))).alias("latest"))
+    return {k: v or 0 for k, v in tagged.agg(*aggs).first().asDict().items()}
+
+
+def _checked(ctx: RunContext, good_rows: DataFrame) -> DataFrame:
+    """One row per entity (per date in a range) with its features typed and its value problems tagged."""
+    source, entity = ctx.source, ctx.entity
+    if source.layout == "wide":
+        features = tf.wide_features(good_rows, source, entity, ctx.per_date)
+    else:
+        features = tf.long_features(good_rows, source, entity, ctx.per_date)
+    checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity)
+    if "cockroach" in ctx.conf.sinks:
+        checked = tf.with_json_maps(checked, source, ctx.conf.sql.max_map_bytes)
+        if not ctx.per_date:
+            # The SQL writers send rows sorted by key. Sorted here, as the snapshot is cached,
+            # the write streams at once instead of leaving the database idle during a sort.
+            checked = checked.sortWithinPartitions(tf.ENTITY_ID)
+    return checked
+
+
+def _count_checked(ctx: RunContext, checked: DataFrame, read: dict) -> SnapshotCounts:
+    found = checked.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(tf.is_bad(checked).cast("long")).alias("bad"),
+        F.sum((F.col(tf.CONFLICTS) > 0).cast("long")).alias("conflicts"),
+    ).first()
+    rows, value_bad = found["rows"], found["bad"] or 0
+    ignored = read.get("ignored", 0)
+    kept = read["latest"] if ctx.source.layout == "long" else rows
+    return SnapshotCounts(
+        rows_read=read["rows"],
+        bad_rows=read["bad"] + value_bad,
+        ignored_rows=ignored,
+        superseded_rows=read["rows"] - read["bad"] - ignored - kept,
+        entities=rows - value_bad,
+        snapshot_entities=rows + read["bad"],
+        conflicting_keys=found["conflicts"] or 0,
+    )
+
+
+def _for_writers(conf, entities: int, written: DataFrame):
+    """Long sources and date ranges read many rows per entity: the writers get as many
+    partitions as the entities need (each opens its own connections). Merging gives up
+    the order, so the SQL write then sorts again."""
+    writers = max(conf.spark.shuffle_partitions, math.ceil(entities / conf.spark.rows_per_partition))
+    merge = writers < written.rdd.getNumPartitions()
+    return (lambda df: df.coalesce(writers)) if merge else (lambda df: df)

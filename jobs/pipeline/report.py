@@ -1,0 +1,55 @@
+"""Stage 7, report: the summary of a run (also on failure) as JSON under reports/<source>/<date>/."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+import time
+
+from jobs.config import RunConf
+from jobs.pipeline.context import RunContext
+from jobs.pipeline.prepare import Prepared
+from jobs.summary import RunSummary
+
+
+class RecordedStep:
+    """Times one source's run, validation or verification, records its outcome in the
+    summary and always writes the report (also on failure), then releases the cached data."""
+
+    def __init__(self, summary: RunSummary, report: Path | None, done: str):
+        self.summary, self.report, self.done = summary, report, done
+        self.prepared: Prepared | None = None
+
+    def __enter__(self) -> RecordedStep:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        summary = self.summary
+        if exc is None:
+            summary.status = self.done
+        else:
+            summary.status = "failed"
+            summary.error = f"{type(exc).__name__}: {exc}"
+        if self.prepared:
+            for df in self.prepared.cached:
+                df.unpersist()
+        if self.report:
+            with summary.stage("report"):
+                summary.seconds = time.perf_counter() - self.start
+                summary.write_json(self.report)  # its own time is the one the file cannot hold
+        summary.seconds = time.perf_counter() - self.start
+
+
+def new_summary(ctx: RunContext, env: str) -> RunSummary:
+    date = f"{ctx.date.isoformat()}..{ctx.end.isoformat()}" if ctx.end else ctx.date.isoformat()
+    return RunSummary(source=ctx.source.name, entity=ctx.entity.name, date=date, env=env, as_of=ctx.as_of)
+
+
+def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None) -> Path:
+    """reports/<source>/<date>/ (a range: <start>_<end>/): summary.json, validation.json, data_docs/."""
+    return conf.reports_path / source / (f"{date.isoformat()}_{end.isoformat()}" if end else date.isoformat())
+
+
+def report_path(conf: RunConf, source: str, date: dt.date) -> Path:
+    return report_dir(conf, source, date) / "summary.json"

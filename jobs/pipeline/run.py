@@ -1,0 +1,121 @@
+"""The pipeline wired: read -> prepare -> quarantine -> gate -> write -> verify -> report,
+for a run, a validation (no writes) and a verification (no writes) of one source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import datetime as dt
+
+from pyspark.sql import SparkSession
+
+from feature_defs import Definitions
+from jobs.config import RunConf
+from jobs.pipeline.context import RunContext
+from jobs.pipeline.gate import check_quality
+from jobs.pipeline.prepare import Prepared, prepare
+from jobs.pipeline.quarantine import reason_counts, write_quarantine
+from jobs.pipeline.read import read
+from jobs.pipeline.report import RecordedStep, new_summary, report_dir
+from jobs.pipeline.verify import verify_writes
+from jobs.pipeline.write_redis import write_redis
+from jobs.pipeline.write_sql import prepare_sql, sql_sink_config, write_sql
+from jobs.progress import progress
+from jobs.summary import RunSummary
+from sinks.sql_sink import connect as sql_connect
+from sinks.sql_sink import detect_dialect
+
+
+def run_source(
+    spark: SparkSession,
+    conf: RunConf,
+    defs: Definitions,
+    source_name: str,
+    date: dt.date,
+    *,
+    redis_url: str | None = None,
+    report: bool = True,
+    after_write: Callable[[RunSummary], None] | None = None,
+    end: dt.date | None = None,
+) -> RunSummary:
+    """Materialize one source for one date; the summary is written even on failure.
+
+    With ``end``, the dates ``date``..``end`` in one pass: each entity's latest good row
+    (see :func:`prepare`). ``after_write`` runs between the writes and their verification
+    (for integrations that want to act on a written snapshot, and for tests).
+    """
+    source = defs.source(source_name)
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url)
+    summary = new_summary(ctx, conf.env)
+    report_file = report_dir(conf, source.name, date, end) / "summary.json"
+    with RecordedStep(summary, report_file if report else None, "succeeded") as step:
+        step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
+        with summary.stage("gate"):
+            check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
+        _write(ctx, prepared, summary)
+        if after_write:
+            after_write(summary)
+        if conf.quality.verify_sample:
+            with summary.stage("verify"):
+                verify_writes(ctx, prepared.good, summary)
+    return summary
+
+
+def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool) -> Prepared:
+    """read -> prepare -> quarantine (or only count the reasons, for a run that writes nothing)."""
+    with progress(ctx.spark, f"check {ctx.source.name}"):
+        with summary.stage("read"):
+            raw = read(ctx)
+        with summary.stage("prepare"):
+            prepared = prepare(ctx, raw)
+            summary.record(prepared.counts)
+        with summary.stage("quarantine"):
+            if quarantine:
+                summary.quarantine_table = write_quarantine(ctx, prepared.quarantine)
+            summary.bad_reasons = reason_counts(prepared.quarantine)
+    return prepared
+
+
+def _write(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> None:
+    """Every configured store; the SQL store's checks run before either store is written."""
+    sql_sink = None
+    if "cockroach" in ctx.conf.sinks:
+        with summary.stage("sql checks"):
+            sql_sink = prepare_sql(ctx, summary)
+    if "redis" in ctx.conf.sinks:
+        with summary.stage("write redis"):
+            write_redis(ctx, prepared.good, summary)
+    if sql_sink:
+        with summary.stage("write cockroach"):
+            write_sql(ctx, sql_sink, prepared.sql_good, summary)
+
+
+def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
+    """The checks of a run without any write: status 'passed' or 'failed', report in validation.json."""
+    source = defs.source(source_name)
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date)
+    summary = new_summary(ctx, conf.env)
+    with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed") as step:
+        step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=False)
+        with summary.stage("gate"):
+            check_quality(ctx, prepared, summary, expectations=True, docs_folder="validate_docs")
+    return summary
+
+
+def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date, *, redis_url: str | None = None) -> RunSummary:
+    """Read back a sample of the date's snapshot from every configured store and compare it
+    with the source rows (what a run does after writing), without writing; verification.json."""
+    source = defs.source(source_name)
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, redis_url=redis_url)
+    summary = new_summary(ctx, conf.env)
+    with RecordedStep(summary, report_dir(conf, source.name, date) / "verification.json", "verified") as step:
+        with progress(spark, f"read {source.name}"), summary.stage("prepare"):
+            step.prepared = prepared = prepare(ctx, read(ctx))
+            summary.record(prepared.counts)
+        if "redis" in conf.sinks:
+            summary.sinks["redis"] = {}
+        if "cockroach" in conf.sinks:
+            with sql_connect(sql_sink_config(conf, source, ctx.entity, date, "postgres")) as conn:
+                summary.sinks["cockroach"] = {"dialect": detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect}
+        with summary.stage("verify"):
+            verify_writes(ctx, prepared.good, summary)
+    return summary
