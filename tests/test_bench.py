@@ -73,3 +73,14 @@ def test_the_installed_job_never_imports_bench(capsys):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_the_wheel_holds_every_product_package_and_no_bench():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = sorted(".".join(p.parent.relative_to(root).parts) for top in ("jobs", "feature_defs", "serializers", "sinks") for p in (root / top).rglob("__init__.py"))
+    assert sorted(listed) == found
+    assert not any(name == "bench" or name.startswith("bench.") or name.startswith("tests") for name in listed)
