@@ -1,0 +1,84 @@
+"""The transforms as DataFrame in, DataFrame out: small frames built here, expected rows
+written down by hand (no stores, no files)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from feature_defs.models import EntityDef, SourceDef
+from jobs import transforms as tf
+
+STORE = EntityDef(name="store", prefix="s", keys=[{"name": "region", "type": "string"}, {"name": "store_id", "type": "int"}], sql_table="store_features")
+WIDE = SourceDef(
+    name="tiny", entity="store", location="tiny", layout="wide", date_column="ds", timestamp_column="ts",
+    features=[{"name": "score", "type": "float", "precision": "float32"}, {"name": "n", "type": "int"}],
+)  # fmt: skip
+SCHEMA = "region string, store_id long, score double, n long, ts timestamp, ds date"
+D1, D2 = dt.date(2026, 11, 19), dt.date(2026, 11, 20)
+
+
+def at(hour: int) -> dt.datetime:
+    return dt.datetime(2026, 11, 20, hour)
+
+
+def rows_by_key(df, *columns: str) -> dict:
+    return {tuple(r[c] for c in ("region", "store_id")): tuple(r[c] for c in columns) for r in df.collect()}
+
+
+def test_unusable_keys_are_tagged_with_their_reasons(spark):
+    df = spark.createDataFrame(
+        [("nyc", 1, 1.0, 1, at(1), D2), (None, 2, 1.0, 1, at(1), D2), ("", 3, 1.0, 1, at(1), D2), ("a:b", 4, 1.0, 1, at(1), D2),
+         ("tab\there", 5, 1.0, 1, at(1), D2), ("nyc", None, 1.0, 1, at(1), D2)],
+        SCHEMA,
+    ).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))  # fmt: skip
+    got = {(r["region"], r["store_id"]): r[tf.REASONS] for r in tf.tag_key_problems(df, WIDE, STORE).collect()}
+    assert got == {
+        ("nyc", 1): [], (None, 2): ["null key region"], ("", 3): ["empty key region"], ("a:b", 4): ["key region contains ':'"],
+        ("tab\there", 5): ["key region contains a control character"], ("nyc", None): ["null key store_id"],
+    }  # fmt: skip
+
+
+def test_the_latest_row_per_key_wins_and_ties_are_counted_as_conflicts(spark):
+    rows = [
+        ("nyc", 1, 1.0, 10, at(1), D2), ("nyc", 1, 2.0, 20, at(3), D2), ("nyc", 1, 3.0, 30, at(2), D2),  # latest: at(3)
+        ("sf", 2, 1.0, 1, at(5), D2), ("sf", 2, 9.0, 9, at(5), D2),  # a tie with other values: a conflict
+        ("la", 3, 4.0, 4, at(5), D2), ("la", 3, 4.0, 4, at(5), D2),  # a copy: no conflict
+    ]  # fmt: skip
+    for ordered in (rows, rows[::-1]):  # the input order changes nothing
+        df = spark.createDataFrame(ordered, SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+        got = rows_by_key(tf.latest_per_key(df, WIDE, ["region", "store_id"]), "score", "n", tf.CONFLICTS)
+        assert got[("nyc", 1)] == (2.0, 20, 0) and got[("la", 3)] == (4.0, 4, 0)
+        assert got[("sf", 2)][2] == 1 and got[("sf", 2)][:2] in ((1.0, 1), (9.0, 9))
+    first = rows_by_key(tf.latest_per_key(spark.createDataFrame(rows, SCHEMA), WIDE, ["region", "store_id"]), "n")
+    again = rows_by_key(tf.latest_per_key(spark.createDataFrame(rows[::-1], SCHEMA), WIDE, ["region", "store_id"]), "n")
+    assert first == again  # the tie is broken the same way whatever the order
+
+
+@pytest.mark.parametrize(("score", "typed", "reasons"), [
+    (1.5, 1.5, []),
+    (3.4028234663852886e38, 3.4028234663852886e38, []),
+    (1e40, None, ["score: beyond float32 range"]),  # finite, but inf as float32: bad input, not a delete
+    (float("nan"), None, []),  # NaN is a good value that is not written
+])  # fmt: skip
+def test_wide_features_are_typed_and_values_beyond_range_are_bad_input(spark, score, typed, reasons):
+    df = spark.createDataFrame([("nyc", 1, score, 7, at(1), D2)], SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    row = tf.wide_features(df, WIDE, STORE).collect()[0]
+    assert row[tf.REASONS] == reasons and row["n"] == 7
+    if typed is not None:
+        assert row["score"] == pytest.approx(typed, rel=1e-7)
+    assert df.schema["score"].dataType.simpleString() == "double" and tf.wide_features(df, WIDE, STORE).schema["score"].dataType.simpleString() == "float"
+
+
+def test_the_entity_id_joins_the_key_parts(spark):
+    df = spark.createDataFrame([("nyc", 1, 1.0, 1, at(1), D2), ("ünï", -20, 1.0, 1, at(1), D2)], SCHEMA)
+    assert sorted(r[tf.ENTITY_ID] for r in tf.with_entity_id(df, WIDE, STORE).collect()) == ["nyc:1", "ünï:-20"]
+
+
+def test_a_range_keeps_each_entitys_good_row_of_its_latest_date_with_its_as_of(spark):
+    rows = [("nyc", 1, 1.0, 1, at(1), D1), ("nyc", 1, 2.0, 2, at(1), D2), ("sf", 2, 3.0, 3, at(1), D1), ("sf", 2, 4.0, 4, at(1), D2)]
+    df = spark.createDataFrame(rows, SCHEMA).withColumn(tf.REASONS, tf.F.when(tf.F.col("n") == 4, tf.F.array(tf.F.lit("bad"))).otherwise(tf.F.array().cast("array<string>")))
+    got = rows_by_key(tf.latest_good_date(df, WIDE, STORE), "n", "ds", tf.AS_OF)
+    # sf's D2 row is bad input: sf keeps D1, as applying the dates in order would leave it
+    assert got == {("nyc", 1): (2, D2, 1795219200), ("sf", 2): (3, D1, 1795132800)}
