@@ -228,8 +228,8 @@ def _each_source(args, action, report_name: str) -> int:
 
 
 def cmd_run(args) -> int:
-    from jobs.backfill import recorded_run
-    from jobs.ledger import Ledger
+    from jobs.operations.backfill import recorded_run
+    from jobs.operations.ledger import Ledger
 
     def run(spark, conf, defs, name):
         return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
@@ -280,8 +280,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    from jobs.backfill import BackfillError, plan_backfill, run_backfill
-    from jobs.ledger import Ledger
+    from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill
+    from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
@@ -320,7 +320,7 @@ def bench_moved(rest: Sequence[str]) -> int:
     return EXIT_USAGE
 
 def cmd_runs(args) -> int:
-    from jobs.ledger import Ledger
+    from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
     conf, _ = _load(args)
@@ -340,8 +340,8 @@ def cmd_runs(args) -> int:
 
 
 def cmd_cleanup(args) -> int:
-    from jobs.cleanup import plan_cleanup, recorded_cleanup
-    from jobs.ledger import Ledger
+    from jobs.operations.cleanup import plan_cleanup, recorded_cleanup
+    from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
@@ -373,7 +373,7 @@ def cmd_cleanup(args) -> int:
 def cmd_schema(args) -> int:
     import psycopg
 
-    from jobs.schema import ensure_tables
+    from jobs.operations.schema import ensure_tables
     from sinks.errors import SinkError
 
     conf, defs = _load(args)

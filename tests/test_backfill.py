@@ -9,10 +9,10 @@ import redis
 
 from bench.servers import start_redis
 from feature_defs import load_definitions
-from jobs.backfill import BackfillError, plan_backfill, recorded_run, run_backfill
-from jobs.cleanup import clean, plan_cleanup
 from jobs.cli import main
-from jobs.ledger import Entry, Ledger
+from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run, run_backfill
+from jobs.operations.cleanup import clean, plan_cleanup
+from jobs.operations.ledger import Entry, Ledger
 from jobs.sample_data import sample_dates, write_sample_tables
 from serializers import field_id
 

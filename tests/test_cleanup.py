@@ -12,10 +12,10 @@ import redis
 from pyspark.sql import types as T
 
 from feature_defs import load_definitions
-from jobs.backfill import recorded_run
-from jobs.cleanup import plan_cleanup, recorded_cleanup
 from jobs.cli import main
-from jobs.ledger import SCHEMA, Ledger, redis_target
+from jobs.operations.backfill import recorded_run
+from jobs.operations.cleanup import plan_cleanup, recorded_cleanup
+from jobs.operations.ledger import SCHEMA, Ledger, redis_target
 from serializers import field_id, freshness_field_name
 
 from .conftest import SAMPLE_DATES, env_conf, tiny_consumer_source

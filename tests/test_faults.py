@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from bench.servers import _as_postgres, start_redis
-from jobs.backfill import recorded_run
 from jobs.config import SqlConf
-from jobs.ledger import Ledger
+from jobs.operations.backfill import recorded_run
+from jobs.operations.ledger import Ledger
 from jobs.pipeline.run import run_source
 from jobs.pipeline.write_sql import sql_sink_config
 from serializers import encode, field_id

@@ -16,10 +16,10 @@ import redis
 from psycopg import sql
 
 from bench.servers import start_redis
-from jobs.cleanup import CleanupPlan, run_cleanup
 from jobs.config import ConfigError, RedisConf, SqlConf
+from jobs.operations.cleanup import CleanupPlan, run_cleanup
+from jobs.operations.schema import ensure_tables
 from jobs.pipeline.run import run_source
-from jobs.schema import ensure_tables
 from jobs.transforms import ENTITY_ID
 from serializers import field_id
 from sinks.errors import TerminalSinkError

@@ -25,12 +25,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bench.servers import free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
-from jobs.cleanup import CleanupWriter, cleanup_partition
 from jobs.config import PROJECT_ROOT, RedisConf, RunConf, SqlConf
+from jobs.operations.cleanup import CleanupWriter, cleanup_partition
 from jobs.partition_writers import RedisWritePlan, SqlWritePlan, write_redis_partition, write_sql_partition
+from jobs.pipeline.verify import verify_redis, verify_sql
 from jobs.pipeline.write_redis import redis_sink_config, redis_tls
 from jobs.pipeline.write_sql import sql_sink_config
-from jobs.pipeline.verify import verify_redis, verify_sql
 from jobs.transforms import feature_specs
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from feature_defs import Definitions
 from jobs.config import RunConf
-from jobs.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
+from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.pipeline.read import read_source
 from jobs.pipeline.run import run_source
 from jobs.summary import RunSummary

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
-from jobs.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
+from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
 from jobs.pipeline.write_redis import is_redis_cluster, redis_tls
 from serializers import field_id, freshness_field_name
 from serializers.keys import key_prefix, redis_key
