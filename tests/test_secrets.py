@@ -83,7 +83,7 @@ def test_known_secrets_never_reach_outputs_reports_or_errors(secret_env, capfd, 
     assert "WRONGPASS" in failed.err or "invalid username-password" in failed.err
     assert f"password authentication failed for user \"{ROLE}\"" in failed.err
 
-    for command in ("run", "backfill", "verify", "cleanup", "validate", "runs", "report", "defs", "bench", "ready", "sample-data", "schema"):
+    for command in ("run", "backfill", "verify", "cleanup", "validate", "runs", "report", "defs", "ready", "sample-data", "schema"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
     assert main(["runs", "--env", "sec"]) == 0
