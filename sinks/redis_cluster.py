@@ -227,8 +227,9 @@ class RedisClusterSink:
 
     def _node(self, address: str) -> RedisSink:
         if address not in self.nodes:
-            sink = RedisSink(replace(self.config, url=node_url(self.config.url, address), ceiling_bytes=self._ceiling(address)))
-            sink._run_id = self._run_ids.get(address, sink._run_id)
+            # the baselines known so far, a run_id a writer of this node saw included
+            node = replace(self.config, url=node_url(self.config.url, address), ceiling_bytes=self._ceiling(address), run_ids=tuple(self._run_ids.items()))
+            sink = RedisSink(node)
             self.nodes[address] = sink
             try:
                 sink.open()
@@ -239,10 +240,10 @@ class RedisClusterSink:
     def _drop(self, address: str) -> None:
         sink = self.nodes.pop(address, None)
         if sink is not None:
-            if sink._run_id:
-                self._run_ids[address] = sink._run_id
+            if sink.run_id:
+                self._run_ids[address] = sink.run_id
             if sink.stats.entities:  # it wrote: were its writes WAITed for?
-                self._waited[address] = sink._wait_for
+                self._waited[address] = sink.replicas_waited
             self._closed_stats.add(sink.stats)
             sink.close()
 

@@ -253,6 +253,16 @@ class RedisSink:
         self.redirected: list[tuple[int, str]] = []
         """Cluster: (entity index in the last batch, MOVED/ASK reply) of entities to send elsewhere."""
 
+    @property
+    def run_id(self) -> str | None:
+        """The server's run_id this writer compares with: the driver's baseline, else the one it first saw."""
+        return self._run_id
+
+    @property
+    def replicas_waited(self) -> int:
+        """Replicas each chunk was WAITed for (0: none)."""
+        return self._wait_for
+
     def open(self) -> None:
         c = self.config
         self.client = connect(c.url, password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
