@@ -99,8 +99,10 @@ def _redis_primaries(conf: RunConf, sink_conf: RedisSinkConfig, topology: Cluste
 
 
 def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
-    spark, conf, source, entity, date = ctx.spark, ctx.conf, ctx.source, ctx.entity, ctx.date
-    sink_conf = redis_sink_config(conf, source, entity, date, None, ctx.redis_url)
+    """Check the servers (capacity, eviction policy), take the baselines, write from inside
+    the partitions, then check the servers again. Returns the summary's Redis stats."""
+    conf, source, entity = ctx.conf, ctx.source, ctx.entity
+    sink_conf = redis_sink_config(conf, source, entity, ctx.date, None, ctx.redis_url)
     cluster = is_redis_cluster(conf, sink_conf)
     topology = ClusterTopology.discover(sink_conf.url, password=sink_conf.password, username=sink_conf.username, tls=sink_conf.tls) if cluster else None
     primaries = _redis_primaries(conf, sink_conf, topology)
@@ -108,71 +110,20 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
         note = primaries[0].memory.listpack_note
         if note:  # a least-privilege user: say what the projection assumed
             summary.warnings.append(note)
-        specs = tf.feature_specs(source)
-        # Project growth from an encoded random sample (small: it comes to the driver).
-        fraction = min(1.0, 2.0 * conf.redis.sample_entities / max(1, summary.entities))
-        sample = good.sample(fraction=fraction, seed=17).limit(conf.redis.sample_entities).toArrow()
-        rows: list[list] = []
-        keys: list[bytes] = []
-        if sample.num_rows:
-            encoded = encode_batch(sample.combine_chunks().to_batches()[0], list(specs))
-            columns = [c.to_pylist() for c in encoded.columns]
-            ts = str(sink_conf.as_of).encode()
-            keys = [(sink_conf.key_prefix + i).encode() for i in encoded.ids.to_pylist()]
-            rows = [[col[i] for col in columns] + [ts] for i in range(len(keys))]
+        keys, rows = _encoded_sample(ctx, good, sink_conf, summary.entities)
         projections = _project(conf, sink_conf, entity, summary.entities, primaries, keys, rows, topology)
-        fullest = max(projections, key=lambda p: p.fill)
-        summary.warnings.extend(fullest.warnings())
-        stats: dict = {
-            "mode": "cluster" if cluster else "standalone",
-            "memory_before": sum(p.memory.used for p in primaries),
-            "capacity": sum(p.capacity for p in primaries),
-            "projected_growth": sum(p.projected_growth for p in projections),
-            "predicted_encoding": fullest.predicted_encoding,
-        }
-        if cluster:
-            stats["primaries"] = {
-                p.node: {"memory_before": p.used_before, "capacity": p.capacity, "projected_growth": p.projected_growth, "projected_fill": round(p.fill, 4)}
-                for p in projections
-            }
-        summary.sinks["redis"] = stats
+        summary.sinks["redis"] = stats = _capacity_stats(primaries, projections, cluster, summary)
         for projection in sorted(projections, key=lambda p: -p.fill):
             projection.check()  # raises CapacityError: nothing written
         guard_evictions = _check_eviction_policy(conf, entity, primaries, sink_conf, summary)
-
-        ceilings = {p.address: int(p.capacity * conf.redis.hard_fill) for p in primaries}
         # baselines taken before any write: what every writer (whenever it starts) and the
         # check after the last write compare with
         before = {p.address or node_address(sink_conf.url): p.memory for p in primaries}
-        plan = RedisWritePlan(
-            sink=replace(
-                redis_sink_config(conf, source, entity, date, min(ceilings.values()), ctx.redis_url),
-                cluster=cluster,
-                node_ceilings=tuple((a, c) for a, c in ceilings.items() if a) if cluster else (),
-                run_ids=tuple((a, m.run_id) for a, m in before.items()),
-                evicted_keys=tuple((a, m.evicted_keys) for a, m in before.items()),
-                stop_on_eviction=guard_evictions,
-            ),
-            features=specs,
-            as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
-        )
+        plan = _write_plan(ctx, good, primaries, before, cluster, guard_evictions)
         start = time.perf_counter()
-        with progress(spark, f"write {source.name} to redis"):
+        with progress(ctx.spark, f"write {source.name} to redis"):
             parts = good.mapInArrow(partial(write_redis_partition, plan), STATS_SCHEMA).collect()
-        seconds = time.perf_counter() - start
-        keys = ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects")
-        sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
-        if stats["skipped_newer"]:
-            summary.warnings.append(
-                f"redis: {stats['skipped_newer']:,} entities already hold a newer snapshot of {source.name} than {date} "
-                "and were left as they are"
-            )
-        errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
-        raise_first(
-            errors,
-            f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
-            f"{summary.entities:,} entities were written (a rerun of the date writes them all again)",
-        )
+        _sum_writers(ctx, parts, time.perf_counter() - start, stats, summary)
         stats["memory_after"] = _check_after_write(sink_conf, cluster, before, guard_evictions, stats)
         stopped = [p["stopped"] for p in parts if p["stopped"]]
         if stopped:
@@ -186,6 +137,74 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
     finally:
         for p in primaries:
             p.client.close()
+
+
+def _encoded_sample(ctx: RunContext, good: DataFrame, sink_conf: RedisSinkConfig, entities: int) -> tuple[list[bytes], list[list]]:
+    """Keys and encoded field values of a random sample (small: it comes to the driver), to project growth."""
+    sample_entities = ctx.conf.redis.sample_entities
+    fraction = min(1.0, 2.0 * sample_entities / max(1, entities))
+    sample = good.sample(fraction=fraction, seed=17).limit(sample_entities).toArrow()
+    if not sample.num_rows:
+        return [], []
+    encoded = encode_batch(sample.combine_chunks().to_batches()[0], list(tf.feature_specs(ctx.source)))
+    columns = [c.to_pylist() for c in encoded.columns]
+    ts = str(sink_conf.as_of).encode()
+    keys = [(sink_conf.key_prefix + i).encode() for i in encoded.ids.to_pylist()]
+    return keys, [[col[i] for col in columns] + [ts] for i in range(len(keys))]
+
+
+def _capacity_stats(primaries: list[_Primary], projections: list[Projection], cluster: bool, summary: RunSummary) -> dict:
+    """The summary's Redis stats before the write (memory, capacity, projected growth), and the fullest primary's warnings."""
+    fullest = max(projections, key=lambda p: p.fill)
+    summary.warnings.extend(fullest.warnings())
+    stats: dict = {
+        "mode": "cluster" if cluster else "standalone",
+        "memory_before": sum(p.memory.used for p in primaries),
+        "capacity": sum(p.capacity for p in primaries),
+        "projected_growth": sum(p.projected_growth for p in projections),
+        "predicted_encoding": fullest.predicted_encoding,
+    }
+    if cluster:
+        stats["primaries"] = {
+            p.node: {"memory_before": p.used_before, "capacity": p.capacity, "projected_growth": p.projected_growth, "projected_fill": round(p.fill, 4)}
+            for p in projections
+        }
+    return stats
+
+
+def _write_plan(ctx: RunContext, good: DataFrame, primaries: list[_Primary], before: dict[str, MemoryInfo], cluster: bool, guard_evictions: bool) -> RedisWritePlan:
+    """What each writer gets (pickled): its sink config with the ceilings and the driver's baselines."""
+    conf = ctx.conf
+    ceilings = {p.address: int(p.capacity * conf.redis.hard_fill) for p in primaries}
+    return RedisWritePlan(
+        sink=replace(
+            redis_sink_config(conf, ctx.source, ctx.entity, ctx.date, min(ceilings.values()), ctx.redis_url),
+            cluster=cluster,
+            node_ceilings=tuple((a, c) for a, c in ceilings.items() if a) if cluster else (),
+            run_ids=tuple((a, m.run_id) for a, m in before.items()),
+            evicted_keys=tuple((a, m.evicted_keys) for a, m in before.items()),
+            stop_on_eviction=guard_evictions,
+        ),
+        features=tf.feature_specs(ctx.source),
+        as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
+    )
+
+
+def _sum_writers(ctx: RunContext, parts: list, seconds: float, stats: dict, summary: RunSummary) -> None:
+    """Add up the writers' stats; fail with their errors, rebuilt as their classes."""
+    keys = ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects")
+    sum_partition_stats(stats, parts, keys, seconds, rate=("values_per_s", "values_set"))
+    if stats["skipped_newer"]:
+        summary.warnings.append(
+            f"redis: {stats['skipped_newer']:,} entities already hold a newer snapshot of {ctx.source.name} than {ctx.date} "
+            "and were left as they are"
+        )
+    errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
+    raise_first(
+        errors,
+        f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
+        f"{summary.entities:,} entities were written (a rerun of the date writes them all again)",
+    )
 
 
 def _check_eviction_policy(conf: RunConf, entity: EntityDef, primaries: list[_Primary], sink_conf: RedisSinkConfig, summary: RunSummary) -> bool:
