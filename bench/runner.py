@@ -109,10 +109,13 @@ def _sql_sink_rate(conf, source, entity, keys: list[str], docs: list[str], per_t
     with connect(sink_conf) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_sink_sweep")
         ensure_schema(conn, sink_conf)
+    import pyarrow as pa
+
+    key_array, doc_array = pa.array(keys), pa.array(docs)
     start = time.perf_counter()
     with SqlSink(sink_conf) as sink:
-        for key, doc in zip(keys, docs):
-            sink.add(key, doc)
+        for first in range(0, len(keys), 10_000):  # Arrow batches, as the partition writer sends them
+            sink.write_batch(key_array.slice(first, 10_000), doc_array.slice(first, 10_000))
         sink.flush()
     return len(keys) / (time.perf_counter() - start)
 

@@ -17,7 +17,7 @@ from psycopg import sql
 
 from bench.servers import start_redis
 from jobs.config import ConfigError, RedisConf, SqlConf
-from jobs.operations.cleanup import CleanupPlan, run_cleanup
+from jobs.operations.cleanup import SourceCleanup, run_cleanup
 from jobs.operations.schema import ensure_tables
 from jobs.pipeline.run import run_source
 from jobs.transforms import ENTITY_ID
@@ -90,7 +90,7 @@ def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf
     for cid in ids:
         admin.hset(f"c:{cid}", stale, b"1")
     keys = spark.createDataFrame([(str(cid),) for cid in ids], f"{ENTITY_ID} string")
-    plan = CleanupPlan(entity="consumer", removed_features=["dropped_feature"], removed_sources=[], sources_read=["consumer_daily"])
+    plan = SourceCleanup("consumer_daily", fields=["dropped_feature"], steps=[])
     stats = run_cleanup(conf, DEFS.entities["consumer"], plan, keys)
     assert stats["fields_removed"] == len(ids) and stats["keys"] == len(ids)
     check_consumer_hashes(admin, expected, DAY2)  # exactly the source's fields again

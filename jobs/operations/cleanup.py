@@ -66,10 +66,6 @@ class SourceCleanup:
 @dataclass
 class CleanupPlan:
     entity: str
-    removed_features: list[str]
-    removed_sources: list[str]
-    sources_read: list[str] = field(default_factory=list)
-    keys: int = 0
     parts: list[SourceCleanup] = field(default_factory=list)
     """Per source that wrote stale fields."""
     target: str = ""
@@ -78,9 +74,22 @@ class CleanupPlan:
     """Start dates of cleanups recorded without what they did: their fields are planned again."""
 
     @property
+    def removed_sources(self) -> list[str]:
+        """Sources no longer defined: their freshness fields go too."""
+        return [p.source for p in self.parts if freshness_field_name(p.source) in p.fields]
+
+    @property
+    def removed_features(self) -> list[str]:
+        return sorted({n for p in self.parts for n in p.fields if n != freshness_field_name(p.source)})
+
+    @property
     def fields(self) -> list[str]:
         """Names whose field ids are deleted: stale features and stale freshness fields."""
         return self.removed_features + [freshness_field_name(s) for s in self.removed_sources]
+
+    @property
+    def keys(self) -> int:
+        return sum(p.keys for p in self.parts)
 
     @property
     def left(self) -> list[SourceCleanup]:
@@ -219,17 +228,9 @@ def plan_cleanup(
             keys[name] = frame.persist()
             part.keys = keys[name].count()
         parts.append(part)
-    plan = CleanupPlan(
-        entity=entity.name,
-        removed_features=sorted({n for p in parts for n in p.fields if n != freshness_field_name(p.source)}),
-        removed_sources=[p.source for p in parts if freshness_field_name(p.source) in p.fields],
-        sources_read=[p.source for p in parts if p.source in keys],
-        keys=sum(p.keys for p in parts),
-        parts=parts,
-        target=target,
-        legacy_cleanups=[r["start_date"] for r in legacy if set(r["features"] or []) & {n for p in parts for n in p.fields}],
-    )
-    return plan, keys
+    stale_names = {n for p in parts for n in p.fields}
+    legacy_days = [r["start_date"] for r in legacy if set(r["features"] or []) & stale_names]
+    return CleanupPlan(entity=entity.name, parts=parts, target=target, legacy_cleanups=legacy_days), keys
 
 
 def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan | SourceCleanup, keys: DataFrame, redis_url: str | None = None) -> dict:
