@@ -4,7 +4,7 @@ One script, one machine, every figure a ratio to the baseline measured in the sa
 the standard shape (:mod:`bench.standard`) is made once in Spark and kept as Arrow; then,
 for each setting, fresh Redis servers are started on loopback and ``writers`` processes
 (each standing for a Spark task) encode and write their share exactly as
-:func:`jobs.partition_writers.write_redis_partition` does. Settings: a plain redis-server
+:func:`sinks.partition.write_partition` does. Settings: a plain redis-server
 with the standalone sink (the baseline), Redis Cluster with 1, 2 and 3 primaries, and 3
 primaries with a replica each, with and without ``wait_replicas: 1``.
 """
@@ -61,8 +61,9 @@ def _writer(data: str, part: int, parts: int, url: str, cluster: bool, wait_repl
     """One writer (a Spark task): its share of the batches, encoded and written; timed from the common start."""
     from serializers.batch import encode_batch
     from serializers.scalar import field_id
-    from sinks.redis_cluster import RedisClusterSink
-    from sinks.redis_sink import RedisSink, RedisSinkConfig
+    from sinks.redis.cluster import RedisClusterSink
+    from sinks.redis.node import RedisSink
+    from sinks.redis.config import RedisSinkConfig
 
     specs = _specs()
     reader = pa.ipc.open_file(pa.memory_map(data))

@@ -100,12 +100,13 @@ def _profile_summary(profiler: cProfile.Profile, top: int = 15) -> list[dict]:
 
 
 def _sql_sink_rate(conf, source, entity, keys: list[str], docs: list[str], per_transaction: int) -> float:
-    from jobs.pipeline.write_sql import sql_sink_config
-    from sinks.sql_sink import SqlSink, connect, ensure_schema
+    from sinks.sql.client import connect
+    from sinks.sql.preflight import ensure_schema
+    from sinks.sql.upserts import SqlSink
 
     from bench.standard import DATE
 
-    sink_conf = replace(sql_sink_config(conf, source, entity, DATE, "postgres"), table="bench_sink_sweep", statements_per_transaction=per_transaction)
+    sink_conf = replace(conf.sql_sink(source, entity, DATE), table="bench_sink_sweep", statements_per_transaction=per_transaction)
     with connect(sink_conf) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_sink_sweep")
         ensure_schema(conn, sink_conf)
@@ -126,8 +127,8 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
     import redis
 
     from bench import baselines
-    from jobs.partition_writers import RedisWritePlan, write_redis_partition
-    from jobs.pipeline.write_redis import redis_sink_config
+    from sinks.partition import write_partition
+    from sinks.redis.writer import RedisWritePlan
     from serializers.keys import as_of_epoch
     from jobs.transforms import feature_specs
     from bench.standard import DATE
@@ -138,7 +139,7 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
     batches = _sample(spark, conf, source, SAMPLE_ENTITIES)
     entities = sum(b.num_rows for b in batches)
     values = entities * len(specs)
-    sink = redis_sink_config(conf, source, entity, DATE, None)
+    sink = conf.redis_sink(source, entity, DATE)
     prefix = sink.key_prefix.encode()
     out: dict = {"sample_entities": entities}
 
@@ -187,7 +188,7 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
             plan = RedisWritePlan(sink=replace(sink, chunk_entities=chunk), features=tuple(specs))
             table = pa.Table.from_batches(batches).combine_chunks()
             start = time.perf_counter()
-            list(write_redis_partition(plan, iter(table.to_batches(max_chunksize=batch_rows))))
+            list(write_partition(plan, iter(table.to_batches(max_chunksize=batch_rows))))
             return values / (time.perf_counter() - start)
 
         out["tuning"] = {
@@ -201,7 +202,7 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
         profiler = cProfile.Profile()
         start = time.perf_counter()
         profiler.enable()
-        list(write_redis_partition(plan, iter(batches)))
+        list(write_partition(plan, iter(batches)))
         profiler.disable()
         out["profiled_values_per_s"] = values / (time.perf_counter() - start)
         out["profile"] = _profile_summary(profiler)

@@ -7,14 +7,17 @@ these files: a config names the environment variable that holds one (``password_
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError
 
-from feature_defs.yamlio import KeyProblem, YamlFileError, describe_validation_error, line_of, load_yaml
-
+from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
+from sinks.redis import config as redis_config
+from sinks.redis.settings import RedisSettings
+from sinks.settings import ConfigError, Settings
+from sinks.sql import config as sql_config
+from sinks.sql.settings import SqlSettings
 
 
 def _project_root() -> Path:
@@ -30,32 +33,9 @@ PROJECT_ROOT = _project_root()
 ENV_VAR = "FM_ENV"
 CONF_DIR_VAR = "FM_CONF_DIR"
 DEFAULT_ENV = "local"
-_SECRET_KEYS = ("password", "secret", "token")
 
 
-class ConfigError(ValueError):
-    """Configuration that cannot be used; says which files were read."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_literal_secrets(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for key in data:
-                if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith(("_env", "_file")):
-                    raise KeyProblem(
-                        key, f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'"
-                    )
-        return data
-
-
-Fraction = Annotated[float, Field(gt=0, le=1)]
-
-
-class SparkConf(_Strict):
+class SparkConf(Settings):
     master: str = "local[2]"
     """Used when the job is not started by spark-submit (which sets its own master)."""
     app_name: str = "feature-materializer"
@@ -72,120 +52,7 @@ class SparkConf(_Strict):
     """Any further spark.* settings."""
 
 
-class RedisConf(_Strict):
-    url: str = "redis://127.0.0.1:6379/0"
-    password_env: str | None = None
-    """Env var holding the Redis password (AUTH); unset means no password."""
-    password_file: str | None = None
-    """Or: a file holding the password (e.g. a mounted secret); trailing newline ignored."""
-
-    @model_validator(mode="after")
-    def _no_password_in_url(self) -> RedisConf:
-        from urllib.parse import parse_qs, urlsplit
-
-        try:
-            parts = urlsplit(self.url)
-            secret = parts.password
-        except ValueError:
-            raise KeyProblem("url", "url is not a valid redis:// or rediss:// URL") from None
-        # redis-py also takes credentials from query arguments (?password=...)
-        if secret or {"password", "username", "credential_provider"} & set(parse_qs(parts.query)):
-            raise KeyProblem("url", "url contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
-        return self
-    username: str | None = None
-    mode: Literal["auto", "standalone", "cluster"] = "auto"
-    """cluster: the url is a seed node of a Redis Cluster; auto: ask the server (INFO cluster)."""
-    wait_replicas: int = Field(0, ge=0)
-    """After each chunk, WAIT for this many replicas (at most those attached): a primary that
-    dies mid-write loses nothing it acknowledged. 0: asynchronous replication, fastest."""
-    wait_timeout_ms: int = Field(5000, ge=1)
-    failover_timeout: float = Field(60.0, gt=0)
-    """Cluster: seconds to wait for a replica to take over a lost primary's slots (Redis's
-    cluster-node-timeout, 15 s by default, plus the election)."""
-    namespace: Annotated[str, Field(pattern=r"^[a-z0-9_]{1,32}$")] | None = None
-    """Optional deployment namespace put in front of every key."""
-    pipeline_entities: int = Field(500, ge=1)
-    """Entities per pipeline round trip (each is HSET + HDEL? + EXPIRE)."""
-    max_fill: Fraction = 0.85
-    """Refuse a write whose projection passes this fraction of capacity."""
-    hard_fill: Fraction = 0.95
-    """Stop a running write when used memory passes this fraction of capacity."""
-    capacity_bytes: int | None = Field(None, gt=0)
-    """Capacity when the server has no maxmemory; required then."""
-    hash_max_listpack_entries: int | None = Field(None, ge=1)
-    hash_max_listpack_value: int | None = Field(None, ge=1)
-    """The server's hash-max-listpack-* for the capacity check when CONFIG GET is refused
-    (a least-privilege user); unset: Redis's defaults 512 / 64 are assumed."""
-    recheck_every: int = Field(20, ge=1)
-    """Re-read used memory (and evicted_keys) every N pipeline chunks during the write."""
-    eviction: Literal["refuse", "warn"] = "refuse"
-    """When the server's maxmemory-policy may evict this run's keys (allkeys-*, or volatile-*
-    for an entity type with a TTL): refuse to write, or write with a warning. Either way a
-    run during which such a server evicted keys fails."""
-    sample_entities: int = Field(1000, ge=10)
-    """Entities encoded on the driver to project the write's memory growth."""
-    ttl_jitter: float = Field(0.1, ge=0, le=1)
-    socket_timeout: float = Field(30.0, gt=0)
-    retries: int = Field(3, ge=0)
-    """Retries of a chunk after a dropped connection (writes are idempotent)."""
-    cleanup_keys_per_second: float | None = Field(50_000, gt=0)
-    """`materialize cleanup`: keys visited per second per Spark task at most (None: no limit)."""
-    tls_ca_file: str | None = None
-    """rediss:// only: PEM bundle of the CA(s) the server's certificate is verified with
-    (hostname included), on top of the system trust store; unset: the system trust store."""
-    tls_cert_file: str | None = None
-    """rediss:// only: client certificate (PEM), for servers that ask for one."""
-    tls_key_file: str | None = None
-    """Unencrypted PEM key of tls_cert_file, when the key is not in that file."""
-
-
-class SqlConf(_Strict):
-    """The SQL store: CockroachDB, or PostgreSQL (its wire-compatible stand-in)."""
-
-    dsn: str = "postgresql://root@127.0.0.1:26257/features?sslmode=disable"
-    """libpq connection string or postgresql:// URL, without a password."""
-    password_env: str | None = None
-    """Env var holding the password; unset means none (certificates, trust)."""
-    password_file: str | None = None
-    """Or: a file holding the password (e.g. a mounted secret); trailing newline ignored."""
-    db_schema: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")] | None = None
-    """Schema of the entity tables; None means the connection's current schema."""
-    dialect: Literal["auto", "postgres", "cockroach"] = "auto"
-    """'auto' asks the server (SELECT version())."""
-    batch_rows: int = Field(25, ge=1, le=1000)
-    """Rows per upsert statement."""
-    statements_per_transaction: int = Field(20, ge=1, le=1000)
-    """Statements pipelined in one transaction; 1 makes each statement its own transaction."""
-    statement_timeout_ms: int = Field(30_000, ge=100)
-    connect_timeout: int = Field(10, ge=1)
-    retries: int = Field(5, ge=0)
-    """Further attempts of a transaction after a transient error (40001, 40P01, dropped connection)."""
-    retry_base_delay: float = Field(0.2, ge=0)
-    retry_max_delay: float = Field(5.0, ge=0)
-    max_map_bytes: int = Field(512 * 1024, ge=2)
-    """A features JSON object larger than this is bad input (quarantined)."""
-    pre_split: int = Field(16, ge=0)
-    """CockroachDB: split the table at this many key quantiles before a large write (0: never)."""
-    pre_split_min_rows: int = Field(100_000, ge=0)
-    """Only pre-split writes of at least this many rows."""
-    split_expiration_hours: float = Field(24.0, gt=0)
-    """Splits expire after this long, so CockroachDB can merge the ranges again."""
-
-    @model_validator(mode="after")
-    def _no_password_in_dsn(self) -> SqlConf:
-        from psycopg.conninfo import conninfo_to_dict
-
-        try:
-            parts = conninfo_to_dict(self.dsn)
-        except Exception:
-            # libpq quotes the offending token, which may be a secret: do not repeat it
-            raise KeyProblem("dsn", "dsn is not a valid libpq connection string or postgresql:// URL") from None
-        if any("password" in key and value for key, value in parts.items()):  # password, sslpassword
-            raise KeyProblem("dsn", "dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
-        return self
-
-
-class QualityConf(_Strict):
+class QualityConf(Settings):
     max_bad_fraction: float = Field(0.01, ge=0, le=1)
     """Fail the run when more than this fraction of rows read is bad input."""
     expectations: bool = True
@@ -200,7 +67,7 @@ class QualityConf(_Strict):
     """Write the great-expectations HTML data docs next to each run's summary."""
 
 
-class RunConf(_Strict):
+class RunConf(Settings):
     env: str = DEFAULT_ENV
     data_root: str = "data"
     """Where source Delta tables live (relative paths are under the project root)."""
@@ -214,8 +81,8 @@ class RunConf(_Strict):
     sinks: Annotated[list[Literal["redis", "cockroach"]], Field(min_length=1)] = ["redis", "cockroach"]
     """The stores a run writes when no --sink is given (same as --sink all)."""
     spark: SparkConf = SparkConf()
-    redis: RedisConf = RedisConf()
-    sql: SqlConf = SqlConf()
+    redis: RedisSettings = RedisSettings()
+    sql: SqlSettings = SqlSettings()
     quality: QualityConf = QualityConf()
     sources: list[str] | None = None
     """Sources a run materializes when none is named; None means all defined."""
@@ -243,31 +110,22 @@ class RunConf(_Strict):
         return self.path(self.reports_dir)
 
     def redis_password(self) -> SecretStr | None:
-        return _secret("redis", self.redis.password_env, self.path(self.redis.password_file))
+        return self.redis.password(self.path)
 
     def sql_password(self) -> SecretStr | None:
-        return _secret("sql", self.sql.password_env, self.path(self.sql.password_file))
+        return self.sql.password(self.path)
 
+    def redis_sink(self, source=None, entity=None, date=None, *, url: str | None = None) -> redis_config.RedisSinkConfig:
+        """The Redis writer's config for a source and date; without them, a connection's
+        that writes nothing (verify, cleanup, the reader). ``url``: instead of redis.url."""
+        password = self.redis_password()
+        secret = password.get_secret_value() if password else None
+        return redis_config.sink_config(self.redis, source, entity, date, password=secret, resolve=self.path, url=url)
 
-def _secret(section: str, env_name: str | None, file: Path | None) -> SecretStr | None:
-    """The secret named by ``<section>.password_env`` or ``<section>.password_file``.
-
-    Messages name the variable or file, never what is in it."""
-    if env_name and file:
-        raise ConfigError(f"{section}.password_env and {section}.password_file are both set: keep one")
-    if env_name:
-        value = os.environ.get(env_name)
-        if value is None:
-            # a name that does not look like one may be the secret itself, put there by mistake
-            shown = repr(env_name) if re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", env_name) else "a variable"
-            raise ConfigError(f"{section}.password_env names {shown}, but that environment variable is not set")
-        return SecretStr(value)
-    if file:
-        try:
-            return SecretStr(file.read_text(encoding="utf-8").rstrip("\r\n"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{section}.password_file {str(file)!r} cannot be read: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
-    return None
+    def sql_sink(self, source=None, entity=None, date=None, dialect: str = "postgres") -> sql_config.SqlSinkConfig:
+        """The SQL writer's config for a source and date (``dialect``: as the preflight found it)."""
+        password = self.sql_password()
+        return sql_config.sink_config(self.sql, source, entity, date, dialect, password=password.get_secret_value() if password else None)
 
 
 def _deep_merge(base: dict, override: dict) -> dict:

@@ -13,7 +13,9 @@ import pytest
 import redis
 
 from bench.servers import PostgresServer, RedisServer, start_postgres, start_redis
-from jobs.config import QualityConf, RedisConf, RunConf, SparkConf, SqlConf
+from jobs.config import QualityConf, RunConf, SparkConf
+from sinks.redis.settings import RedisSettings
+from sinks.sql.settings import SqlSettings
 from jobs.sample_data import sample_dates, write_sample_tables
 
 SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
@@ -82,7 +84,7 @@ def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
         quarantine_root=str(tmp_path / "quarantine"),
         reports_dir=str(tmp_path / "reports"),
         spark=SparkConf(),
-        redis=RedisConf(url=redis_server.url, password_env=None, pipeline_entities=64, sample_entities=50),
+        redis=RedisSettings(url=redis_server.url, password_env=None, pipeline_entities=64, sample_entities=50),
         # The gate has its own tests (test_quality.py); here it would only repeat itself.
         quality=QualityConf(max_bad_fraction=0.05, expectations=False, verify_sample=100),
         sinks=["redis"],
@@ -92,7 +94,7 @@ def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
 @pytest.fixture
 def sql_conf(run_conf, pg_server, pg_db) -> RunConf:
     """run_conf writing only to the SQL store (the session's PostgreSQL, emptied)."""
-    sql = SqlConf(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
+    sql = SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
     return run_conf.model_copy(update={"sinks": ["cockroach"], "sql": sql})
 
 

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 import redis
 
-from jobs.partition_writers import _SQL_STATS_ARROW, _STATS_ARROW, SQL_STATS_SCHEMA, STATS_SCHEMA
+from sinks.base import RedisWriteStats, SqlWriteStats, stats_schema
 from sinks.errors import CapacityError, SinkError, TerminalSinkError, TransientSinkError, from_wire, raise_first, to_wire
-from sinks.redis_cluster import FailedOverUnreplicated
-from sinks.redis_sink import ChunkFailed, KeysEvicted, RedisRestarted
+from sinks.redis.cluster import FailedOverUnreplicated
+from sinks.redis.node import ChunkFailed, KeysEvicted, RedisRestarted
 
 
 @pytest.mark.parametrize("error", [
@@ -44,6 +44,7 @@ def test_the_run_fails_as_the_first_terminal_error_else_the_first_transient_one(
 
 
 def test_stats_schemas_are_the_stats_types_fields():
+    (_STATS_ARROW, STATS_SCHEMA), (_SQL_STATS_ARROW, SQL_STATS_SCHEMA) = stats_schema(RedisWriteStats), stats_schema(SqlWriteStats)
     redis_fields = ["entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects",
                     "skipped_newer", "peak_rss", "seconds", "stopped", "error_kind", "error"]  # fmt: skip
     assert _STATS_ARROW.names == redis_fields

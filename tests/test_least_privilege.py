@@ -16,14 +16,16 @@ import redis
 from psycopg import sql
 
 from bench.servers import start_redis
-from jobs.config import ConfigError, RedisConf, SqlConf
+from jobs.config import ConfigError
+from sinks.redis.settings import RedisSettings
+from sinks.sql.settings import SqlSettings
 from jobs.operations.cleanup import SourceCleanup, run_cleanup
 from jobs.operations.schema import ensure_tables
 from jobs.pipeline.run import run_source
 from jobs.transforms import ENTITY_ID
 from serializers import field_id
 from sinks.errors import TerminalSinkError
-from sinks.redis_capacity import read_memory_info
+from sinks.redis.capacity import read_memory_info
 
 from .conftest import env_conf
 from .test_cli import BIN, run
@@ -63,7 +65,7 @@ def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf
     server, password = acl_redis
     admin = server.client()
     monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", password)
-    limited = RedisConf(
+    limited = RedisSettings(
         url=server.url, username="fm_writer", password_env="FM_TEST_REDIS_PASSWORD", pipeline_entities=64, sample_entities=50,
         hash_max_listpack_value=256,  # the server's setting, which this user may not read with CONFIG GET
     )  # fmt: skip
@@ -132,7 +134,7 @@ def sql_roles(pg_server, pg_db, monkeypatch):
 
 
 def writer_conf(sql_conf, dsns):
-    sql_writer = SqlConf(dsn=dsns["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD", retry_base_delay=0.01, retry_max_delay=0.05)
+    sql_writer = SqlSettings(dsn=dsns["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD", retry_base_delay=0.01, retry_max_delay=0.05)
     return sql_conf.model_copy(update={"sql": sql_writer})
 
 
@@ -171,7 +173,7 @@ def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf
     assert pg_db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
     assert redis_db.dbsize() == 0  # found before either store was written
     # a table the writer may only read is refused the same way, before any write
-    owner = SqlConf(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
+    owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
     assert ensure_tables(sql_conf.model_copy(update={"sql": owner}), DEFS, ["store_features_long"]) == {"store_features": "created"}
     pg_db.execute("REVOKE INSERT, UPDATE ON store_features FROM fm_writer")
     with pytest.raises(TerminalSinkError, match=r"store_features: this role lacks INSERT, UPDATE on it"):

@@ -11,15 +11,19 @@ import psycopg
 import pytest
 
 import jobs.pipeline.write_sql
+import sinks.sql.preflight
 from bench.servers import free_port
 from feature_defs import load_definitions
 from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
-from jobs.config import RedisConf, RunConf, SqlConf
+from jobs.config import RunConf
+from sinks.redis.settings import RedisSettings
+from sinks.sql.settings import SqlSettings
 from jobs.pipeline.context import RunContext
 from jobs.summary import RunSummary
 from sinks.errors import TerminalSinkError
-from sinks.sql_sink import SqlSink, SqlSinkConfig
-from sinks.sql_sink import connect as real_connect
+from sinks.sql.upserts import SqlSink
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.client import connect as real_connect
 
 from .conftest import env_conf
 
@@ -150,8 +154,8 @@ def test_a_missing_role_or_database_is_terminal_at_once(pg_server, monkeypatch, 
         attempts.append(conf.dsn)
         return real_connect(conf)
 
-    monkeypatch.setattr(jobs.pipeline.write_sql, "sql_connect", counted)
-    conf = RunConf(env="test", redis=RedisConf(password_env=None), sql=SqlConf(dsn=dsn, password_env=None, retries=5, retry_base_delay=0.01, retry_max_delay=0.01))
+    monkeypatch.setattr(sinks.sql.preflight, "connect", counted)
+    conf = RunConf(env="test", redis=RedisSettings(password_env=None), sql=SqlSettings(dsn=dsn, password_env=None, retries=5, retry_base_delay=0.01, retry_max_delay=0.01))
     defs = load_definitions(tiny_defs(tmp_path))
     source = defs.source("src")
     summary = RunSummary(source=source.name, entity=source.entity, date=DAY, env="test", as_of=0)

@@ -11,7 +11,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from feature_defs import DefinitionError
-from jobs.config import QualityConf, SqlConf
+from jobs.config import QualityConf
+from sinks.sql.settings import SqlSettings
 from jobs.pipeline.report import report_dir
 from jobs.pipeline.run import run_source, validate_source
 from jobs.quality import QualityGateError, VerificationError, derive_checks
@@ -24,7 +25,7 @@ from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, source_rows
 @pytest.fixture
 def gate_conf(run_conf, pg_server, pg_db):
     """Both stores, expectations on, every entity verified after the write."""
-    sql = SqlConf(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01)
+    sql = SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01)
     quality = run_conf.quality.model_copy(update={"expectations": True, "verify_sample": 10_000})
     return run_conf.model_copy(update={"sinks": ["redis", "cockroach"], "sql": sql, "quality": quality})
 

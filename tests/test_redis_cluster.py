@@ -14,8 +14,8 @@ import pytest
 from bench.servers import start_redis
 from bench.local_cluster import LocalCluster, start_cluster
 from serializers.batch import encode_batch
-from sinks.redis_cluster import FailedOverUnreplicated, RedisClusterSink
-from sinks.redis_sink import CeilingReached, ChunkFailed, RedisSink
+from sinks.redis.cluster import FailedOverUnreplicated, RedisClusterSink
+from sinks.redis.node import CeilingReached, ChunkFailed, RedisSink
 
 
 

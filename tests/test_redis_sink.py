@@ -8,7 +8,8 @@ import pytest
 from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
-from sinks.redis_sink import CeilingReached, KeysEvicted, RedisRestarted, RedisSink, RedisSinkConfig
+from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
+from sinks.redis.config import RedisSinkConfig
 
 
 

@@ -10,12 +10,12 @@ import pytest
 from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.pipeline.run import run_source
-from jobs.pipeline.write_redis import _check_after_write, redis_sink_config
+from sinks.redis.preflight import check_after_write
 from serializers import field_id, freshness_field_name
 from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
-from sinks.redis_capacity import read_memory_info
-from sinks.redis_sink import KeysEvicted, RedisRestarted
+from sinks.redis.capacity import read_memory_info
+from sinks.redis.node import KeysEvicted, RedisRestarted
 
 from .conftest import SAMPLE_DATES
 
@@ -84,12 +84,12 @@ def test_an_allowed_policy_writes_with_a_warning_and_evictions_fail_the_check_af
         assert any("allkeys-lru" in w and "redis.eviction: warn" in w for w in summary.warnings)
         # The check after the last write compares with the baselines the driver took before
         # any write: keys evicted in between (here, by squeezing maxmemory) fail the run.
-        sink_conf = redis_sink_config(conf, DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2, None)
+        sink_conf = conf.redis_sink(DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2)
         before = {f"127.0.0.1:{server.port}": read_memory_info(client)}
         client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) - 100_000))
         client.set("one-more", b"x" * 1000)  # a write makes Redis evict down to maxmemory
         with pytest.raises(KeysEvicted, match=r"Redis evicted [\d,]+ key\(s\) during the write"):
-            _check_after_write(sink_conf, False, before, True, {})
+            check_after_write(sink_conf, before, True, {})
     finally:
         server.stop()
 
@@ -99,13 +99,13 @@ def test_a_restart_without_persistence_is_caught_by_the_check_after_the_write(sp
     restarted = None
     try:
         conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": server.url})})
-        sink_conf = redis_sink_config(conf, DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2, None)
+        sink_conf = conf.redis_sink(DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2)
         before = {f"127.0.0.1:{server.port}": read_memory_info(server.client(), 512, 64)}
         server.process.kill()  # after the writers' last chunk, before the driver looks again
         server.process.wait()
         restarted = start_redis(tmp_path / "volatile", port=server.port)
         with pytest.raises(RedisRestarted, match=r"restarted during the run without persistence .* rerun the date"):
-            _check_after_write(sink_conf, False, before, True, {})
+            check_after_write(sink_conf, before, True, {})
     finally:
         for s in (server, restarted):
             if s and s.process.poll() is None:

@@ -10,8 +10,8 @@ import pytest
 
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
-from sinks.sql_sink import is_transient
-from sinks.sql_statements import create_table, dialect_from_version, quantile_keys, split_at, table_identifier, upsert
+from sinks.sql.client import is_transient
+from sinks.sql.statements import create_table, dialect_from_version, quantile_keys, split_at, table_identifier, upsert
 
 SPECS = [
     FeatureSpec("f", "float"),

@@ -14,14 +14,16 @@ import pyarrow as pa
 import pytest
 
 from feature_defs import load_definitions
-from jobs.config import SqlConf
+from sinks.sql.settings import SqlSettings
 from jobs.pipeline.gate import BadInputError
 from jobs.pipeline.run import run_source
-from jobs.pipeline.write_sql import split_keys, sql_sink_config
+from jobs.pipeline.write_sql import split_keys
 from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
 from serializers import decode, field_id
 from sinks.errors import TerminalSinkError
-from sinks.sql_sink import SqlSink, connect, ensure_schema
+from sinks.sql.upserts import SqlSink
+from sinks.sql.client import connect
+from sinks.sql.preflight import ensure_schema
 
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, is_null, source_rows
 
@@ -138,7 +140,7 @@ def install_stall_trigger(conn) -> None:
 
 
 def test_backend_killed_mid_write_is_retried_and_table_is_complete(spark, sample_root, sql_conf, pg_server, pg_db):
-    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres")
+    conf = sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     ensure_schema(pg_db, conf)
     install_stall_trigger(pg_db)
     killed: list[int] = []
@@ -182,7 +184,7 @@ def install_failing_trigger(conn, key: str, sqlstate: str) -> None:
 )
 def test_failing_batch_is_retried_boundedly_then_terminal(spark, sql_conf, pg_db, sqlstate, attempts, wording):
     conf = sql_conf.model_copy(update={"sql": sql_conf.sql.model_copy(update={"retries": 2})})
-    ensure_schema(pg_db, sql_sink_config(conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"))
+    ensure_schema(pg_db, conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
     install_failing_trigger(pg_db, "42", sqlstate)
     with pytest.raises(TerminalSinkError) as info:
         run_source(spark, conf, DEFS, "consumer_daily", DAY2)
@@ -261,14 +263,14 @@ def test_split_keys_are_quantiles_of_the_keys_to_write(spark):
 
 
 def test_unreachable_sql_store_is_a_clear_error(spark, sql_conf):
-    conf = sql_conf.model_copy(update={"sql": SqlConf(dsn="postgresql://postgres@127.0.0.1:1/features", connect_timeout=2)})
+    conf = sql_conf.model_copy(update={"sql": SqlSettings(dsn="postgresql://postgres@127.0.0.1:1/features", connect_timeout=2)})
     with pytest.raises(TerminalSinkError, match=r"cannot connect to the SQL store \(postgresql://postgres@127.0.0.1:1/features\)"):
         run_source(spark, conf, DEFS, "store_features_long", DAY2)
 
 
 def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
     pg_db.execute("CREATE TABLE consumer_features (entity_key text PRIMARY KEY, payload jsonb)")
-    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres")
+    conf = sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     with connect(conf) as conn, pytest.raises(TerminalSinkError, match="without the column.s. source, features, as_of"):
         ensure_schema(conn, conf)
 
@@ -277,7 +279,7 @@ def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
 @pytest.mark.parametrize(("per_transaction", "transactions"), [(20, 1), (2, 2), (1, 3)])
 def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_transaction, transactions, sizes):
     conf = replace(
-        sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres"), batch_rows=2, statements_per_transaction=per_transaction
+        sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2), batch_rows=2, statements_per_transaction=per_transaction
     )
     ensure_schema(pg_db, conf)
     rows = [("a", '{"n":1}'), ("b", '{"n":2}'), ("b", '{"n":3}'), ("c", "{}"), ("d", '{"s":"x"}'), ("e", '{"n":5}')]
@@ -318,7 +320,7 @@ def test_hostile_keys_and_values_are_data_not_sql(spark, sql_conf, pg_db, redis_
 
 def test_rows_of_a_range_carry_their_own_as_of(sql_conf, pg_db):
     """Range runs send each row's as-of epoch with it (a backfill's latest date per entity)."""
-    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2, "postgres")
+    conf = sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     ensure_schema(pg_db, conf)
     with SqlSink(conf) as sink:
         sink.write_batch(pa.array(["x", "y", "y"]), pa.array(['{"n":1}', '{"n":2}', '{"n":3}']), pa.array([1795132800, 1795219200, 1795219200]))

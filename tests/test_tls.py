@@ -25,20 +25,28 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bench.servers import free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
-from jobs.config import PROJECT_ROOT, RedisConf, RunConf, SqlConf
+from jobs.config import PROJECT_ROOT, RunConf
+from sinks.redis.settings import RedisSettings
+from sinks.sql.settings import SqlSettings
 from jobs.operations.cleanup import CleanupWriter, cleanup_partition
-from jobs.partition_writers import RedisWritePlan, SqlWritePlan, write_redis_partition, write_sql_partition
+from sinks.partition import write_partition
+from sinks.redis.writer import RedisWritePlan
+from sinks.sql.writer import SqlWritePlan
 from jobs.pipeline.verify import verify_redis, verify_sql
-from jobs.pipeline.write_redis import redis_sink_config, redis_tls
-from jobs.pipeline.write_sql import sql_sink_config
+from sinks.redis.config import tls_files
 from jobs.transforms import feature_specs
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
 from sinks.errors import SinkError, TerminalSinkError
-from sinks.redis_capacity import read_memory_info
-from sinks.redis_sink import RedisSink, RedisSinkConfig, RedisTls, TlsVerificationError
-from sinks.redis_sink import connect as redis_connect
-from sinks.sql_sink import SqlSink, SqlSinkConfig, connect, ensure_schema
+from sinks.redis.capacity import read_memory_info
+from sinks.redis.node import RedisSink
+from sinks.redis.config import RedisSinkConfig, RedisTls
+from sinks.redis.client import TlsVerificationError
+from sinks.redis.client import connect_url as redis_connect
+from sinks.sql.upserts import SqlSink
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.client import connect
+from sinks.sql.preflight import ensure_schema
 
 from .conftest import TINY_SOURCE
 from .test_redis_job import DAY2
@@ -322,15 +330,16 @@ def test_redis_tls_cannot_be_weakened_or_misconfigured(tls_redis, tls_redis_db, 
 def test_cleanup_writer_deletes_over_verified_tls(tls_redis, tls_redis_db, certs):
     for i in range(30):
         tls_redis_db.hset(f"tls:e{i}", mapping={b"gone": b"1", b"kept": b"2"})
-    writer = CleanupWriter(url=tls_redis.url(), key_prefix="tls:", fields=(b"gone",), chunk_keys=7, keys_per_second=None, tls=RedisTls(ca_file=str(certs.ca)))
+    redis = RedisSinkConfig(url=tls_redis.url(), key_prefix="tls:", fields=(), freshness_field=b"", as_of=0, chunk_entities=7, tls=RedisTls(ca_file=str(certs.ca)))
+    writer = CleanupWriter(redis, fields=(b"gone",), keys_per_second=None)
     batch = pa.RecordBatch.from_pydict({"_id": [f"e{i}" for i in range(30)]})
     list(cleanup_partition(writer, iter([batch])))
     assert {tls_redis_db.hgetall(f"tls:e{i}") == {b"kept": b"2"} for i in range(30)} == {True}
 
 
 def test_relative_tls_files_are_under_the_project_root():
-    conf = RunConf(redis=RedisConf(url="rediss://cache:6380/0", tls_ca_file="conf/prod/ca.pem", tls_cert_file="/etc/fm/client.pem"))
-    assert redis_tls(conf) == RedisTls(ca_file=str(PROJECT_ROOT / "conf/prod/ca.pem"), cert_file="/etc/fm/client.pem", key_file=None)
+    conf = RunConf(redis=RedisSettings(url="rediss://cache:6380/0", tls_ca_file="conf/prod/ca.pem", tls_cert_file="/etc/fm/client.pem"))
+    assert tls_files(conf.redis, conf.path) == RedisTls(ca_file=str(PROJECT_ROOT / "conf/prod/ca.pem"), cert_file="/etc/fm/client.pem", key_file=None)
 
 
 # --- SQL --------------------------------------------------------------------------------
@@ -390,25 +399,25 @@ def tiny(tmp_path):
 def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redis_db, tls_pg, tls_pg_db, certs, tiny):
     """From RunConf (redis.tls_ca_file, sql.dsn verify-full) to the partition writers and the read-back."""
     source, entity = tiny
-    conf = RunConf(redis=RedisConf(url=tls_redis.url(), tls_ca_file=str(certs.ca)), sql=SqlConf(dsn=tls_pg.dsn()))
+    conf = RunConf(redis=RedisSettings(url=tls_redis.url(), tls_ca_file=str(certs.ca)), sql=SqlSettings(dsn=tls_pg.dsn()))
     batch = history_batch(40)
     rows = batch.to_pylist()
     stamp = int(AS_OF_DAY2.timestamp())
-    redis_conf = redis_sink_config(conf, source, entity, DAY2, None)
+    redis_conf = conf.redis_sink(source, entity, DAY2)
     # the driver's capacity check reads the server's limits over the same verified connection
     with redis_connect(redis_conf.url, password=redis_conf.password, tls=redis_conf.tls) as client:
         assert read_memory_info(client).capacity(None) == 64 << 20  # the server's --maxmemory
-    list(write_redis_partition(RedisWritePlan(sink=redis_conf, features=feature_specs(source)), iter([batch])))
+    list(write_partition(RedisWritePlan(sink=redis_conf, features=feature_specs(source)), iter([batch])))
     for i, row in enumerate(rows):
         want = {k: v for k, v in expected_hash(batch, i).items() if k != FRESH}
         assert tls_redis_db.hgetall(f"c:{row['_id']}") == {**want, field_id("_ts:tiny"): str(stamp).encode()}
 
-    sql_conf = sql_sink_config(conf, source, entity, DAY2, "postgres")
+    sql_conf = conf.sql_sink(source, entity, DAY2)
     with connect(sql_conf) as conn:
         ensure_schema(conn, sql_conf)
     docs = [json.dumps({k: v for k, v in r.items() if k != "_id" and v is not None}) for r in rows]
     sql_batch = pa.RecordBatch.from_pydict({"_id": [r["_id"] for r in rows], "_features_json": docs, "_non_finite": [0] * len(rows)})
-    list(write_sql_partition(SqlWritePlan(sink=sql_conf), iter([sql_batch])))
+    list(write_partition(SqlWritePlan(sink=sql_conf), iter([sql_batch])))
     assert table_rows(tls_pg_db, "consumer_features") == {r["_id"]: ("tiny", json.loads(d), AS_OF_DAY2) for r, d in zip(rows, docs)}
 
     # the read-back connects over TLS too, and sees a value changed behind the job's back

@@ -30,11 +30,11 @@ from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
 from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
-from jobs.pipeline.write_redis import is_redis_cluster, redis_tls
 from serializers import field_id, freshness_field_name
-from serializers.keys import key_prefix, redis_key
-from sinks.redis_cluster import KeyRouter
-from sinks.redis_sink import RedisTls
+from serializers.keys import redis_key
+from sinks.redis.config import RedisSinkConfig
+from sinks.redis.preflight import detect_cluster
+from sinks.redis.router import KeyRouter
 
 CLEANUP_STATS = "keys long, fields_removed long, round_trips long"
 
@@ -111,27 +111,24 @@ class CleanupPlan:
 
 @dataclass(frozen=True)
 class CleanupWriter:
-    url: str
-    key_prefix: str
+    redis: RedisSinkConfig
+    """Where and how to connect (the Redis sink's config), and the entity type's key prefix."""
     fields: tuple[bytes, ...]
-    chunk_keys: int
+    """The stale fields to delete."""
     keys_per_second: float | None
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    tls: RedisTls | None = None
-    cluster: bool = False
 
 
 def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """HDEL the stale fields from this partition's keys, a chunk per round trip, rate-limited."""
-    router = KeyRouter(plan.url, plan.cluster, password=plan.password, username=plan.username, tls=plan.tls)
+    router = KeyRouter(plan.redis, plan.redis.cluster)
+    chunk_keys, prefix = plan.redis.chunk_entities, plan.redis.key_prefix
     keys = removed = trips = 0
     start = time.monotonic()
     try:
         for batch in batches:
             ids = batch.column(tf.ENTITY_ID).to_pylist()
-            for i in range(0, len(ids), plan.chunk_keys):
-                chunk = [redis_key(plan.key_prefix, entity_id) for entity_id in ids[i : i + plan.chunk_keys]]
+            for i in range(0, len(ids), chunk_keys):
+                chunk = [redis_key(prefix, entity_id) for entity_id in ids[i : i + chunk_keys]]
                 removed += sum(router.run(chunk, lambda pipe, key: pipe.hdel(key, *plan.fields)))
                 keys += len(chunk)
                 trips += 1
@@ -235,19 +232,10 @@ def plan_cleanup(
 
 def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan | SourceCleanup, keys: DataFrame, redis_url: str | None = None) -> dict:
     """Delete the plan's fields from its keys; returns counts and Redis memory before/after."""
-    password = conf.redis_password()
-    writer = CleanupWriter(
-        url=redis_url or conf.redis.url,
-        key_prefix=key_prefix(entity.prefix, conf.redis.namespace),
-        fields=tuple(field_id(name) for name in plan.fields),
-        chunk_keys=conf.redis.pipeline_entities,
-        keys_per_second=conf.redis.cleanup_keys_per_second,
-        username=conf.redis.username,
-        password=password.get_secret_value() if password else None,
-        tls=redis_tls(conf),
-    )
-    writer = replace(writer, cluster=is_redis_cluster(conf, writer))
-    servers = KeyRouter(writer.url, writer.cluster, password=writer.password, username=writer.username, tls=writer.tls)
+    redis = conf.redis_sink(entity=entity, url=redis_url)
+    redis = replace(redis, cluster=detect_cluster(conf.redis, redis))
+    writer = CleanupWriter(redis, fields=tuple(field_id(name) for name in plan.fields), keys_per_second=conf.redis.cleanup_keys_per_second)
+    servers = KeyRouter(redis, redis.cluster)
     try:
         before = servers.used_memory()
         start = time.perf_counter()

@@ -8,15 +8,14 @@ give it credentials other than the writer's.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 import psycopg
 
 from feature_defs import Definitions, SourceDef
 from jobs.config import RunConf
-from jobs.pipeline.write_sql import sql_sink_config
 from sinks.errors import TerminalSinkError
-from sinks.sql_sink import connect, detect_dialect, ensure_schema
+from sinks.sql.client import connect, detect_dialect
+from sinks.sql.preflight import ensure_schema
 
 
 def table_sources(defs: Definitions, source_names: Sequence[str]) -> dict[str, SourceDef]:
@@ -33,17 +32,14 @@ def ensure_tables(conf: RunConf, defs: Definitions, source_names: Sequence[str])
     sources = table_sources(defs, source_names)
     if not sources:
         return {}
-    first = next(iter(sources.values()))
-    # the as-of date is irrelevant here: the config only supplies DSN, credentials and timeouts
-    base = sql_sink_config(conf, first, defs.entity_of(first), dt.date.today(), "postgres")
     try:
-        conn = connect(base)
+        conn = connect(conf.sql_sink())  # DSN, credentials and timeouts
     except psycopg.Error as exc:
         raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
     done: dict[str, str] = {}
     with conn:
         dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
         for source in sources.values():
-            sink_conf = sql_sink_config(conf, source, defs.entity_of(source), dt.date.today(), dialect)
+            sink_conf = conf.sql_sink(source, defs.entity_of(source), dialect=dialect)
             done[sink_conf.table_name] = "created" if ensure_schema(conn, sink_conf) else "exists"
     return done

@@ -2,5 +2,5 @@
 
 read -> prepare -> quarantine -> gate -> write (write_redis, write_sql) -> verify -> report;
 run.py wires them. The transforms they apply are jobs/transforms.py (DataFrame in,
-DataFrame out); the writes run inside the partitions (jobs/partition_writers.py).
+DataFrame out); the writes run inside the partitions (sinks/partition.py, each store's writer.py).
 """

@@ -10,6 +10,8 @@ from pyspark.sql import SparkSession
 from feature_defs import EntityDef, SourceDef
 from jobs.config import RunConf
 from serializers.keys import as_of_epoch
+from sinks.redis.config import RedisSinkConfig
+from sinks.sql.config import SqlSinkConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,14 @@ class RunContext:
     """A range run (backfill, latest mode): the dates date..end in one pass."""
     redis_url: str | None = None
     """Overrides redis.url (the CLI's --redis-url)."""
+
+    def redis_config(self) -> RedisSinkConfig:
+        """The Redis writer's config for this source and date (before the preflight)."""
+        return self.conf.redis_sink(self.source, self.entity, self.date, url=self.redis_url)
+
+    def sql_config(self) -> SqlSinkConfig:
+        """The SQL writer's config for this source and date (before the preflight)."""
+        return self.conf.sql_sink(self.source, self.entity, self.date)
 
     @property
     def per_date(self) -> bool:

@@ -18,11 +18,10 @@ from jobs.pipeline.read import read
 from jobs.pipeline.report import RecordedStep, new_summary, report_dir
 from jobs.pipeline.verify import verify_writes
 from jobs.pipeline.write_redis import write_redis
-from jobs.pipeline.write_sql import prepare_sql, sql_sink_config, write_sql
+from jobs.pipeline.write_sql import prepare_sql, write_sql
 from jobs.progress import progress
 from jobs.summary import RunSummary
-from sinks.sql_sink import connect as sql_connect
-from sinks.sql_sink import detect_dialect
+from sinks.sql.preflight import dialect_of
 
 
 def run_source(
@@ -114,8 +113,7 @@ def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_
         if "redis" in conf.sinks:
             summary.sinks["redis"] = {}
         if "cockroach" in conf.sinks:
-            with sql_connect(sql_sink_config(conf, source, ctx.entity, date, "postgres")) as conn:
-                summary.sinks["cockroach"] = {"dialect": detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect}
+            summary.sinks["cockroach"] = {"dialect": dialect_of(conf.sql, ctx.sql_config())}
         with summary.stage("verify"):
             verify_writes(ctx, prepared.good, summary)
     return summary

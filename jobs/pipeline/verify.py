@@ -14,17 +14,16 @@ from pyspark.sql import DataFrame
 
 from feature_defs import FeatureDef, SourceDef
 from jobs.pipeline.context import RunContext
-from jobs.pipeline.write_redis import is_redis_cluster, redis_sink_config
-from jobs.pipeline.write_sql import sql_sink_config
 from jobs.quality import VerificationError
 from jobs.summary import RunSummary
 from serializers import decode, field_id
 from serializers.keys import freshness_field_name, redis_key
 from serializers.scalar import DecodeError
-from sinks.redis_cluster import KeyRouter
-from sinks.redis_sink import RedisSinkConfig
-from sinks.sql_sink import SqlSinkConfig
-from sinks.sql_sink import connect as sql_connect
+from sinks.redis.config import RedisSinkConfig
+from sinks.redis.preflight import detect_cluster
+from sinks.redis.router import KeyRouter
+from sinks.sql.client import connect as sql_connect
+from sinks.sql.config import SqlSinkConfig
 
 
 MAX_LISTED = 50
@@ -120,7 +119,7 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
     out = Mismatches("redis")
     if not rows:
         return out
-    router = KeyRouter(conf.url, conf.cluster, password=conf.password, username=conf.username, socket_timeout=conf.socket_timeout, tls=conf.tls)
+    router = KeyRouter(conf, conf.cluster)
     try:
         hashes = router.run([redis_key(conf.key_prefix, row["_id"]) for row in rows], lambda pipe, key: pipe.hgetall(key))
     finally:
@@ -169,10 +168,10 @@ def verify_writes(ctx: RunContext, good: DataFrame, summary: RunSummary) -> None
     rows = sample_rows(good, conf.quality.verify_sample, summary.entities)
     found = []
     if "redis" in summary.sinks:
-        sink_conf = redis_sink_config(conf, source, entity, date, None, ctx.redis_url)
-        found.append(verify_redis(replace(sink_conf, cluster=is_redis_cluster(conf, sink_conf)), source, rows))
+        sink_conf = ctx.redis_config()
+        found.append(verify_redis(replace(sink_conf, cluster=detect_cluster(conf.redis, sink_conf)), source, rows))
     if "cockroach" in summary.sinks:
-        found.append(verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
+        found.append(verify_sql(conf.sql_sink(source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
     for m in found:
         summary.verification[m.sink] = {"checked": len(rows), "newer": m.newer, "mismatches": m.count, "listed": m.listed}
     wrong = [m for m in found if m.count]

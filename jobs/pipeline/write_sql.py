@@ -1,51 +1,29 @@
-"""Stage 5, write to the SQL store: the driver-side checks (dialect, table, grants), pre-split
-at key quantiles on CockroachDB, full-row upserts from inside the partitions."""
+"""Stage 5, write to the SQL store: the store's preflight on the driver (dialect, table,
+grants: sinks/sql/preflight.py), pre-split at key quantiles on CockroachDB, full-row
+upserts from inside the partitions."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 import datetime as dt
 from functools import partial
 import time
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from pyspark.sql import DataFrame
 
-from feature_defs import EntityDef, SourceDef
 from jobs import transforms as tf
-from jobs.config import RunConf
-from jobs.partition_writers import SQL_STATS_SCHEMA, SqlWritePlan, sum_partition_stats, write_sql_partition
 from jobs.pipeline.context import RunContext
 from jobs.progress import progress
 from jobs.summary import RunSummary
-from serializers.keys import as_of_epoch
-from sinks.errors import TerminalSinkError, from_wire, raise_first
-from sinks.retry import call_with_retries
-from sinks.sql_sink import SqlSinkConfig, detect_dialect, ensure_schema, pre_split
-from sinks.sql_sink import connect as sql_connect
-from sinks.sql_sink import is_transient as sql_is_transient
-from sinks.sql_statements import Dialect, quantile_keys
+from sinks.errors import from_wire, raise_first
+from sinks.partition import partition_schema, sum_partition_stats, write_partition
+from sinks.sql.client import connect
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.preflight import pre_split, preflight
+from sinks.sql.statements import quantile_keys
+from sinks.sql.writer import SqlWritePlan
 
-
-def sql_sink_config(conf: RunConf, source: SourceDef, entity: EntityDef, date: dt.date, dialect: Dialect) -> SqlSinkConfig:
-    password = conf.sql_password()
-    return SqlSinkConfig(
-        dsn=conf.sql.dsn,
-        table=entity.sql_table,
-        schema=conf.sql.db_schema,
-        source=source.name,
-        as_of=as_of_epoch(date),
-        dialect=dialect,
-        batch_rows=conf.sql.batch_rows,
-        statements_per_transaction=conf.sql.statements_per_transaction,
-        statement_timeout_ms=conf.sql.statement_timeout_ms,
-        connect_timeout=conf.sql.connect_timeout,
-        retries=conf.sql.retries,
-        retry_base_delay=conf.sql.retry_base_delay,
-        retry_max_delay=conf.sql.retry_max_delay,
-        password=password.get_secret_value() if password else None,
-    )
+_SUMMED = ("rows_upserted", "rows_skipped_newer", "statements", "transactions", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
 
 
 def split_keys(rows: DataFrame, splits: int, total: int, sample_per_split: int = 64) -> list[str]:
@@ -59,34 +37,12 @@ def split_keys(rows: DataFrame, splits: int, total: int, sample_per_split: int =
 
 
 def prepare_sql(ctx: RunContext, summary: RunSummary) -> SqlSinkConfig:
-    """Driver side, before any store is written: connect, learn the dialect, check the
-    entity table (created only when missing). A table the writer may not use stops the
-    run here, with nothing written to either store."""
-    conf = ctx.conf
-    sink_conf = sql_sink_config(conf, ctx.source, ctx.entity, ctx.date, "postgres")
-    summary.sinks["cockroach"] = {"table": sink_conf.table_name}
-
-    def check() -> SqlSinkConfig:
-        with sql_connect(sink_conf) as conn:
-            dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
-            checked = replace(sink_conf, dialect=dialect)
-            ensure_schema(conn, checked)
-            return checked
-
-    try:
-        # a server restarting right now gets the same bounded retries as the write
-        checked = call_with_retries(check, is_transient=sql_is_transient, retries=conf.sql.retries, base_delay=conf.sql.retry_base_delay, max_delay=conf.sql.retry_max_delay)
-    except psycopg.Error as exc:
-        raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
+    """Driver side, before any store is written: the store's preflight (dialect, table, grants)."""
+    config = ctx.sql_config()
+    summary.sinks["cockroach"] = {"table": config.table_name}
+    checked = preflight(ctx.conf.sql, config, summary.warnings)
     summary.sinks["cockroach"]["dialect"] = checked.dialect
-    if conninfo_to_dict(conf.sql.dsn).get("sslmode", "prefer") != "verify-full" and not _loopback(conf.sql.dsn):
-        summary.warnings.append(f"sql.dsn does not use sslmode=verify-full: the SQL store's certificate is not verified ({conf.sql.dsn})")
     return checked
-
-
-def _loopback(dsn: str) -> bool:
-    host = conninfo_to_dict(dsn).get("host") or "localhost"
-    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("/")
 
 
 def write_sql(ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summary: RunSummary) -> dict:
@@ -98,7 +54,7 @@ def write_sql(ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summar
         keys = split_keys(rows, conf.sql.pre_split, summary.entities)
         expires = dt.datetime.now(dt.UTC) + dt.timedelta(hours=conf.sql.split_expiration_hours)
         try:
-            with sql_connect(sink_conf) as conn:
+            with connect(sink_conf) as conn:
                 stats["splits"] = pre_split(conn, sink_conf, keys, expires)
         except psycopg.Error as exc:
             # Splitting only spreads the load; a cluster that refuses it (e.g. serverless) still takes the write.
@@ -106,10 +62,8 @@ def write_sql(ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summar
     start = time.perf_counter()
     with progress(spark, f"write {source.name} to {dialect}"):
         plan = SqlWritePlan(sink=sink_conf, as_of_column=tf.AS_OF if tf.AS_OF in rows.columns else None)
-        parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_sql_partition, plan), SQL_STATS_SCHEMA).collect()
-    seconds = time.perf_counter() - start
-    keys = ("rows_upserted", "rows_skipped_newer", "statements", "transactions", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
-    sum_partition_stats(stats, parts, keys, seconds, rate=("rows_per_s", "rows_upserted"))
+        parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_partition, plan), partition_schema(plan)).collect()
+    sum_partition_stats(stats, parts, _SUMMED, time.perf_counter() - start, rate=("rows_per_s", "rows_upserted"))
     if stats["rows_skipped_newer"]:
         summary.warnings.append(
             f"{dialect}: {stats['rows_skipped_newer']:,} rows already hold a newer snapshot of {source.name} and were left as they are"

@@ -1,4 +1,4 @@
-"""Redis sink: one hash per entity, a pipelined conditional write per entity, in bounded chunks.
+"""One Redis server's writer: one hash per entity, a pipelined conditional write per entity, in bounded chunks.
 
 The commands are built column-wise as RESP bytes (:mod:`serializers.resp`) and written
 to the socket of a connection that redis-py made (so TLS, AUTH and SELECT are its
@@ -18,98 +18,24 @@ may drop keys this run wrote).
 
 from __future__ import annotations
 
-import os
-import ssl
-from dataclasses import dataclass, field
-from urllib.parse import parse_qs, urlsplit
-
 import hiredis
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
 import xxhash
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from serializers.batch import EncodedBatch
 from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
-from sinks.base import WriteStats
+from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
+from sinks.redis.client import TRANSIENT, connect, is_transient, node_address, server_address
+from sinks.redis.config import RedisSinkConfig
 from sinks.retry import call_with_retries
-
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
-
-
-def is_transient(exc: BaseException) -> bool:
-    # a refused password is a ConnectionError to redis-py, but no retry fixes it
-    return isinstance(exc, _TRANSIENT) and not isinstance(exc, redis.AuthenticationError)
-
-
-@dataclass(frozen=True)
-class RedisTls:
-    """Client side of rediss://. The server's certificate is always verified, hostname
-    included: there is no setting that turns verification off."""
-
-    ca_file: str | None = None
-    """PEM CA bundle trusted on top of the system trust store; None: the system store alone."""
-    cert_file: str | None = None
-    """Client certificate (PEM), for servers that ask for one."""
-    key_file: str | None = None
-    """Unencrypted PEM key of cert_file, when the key is not in that file."""
-
-    def files(self) -> dict[str, str]:
-        return {name: path for name, path in (("tls_ca_file", self.ca_file), ("tls_cert_file", self.cert_file), ("tls_key_file", self.key_file)) if path}
-
-
-@dataclass(frozen=True)
-class RedisSinkConfig:
-    url: str
-    """redis:// or rediss:// URL (no password in it: see password)."""
-    key_prefix: str
-    """'<namespace>:<prefix>:' or '<prefix>:' put in front of every entity id."""
-    fields: tuple[bytes, ...]
-    """Field ids of the source's features, in column order."""
-    freshness_field: bytes
-    """Field id of this source's freshness field."""
-    as_of: int
-    """Snapshot as-of time, UTC epoch seconds (the freshness value)."""
-    ttl_seconds: int | None = None
-    ttl_jitter: float = 0.1
-    """EXPIRE gets ttl + up to this fraction of ttl, fixed per key (reruns set the same)."""
-    chunk_entities: int = 500
-    """Entities per pipeline round trip."""
-    retries: int = 3
-    socket_timeout: float = 30.0
-    ceiling_bytes: int | None = None
-    """Stop when used_memory passes this (hard ceiling)."""
-    recheck_every: int = 20
-    """Read used_memory every N chunks."""
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    tls: RedisTls | None = None
-    """rediss:// only: what the server's certificate is verified with (None: system trust store)."""
-    cluster: bool = False
-    """Redis Cluster: the URL is a seed node; writes go to each key's slot owner."""
-    node_ceilings: tuple[tuple[str, int], ...] = ()
-    """Cluster: hard ceiling per primary ("host:port", bytes); ceiling_bytes for any other."""
-    wait_replicas: int = 0
-    """After each chunk, WAIT until this many replicas have it (at most those attached when
-    the writer connected): a primary that dies mid-write then loses nothing acknowledged."""
-    wait_timeout_ms: int = 5000
-    failover_timeout: float = 60.0
-    """Cluster: how long to wait for a replica to take over the slots of a lost primary."""
-    run_ids: tuple[tuple[str, str], ...] = ()
-    """("host:port", run_id) of each server as the driver saw it before any write: a server
-    whose run_id differs later restarted during the run."""
-    evicted_keys: tuple[tuple[str, int], ...] = ()
-    """("host:port", evicted_keys) before any write: growth means Redis evicted keys."""
-    stop_on_eviction: bool = True
-    """Stop the writer when evicted_keys grew (redis.eviction: refuse)."""
 
 
 class CeilingReached(CapacityError):
-    def __init__(self, used: int, ceiling: int, stats: WriteStats, oom: bool = False, node: str | None = None):
+    def __init__(self, used: int, ceiling: int, stats: RedisWriteStats, oom: bool = False, node: str | None = None):
         self.used, self.ceiling, self.stats, self.oom, self.node = used, ceiling, stats, oom, node
         where = f"Redis Cluster primary {node}" if node else "Redis"
         what = f"{where} refused writes: out of memory (maxmemory reached, used_memory {used:,} B)" if oom else (
@@ -138,88 +64,6 @@ class KeysEvicted(TerminalSinkError):
     """Redis evicted keys during the write: some entities this run wrote may be gone."""
 
 
-class TlsVerificationError(TerminalSinkError):
-    """The server's certificate did not verify: a configuration problem, never retried."""
-
-
-class _VerifiedSSLConnection(redis.SSLConnection):
-    # redis-py reports a failed certificate check as a ConnectionError, which every retry
-    # would repeat in vain: make it terminal, and name the server.
-    def _connect(self):
-        try:
-            return super()._connect()
-        except ssl.SSLCertVerificationError as exc:
-            raise TlsVerificationError(
-                f"Redis at {self.host}:{self.port}: TLS certificate verification failed ({exc.verify_message}); "
-                "check redis.tls_ca_file, and that the URL's host is named in the server's certificate"
-            ) from exc
-
-
-class _PlainConnection(redis.Connection):
-    # A TLS-only port drops a plain connection at its first command: say what that may mean.
-    def on_connect_check_health(self, check_health: bool = True):
-        try:
-            super().on_connect_check_health(check_health)
-        except redis.ConnectionError as exc:
-            if type(exc) is not redis.ConnectionError:  # refused AUTH, loading: not a drop
-                raise
-            raise redis.ConnectionError(f"{exc} (dropped during the handshake: if the server takes TLS only, use a rediss:// URL)") from exc
-
-
-def _tls_options(url: str, tls: RedisTls | None) -> dict:
-    """redis-py arguments for the URL: verified TLS for rediss://, and TLS files only there."""
-    parts = urlsplit(url)
-    # redis-py lets URL query arguments win over keyword ones (?ssl_cert_reqs=none would)
-    overrides = sorted(k for k in parse_qs(parts.query) if k.startswith("ssl_"))
-    if overrides:
-        raise TerminalSinkError(f"the Redis URL sets {', '.join(overrides)}: TLS is configured with redis.tls_* only, and is always verified")
-    tls = tls or RedisTls()
-    files = tls.files()
-    if parts.scheme != "rediss":
-        if files:
-            raise TerminalSinkError(f"{', '.join(files)} set, but the Redis URL {server_address(url)} is not rediss://: refusing to connect without TLS")
-        return {"connection_class": _PlainConnection} if parts.scheme == "redis" else {}
-    missing = [f"{name} {path}" for name, path in files.items() if not os.path.isfile(path)]
-    if missing:
-        raise TerminalSinkError(f"Redis TLS file(s) not found on this host: {', '.join(missing)}")
-    if tls.key_file and not tls.cert_file:
-        raise TerminalSinkError("tls_key_file is set without tls_cert_file")
-    return {
-        "connection_class": _VerifiedSSLConnection,
-        "ssl_cert_reqs": "required",
-        "ssl_check_hostname": True,
-        "ssl_ca_certs": tls.ca_file,  # None: the system trust store alone
-        "ssl_certfile": tls.cert_file,
-        "ssl_keyfile": tls.key_file,
-    }
-
-
-def connect(url: str, *, password: str | None = None, username: str | None = None, socket_timeout: float = 30.0, tls: RedisTls | None = None) -> redis.Redis:
-    # Retries happen in one place (sinks.retry), so redis-py's own retry is off.
-    return redis.Redis.from_url(
-        url,
-        password=password,
-        username=username,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 10.0),
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=False,
-        **_tls_options(url, tls),
-    )
-
-
-def node_address(url: str) -> str:
-    """host:port of a Redis URL: how the driver's baselines name a server."""
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port or 6379}"
-
-
-def server_address(url: str) -> str:
-    """host:port/db of a Redis URL, never its credentials (for messages)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path or ''}"
-
-
 def ttl_with_jitter(key: bytes, ttl: int, jitter: float) -> int:
     """ttl plus a per-key share of up to ``jitter``*ttl: spread out, yet repeatable."""
     span = int(ttl * jitter)
@@ -237,7 +81,7 @@ class RedisSink:
     def __init__(self, config: RedisSinkConfig):
         self.config = config
         self.client: redis.Redis | None = None
-        self.stats = WriteStats()
+        self.stats = RedisWriteStats()
         self._chunks = 0
         self._prefix = config.key_prefix.encode("utf-8")
         self._conn: redis.Connection | None = None
@@ -265,12 +109,12 @@ class RedisSink:
 
     def open(self) -> None:
         c = self.config
-        self.client = connect(c.url, password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
+        self.client = connect(c)
         try:
             call_with_retries(self.check_ceiling, is_transient=is_transient, retries=c.retries)
         except redis.AuthenticationError as exc:
             raise TerminalSinkError(f"Redis at {server_address(c.url)} refused the credentials: {exc}") from exc
-        except _TRANSIENT as exc:
+        except TRANSIENT as exc:
             raise TransientSinkError(f"cannot reach Redis at {server_address(c.url)} ({c.retries + 1} attempts): {exc}") from exc
 
     def close(self) -> None:
@@ -314,7 +158,7 @@ class RedisSink:
         if used is not None:
             raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
 
-    def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> WriteStats:
+    def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> RedisWriteStats:
         """Write one encoded batch, pipelined in chunks.
 
         Returns what this batch wrote (entities, values set and deleted, non-finite values);
@@ -325,13 +169,13 @@ class RedisSink:
         freshness = str(c.as_of).encode() if as_of is None else as_of
         commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys))
         bounds = [(start, min(len(commands), start + c.chunk_entities)) for start in range(0, len(commands), c.chunk_entities)]
-        batch_stats = WriteStats(non_finite=batch.non_finite)
+        batch_stats = RedisWriteStats(non_finite=batch.non_finite)
         self.stats.non_finite += batch.non_finite
         self.redirected = []
         self._pipeline(commands, keys, bounds, batch_stats)
         return batch_stats
 
-    def _pipeline(self, commands: EntityCommands, keys: pa.Array, bounds: list[tuple[int, int]], batch_stats: WriteStats) -> None:
+    def _pipeline(self, commands: EntityCommands, keys: pa.Array, bounds: list[tuple[int, int]], batch_stats: RedisWriteStats) -> None:
         """Send the chunks with one in flight: the server runs chunk k while chunk k+1 is sent.
 
         After a dropped connection, every chunk not yet acknowledged is sent again on a new
@@ -344,7 +188,7 @@ class RedisSink:
             if in_flight is not None:
                 try:
                     self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
-                except (CeilingReached, *_TRANSIENT):
+                except (CeilingReached, *TRANSIENT):
                     pass  # counted up to Redis's refusal; a lost reply must not turn the stop into a resend
 
         def acknowledge(index: int, in_flight: int | None) -> None:
@@ -384,7 +228,7 @@ class RedisSink:
                 call_with_retries(resume, is_transient=is_transient, retries=self.config.retries, on_retry=on_retry)
             except redis.AuthenticationError as exc:
                 raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused the credentials: {exc}") from exc
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 self._drop_data()
                 if done["next"] > reached:
                     continue  # the resends got further: a new budget for the rest
@@ -455,7 +299,7 @@ class RedisSink:
             out.append(reply)
         return out
 
-    def _acknowledge(self, commands: EntityCommands, keys: pa.Array, bound: tuple[int, int], batch_stats: WriteStats) -> None:
+    def _acknowledge(self, commands: EntityCommands, keys: pa.Array, bound: tuple[int, int], batch_stats: RedisWriteStats) -> None:
         """Read one chunk's replies and count what it wrote; stop on the first refused command.
 
         One reply per entity: 1 written, 0 left as it was (the hash holds a newer snapshot
@@ -482,7 +326,7 @@ class RedisSink:
             elif refused is None:
                 refused = i
         values_set = commands.values_set[start:stop]
-        chunk = WriteStats(
+        chunk = RedisWriteStats(
             entities=int(written.sum()),
             values_set=int(values_set[written].sum()),
             values_deleted=int((len(self.config.fields) - values_set[written]).sum()),

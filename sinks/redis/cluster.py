@@ -2,7 +2,7 @@
 
 Each key's slot (CRC16 of the key, or of its ``{hash tag}``) names the primary that owns it
 (``CLUSTER SLOTS``). A batch is split by owner and each share is written by a
-:class:`~sinks.redis_sink.RedisSink` connected to that primary, with its own chunks, retries
+:class:`~sinks.redis.node.RedisSink` connected to that primary, with its own chunks, retries
 and hard ceiling. What a node did not take is sent again after a topology refresh, and only
 that: entities answered ``MOVED`` go to the new owner, entities answered ``ASK`` (a slot
 being migrated) to the importing node after ``ASKING``, and the unacknowledged chunks of a
@@ -15,123 +15,25 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import hiredis
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
-from redis.crc import key_slot
 
 from serializers.batch import EncodedBatch
 from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT
-from sinks.base import WriteStats
+from sinks.base import RedisWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
-from sinks.redis_sink import (
-    _TRANSIENT,
-    CeilingReached,
-    ChunkFailed,
-    RedisRestarted,
-    RedisSink,
-    RedisSinkConfig,
-    connect,
-    entity_commands,
-    entity_ttls,
-    server_address,
-)
+from sinks.redis.client import TRANSIENT, connect, node_url, server_address
+from sinks.redis.config import RedisSinkConfig
+from sinks.redis.node import CeilingReached, ChunkFailed, RedisRestarted, RedisSink, entity_commands, entity_ttls
+from sinks.redis.router import ClusterTopology, key_slots
 from sinks.retry import call_with_retries
 
 log = logging.getLogger(__name__)
-
-SLOTS = 16384
-
-
-def node_url(seed_url: str, address: str) -> str:
-    """The seed URL with another node's host:port (same scheme: TLS and db carry over)."""
-    parts = urlsplit(seed_url)
-    return urlunsplit((parts.scheme, address, parts.path, parts.query, ""))
-
-
-def is_cluster(client: redis.Redis) -> bool:
-    """Whether the server runs in cluster mode (INFO cluster)."""
-    return bool(int(client.info("cluster").get("cluster_enabled", 0)))
-
-
-@dataclass
-class ClusterTopology:
-    """Which primary owns each slot, read with CLUSTER SLOTS from any node that answers."""
-
-    seed_url: str
-    connect_options: dict
-    primaries: list[str]
-    """"host:port" of the nodes that own slots."""
-    owner: np.ndarray
-    """Per slot: index into ``primaries`` (-1: not served)."""
-
-    @classmethod
-    def discover(cls, seed_url: str, **connect_options) -> ClusterTopology:
-        topology = cls(seed_url, connect_options, [], np.full(SLOTS, -1, np.int32))
-        topology.refresh()
-        return topology
-
-    def refresh(self) -> None:
-        """Read the slot map again, from the seed or any node known before (transient error if none answers)."""
-        seed = urlsplit(self.seed_url)
-        candidates = [f"{seed.hostname}:{seed.port or 6379}", *self.primaries]
-        errors = []
-        for address in dict.fromkeys(candidates):
-            client = connect(node_url(self.seed_url, address), **self.connect_options)
-            try:
-                slots = client.cluster("slots")
-            except redis.AuthenticationError as exc:
-                raise TerminalSinkError(f"Redis at {address} refused the credentials: {exc}") from exc
-            except redis.ResponseError as exc:
-                if "cluster support disabled" in str(exc).lower():
-                    raise TerminalSinkError(f"Redis at {address} is not a cluster node: set redis.mode to standalone (or auto)") from exc
-                raise
-            except _TRANSIENT as exc:
-                errors.append(f"{address}: {exc}")
-                continue
-            finally:
-                client.close()
-            self._load(slots, default_host=address.rsplit(":", 1)[0])
-            return
-        raise TransientSinkError(f"no Redis Cluster node answered CLUSTER SLOTS ({'; '.join(errors)})")
-
-    def _load(self, slots: list, default_host: str) -> None:
-        primaries: dict[str, int] = {}
-        owner = np.full(SLOTS, -1, np.int32)
-        for start, end, primary, *_replicas in slots:
-            host = primary[0].decode() if isinstance(primary[0], bytes) else primary[0]
-            if not host or host == "?":  # the node does not know its own address: the one that answered
-                host = default_host
-            address = f"{host}:{int(primary[1])}"
-            owner[int(start) : int(end) + 1] = primaries.setdefault(address, len(primaries))
-        self.primaries, self.owner = list(primaries), owner
-
-    def assign(self, slot: int, address: str) -> None:
-        """A MOVED reply's news, until the next refresh confirms it."""
-        if address not in self.primaries:
-            self.primaries.append(address)
-        self.owner[slot] = self.primaries.index(address)
-
-    def unserved(self) -> int:
-        return int((self.owner < 0).sum())
-
-    def slots_of(self, address: str) -> int:
-        if address not in self.primaries:
-            return 0
-        return int((self.owner == self.primaries.index(address)).sum())
-
-    def group(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """Positions of ``slots`` per owning primary."""
-        owners = self.owner[slots]
-        if (owners < 0).any():
-            raise TransientSinkError(f"{int((owners < 0).sum())} key(s) fall in slots no primary serves (the cluster is down or resharding)")
-        order = np.argsort(owners, kind="stable")
-        bounds = np.searchsorted(owners[order], np.arange(len(self.primaries) + 1))
-        return {self.primaries[n]: order[bounds[n] : bounds[n + 1]] for n in range(len(self.primaries)) if bounds[n + 1] > bounds[n]}
 
 
 class FailedOverUnreplicated(RedisRestarted):
@@ -158,10 +60,6 @@ class _Round:
     last_error: str = ""
 
 
-def key_slots(keys: list[bytes]) -> np.ndarray:
-    return np.fromiter((key_slot(k) for k in keys), np.int32, len(keys))
-
-
 def _take(batch: EncodedBatch, positions: np.ndarray) -> EncodedBatch:
     index = pa.array(positions, pa.int64())
     return EncodedBatch(ids=batch.ids.take(index), columns=[c.take(index) for c in batch.columns], non_finite=0)
@@ -174,9 +72,9 @@ class RedisClusterSink:
         self.config = config
         self.topology: ClusterTopology | None = None
         self.nodes: dict[str, RedisSink] = {}
-        self._closed_stats = WriteStats()
+        self._closed_stats = RedisWriteStats()
         """What the writers of nodes dropped since (a failed primary) wrote."""
-        self._own = WriteStats()
+        self._own = RedisWriteStats()
         """Counted here: non-finite values, redirects and the cluster's own retries."""
         self._prefix = config.key_prefix.encode("utf-8")
         self._run_ids: dict[str, str] = dict(config.run_ids)
@@ -186,22 +84,18 @@ class RedisClusterSink:
         """Per node that was written to: the replicas its writes were WAITed for."""
 
     @property
-    def stats(self) -> WriteStats:
-        total = WriteStats().add(self._closed_stats).add(self._own)
+    def stats(self) -> RedisWriteStats:
+        total = RedisWriteStats().add(self._closed_stats).add(self._own)
         for node in self.nodes.values():
             total.add(node.stats)
         return total
-
-    def _connect_options(self) -> dict:
-        c = self.config
-        return dict(password=c.password, username=c.username, socket_timeout=c.socket_timeout, tls=c.tls)
 
     def open(self) -> None:
         c = self.config
         if urlsplit(c.url).path not in ("", "/", "/0"):
             raise TerminalSinkError(f"Redis Cluster has database 0 only: {server_address(c.url)} names another")
         self.topology = call_with_retries(
-            lambda: ClusterTopology.discover(c.url, **self._connect_options()),
+            lambda: ClusterTopology.discover(c),
             is_transient=lambda e: isinstance(e, TransientSinkError), retries=c.retries,
         )
         for address in self.topology.primaries:  # every primary's ceiling is checked before the first write
@@ -247,7 +141,7 @@ class RedisClusterSink:
             self._closed_stats.add(sink.stats)
             sink.close()
 
-    def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> WriteStats:
+    def write_batch(self, batch: EncodedBatch, as_of: pa.Array | None = None) -> RedisWriteStats:
         """Write one encoded batch to the slot owners; returns what this batch wrote.
 
         Rounds: every primary takes its share; what came back (MOVED, ASK, CLUSTERDOWN, a
@@ -282,7 +176,7 @@ class RedisClusterSink:
             self._await_topology(outcome.lost)
             for slot, target in outcome.moved.items():  # the node that answered knows best
                 self.topology.assign(slot, target)
-        return WriteStats(**{k: v - getattr(before, k) for k, v in self.stats.as_dict().items()})
+        return RedisWriteStats(**{k: v - getattr(before, k) for k, v in self.stats.as_dict().items()})
 
     def _write_round(self, batch, as_of, slots, todo, outcome: _Round) -> None:
         """Each primary's share through its writer; what did not land goes to ``outcome``."""
@@ -343,7 +237,7 @@ class RedisClusterSink:
             keys = pc.binary_join_element_wise(self._prefix, sub.ids.cast(pa.binary()), b"")
             freshness = str(c.as_of).encode() if as_of is None else as_of.take(pa.array(share))
             commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys))
-            client = connect(node_url(c.url, target), **self._connect_options())
+            client = connect(c, target)
             try:
                 client.script_load(WRITE_SCRIPT)  # the importing node may never have run it
                 pipe = client.pipeline(transaction=False)
@@ -354,7 +248,7 @@ class RedisClusterSink:
                         pipe.execute_command("ASKING")
                         pipe.execute_command(*args)
                 replies = pipe.execute(raise_on_error=False)
-            except _TRANSIENT as exc:
+            except TRANSIENT as exc:
                 outcome.retry.append(share)  # the importing node did not answer: the next round asks the map again
                 outcome.last_error = str(exc)
                 continue
@@ -368,7 +262,7 @@ class RedisClusterSink:
                     outcome.progress += 1
                 elif refused is None:
                     values = int(commands.values_set[i])
-                    self._own.add(WriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values))
+                    self._own.add(RedisWriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values))
                     outcome.progress += 1
                 elif isinstance(refused, _RESEND):  # the migration ended or was rolled back
                     outcome.retry.append(share[i : i + 1])
@@ -407,49 +301,10 @@ class RedisClusterSink:
             )
 
     def _answers(self, address: str) -> bool:
-        client = connect(node_url(self.config.url, address), **{**self._connect_options(), "socket_timeout": 2.0})
+        client = connect(self.config, address, socket_timeout=2.0)
         try:
             return bool(client.ping())
-        except _TRANSIENT:
+        except TRANSIENT:
             return False
         finally:
             client.close()
-
-
-class KeyRouter:
-    """Per-key control commands (verify, cleanup) in one pipeline per owning node: the
-    cluster's primaries, or the one server. A MOVED reply (resharding meanwhile) fails the
-    pipeline: rerun the step."""
-
-    def __init__(self, url: str, cluster: bool, **connect_options):
-        self.url, self.options = url, connect_options
-        self.topology = ClusterTopology.discover(url, **connect_options) if cluster else None
-        self.clients: dict[str | None, redis.Redis] = {}
-
-    def client(self, address: str | None) -> redis.Redis:
-        """The client of one node (None: the one server), made once."""
-        if address not in self.clients:
-            self.clients[address] = connect(node_url(self.url, address) if address else self.url, **self.options)
-        return self.clients[address]
-
-    def run(self, keys: list[bytes], add) -> list:
-        """``add(pipeline, key)`` queues a key's command; returns the replies in key order."""
-        groups = self.topology.group(key_slots(keys)) if self.topology else {None: np.arange(len(keys))}
-        out: list = [None] * len(keys)
-        for address, positions in groups.items():
-            pipe = self.client(address).pipeline(transaction=False)
-            for i in positions:
-                add(pipe, keys[i])
-            for i, reply in zip(positions, pipe.execute()):
-                out[i] = reply
-        return out
-
-    def used_memory(self) -> int:
-        """used_memory summed over the primaries (or the one server)."""
-        addresses = self.topology.primaries if self.topology else [None]
-        return sum(int(self.client(a).info("memory")["used_memory"]) for a in addresses)
-
-    def close(self) -> None:
-        for client in self.clients.values():
-            client.close()
-        self.clients.clear()

@@ -1,0 +1,61 @@
+"""What every section of the run configuration shares: strict, frozen, no secrets in it.
+
+Each store's section lives beside the store (``sinks/<store>/settings.py``); the run
+configuration (``jobs/config.py``) assembles them. A secret is never a value in these
+files: a section names the environment variable or the file that holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
+
+from feature_defs.yamlio import KeyProblem
+
+_SECRET_KEYS = ("password", "secret", "token")
+
+
+class ConfigError(ValueError):
+    """Configuration that cannot be used; says which files (or which setting) were read."""
+
+
+class Settings(BaseModel):
+    """A configuration section: unknown keys refused, immutable, no literal secrets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_literal_secrets(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith(("_env", "_file")):
+                    raise KeyProblem(
+                        key, f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'"
+                    )
+        return data
+
+
+def read_secret(section: str, env_name: str | None, file: Path | None) -> SecretStr | None:
+    """The secret named by ``<section>.password_env`` or ``<section>.password_file``.
+
+    Messages name the variable or file, never what is in it."""
+    if env_name and file:
+        raise ConfigError(f"{section}.password_env and {section}.password_file are both set: keep one")
+    if env_name:
+        value = os.environ.get(env_name)
+        if value is None:
+            # a name that does not look like one may be the secret itself, put there by mistake
+            shown = repr(env_name) if re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", env_name) else "a variable"
+            raise ConfigError(f"{section}.password_env names {shown}, but that environment variable is not set")
+        return SecretStr(value)
+    if file:
+        try:
+            return SecretStr(file.read_text(encoding="utf-8").rstrip("\r\n"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{section}.password_file {str(file)!r} cannot be read: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+    return None
