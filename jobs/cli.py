@@ -38,7 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = (_run_command, _validate_command, _backfill_command, _bench_command, _runs_command, _cleanup_command)
+    for add in (*commands, _verify_command, _schema_command, _ready_command, _report_command, _sample_data_command, _defs_command):
+        add(sub)  # in --help's order
+    return parser
 
+
+def _run_command(sub) -> None:
     run = sub.add_parser("run", help="materialize one date of one or all sources", description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.")
     _common(run)
     run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
@@ -52,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--redis-url", help="Redis URL overriding the config (put no password in it: use the password env var)")
     run.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password in it: use sql.password_env)")
 
+
+def _validate_command(sub) -> None:
     val = sub.add_parser(
         "validate",
         help="run the data-quality checks of one date without writing",
@@ -63,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
     val.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
 
+
+def _backfill_command(sub) -> None:
     back = sub.add_parser(
         "backfill",
         help="write a range of dates (repair missed nights, load a feature's history)",
@@ -82,13 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     back.add_argument("--redis-url", help="Redis URL overriding the config")
     back.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password)")
 
+
+def _bench_command(sub) -> None:
     sub.add_parser("bench", help="moved: python -m bench (development tooling, run from a checkout)", add_help=False)
 
+
+def _runs_command(sub) -> None:
     runs = sub.add_parser("runs", help="list the run ledger", description="List runs, backfill steps and cleanups from the ledger, newest first.")
     _common(runs)
     runs.add_argument("--source", help="only this source")
     runs.add_argument("--last", type=int, default=20, help="how many (default 20)")
 
+
+def _cleanup_command(sub) -> None:
     clean = sub.add_parser(
         "cleanup",
         help="delete Redis fields of features no longer defined",
@@ -102,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--dry-run", action="store_true", help="print the stale fields and the number of keys; delete nothing")
     clean.add_argument("--redis-url", help="Redis URL overriding the config")
 
+
+def _verify_command(sub) -> None:
     ver = sub.add_parser(
         "verify",
         help="read a sample back from the stores and compare it with the source",
@@ -113,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
     ver.add_argument("--redis-url", help="Redis URL overriding the config")
 
+
+def _schema_command(sub) -> None:
     schema = sub.add_parser(
         "schema",
         help="create (or check) the SQL store's entity tables, as a role that may create tables",
@@ -125,16 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--sql-dsn", help="connection string of the role that may create tables, overriding sql.dsn (no password in it)")
     schema.add_argument("--sql-password-env", help="env var holding that role's password, overriding sql.password_env")
 
+
+def _ready_command(sub) -> None:
     ready = sub.add_parser("ready", help="exit 0 when a source has rows for a date (for sensors)", description="Exit 0 when the source table has rows for --date, 3 when it has none yet.")
     _common(ready)
     ready.add_argument("--date", required=True, type=_date)
     ready.add_argument("--source", required=True)
 
+
+def _report_command(sub) -> None:
     rep = sub.add_parser("report", help="print a run's summary from its report", description="Print the summary table of reports/<source>/<date>/summary.json (no Spark needed).")
     _common(rep)
     rep.add_argument("--date", required=True, type=_date)
     rep.add_argument("--source", required=True)
 
+
+def _sample_data_command(sub) -> None:
     sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
     _common(sample)
     sample.add_argument("--days", type=int, default=5, help="number of dates (default 5)")
@@ -142,10 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--consumers", type=int, default=2000, help="consumers per date (default 2000)")
     sample.add_argument("--stores", type=int, default=300, help="stores per date (default 300)")
 
+
+def _defs_command(sub) -> None:
     defs = sub.add_parser("defs", help="check the feature definitions and list field ids", description="Load and check feature_defs; print every feature with its type, options and field id.")
     _common(defs)
     defs.add_argument("--source", help="only this source")
-    return parser
 
 
 def _load(args):

@@ -20,7 +20,7 @@ from jobs.pipeline.run import run_source
 from jobs.pipeline.write_sql import split_keys
 from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
 from serializers import decode, field_id
-from sinks.errors import TerminalSinkError
+from sinks.errors import SinkError, TerminalSinkError, TransientSinkError
 from sinks.sql.upserts import SqlSink
 from sinks.sql.client import connect
 from sinks.sql.preflight import ensure_schema
@@ -179,15 +179,16 @@ def install_failing_trigger(conn, key: str, sqlstate: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("sqlstate", "attempts", "wording"),
-    [("40001", 3, "still failing after 3 attempts"), ("22023", 1, "failed (not retried)")],
+    ("sqlstate", "attempts", "wording", "kind"),
+    [("40001", 3, "still failing after 3 attempts", TransientSinkError), ("22023", 1, "failed (not retried)", TerminalSinkError)],
 )
-def test_failing_batch_is_retried_boundedly_then_terminal(spark, sql_conf, pg_db, sqlstate, attempts, wording):
+def test_failing_batch_is_retried_boundedly_then_fails_typed(spark, sql_conf, pg_db, sqlstate, attempts, wording, kind):
     conf = sql_conf.model_copy(update={"sql": sql_conf.sql.model_copy(update={"retries": 2})})
     ensure_schema(pg_db, conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
     install_failing_trigger(pg_db, "42", sqlstate)
-    with pytest.raises(TerminalSinkError) as info:
+    with pytest.raises(SinkError) as info:
         run_source(spark, conf, DEFS, "consumer_daily", DAY2)
+    assert type(info.value) is kind  # transient (a later run may succeed) or terminal, as the store reported it
     message = str(info.value)
     assert "consumer_features" in message and wording in message and f"[{sqlstate}]" in message
     first, last = message.split("keys '")[1].split("'")[0], message.split("..'")[1].split("'")[0]

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from sinks.base import SqlWriteStats
-from sinks.errors import TerminalSinkError
+from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
 from sinks.sql import statements as stmts
 from sinks.sql.client import connect, is_transient
@@ -168,5 +168,8 @@ class SqlSink:
             )
         except psycopg.Error as exc:
             state = exc.sqlstate or "no SQLSTATE"
-            kind = f"still failing after {self.conf.retries + 1} attempts" if is_transient(exc) else "failed (not retried)"
-            raise TerminalSinkError(f"table {self.conf.table_name}: {what} {kind}: [{state}] {str(exc).strip()}") from exc
+            if is_transient(exc):  # as for Redis: a later run (or task retry) may succeed
+                raise TransientSinkError(
+                    f"table {self.conf.table_name}: {what} still failing after {self.conf.retries + 1} attempts: [{state}] {str(exc).strip()}"
+                ) from exc
+            raise TerminalSinkError(f"table {self.conf.table_name}: {what} failed (not retried): [{state}] {str(exc).strip()}") from exc
