@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 import datetime as dt
 
@@ -34,6 +36,21 @@ class RunContext:
     def sql_config(self) -> SqlSinkConfig:
         """The SQL writer's config for this source and date (before the preflight)."""
         return self.conf.sql_sink(self.source, self.entity, self.date)
+
+    @contextmanager
+    def stage(self, summary, name: str) -> Iterator[None]:
+        """Time a stage in the summary, and tag the Spark jobs it runs with the local property
+        ``fm.stage`` (the Spark UI and event log then say which stage ran each job)."""
+        sc = self.spark.sparkContext if self.spark is not None else None
+        previous = sc.getLocalProperty("fm.stage") if sc else None
+        if sc:
+            sc.setLocalProperty("fm.stage", name)
+        try:
+            with summary.stage(name):
+                yield
+        finally:
+            if sc:
+                sc.setLocalProperty("fm.stage", previous)
 
     @property
     def per_date(self) -> bool:

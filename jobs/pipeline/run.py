@@ -48,13 +48,13 @@ def run_source(
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded") as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
-        with summary.stage("gate"):
+        with ctx.stage(summary, "gate"):
             check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
         _write(ctx, prepared, summary)
         if after_write:
             after_write(summary)
         if conf.quality.verify_sample:
-            with summary.stage("verify"):
+            with ctx.stage(summary, "verify"):
                 verify_writes(ctx, prepared.good, summary)
     return summary
 
@@ -62,12 +62,12 @@ def run_source(
 def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool) -> Prepared:
     """read -> prepare -> quarantine (or only count the reasons, for a run that writes nothing)."""
     with progress(ctx.spark, f"check {ctx.source.name}"):
-        with summary.stage("read"):
+        with ctx.stage(summary, "read"):
             raw = read(ctx)
-        with summary.stage("prepare"):
+        with ctx.stage(summary, "prepare"):
             prepared = prepare(ctx, raw)
             summary.record(prepared.counts)
-        with summary.stage("quarantine"):
+        with ctx.stage(summary, "quarantine"):
             if quarantine:
                 summary.quarantine_table = write_quarantine(ctx, prepared.quarantine)
             summary.bad_reasons = reason_counts(prepared.quarantine)
@@ -78,13 +78,13 @@ def _write(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> None:
     """Every configured store; the SQL store's checks run before either store is written."""
     sql_sink = None
     if "cockroach" in ctx.conf.sinks:
-        with summary.stage("sql checks"):
+        with ctx.stage(summary, "sql checks"):
             sql_sink = prepare_sql(ctx, summary)
     if "redis" in ctx.conf.sinks:
-        with summary.stage("write redis"):
+        with ctx.stage(summary, "write redis"):
             write_redis(ctx, prepared.good, summary)
     if sql_sink:
-        with summary.stage("write cockroach"):
+        with ctx.stage(summary, "write cockroach"):
             write_sql(ctx, sql_sink, prepared.sql_good, summary)
 
 
@@ -95,7 +95,7 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     summary = new_summary(ctx, conf.env)
     with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed") as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=False)
-        with summary.stage("gate"):
+        with ctx.stage(summary, "gate"):
             check_quality(ctx, prepared, summary, expectations=True, docs_folder="validate_docs")
     return summary
 
@@ -107,13 +107,13 @@ def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, redis_url=redis_url)
     summary = new_summary(ctx, conf.env)
     with RecordedStep(summary, report_dir(conf, source.name, date) / "verification.json", "verified") as step:
-        with progress(spark, f"read {source.name}"), summary.stage("prepare"):
+        with progress(spark, f"read {source.name}"), ctx.stage(summary, "prepare"):
             step.prepared = prepared = prepare(ctx, read(ctx))
             summary.record(prepared.counts)
         if "redis" in conf.sinks:
             summary.sinks["redis"] = {}
         if "cockroach" in conf.sinks:
             summary.sinks["cockroach"] = {"dialect": dialect_of(conf.sql, ctx.sql_config())}
-        with summary.stage("verify"):
+        with ctx.stage(summary, "verify"):
             verify_writes(ctx, prepared.good, summary)
     return summary
