@@ -159,92 +159,130 @@ def _extra_expectation_problem(extra, columns: dict[str, str]) -> str | None:
     return None
 
 
-def _cross_checks(entities, sources, where, lines, nodes) -> list[str]:
-    problems = []
+@dataclass(frozen=True)
+class _Places:
+    """Where each definition was read: file per entity/source, lines and YAML nodes by key."""
 
-    def at(key: str) -> str:
+    where: dict
+    lines: dict
+    nodes: dict
+
+    def at(self, key: str) -> str:
         """file:line of 'entity:NAME', 'source:NAME', 'source:NAME:FEATURE', 'source:NAME:features:I' or 'source:NAME:expectations:I'."""
-        line = lines.get(key)
-        path = where[":".join(key.split(":")[:2])]
+        line = self.lines.get(key)
+        path = self.where[":".join(key.split(":")[:2])]
         return f"{path}:{line}" if line else str(path)
 
+
+def _cross_checks(entities, sources, where, lines, nodes) -> list[str]:
+    places = _Places(where, lines, nodes)
+    problems = []
     for source in sources.values():
-        skey = f"source:{source.name}"
         entity = entities.get(source.entity)
         if entity is None:
-            problems.append(f"{at(skey)}: source {source.name!r}: unknown entity {source.entity!r} (defined: {', '.join(sorted(entities)) or 'none'})")
+            defined = ", ".join(sorted(entities)) or "none"
+            problems.append(f"{places.at(f'source:{source.name}')}: source {source.name!r}: unknown entity {source.entity!r} (defined: {defined})")
             continue
-        if source.key_columns is not None and len(source.key_columns) != len(entity.keys):
-            problems.append(
-                f"{at(skey)}: source {source.name!r}: key_columns has {len(source.key_columns)} columns, "
-                f"entity {entity.name!r} has {len(entity.keys)} key parts"
-            )
-        # column -> type of its values, for the checks' arguments
-        columns = dict(zip(source.key_columns or [k.name for k in entity.keys], [k.type for k in entity.keys]))
-        columns |= {f.name: f.type for f in source.features}
-        for i, extra in enumerate(source.expectations):
-            column = extra.kwargs.get("column")
-            wrong_values = 0
-            for place, value in _extra_expectation_values(extra) if isinstance(column, str) and column in columns else []:
-                wrong = value_type_problem(columns[column], value, of=f"column {column!r}")
-                if wrong:
-                    loc = ["source", "expectations", i, "kwargs", *place]
-                    wrong = wrong.replace("{written}", written_at(nodes[skey], loc) or yaml_text(value))
-                    problems.append(
-                        f"{where[skey]}:{line_of(nodes[skey], loc)}: source {source.name!r}: expectations[{i}] {extra.type}: "
-                        f"kwargs.{'.'.join(map(str, place))}: {wrong}"
-                    )
-                    wrong_values += 1
-            problem = None if wrong_values else _extra_expectation_problem(extra, columns)
-            if problem:
-                problems.append(f"{at(f'{skey}:expectations:{i}')}: source {source.name!r}: expectations[{i}] {extra.type}: {problem}")
-        seen: set[str] = set()
-        by_column: dict[str, int] = {}
-        for i, feature in enumerate(source.features):
-            if feature.name in seen:
-                problems.append(f"{at(f'{skey}:features:{i}')}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
-                continue
-            seen.add(feature.name)
-            first = by_column.setdefault(feature.source_column, i)
-            if source.layout == "long" and first != i:
-                # the pivot keeps one feature per name: the run would fail after reading the table
-                other = source.features[first]
-                problems.append(
-                    f"{at(f'{skey}:features:{i}')}: source {source.name!r}: features {other.name!r} (line {lines.get(f'{skey}:features:{first}')}) "
-                    f"and {feature.name!r} both read the rows where {source.name_column} is {feature.source_column!r}: "
-                    f"a long layout gives each name to one feature (set another 'column', or drop one)"
-                )
+        problems += _key_column_problems(source, entity, places)
+        problems += _expectation_problems(source, entity, places)
+        problems += _feature_name_problems(source, places)
+    problems += _prefix_problems(entities, places)
+    for entity in entities.values():
+        problems += _field_id_problems(entity, [s for s in sources.values() if s.entity == entity.name], places)
+    return problems
 
-    prefixes: dict[str, str] = {}
+
+def _key_column_problems(source, entity, places: _Places) -> list[str]:
+    if source.key_columns is None or len(source.key_columns) == len(entity.keys):
+        return []
+    return [
+        f"{places.at(f'source:{source.name}')}: source {source.name!r}: key_columns has {len(source.key_columns)} columns, "
+        f"entity {entity.name!r} has {len(entity.keys)} key parts"
+    ]
+
+
+def _expectation_problems(source, entity, places: _Places) -> list[str]:
+    """Extra expectations: values of the column's type, and a known great-expectations class."""
+    skey, problems = f"source:{source.name}", []
+    # column -> type of its values, for the checks' arguments
+    columns = dict(zip(source.key_columns or [k.name for k in entity.keys], [k.type for k in entity.keys]))
+    columns |= {f.name: f.type for f in source.features}
+    for i, extra in enumerate(source.expectations):
+        column = extra.kwargs.get("column")
+        wrong_values = 0
+        for place, value in _extra_expectation_values(extra) if isinstance(column, str) and column in columns else []:
+            wrong = value_type_problem(columns[column], value, of=f"column {column!r}")
+            if wrong:
+                loc = ["source", "expectations", i, "kwargs", *place]
+                wrong = wrong.replace("{written}", written_at(places.nodes[skey], loc) or yaml_text(value))
+                problems.append(
+                    f"{places.where[skey]}:{line_of(places.nodes[skey], loc)}: source {source.name!r}: expectations[{i}] {extra.type}: "
+                    f"kwargs.{'.'.join(map(str, place))}: {wrong}"
+                )
+                wrong_values += 1
+        problem = None if wrong_values else _extra_expectation_problem(extra, columns)
+        if problem:
+            problems.append(f"{places.at(f'{skey}:expectations:{i}')}: source {source.name!r}: expectations[{i}] {extra.type}: {problem}")
+    return problems
+
+
+def _feature_name_problems(source, places: _Places) -> list[str]:
+    """One feature per name; in a long layout, one feature per name of the name column."""
+    skey, problems = f"source:{source.name}", []
+    seen: set[str] = set()
+    by_column: dict[str, int] = {}
+    for i, feature in enumerate(source.features):
+        if feature.name in seen:
+            problems.append(f"{places.at(f'{skey}:features:{i}')}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
+            continue
+        seen.add(feature.name)
+        first = by_column.setdefault(feature.source_column, i)
+        if source.layout == "long" and first != i:
+            # the pivot keeps one feature per name: the run would fail after reading the table
+            other = source.features[first]
+            problems.append(
+                f"{places.at(f'{skey}:features:{i}')}: source {source.name!r}: features {other.name!r} (line {places.lines.get(f'{skey}:features:{first}')}) "
+                f"and {feature.name!r} both read the rows where {source.name_column} is {feature.source_column!r}: "
+                f"a long layout gives each name to one feature (set another 'column', or drop one)"
+            )
+    return problems
+
+
+def _prefix_problems(entities, places: _Places) -> list[str]:
+    problems, prefixes = [], {}
     for entity in entities.values():
         if entity.prefix in prefixes:
-            problems.append(f"{at(f'entity:{entity.name}')}: entity {entity.name!r} has key prefix {entity.prefix!r}, like entity {prefixes[entity.prefix]!r}: their Redis keys would mix")
+            problems.append(
+                f"{places.at(f'entity:{entity.name}')}: entity {entity.name!r} has key prefix {entity.prefix!r}, "
+                f"like entity {prefixes[entity.prefix]!r}: their Redis keys would mix"
+            )
         prefixes.setdefault(entity.prefix, entity.name)
+    return problems
 
-    # Names and field ids must be unique per entity type, across all of its sources.
-    for entity in entities.values():
-        owners: dict[str, str] = {}
-        ids: dict[int, str] = {}
-        for source in (s for s in sources.values() if s.entity == entity.name):
-            skey = f"source:{source.name}"
-            ts_name = freshness_field_name(source.name)
-            if source.freshness_field_id in ids:
+
+def _field_id_problems(entity, sources, places: _Places) -> list[str]:
+    """Names and field ids are unique per entity type, across all of its sources."""
+    problems, owners, ids = [], {}, {}
+    for source in sources:
+        skey = f"source:{source.name}"
+        ts_name = freshness_field_name(source.name)
+        if source.freshness_field_id in ids:
+            problems.append(
+                f"{places.at(skey)}: field id collision in entity {entity.name!r}: {ts_name!r} and {ids[source.freshness_field_id]} "
+                f"both have field id {source.freshness_field_id}"
+            )
+        ids.setdefault(source.freshness_field_id, f"{ts_name!r} (freshness field of source {source.name!r})")
+        for feature in source.features:
+            fkey = f"{skey}:{feature.name}"
+            label = f"feature {feature.name!r} of source {source.name!r}"
+            if feature.name in owners and owners[feature.name] != source.name:
+                problems.append(f"{places.at(fkey)}: entity {entity.name!r}: {label} is also defined by source {owners[feature.name]!r}")
+                continue
+            owners[feature.name] = source.name
+            if feature.field_id in ids and not ids[feature.field_id].startswith(f"feature {feature.name!r}"):
                 problems.append(
-                    f"{at(skey)}: field id collision in entity {entity.name!r}: {ts_name!r} and {ids[source.freshness_field_id]} "
-                    f"both have field id {source.freshness_field_id}"
+                    f"{places.at(fkey)}: field id collision in entity {entity.name!r}: {label} and {ids[feature.field_id]} "
+                    f"both have field id {feature.field_id}"
                 )
-            ids.setdefault(source.freshness_field_id, f"{ts_name!r} (freshness field of source {source.name!r})")
-            for feature in source.features:
-                fkey = f"{skey}:{feature.name}"
-                label = f"feature {feature.name!r} of source {source.name!r}"
-                if feature.name in owners and owners[feature.name] != source.name:
-                    problems.append(f"{at(fkey)}: entity {entity.name!r}: {label} is also defined by source {owners[feature.name]!r}")
-                    continue
-                owners[feature.name] = source.name
-                if feature.field_id in ids and not ids[feature.field_id].startswith(f"feature {feature.name!r}"):
-                    problems.append(
-                        f"{at(fkey)}: field id collision in entity {entity.name!r}: {label} and {ids[feature.field_id]} "
-                        f"both have field id {feature.field_id}"
-                    )
-                ids.setdefault(feature.field_id, label)
+            ids.setdefault(feature.field_id, label)
     return problems
