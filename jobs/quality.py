@@ -3,9 +3,10 @@
 No suite is written by hand: :func:`derive_checks` turns a source's definition (keys,
 types, embedding dimensions, null limits, declared ranges and allowed values, extra
 expectations from its YAML) and the previous successful run's size into expectations.
-:func:`run_gate` validates the snapshot with great-expectations 1.x (ephemeral context,
-Spark data source, the DataFrame as a batch parameter) and renders its HTML data docs.
-:func:`profile` summarises every feature in one aggregation pass.
+:func:`run_gate` validates the snapshot: the derived checks and the profile in one Spark
+job (jobs/quality_scan.py, great-expectations' semantics), a definition's expectations of
+other kinds with great-expectations 1.x itself; great-expectations renders the HTML data
+docs from the results. :func:`profile` is the profile alone.
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ from pyspark.sql import functions as F
 from feature_defs import EntityDef, SourceDef
 from feature_defs.models import expectation_class_name
 from jobs.config import QualityConf
+from jobs.quality_scan import scan, unexpected_examples
 from jobs.transforms import CONFLICTS, key_columns, spark_type
 
 log = logging.getLogger(__name__)
 
 DIM_PREFIX = "_dim_"
-NUMERIC = ("float", "int")
-LISTS = ("embedding", "int_list", "string_list")
 
 
 class QualityGateError(RuntimeError):
@@ -83,6 +83,7 @@ class CheckResult:
 class GateResult:
     results: list[CheckResult]
     data_docs: str | None = None
+    profile: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def blocking_failures(self) -> list[CheckResult]:
@@ -186,65 +187,123 @@ def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[st
     return None
 
 
-def run_gate(df: DataFrame, checks: list[Check], *, suite_name: str, run_name: str, docs_dir: Path | None) -> GateResult:
-    """Validate ``df`` against ``checks`` with great-expectations; render data docs into ``docs_dir``."""
+def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_name: str, run_name: str, docs_dir: Path | None) -> GateResult:
+    """Validate ``df`` against ``checks`` and profile it: the checks the scan knows and the
+    profile in one Spark job (jobs/quality_scan.py), any other expectation with
+    great-expectations; the HTML data docs rendered from the results by great-expectations
+    (no Spark work) into ``docs_dir``."""
+    found, profile = scan(df, checks, source)
+    context, suite = _gx_suite(suite_name, checks)
+    configs = [e.configuration for e in suite.expectations]
+    outcomes: dict[int, Any] = {}
+    for i, (success, result) in found.items():
+        if not success and "unexpected_count" in result and checks[i].type != "expect_column_values_to_not_be_null":
+            result["partial_unexpected_list"] = [_plain(v) for v in unexpected_examples(df, checks[i])]
+        outcomes[i] = _gx_result(success, configs[i], result)
+    rest = [i for i in range(len(checks)) if i not in found]
+    if rest:
+        outcomes |= dict(zip(rest, _run_with_gx(context, df, [checks[i] for i in rest], f"{suite_name} (great-expectations)")))
+    ordered = [outcomes[i] for i in range(len(checks))]
+    index = _render_docs(context, suite_name, run_name, ordered, docs_dir) if docs_dir is not None else None
+    return GateResult(results=[_check_result(r) for r in ordered], data_docs=index, profile=profile)
+
+
+def _gx():
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # no network calls from a nightly job
     import great_expectations as gx
-    import great_expectations.expectations as gxe
-    from great_expectations.data_context.types.base import ProgressBarsConfig
 
     # great_expectations.data_context.types.base sets its own logger to INFO on import
     for name in ("great_expectations", "great_expectations.data_context.types.base"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    return gx
+
+
+def _gx_suite(suite_name: str, checks: list[Check]):
+    """An ephemeral great-expectations context holding the suite of ``checks``."""
+    gx = _gx()
+    import great_expectations.expectations as gxe
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    # persist=False: the snapshot is cached by the job already, and released by it
-    batch = context.data_sources.add_spark(name="feature_materializer", persist=False).add_dataframe_asset(name=suite_name)
-    batch_definition = batch.add_batch_definition_whole_dataframe("snapshot")
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for check in checks:
-        cls = getattr(gxe, check.class_name)
         # notes carry our name into the data docs; meta carries it into the results
         meta = {"name": check.name, "severity": check.severity}
-        suite.add_expectation(cls(**check.kwargs, meta=meta, notes=f"{check.name} ({check.severity})"))
-    validation = context.validation_definitions.add(gx.ValidationDefinition(name=run_name, data=batch_definition, suite=suite))
-    actions = []
-    if docs_dir is not None:
-        context.add_data_docs_site(
-            site_name="reports",
-            site_config={
-                "class_name": "SiteBuilder",
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-            },
-        )
-        actions.append(gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=["reports"]))
-    checkpoint = context.checkpoints.add(
-        gx.Checkpoint(name=run_name, validation_definitions=[validation], actions=actions, result_format={"result_format": "SUMMARY"})
+        suite.add_expectation(getattr(gxe, check.class_name)(**check.kwargs, meta=meta, notes=f"{check.name} ({check.severity})"))
+    return context, suite
+
+
+def _run_with_gx(context, df: DataFrame, checks: list[Check], suite_name: str) -> list:
+    """Checks the scan does not compute (a definition's own expectations of other kinds),
+    validated by great-expectations on the Spark DataFrame."""
+    gx = _gx()
+    _, suite = _gx_suite(suite_name, checks)
+    # persist=False: the snapshot is cached by the job already, and released by it
+    asset = context.data_sources.add_spark(name="feature_materializer", persist=False).add_dataframe_asset(name=suite_name)
+    validation = gx.ValidationDefinition(name=suite_name, data=asset.add_batch_definition_whole_dataframe("snapshot"), suite=suite)
+    outcome = validation.run(batch_parameters={"dataframe": df}, result_format={"result_format": "SUMMARY"})
+    by_id = {r.expectation_config.id: r for r in outcome.results}  # great-expectations reorders them
+    return [by_id[e.id] for e in suite.expectations]
+
+
+def _gx_result(success: bool, config, result: dict):
+    from great_expectations.core import ExpectationValidationResult
+
+    return ExpectationValidationResult(success=success, expectation_config=config, result=result)
+
+
+def _render_docs(context, suite_name: str, run_name: str, results: list, docs_dir: Path) -> str | None:
+    """The data docs site (index, suite page, validation page) from the results: no Spark work."""
+    from great_expectations.core import ExpectationSuiteValidationResult
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier, ValidationResultIdentifier
+
+    context.add_data_docs_site(
+        site_name="reports",
+        site_config={
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        },
     )
-    outcome = checkpoint.run(batch_parameters={"dataframe": df})
-    results = []
-    for run in outcome.run_results.values():
-        for r in run.results:
-            config = r.expectation_config
-            meta = config.meta or {}
-            res = r.result or {}
-            results.append(
-                CheckResult(
-                    name=meta.get("name", config.type),
-                    expectation=config.type,
-                    severity=meta.get("severity", "blocking"),
-                    success=bool(r.success),
-                    column=config.kwargs.get("column"),
-                    element_count=res.get("element_count"),
-                    unexpected_count=res.get("unexpected_count"),
-                    unexpected_percent=res.get("unexpected_percent"),
-                    observed_value=_plain(res.get("observed_value")),
-                    kwargs={k: _plain(v) for k, v in config.kwargs.items() if k not in ("batch_id",)},
-                )
-            )
-    index = docs_dir / "index.html" if docs_dir is not None else None
-    return GateResult(results=results, data_docs=str(index) if index and index.is_file() else None)
+    passed = sum(1 for r in results if r.success)
+    run_id = RunIdentifier(run_name=run_name)
+    validation = ExpectationSuiteValidationResult(
+        success=passed == len(results),
+        results=results,
+        suite_name=suite_name,
+        statistics={
+            "evaluated_expectations": len(results),
+            "successful_expectations": passed,
+            "unsuccessful_expectations": len(results) - passed,
+            "success_percent": 100.0 * passed / len(results) if results else None,
+        },
+        meta={"run_id": run_id},
+    )
+    key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite_name), run_id=run_id, batch_identifier="snapshot")
+    context.validation_results_store.set(key, validation)
+    context.build_data_docs(site_names=["reports"])
+    index = docs_dir / "index.html"
+    return str(index) if index.is_file() else None
+
+
+def _check_result(r) -> CheckResult:
+    config = r.expectation_config
+    meta = config.meta or {}
+    res = r.result or {}
+    return CheckResult(
+        name=meta.get("name", config.type),
+        expectation=config.type,
+        severity=meta.get("severity", "blocking"),
+        success=bool(r.success),
+        column=config.kwargs.get("column"),
+        element_count=res.get("element_count"),
+        unexpected_count=res.get("unexpected_count"),
+        unexpected_percent=res.get("unexpected_percent"),
+        observed_value=_plain(res.get("observed_value")),
+        kwargs={k: _plain(v) for k, v in config.kwargs.items() if k not in ("batch_id",)},
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -257,38 +316,7 @@ def _plain(value: Any) -> Any:
 
 
 def profile(df: DataFrame, source: SourceDef) -> dict[str, dict[str, Any]]:
-    """Per feature: null and zero fractions, min/max/mean of numbers, list length stats.
-
-    One aggregation over the (cached) snapshot, not a scan per feature. Give it the
-    :func:`validation_frame`, where NaN/inf (never written) are null.
-    """
-    aggs: list[Column] = [F.count(F.lit(1)).alias("_rows")]
-    for f in source.features:
-        c = F.col(f.name)
-        aggs.append(F.count(c).alias(f"{f.name}__n"))
-        if f.type in NUMERIC:
-            valid = c.cast("double")  # NaN/inf are already null in the validation frame
-            aggs += [
-                F.sum((c == 0).cast("long")).alias(f"{f.name}__zero"),
-                F.min(valid).alias(f"{f.name}__min"),
-                F.max(valid).alias(f"{f.name}__max"),
-                F.avg(valid).alias(f"{f.name}__mean"),
-            ]
-        elif f.type == "bool":
-            aggs.append(F.sum((~c).cast("long")).alias(f"{f.name}__zero"))
-        elif f.type in LISTS:
-            size = F.when(c.isNotNull(), F.size(c))
-            aggs += [F.min(size).alias(f"{f.name}__len_min"), F.max(size).alias(f"{f.name}__len_max"), F.avg(size).alias(f"{f.name}__len_mean")]
-    row = df.agg(*aggs).first().asDict()
-    rows = row.pop("_rows") or 0
-    out: dict[str, dict[str, Any]] = {}
-    for f in source.features:
-        present = row[f"{f.name}__n"]
-        stats: dict[str, Any] = {"null_fraction": (rows - present) / rows if rows else 0.0}
-        if f"{f.name}__zero" in row:
-            stats["zero_fraction"] = (row[f"{f.name}__zero"] or 0) / rows if rows else 0.0
-        for key in ("min", "max", "mean", "len_min", "len_max", "len_mean"):
-            if f"{f.name}__{key}" in row:
-                stats[key] = row[f"{f.name}__{key}"]
-        out[f.name] = stats
-    return out
+    """Per feature: null and zero fractions, min/max/mean of numbers, list length stats, in
+    one aggregation (the gate computes it with its checks; this is the profile alone).
+    Give it the :func:`validation_frame`, where NaN/inf (never written) are null."""
+    return scan(df, [], source)[1]

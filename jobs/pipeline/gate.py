@@ -25,13 +25,15 @@ def check_quality(ctx: RunContext, prepared: Prepared, summary: RunSummary, *, e
     failures: list[str] = []
     with progress(spark, f"quality checks {source.name}"):
         frame = quality.validation_frame(prepared.snapshot, source)
-        summary.profile = quality.profile(frame, source)
-        if expectations:
+        if not expectations:
+            summary.profile = quality.profile(frame, source)
+        else:
             # a range's size is not comparable with one date's: no row-count band then
             previous = None if end else quality.previous_success(conf.reports_path, source.name, date)
             checks = quality.derive_checks(source, entity, conf.quality, previous)
             docs = report_dir(conf, source.name, date, end) / docs_folder if conf.quality.data_docs else None
-            result = quality.run_gate(frame, checks, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
+            result = quality.run_gate(frame, checks, source=source, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
+            summary.profile = result.profile
             summary.expectations = result.as_dicts()
             summary.data_docs = result.data_docs
             summary.warnings.extend(f"expectation failed (warning): {r.describe()}" for r in result.warnings)
