@@ -1,5 +1,8 @@
 """Where a whole run's time goes, per stage: `python -m bench.stage_profile`.
 
+A stage's wall seconds less its Spark jobs' wall seconds (``job_wall_s``) is the driver's
+own time: planning the queries, Delta's log, great-expectations, Python.
+
 Runs the real job (`run_source`) as a user runs it (quality gate, data docs and the
 read-back on, the `env`'s defaults otherwise) on standard-shape tables (bench/standard.py;
 the long layout holds the same entities' 48 numbers as one row per (entity, feature)),
@@ -57,7 +60,7 @@ def write_long_table(spark, path: Path, entities: int) -> None:
     long.write.format("delta").mode("overwrite").save(str(path))
 
 
-def _conf(env: str, workdir: Path, entities: int, redis_url: str, sinks: list[str], event_log: Path):
+def _conf(env: str, workdir: Path, defs: Path, entities: int, redis_url: str, sinks: list[str], event_log: Path, extra: dict):
     from jobs.config import load_config
 
     return load_config(
@@ -65,10 +68,14 @@ def _conf(env: str, workdir: Path, entities: int, redis_url: str, sinks: list[st
         {
             "data_root": str(workdir / "data" / str(entities)),
             "reports_dir": str(workdir / "reports"),
-            "definitions_dir": str(workdir / "defs"),
+            "definitions_dir": str(defs),
             "sinks": sinks,
             "redis": {"url": redis_url, "password_env": None, "capacity_bytes": 64 << 30, "namespace": None},
-            "spark": {"master": "local[2]", "extra": {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri()}},
+            "spark": {"master": "local[2]", "extra": {
+                "spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri(),
+                "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",  # one plain JSON-lines file
+                **extra,
+            }},  # fmt: skip
         },
     )
 
@@ -87,20 +94,25 @@ def _table(spark, conf, defs, name: str, entities: int) -> None:
     print(f"  made {name} ({entities:,} entities) in {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str], redis_url: str) -> dict:
+def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str], redis_url: str, extra: dict) -> dict:
     """The child process: one run, its summary's stage seconds and its event log per stage."""
     import psycopg
     from psycopg import sql as pgsql
 
-    from bench.standard import DATE, SOURCE, write_definitions
+    from bench.standard import DATE, ENTITIES_YAML, SOURCE, write_definitions
     from feature_defs import load_definitions
     from jobs.pipeline.run import run_source
     from jobs.spark import build_spark
 
-    write_definitions(workdir / "defs")
-    (workdir / "defs" / f"{LONG_SOURCE}.yaml").write_text(long_source_yaml())
+    if layout == "long":  # a folder of its own: the same entity type, the same feature names
+        folder = workdir / "defs-long"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "entities.yaml").write_text(ENTITIES_YAML)
+        (folder / f"{LONG_SOURCE}.yaml").write_text(long_source_yaml())
+    else:
+        folder = write_definitions(workdir / "defs")
     event_log = Path(tempfile.mkdtemp(prefix="events-", dir=workdir))
-    conf = _conf(env, workdir, entities, redis_url, sinks, event_log)
+    conf = _conf(env, workdir, folder, entities, redis_url, sinks, event_log, extra)
     defs = load_definitions(conf.path(conf.definitions_dir))
     name = LONG_SOURCE if layout == "long" else SOURCE
     spark = build_spark(conf.spark)
@@ -122,7 +134,7 @@ def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str
     per_stage = stage_costs(log)
     writers = {s: v.get("slowest_writer_seconds") for s, v in summary.sinks.items()}
     return {
-        "entities": entities, "layout": layout, "sinks": sinks, "run_seconds": summary.seconds,
+        "entities": entities, "layout": layout, "sinks": sinks, "spark": extra, "run_seconds": summary.seconds,
         "stages": {name: {"wall_seconds": round(seconds, 3), **per_stage.get(name, {})} for name, seconds in summary.stages.items()},
         "untagged": per_stage.get(None, {}), "writer_seconds": writers, "jobs": per_stage["_jobs"],
     }  # fmt: skip
@@ -137,6 +149,7 @@ def stage_costs(event_log: Path) -> dict:
     stages_run: dict = defaultdict(set)
     per_job: dict = defaultdict(lambda: defaultdict(float))
     task_job: dict[int, int] = {}
+    job_start: dict[int, int] = {}
     with event_log.open() as f:
         for line in f:
             e = json.loads(line)
@@ -150,6 +163,11 @@ def stage_costs(event_log: Path) -> dict:
                     stage_of[sid] = tag
                     task_job[sid] = e["Job ID"]
                 totals[tag]["jobs"] += 1
+                job_start[e["Job ID"]] = e["Submission Time"]
+            elif kind == "SparkListenerJobEnd":
+                took = (e["Completion Time"] - job_start.pop(e["Job ID"], e["Completion Time"])) / 1000
+                totals[job_stage.get(e["Job ID"])]["job_wall_s"] += took
+                per_job[e["Job ID"]]["job_wall_s"] += took
             elif kind == "SparkListenerTaskEnd":
                 sid = e["Stage ID"]
                 tag = stage_of.get(sid)
@@ -181,7 +199,7 @@ def stage_costs(event_log: Path) -> dict:
 def _print(result: dict) -> None:
     head = f"{result['entities']:,} entities, {result['layout']} layout, {'+'.join(result['sinks'])}: run {result['run_seconds']:.1f} s"
     print(f"\n{head}")
-    cols = ("wall_seconds", "jobs", "spark_stages", "tasks", "executor_run_s", "executor_cpu_s", "gc_s", "shuffle_write_mb", "shuffle_read_mb", "input_mb")
+    cols = ("wall_seconds", "job_wall_s", "jobs", "spark_stages", "tasks", "executor_run_s", "executor_cpu_s", "gc_s", "shuffle_write_mb", "shuffle_read_mb", "input_mb")
     print("| stage | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
     for name, row in result["stages"].items():
@@ -199,11 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sinks", choices=["redis", "both"], default="redis")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
     p.add_argument("--output", type=Path, default=Path(__file__).parent / "stage_profile.json")
+    p.add_argument("--spark", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting for the run (experiments)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        entities, layout, sinks, redis_url, out = json.loads(args.child)
-        Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url)))
+        entities, layout, sinks, redis_url, extra, out = json.loads(args.child)
+        Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url, extra)))
         return 0
 
     from bench.servers import start_redis
@@ -217,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         for entities in (int(n) for n in args.entities.split(",")):
             for layout in args.layout.split(","):
                 out = workdir / f"profile-{entities}-{layout}.json"
-                child = json.dumps([entities, layout, sinks, server.url, str(out)])
+                extra = dict(kv.split("=", 1) for kv in args.spark)
+                child = json.dumps([entities, layout, sinks, server.url, extra, str(out)])
                 subprocess.run([sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--child", child], check=True, cwd=PROJECT_ROOT)
                 results.append(json.loads(out.read_text()))
                 _print(results[-1])
@@ -226,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
     previous.setdefault("runs", {})
     for r in results:
-        previous["runs"][f"{r['entities']} {r['layout']} {'+'.join(r['sinks'])}"] = r
+        previous["runs"][" ".join([str(r["entities"]), r["layout"], "+".join(r["sinks"]), *(f"{k}={v}" for k, v in r["spark"].items())])] = r
     args.output.write_text(json.dumps(previous, indent=1) + "\n")
     print(f"\nwrote {args.output}")
     return 0

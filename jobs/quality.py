@@ -12,10 +12,12 @@ docs from the results. :func:`profile` is the profile alone.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import logging
 import math
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,6 +208,20 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
     ordered = [outcomes[i] for i in range(len(checks))]
     index = _render_docs(context, suite_name, run_name, ordered, docs_dir) if docs_dir is not None else None
     return GateResult(results=[_check_result(r) for r in ordered], data_docs=index, profile=profile)
+
+
+def prefetch() -> None:
+    """Import great-expectations in the background (about 2.5 s of the driver's time), while
+    Spark reads and prepares the snapshot: the gate then finds it imported."""
+    def load() -> None:
+        try:
+            _gx()
+            for module in ("great_expectations.expectations", "great_expectations.render.renderer"):  # the suite, the data docs
+                importlib.import_module(module)
+        except Exception:  # the gate imports it again and reports what is wrong
+            log.debug("prefetching great-expectations failed", exc_info=True)
+
+    threading.Thread(target=load, name="prefetch-great-expectations", daemon=True).start()
 
 
 def _gx():

@@ -42,6 +42,10 @@ def build_spark(conf: SparkConf):
         "spark.ui.showConsoleProgress": "false",
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.adaptive.enabled": "true",
+        # A snapshot row has a column per feature, and the gate's one aggregation a few per
+        # feature: past Spark's default of 100 fields a plan loses whole-stage code
+        # generation and runs interpreted (the gate took twice as long, bench/stage_profile.py).
+        "spark.sql.codegen.maxFields": "1000",
         **conf.extra,
         # Pinned, over spark.extra too (Spark 4's default, but a cluster may turn it off): the
         # transforms cast data with try_cast and check its nulls; any other cast then fails

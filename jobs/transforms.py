@@ -153,14 +153,19 @@ def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> li
     return order + [F.xxhash64(*content).desc(), F.to_json(F.struct(*content)).desc()]
 
 
-def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str]) -> DataFrame:
+def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], unique: bool = False) -> DataFrame:
     """Keep the latest row per ``partition`` key (deterministic on ties).
+
+    ``unique``: the caller counted one row per key; the rows are kept as they are, with
+    no conflicts (the window's sort of every row is what de-duplication costs).
 
     Adds CONFLICTS: how many other rows of the key, as recent as the one kept (same
     timestamp, or no timestamp column), carry different feature values. Copies, and rows
     differing only in columns that are not features, do not count. A key with conflicts
     is not unique after de-duplication: which version is right is unknown.
     """
+    if unique:
+        return df.withColumn(CONFLICTS, F.lit(0))
     values = [source.value_column] if source.layout == "long" else [f.source_column for f in source.features]
     window = Window.partitionBy(*partition).orderBy(*_order_columns(df, source, partition))
     whole = Window.partitionBy(*partition)
@@ -176,11 +181,11 @@ def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str]) -> Da
     return ranked.where("_rank = 1").drop("_rank", "_h", "_kept_h")
 
 
-def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
+def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False, unique: bool = False) -> DataFrame:
     """Latest row per entity (per entity and date with ``per_date``), features cast to
-    their encode types and named by feature."""
+    their encode types and named by feature. ``unique``: see :func:`latest_per_key`."""
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
-    latest = latest_per_key(df, source, keys)
+    latest = latest_per_key(df, source, keys, unique)
     typed, reasons = {}, []
     for f in source.features:
         raw = F.col(f.source_column)
@@ -199,18 +204,19 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     )
 
 
-def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
+def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False, unique: bool = False) -> DataFrame:
     """Latest value per (entity, feature), pivoted into one row per entity.
 
     Rows of feature names that are not defined are not part of the snapshot (counted
     by the job as ``ignored_rows``). A value that does not fit its feature's type is
     bad input for the whole entity. With ``per_date`` one row per entity and date.
+    ``unique``: one row per (entity, name) was counted (see :func:`latest_per_key`).
     """
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     by_column = {f.source_column: f for f in source.features}
     found = df.schema[source.value_column].dataType
     rows = df.where(F.col(source.name_column).isin(list(by_column)))
-    latest = latest_per_key(rows, source, [*keys, source.name_column])
+    latest = latest_per_key(rows, source, [*keys, source.name_column], unique)
     value = F.col(source.value_column)
     aggs, reasons = [], []
     for column, feature in by_column.items():

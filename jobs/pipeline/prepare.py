@@ -58,11 +58,14 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     snapshot = raw.where(day.between(F.lit(ctx.date), F.lit(ctx.end)) if ctx.per_date else day == F.lit(ctx.date))
     tagged = tf.tag_key_problems(snapshot, source, entity).persist()
     read = _count_read(ctx, tagged)
-    # Partitions by entity key, as many as the size needs: each task's share (and the cached
-    # blocks) stays the same size however large the snapshot; the de-duplication reuses it.
-    partitions = max(conf.spark.shuffle_partitions, math.ceil(read["rows"] / conf.spark.rows_per_partition))
-    good_rows = tagged.where(~tf.is_bad(tagged)).repartition(partitions, *tf.key_columns(source, entity))
-    checked = _checked(ctx, good_rows).persist()
+    good_rows = tagged.where(~tf.is_bad(tagged))
+    unique = read["duplicates"] == 0
+    if not unique:
+        # Partitions by entity key, as many as the size needs: each task's share (and the cached
+        # blocks) stays the same size however large the snapshot; the de-duplication reuses it.
+        partitions = max(conf.spark.shuffle_partitions, math.ceil(read["rows"] / conf.spark.rows_per_partition))
+        good_rows = good_rows.repartition(partitions, *tf.key_columns(source, entity))
+    checked = _checked(ctx, good_rows, unique).persist()
     counts = _count_checked(ctx, checked, read)
     written = checked
     if ctx.per_date:
@@ -86,26 +89,32 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
 
 
 def _count_read(ctx: RunContext, tagged: DataFrame) -> dict:
-    """Rows read and those with unusable keys; long layout: rows of undefined names, and the
-    (entity, name) pairs the de-duplication keeps."""
+    """Rows read and those with unusable keys, and how many of the rows to de-duplicate
+    repeat a key (none: the de-duplication has nothing to do and is skipped); long layout:
+    rows of undefined names, and the (entity, name) pairs the de-duplication keeps."""
     source = ctx.source
     bad = tf.is_bad(tagged)
+    dated = [source.date_column] if ctx.per_date else []
+    keys = [*tf.key_columns(source, ctx.entity), *dated]
     aggs = [F.count(F.lit(1)).alias("rows"), F.sum(bad.cast("long")).alias("bad")]
     if source.layout == "long":
-        dated = [source.date_column] if ctx.per_date else []
         defined = F.col(source.name_column).isin([f.source_column for f in source.features])
         aggs.append(F.sum((~bad & ~defined).cast("long")).alias("ignored"))
-        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*tf.key_columns(source, ctx.entity), *dated, source.name_column))).alias("latest"))
-    return {k: v or 0 for k, v in tagged.agg(*aggs).first().asDict().items()}
+        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*keys, source.name_column))).alias("latest"))
+    else:
+        aggs.append(F.count_distinct(F.when(~bad, F.struct(*keys))).alias("latest"))
+    read = {k: v or 0 for k, v in tagged.agg(*aggs).first().asDict().items()}
+    read["duplicates"] = read["rows"] - read["bad"] - read.get("ignored", 0) - read["latest"]
+    return read
 
 
-def _checked(ctx: RunContext, good_rows: DataFrame) -> DataFrame:
+def _checked(ctx: RunContext, good_rows: DataFrame, unique: bool) -> DataFrame:
     """One row per entity (per date in a range) with its features typed and its value problems tagged."""
     source, entity = ctx.source, ctx.entity
     if source.layout == "wide":
-        features = tf.wide_features(good_rows, source, entity, ctx.per_date)
+        features = tf.wide_features(good_rows, source, entity, ctx.per_date, unique)
     else:
-        features = tf.long_features(good_rows, source, entity, ctx.per_date)
+        features = tf.long_features(good_rows, source, entity, ctx.per_date, unique)
     checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity)
     if "cockroach" in ctx.conf.sinks:
         checked = tf.with_json_maps(checked, source, ctx.conf.sql.max_map_bytes)

@@ -9,6 +9,7 @@ import datetime as dt
 from pyspark.sql import SparkSession
 
 from feature_defs import Definitions
+from jobs import quality
 from jobs.config import RunConf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.gate import check_quality
@@ -45,6 +46,8 @@ def run_source(
     source = defs.source(source_name)
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url)
     summary = new_summary(ctx, conf.env)
+    if conf.quality.expectations:
+        quality.prefetch()
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded") as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
