@@ -56,6 +56,16 @@ def test_the_latest_row_per_key_wins_and_ties_are_counted_as_conflicts(spark):
     assert first == again  # the tie is broken the same way whatever the order
 
 
+def test_one_row_per_key_skips_the_de_duplication_and_gives_the_same_rows(spark):
+    rows = [("nyc", 1, 1.5, 10, at(1), D2), ("sf", 2, None, 20, at(3), D2), ("la", 3, 1e39, 30, None, D2)]
+    df = spark.createDataFrame(rows, SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    columns = ("score", "n", tf.REASONS, tf.CONFLICTS)
+    sorted_ = rows_by_key(tf.wide_features(df, WIDE, STORE), *columns)
+    skipped = rows_by_key(tf.wide_features(df, WIDE, STORE, unique=True), *columns)
+    assert skipped == sorted_ and len(skipped) == 3
+    assert skipped[("la", 3)][2] == ["score: beyond float32 range"] and skipped[("sf", 2)][:2] == (None, 20)
+
+
 @pytest.mark.parametrize(("score", "typed", "reasons"), [
     (1.5, 1.5, []),
     (3.4028234663852886e38, 3.4028234663852886e38, []),
