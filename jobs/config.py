@@ -39,6 +39,9 @@ class SparkConf(Settings):
     master: str = "local[2]"
     """Used when the job is not started by spark-submit (which sets its own master)."""
     app_name: str = "feature-materializer"
+    driver_memory: Annotated[str, Field(pattern=r"^[0-9]+[kmgt]?$")] = "4g"
+    """JVM heap of a run without spark-submit (local: driver and executors in one JVM), so
+    the cached snapshot stays in memory; spark-submit sets its own (--driver-memory)."""
     shuffle_partitions: int = Field(4, ge=1)
     arrow_batch_rows: int = Field(5000, ge=1)
     """Rows per Arrow batch handed to the writers: bounds executor memory per task."""
@@ -46,8 +49,8 @@ class SparkConf(Settings):
     """Input split size (spark.sql.files.maxPartitionBytes): bounds the rows of each read
     task and of the snapshot's cached blocks, whatever the size of the ETL table's files."""
     rows_per_partition: int = Field(50_000, ge=1000)
-    """The de-duplication spreads a snapshot over one partition per this many rows read (at
-    least shuffle_partitions), so a task's memory does not grow with the snapshot."""
+    """A snapshot that repeats keys is de-duplicated over one partition per this many rows
+    read (at least shuffle_partitions), so a task's memory does not grow with the snapshot."""
     extra: dict[str, str] = {}
     """Any further spark.* settings."""
 

@@ -9,6 +9,10 @@ from pathlib import Path
 from jobs.config import PROJECT_ROOT, SparkConf
 
 DELTA_JARS = ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
+HUGE_METHODS = "-XX:-DontCompileHugeMethods"
+"""A snapshot of 50 features makes Spark generate methods past HotSpot's 8,000-byte limit for
+JIT compilation; left interpreted, the gate's scan and the checks ran 2-6x slower
+(bench/README.md). On a cluster, put it in spark.executor.extraJavaOptions too."""
 
 
 def delta_jars() -> list[Path]:
@@ -31,6 +35,10 @@ def build_spark(conf: SparkConf):
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit already chose master and jars
     if not under_submit:
         builder = builder.master(conf.master).config("spark.jars", ",".join(str(j) for j in delta_jars()))
+        # before the JVM starts: 1g (Spark's default) spills a 1M-entity snapshot's cache to disk
+        builder = builder.config("spark.driver.memory", conf.driver_memory)
+        if "spark.driver.extraJavaOptions" not in conf.extra:
+            builder = builder.config("spark.driver.extraJavaOptions", HUGE_METHODS)
     settings = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
