@@ -140,6 +140,46 @@ def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str
     }  # fmt: skip
 
 
+def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: str) -> dict:
+    """``sources`` sources of ``entities`` entities each (each its own entity type, all over
+    the same standard table) in one session, as one `materialize run` does, against one
+    of them alone in a fresh session first."""
+    from bench.standard import DATE, ENTITIES_YAML, ENTITY, SOURCE, source_yaml, write_definitions
+    from feature_defs import load_definitions
+    from jobs.pipeline.run import run_source
+    from jobs.spark import build_spark
+
+    write_definitions(workdir / "defs")  # the table's folder name
+    folder = workdir / f"defs-{sources}-sources"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"{SOURCE}_{i}" for i in range(sources)]
+    entity_yaml = ENTITIES_YAML.split("\n", 1)[1]  # one entity's lines, without 'entities:'
+    (folder / "entities.yaml").write_text("entities:\n" + "".join(
+        entity_yaml.replace(ENTITY, f"{ENTITY}_{i}").replace("prefix: b", f"prefix: b{i}").replace("bench_features", f"bench_features_{i}")
+        for i in range(sources)
+    ))  # fmt: skip
+    for i, name in enumerate(names):
+        text = source_yaml().replace(f"name: {SOURCE}", f"name: {name}").replace(f"entity: {ENTITY}", f"entity: {ENTITY}_{i}")
+        (folder / f"{name}.yaml").write_text(text)  # location stays the one table
+    conf = _conf(env, workdir, folder, entities, redis_url, ["redis"], Path(tempfile.mkdtemp(dir=workdir)), {})
+    defs = load_definitions(folder)
+    out: dict = {"entities_per_source": entities, "sources": sources}
+    for label, run in (("one source", names[:1]), (f"{sources} sources", names)):
+        spark = build_spark(conf.spark)  # a fresh session (and JVM start-up) for each measurement
+        try:
+            _table(spark, conf, load_definitions(workdir / "defs"), SOURCE, entities)
+            start = time.perf_counter()
+            for name in run:
+                summary = run_source(spark, conf, defs, name, DATE)
+                if summary.status != "succeeded":
+                    raise RuntimeError(f"run of {name} failed: {summary.error}")
+            out[label] = round(time.perf_counter() - start, 2)
+        finally:
+            spark.stop()
+    out["ratio"] = round(out[f"{sources} sources"] / out["one source"], 2)
+    return out
+
+
 def stage_costs(event_log: Path) -> dict:
     """Per fm.stage: Spark jobs, stages and tasks that ran, and their summed task metrics."""
     job_stage: dict[int, str | None] = {}
@@ -217,9 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sinks", choices=["redis", "both"], default="redis")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
     p.add_argument("--output", type=Path, default=Path(__file__).parent / "stage_profile.json")
+    p.add_argument("--sources", type=int, help="instead: N sources of --entities each in one session, against one alone")
     p.add_argument("--spark", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting for the run (experiments)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child and args.sources:
+        entities, redis_url, out = json.loads(args.child)
+        Path(out).write_text(json.dumps(run_many(args.env, args.workdir, entities, args.sources, redis_url)))
+        return 0
     if args.child:
         entities, layout, sinks, redis_url, extra, out = json.loads(args.child)
         Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url, extra)))
@@ -232,6 +277,22 @@ def main(argv: list[str] | None = None) -> int:
     server = start_redis(workdir, "--hash-max-listpack-value", "256", "--logfile", str(workdir / "redis.log"))
     sinks = ["redis", "cockroach"] if args.sinks == "both" else ["redis"]
     results = []
+    if args.sources:
+        try:
+            entities = int(args.entities.split(",")[0])
+            out = workdir / f"profile-{args.sources}-sources.json"
+            child = json.dumps([entities, server.url, str(out)])
+            cmd = [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--sources", str(args.sources), "--child", child]
+            subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
+            many = json.loads(out.read_text())
+        finally:
+            server.stop()
+        print(f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run: {many[str(many['sources']) + ' sources']} s; "
+              f"one alone: {many['one source']} s; ratio {many['ratio']}x (target <= 2x)")
+        previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
+        previous.setdefault("many_sources", {})[f"{many['sources']} x {many['entities_per_source']}"] = many
+        args.output.write_text(json.dumps(previous, indent=1) + "\n")
+        return 0
     try:
         for entities in (int(n) for n in args.entities.split(",")):
             for layout in args.layout.split(","):
