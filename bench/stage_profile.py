@@ -229,9 +229,11 @@ def stage_costs(event_log: Path) -> dict:
     out: dict = {}
     for tag, row in totals.items():
         out[tag] = {k: round(v, 3) for k, v in row.items()} | {"spark_stages": len(stages_run[tag])}
+    # the jobs that matter (the others are listed in the stage totals)
     out["_jobs"] = [
         {"job": j, "stage": job_stage.get(j), "call_site": job_site.get(j, ""), **{k: round(v, 3) for k, v in per_job[j].items()}}
         for j in sorted(job_stage)
+        if max(per_job[j].get("job_wall_s", 0), per_job[j].get("executor_run_s", 0)) >= 0.5
     ]
     return out
 

@@ -6,18 +6,21 @@ these files: a config names the environment variable that holds one (``password_
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError
 
+from feature_defs.models import EntityDef, SourceDef
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
 from sinks.redis import config as redis_config
 from sinks.redis.settings import RedisSettings
 from sinks.settings import ConfigError, Settings
 from sinks.sql import config as sql_config
 from sinks.sql.settings import SqlSettings
+from sinks.sql.statements import Dialect
 
 
 def _project_root() -> Path:
@@ -118,14 +121,18 @@ class RunConf(Settings):
     def sql_password(self) -> SecretStr | None:
         return self.sql.password(self.path)
 
-    def redis_sink(self, source=None, entity=None, date=None, *, url: str | None = None) -> redis_config.RedisSinkConfig:
+    def redis_sink(
+        self, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, *, url: str | None = None
+    ) -> redis_config.RedisSinkConfig:
         """The Redis writer's config for a source and date; without them, a connection's
         that writes nothing (verify, cleanup, the reader). ``url``: instead of redis.url."""
         password = self.redis_password()
         secret = password.get_secret_value() if password else None
         return redis_config.sink_config(self.redis, source, entity, date, password=secret, resolve=self.path, url=url)
 
-    def sql_sink(self, source=None, entity=None, date=None, dialect: str = "postgres") -> sql_config.SqlSinkConfig:
+    def sql_sink(
+        self, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, dialect: Dialect = "postgres"
+    ) -> sql_config.SqlSinkConfig:
         """The SQL writer's config for a source and date (``dialect``: as the preflight found it)."""
         password = self.sql_password()
         return sql_config.sink_config(self.sql, source, entity, date, dialect, password=password.get_secret_value() if password else None)

@@ -195,7 +195,8 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
     great-expectations; the HTML data docs rendered from the results by great-expectations
     (no Spark work) into ``docs_dir``."""
     found, profile = scan(df, checks, source)
-    context, suite = _gx_suite(suite_name, checks)
+    context = _gx_context()
+    suite = _gx_suite(context, suite_name, checks)
     configs = [e.configuration for e in suite.expectations]
     outcomes: dict[int, Any] = {}
     for i, (success, result) in found.items():
@@ -234,27 +235,34 @@ def _gx():
     return gx
 
 
-def _gx_suite(suite_name: str, checks: list[Check]):
-    """An ephemeral great-expectations context holding the suite of ``checks``."""
+def _gx_context():
+    """An ephemeral great-expectations context: nothing read from or written to disk but the data docs."""
     gx = _gx()
-    import great_expectations.expectations as gxe
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def _gx_suite(context, suite_name: str, checks: list[Check]):
+    """The suite of ``checks``, added to ``context``."""
+    gx = _gx()
+    import great_expectations.expectations as gxe
+
     suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
     for check in checks:
         # notes carry our name into the data docs; meta carries it into the results
         meta = {"name": check.name, "severity": check.severity}
         suite.add_expectation(getattr(gxe, check.class_name)(**check.kwargs, meta=meta, notes=f"{check.name} ({check.severity})"))
-    return context, suite
+    return suite
 
 
 def _run_with_gx(context, df: DataFrame, checks: list[Check], suite_name: str) -> list:
     """Checks the scan does not compute (a definition's own expectations of other kinds),
     validated by great-expectations on the Spark DataFrame."""
     gx = _gx()
-    _, suite = _gx_suite(suite_name, checks)
+    suite = _gx_suite(context, suite_name, checks)
     # persist=False: the snapshot is cached by the job already, and released by it
     asset = context.data_sources.add_spark(name="feature_materializer", persist=False).add_dataframe_asset(name=suite_name)
     validation = gx.ValidationDefinition(name=suite_name, data=asset.add_batch_definition_whole_dataframe("snapshot"), suite=suite)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.quality import Check, _gx_suite, _run_with_gx, run_gate
+from jobs.quality import Check, _gx_context, _run_with_gx, run_gate
 from jobs.quality_scan import SCANNED, scan, scanned
 
 FIGURES = ("element_count", "unexpected_count", "unexpected_percent", "missing_count", "missing_percent",
@@ -56,8 +56,7 @@ def test_the_scan_gives_what_great_expectations_gives(frame):
     found, profile = scan(frame, CHECKS, SOURCE)
     assert profile["a"]["null_fraction"] == 0.2 and (profile["b"]["min"], profile["b"]["max"]) == (0.1, 2.0)
     assert profile["c"] == {"null_fraction": 0.1}
-    context, _ = _gx_suite("scan", CHECKS)
-    by_gx = _run_with_gx(context, frame, CHECKS, "scan by great-expectations")
+    by_gx = _run_with_gx(_gx_context(), frame, CHECKS, "scan by great-expectations")
     assert len(by_gx) == len(CHECKS)
     outcomes = set()
     for i, (check, theirs) in enumerate(zip(CHECKS, by_gx)):

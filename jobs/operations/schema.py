@@ -14,8 +14,8 @@ import psycopg
 from feature_defs import Definitions, SourceDef
 from jobs.config import RunConf
 from sinks.errors import TerminalSinkError
-from sinks.sql.client import connect, detect_dialect
-from sinks.sql.preflight import ensure_schema
+from sinks.sql.client import connect
+from sinks.sql.preflight import dialect_of, ensure_schema
 
 
 def table_sources(defs: Definitions, source_names: Sequence[str]) -> dict[str, SourceDef]:
@@ -38,7 +38,7 @@ def ensure_tables(conf: RunConf, defs: Definitions, source_names: Sequence[str])
         raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
     done: dict[str, str] = {}
     with conn:
-        dialect = detect_dialect(conn) if conf.sql.dialect == "auto" else conf.sql.dialect
+        dialect = dialect_of(conf.sql, conn)
         for source in sources.values():
             sink_conf = conf.sql_sink(source, defs.entity_of(source), dialect=dialect)
             done[sink_conf.table_name] = "created" if ensure_schema(conn, sink_conf) else "exists"

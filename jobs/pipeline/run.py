@@ -22,6 +22,7 @@ from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
 from jobs.progress import progress
 from jobs.summary import RunSummary
+from sinks.sql.client import connect as sql_connect
 from sinks.sql.preflight import dialect_of
 
 
@@ -116,7 +117,8 @@ def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_
         if "redis" in conf.sinks:
             summary.sinks["redis"] = {}
         if "cockroach" in conf.sinks:
-            summary.sinks["cockroach"] = {"dialect": dialect_of(conf.sql, ctx.sql_config())}
+            with sql_connect(ctx.sql_config()) as conn:
+                summary.sinks["cockroach"] = {"dialect": dialect_of(conf.sql, conn)}
         with ctx.stage(summary, "verify"):
             verify_writes(ctx, prepared.good, summary)
     return summary

@@ -19,6 +19,7 @@ from sinks.sql import statements as stmts
 from sinks.sql.client import connect, detect_dialect, is_transient
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.settings import SqlSettings
+from sinks.sql.statements import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def preflight(settings: SqlSettings, config: SqlSinkConfig, warnings: list[str])
 
     def check() -> SqlSinkConfig:
         with connect(config) as conn:
-            checked = replace(config, dialect=detect_dialect(conn) if settings.dialect == "auto" else settings.dialect)
+            checked = replace(config, dialect=dialect_of(settings, conn))
             ensure_schema(conn, checked)
             return checked
 
@@ -48,12 +49,9 @@ def _loopback(dsn: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("/")
 
 
-def dialect_of(settings: SqlSettings, config: SqlSinkConfig) -> str:
+def dialect_of(settings: SqlSettings, conn: psycopg.Connection) -> Dialect:
     """The configured dialect, or (auto) the server's."""
-    if settings.dialect != "auto":
-        return settings.dialect
-    with connect(config) as conn:
-        return detect_dialect(conn)
+    return detect_dialect(conn) if settings.dialect == "auto" else settings.dialect
 
 
 SCHEMA_STEP = "materialize schema --env <env>"
