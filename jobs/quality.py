@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,14 @@ class CheckResult:
 @dataclass
 class GateResult:
     results: list[CheckResult]
-    data_docs: str | None = None
+    docs: Future[str | None] | None = None
+    """The data docs' index page, rendered in a thread of its own (the run goes on meanwhile)."""
     profile: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def data_docs(self) -> str | None:
+        """The data docs' index page, once rendered (waits for them)."""
+        return self.docs.result() if self.docs else None
 
     @property
     def blocking_failures(self) -> list[CheckResult]:
@@ -193,7 +200,7 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
     """Validate ``df`` against ``checks`` and profile it: the checks the scan knows and the
     profile in one Spark job (jobs/quality_scan.py), any other expectation with
     great-expectations; the HTML data docs rendered from the results by great-expectations
-    (no Spark work) into ``docs_dir``."""
+    (no Spark work) into ``docs_dir``, in the background (see :attr:`GateResult.docs`)."""
     found, profile = scan(df, checks, source)
     context = _gx_context()
     suite = _gx_suite(context, suite_name, checks)
@@ -207,8 +214,12 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
     if rest:
         outcomes |= dict(zip(rest, _run_with_gx(context, df, [checks[i] for i in rest], f"{suite_name} (great-expectations)")))
     ordered = [outcomes[i] for i in range(len(checks))]
-    index = _render_docs(context, suite_name, run_name, ordered, docs_dir) if docs_dir is not None else None
-    return GateResult(results=[_check_result(r) for r in ordered], data_docs=index, profile=profile)
+    docs = _DOCS.submit(_render_docs, context, suite_name, run_name, ordered, docs_dir) if docs_dir is not None else None
+    return GateResult(results=[_check_result(r) for r in ordered], docs=docs, profile=profile)
+
+
+# Renders data docs while Spark writes (pure Python, about 1 s a source): one at a time
+_DOCS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-docs")
 
 
 def prefetch() -> None:
@@ -250,12 +261,13 @@ def _gx_suite(context, suite_name: str, checks: list[Check]):
     gx = _gx()
     import great_expectations.expectations as gxe
 
-    suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
-    for check in checks:
-        # notes carry our name into the data docs; meta carries it into the results
-        meta = {"name": check.name, "severity": check.severity}
-        suite.add_expectation(getattr(gxe, check.class_name)(**check.kwargs, meta=meta, notes=f"{check.name} ({check.severity})"))
-    return suite
+    # notes carry our name into the data docs; meta carries it into the results. Added in
+    # one go: add_expectation stores the whole suite again each time (quadratic: 4.7 s for 103)
+    expectations = [
+        getattr(gxe, c.class_name)(**c.kwargs, meta={"name": c.name, "severity": c.severity}, notes=f"{c.name} ({c.severity})")
+        for c in checks
+    ]
+    return context.suites.add(gx.ExpectationSuite(name=suite_name, expectations=expectations))
 
 
 def _run_with_gx(context, df: DataFrame, checks: list[Check], suite_name: str) -> list:

@@ -51,7 +51,8 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
-    """Wall seconds per stage, in run order: read, prepare, quarantine, gate, write <store>, verify, report."""
+    """Wall seconds per stage, in run order: read, prepare, quarantine, gate, write <store>, verify,
+    data docs (the wait for the gate's docs, rendered while the stores are written), report."""
 
     def record(self, counts: Any) -> None:
         """Take the counts of a stage (a dataclass whose fields are named as the summary's)."""

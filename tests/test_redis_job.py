@@ -155,6 +155,34 @@ def test_bad_rows_are_quarantined_and_counted(spark, run_conf, redis_db):
     assert spark.read.format("delta").load(summary.quarantine_table).where(f"ds = '{DAY2}'").count() == 3
 
 
+def test_a_rerun_with_no_bad_rows_clears_the_dates_quarantine_and_keeps_others(spark, run_conf, redis_db, tmp_path):
+    """No bad rows: no quarantine write, but a date's earlier quarantined rows do not outlive its fixed rerun."""
+    features, schema = "    - {name: score, type: float, precision: float32}\n", "consumer_id long, score double, ds date"
+    bad = [(1, 1.0, DAY1), (2, 1e300, DAY1), (1, 2.0, DAY2), (2, 1e300, DAY2)]  # 1e300: beyond float32
+    defs = tiny_consumer_source(spark, tmp_path, features, schema, bad)
+    conf = run_conf.model_copy(update={"data_root": str(tmp_path), "quality": run_conf.quality.model_copy(update={"max_bad_fraction": 0.5})})
+    first = [run_source(spark, conf, defs, "tiny", day) for day in (DAY1, DAY2)]
+    assert [s.bad_rows for s in first] == [1, 1]
+    table = first[0].quarantine_table
+
+    def quarantined(day):
+        return spark.read.format("delta").load(table).where(f"ds = '{day}'").count()
+
+    assert (quarantined(DAY1), quarantined(DAY2)) == (1, 1)
+    tiny_consumer_source(spark, tmp_path, features, schema, [(1, 1.0, DAY1), (2, 1e300, DAY1), (1, 2.0, DAY2), (2, 3.0, DAY2)])
+    fixed = run_source(spark, conf, defs, "tiny", DAY2)
+    assert (fixed.bad_rows, fixed.bad_reasons, fixed.quarantine_table) == (0, {}, table)
+    assert (quarantined(DAY1), quarantined(DAY2)) == (1, 0)
+    assert decode("float", redis_db.hget("c:2", field_id("score"))) == 3.0
+
+
+def test_a_source_never_bad_has_no_quarantine_table(spark, run_conf, redis_db, tmp_path):
+    defs = tiny_consumer_source(spark, tmp_path, "    - {name: score, type: float}\n", "consumer_id long, score double, ds date", [(1, 1.0, DAY1)])
+    summary = run_source(spark, run_conf.model_copy(update={"data_root": str(tmp_path)}), defs, "tiny", DAY1)
+    assert (summary.status, summary.bad_rows, summary.quarantine_table) == ("succeeded", 0, "")
+    assert not (tmp_path / "quarantine" / "tiny").exists()
+
+
 def test_too_many_bad_rows_fail_before_writing(spark, run_conf, redis_db):
     strict = run_conf.model_copy(update={"quality": run_conf.quality.model_copy(update={"max_bad_fraction": 0.001})})
     with pytest.raises(BadInputError, match=r"3 of .* rows are bad input.*nothing was written"):

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from jobs.pipeline.context import RunContext
 
 
-def write_quarantine(ctx: RunContext, quarantine: DataFrame) -> str:
-    """Replace this (source, date or dates)'s quarantined rows: a rerun leaves the same table. Returns its path."""
+def write_quarantine(ctx: RunContext, quarantine: DataFrame, bad_rows: int) -> str:
+    """Replace this (source, date or dates)'s quarantined rows: a rerun leaves the same table.
+    Returns its path ("" when there is no table: nothing was ever bad).
+
+    With no bad rows (prepare counted them) no Spark job runs: the date's earlier rows, if
+    any, are deleted from the log alone (a delete by partition rewrites no file)."""
     path = str(ctx.conf.quarantine_path / ctx.source.name)
     date, end = ctx.date, ctx.end
     where = f"ds >= '{date.isoformat()}' AND ds <= '{end.isoformat()}'" if end else f"ds = '{date.isoformat()}'"
+    if not bad_rows:
+        if not _is_table(ctx, path):
+            return ""
+        DeltaTable.forPath(ctx.spark, path).delete(where)
+        return path
     (
         quarantine.write.format("delta")
         .mode("overwrite")
@@ -23,7 +35,15 @@ def write_quarantine(ctx: RunContext, quarantine: DataFrame) -> str:
     return path
 
 
-def reason_counts(quarantine: DataFrame) -> dict[str, int]:
-    """Bad rows per reason (a row with two reasons counts in both)."""
+def _is_table(ctx: RunContext, path: str) -> bool:
+    if "://" not in path:
+        return (Path(path) / "_delta_log").is_dir()
+    return DeltaTable.isDeltaTable(ctx.spark, path)
+
+
+def reason_counts(quarantine: DataFrame, bad_rows: int) -> dict[str, int]:
+    """Bad rows per reason (a row with two reasons counts in both); no Spark job when none is bad."""
+    if not bad_rows:
+        return {}
     reasons = quarantine.select(F.explode("reasons").alias("reason")).groupBy("reason").count().collect()
     return {r["reason"]: r["count"] for r in reasons}

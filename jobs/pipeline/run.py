@@ -12,7 +12,7 @@ from feature_defs import Definitions
 from jobs import quality
 from jobs.config import RunConf
 from jobs.pipeline.context import RunContext
-from jobs.pipeline.gate import check_quality
+from jobs.pipeline.gate import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
 from jobs.pipeline.quarantine import reason_counts, write_quarantine
 from jobs.pipeline.read import read
@@ -53,13 +53,18 @@ def run_source(
     with RecordedStep(summary, report_file if report else None, "succeeded") as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
         with ctx.stage(summary, "gate"):
-            check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
-        _write(ctx, prepared, summary)
-        if after_write:
-            after_write(summary)
-        if conf.quality.verify_sample:
-            with ctx.stage(summary, "verify"):
-                verify_writes(ctx, prepared.good, summary)
+            docs = check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
+        try:  # the data docs render while the stores are written
+            _write(ctx, prepared, summary)
+            if after_write:
+                after_write(summary)
+            if conf.quality.verify_sample:
+                with ctx.stage(summary, "verify"):
+                    verify_writes(ctx, prepared.good, summary)
+        finally:
+            if docs:
+                with summary.stage("data docs"):  # the wait for them, if any
+                    docs_rendered(summary, docs)
     return summary
 
 
@@ -72,9 +77,10 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
             prepared = prepare(ctx, raw)
             summary.record(prepared.counts)
         with ctx.stage(summary, "quarantine"):
+            bad = prepared.counts.bad_rows
             if quarantine:
-                summary.quarantine_table = write_quarantine(ctx, prepared.quarantine)
-            summary.bad_reasons = reason_counts(prepared.quarantine)
+                summary.quarantine_table = write_quarantine(ctx, prepared.quarantine, bad)
+            summary.bad_reasons = reason_counts(prepared.quarantine, bad)
     return prepared
 
 
@@ -100,7 +106,7 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed") as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=False)
         with ctx.stage(summary, "gate"):
-            check_quality(ctx, prepared, summary, expectations=True, docs_folder="validate_docs")
+            docs_rendered(summary, check_quality(ctx, prepared, summary, expectations=True, docs_folder="validate_docs"))
     return summary
 
 
