@@ -140,13 +140,13 @@ def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str
     }  # fmt: skip
 
 
-def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: str) -> dict:
+def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: str, parallel: int | None = None) -> dict:
     """``sources`` sources of ``entities`` entities each (each its own entity type, all over
     the same standard table) in one session, as one `materialize run` does, against one
     of them alone in a fresh session first."""
     from bench.standard import DATE, ENTITIES_YAML, ENTITY, SOURCE, source_yaml, write_definitions
     from feature_defs import load_definitions
-    from jobs.pipeline.run import run_source
+    from jobs.pipeline.run import for_each_source, run_source
     from jobs.spark import build_spark
 
     write_definitions(workdir / "defs")  # the table's folder name
@@ -162,17 +162,25 @@ def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: st
         text = source_yaml().replace(f"name: {SOURCE}", f"name: {name}").replace(f"entity: {ENTITY}", f"entity: {ENTITY}_{i}")
         (folder / f"{name}.yaml").write_text(text)  # location stays the one table
     conf = _conf(env, workdir, folder, entities, redis_url, ["redis"], Path(tempfile.mkdtemp(dir=workdir)), {})
+    if parallel:
+        conf = conf.model_copy(update={"parallel_sources": parallel})
     defs = load_definitions(folder)
-    out: dict = {"entities_per_source": entities, "sources": sources}
+    out: dict = {"entities_per_source": entities, "sources": sources, "parallel_sources": conf.parallel_sources}
     for label, run in (("one source", names[:1]), (f"{sources} sources", names)):
         spark = build_spark(conf.spark)  # a fresh session (and JVM start-up) for each measurement
         try:
             _table(spark, conf, load_definitions(workdir / "defs"), SOURCE, entities)
             start = time.perf_counter()
-            for name in run:
-                summary = run_source(spark, conf, defs, name, DATE)
-                if summary.status != "succeeded":
-                    raise RuntimeError(f"run of {name} failed: {summary.error}")
+            failed = []
+
+            def done(name, summary, exc):
+                if exc is not None or summary.status != "succeeded":
+                    failed.append(f"{name}: {exc or summary.error}")
+
+            # as `materialize run` does them: parallel_sources at a time
+            for_each_source(run, lambda name: run_source(spark, conf, defs, name, DATE), conf.parallel_sources, done)
+            if failed:
+                raise RuntimeError(f"runs failed: {failed}")
             out[label] = round(time.perf_counter() - start, 2)
         finally:
             spark.stop()
@@ -260,12 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
     p.add_argument("--output", type=Path, default=Path(__file__).parent / "stage_profile.json")
     p.add_argument("--sources", type=int, help="instead: N sources of --entities each in one session, against one alone")
+    p.add_argument("--parallel", type=int, help="with --sources: sources at once (default: the env's parallel_sources)")
     p.add_argument("--spark", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting for the run (experiments)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child and args.sources:
         entities, redis_url, out = json.loads(args.child)
-        Path(out).write_text(json.dumps(run_many(args.env, args.workdir, entities, args.sources, redis_url)))
+        Path(out).write_text(json.dumps(run_many(args.env, args.workdir, entities, args.sources, redis_url, args.parallel)))
         return 0
     if args.child:
         entities, layout, sinks, redis_url, extra, out = json.loads(args.child)
@@ -285,14 +294,15 @@ def main(argv: list[str] | None = None) -> int:
             out = workdir / f"profile-{args.sources}-sources.json"
             child = json.dumps([entities, server.url, str(out)])
             cmd = [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--sources", str(args.sources), "--child", child]
+            cmd += ["--parallel", str(args.parallel)] if args.parallel else []
             subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
             many = json.loads(out.read_text())
         finally:
             server.stop()
-        print(f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run: {many[str(many['sources']) + ' sources']} s; "
+        print(f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run, {many['parallel_sources']} at a time: {many[str(many['sources']) + ' sources']} s; "
               f"one alone: {many['one source']} s; ratio {many['ratio']}x (target <= 2x)")
         previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
-        previous.setdefault("many_sources", {})[f"{many['sources']} x {many['entities_per_source']}"] = many
+        previous.setdefault("many_sources", {})[f"{many['sources']} x {many['entities_per_source']}, {many['parallel_sources']} at a time"] = many
         args.output.write_text(json.dumps(previous, indent=1) + "\n")
         return 0
     try:

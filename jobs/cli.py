@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -23,6 +24,10 @@ def _date(text: str) -> dt.date:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
     p.add_argument("--data-root", help="folder of the source Delta tables (overrides data_root)")
+
+
+def _parallel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parallel", type=int, metavar="N", help="sources worked on at once in the one Spark session (overrides parallel_sources, default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +54,7 @@ def _run_command(sub) -> None:
     _common(run)
     run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
     run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
+    _parallel(run)
     run.add_argument(
         "--sink",
         choices=["redis", "cockroach", "all"],
@@ -70,6 +76,7 @@ def _validate_command(sub) -> None:
     _common(val)
     val.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
     val.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
+    _parallel(val)
 
 
 def _backfill_command(sub) -> None:
@@ -129,6 +136,7 @@ def _verify_command(sub) -> None:
     _common(ver)
     ver.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
     ver.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
+    _parallel(ver)
     ver.add_argument("--redis-url", help="Redis URL overriding the config")
 
 
@@ -188,6 +196,8 @@ def _load(args):
         overrides.setdefault("sql", {})["password_env"] = args.sql_password_env
     if getattr(args, "redis_url", None):
         overrides["redis"] = {"url": args.redis_url}  # checked like the config's: no password in it
+    if getattr(args, "parallel", None) is not None:
+        overrides["parallel_sources"] = args.parallel
     conf = load_config(args.env, overrides)
     defs = load_definitions(conf.path(conf.definitions_dir))
     return conf, defs
@@ -222,34 +232,39 @@ def cmd_sample_data(args) -> int:
     return EXIT_OK
 
 
-def _each_source(args, action, report_name: str) -> int:
-    """Run ``action(spark, conf, defs, name)`` per source; one failing does not stop the others."""
+def _each_source(args, action, report_name: str, setup=None) -> int:
+    """Run ``action(spark, conf, defs, name)`` per source, ``parallel_sources`` at a time in one
+    Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
+    Each source's summary is printed when it ends, in the order they end."""
     from jobs.pipeline.report import report_dir
+    from jobs.pipeline.run import for_each_source
+    from jobs.quality import QualityGateError
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
     names = args.source or conf.sources or list(defs.sources)
     for name in names:
         defs.source(name)  # unknown names fail before Spark starts
-    from jobs.quality import QualityGateError
-
     spark = build_spark(conf.spark)
-    failed, gate_only = [], True
-    for name in names:
-        print(f"== {name} {args.date} (env {conf.env})", flush=True)
+    if setup:
+        setup(spark, conf)
+    printing, errors = threading.Lock(), {}
+
+    def done(name: str, summary, exc: Exception | None) -> None:
         report = report_dir(conf, name, args.date) / report_name
-        try:
-            summary = action(spark, conf, defs, name)
-        except Exception as exc:
-            failed.append(name)
-            gate_only &= isinstance(exc, QualityGateError)
-            print(f"error: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            print(f"report: {report}", file=sys.stderr)
-            continue
-        print(summary.table())
-        print(f"report: {report}", flush=True)
+        errors[name] = exc
+        with printing:
+            print(f"== {name} {args.date} (env {conf.env})", flush=True)
+            if exc is None:
+                print(f"{summary.table()}\nreport: {report}", flush=True)
+            else:
+                print(f"error: {name}: {type(exc).__name__}: {exc}\nreport: {report}", file=sys.stderr, flush=True)
+
+    for_each_source(names, lambda name: action(spark, conf, defs, name), conf.parallel_sources, done)
+    failed = [name for name in names if errors.get(name) is not None]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
     return EXIT_OK
 
@@ -261,7 +276,8 @@ def cmd_run(args) -> int:
     def run(spark, conf, defs, name):
         return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
 
-    return _each_source(args, run, "summary.json")
+    # the ledger made before the sources run at once: two first appends would both create it
+    return _each_source(args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create())
 
 
 def cmd_verify(args) -> int:

@@ -92,6 +92,9 @@ class RunConf(Settings):
     quality: QualityConf = QualityConf()
     sources: list[str] | None = None
     """Sources a run materializes when none is named; None means all defined."""
+    parallel_sources: Annotated[int, Field(ge=1)] = 2
+    """How many sources a run, validate or verify works on at once in its one Spark session
+    (one's driver work overlaps another's Spark jobs); their store writes take turns."""
 
     def path(self, value: str | None) -> Path | None:
         if value is None:

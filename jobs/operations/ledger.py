@@ -170,6 +170,11 @@ class Ledger:
     def exists(self) -> bool:
         return "://" in self.path or (Path(self.path) / "_delta_log").is_dir()
 
+    def create(self) -> None:
+        """Make the (empty) table if it is missing: two first appends at once would both make it, and one fail."""
+        if not self.exists():
+            self.spark.createDataFrame([], SCHEMA).write.format("delta").mode("append").save(self.path)
+
     def record(self, entry: Entry) -> None:
         """Append the entry's current state as an event (driver side, a blind Delta append)."""
         if entry.status not in STATUSES:

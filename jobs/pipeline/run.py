@@ -4,7 +4,10 @@ for a run, a validation (no writes) and a verification (no writes) of one source
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 import datetime as dt
+import threading
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -84,8 +87,40 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
     return prepared
 
 
+# Sources run at once in one process (materialize run's parallel_sources) take turns writing:
+# a store's capacity check before a write then sees no other write of this run under way.
+_STORE_WRITES = threading.Lock()
+
+
+def for_each_source(names: list[str], work: Callable[[str], Any], parallel: int, done: Callable[[str, Any, Exception | None], None]) -> None:
+    """``work(name)`` for every source, ``parallel`` at a time (threads sharing the one Spark
+    session: one source's driver work, planning, great-expectations, overlaps another's
+    Spark jobs); ``done(name, result, error)`` as each ends. One failing stops no other."""
+
+    def one(name: str) -> None:
+        try:
+            result = work(name)
+        except Exception as exc:
+            done(name, None, exc)
+        else:
+            done(name, result, None)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names))), thread_name_prefix="source") as pool:
+        list(pool.map(one, names))
+
+
 def _write(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> None:
     """Every configured store; the SQL store's checks run before either store is written."""
+    if not _STORE_WRITES.acquire(blocking=False):
+        with summary.stage("wait for stores"):  # another source of this run is writing
+            _STORE_WRITES.acquire()
+    try:
+        _write_stores(ctx, prepared, summary)
+    finally:
+        _STORE_WRITES.release()
+
+
+def _write_stores(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> None:
     sql_sink = None
     if "cockroach" in ctx.conf.sinks:
         with ctx.stage(summary, "sql checks"):
