@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 
 from feature_defs import EntityDef, SourceDef
 from feature_defs.models import expectation_class_name
 from jobs.config import QualityConf
 from jobs.quality_scan import scan, unexpected_examples
+from jobs.sql_text import ident, literal
 from jobs.transforms import CONFLICTS, key_columns, spark_type
 
 log = logging.getLogger(__name__)
@@ -165,16 +165,16 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
 
     NaN and ±inf floats are never written, so here they are null: they count against
     the null limit and are not judged by range checks. Embedding lengths are added."""
-    columns: list[Column] = []
+    columns: list[str] = []
     for name in snapshot.columns:
         f = next((f for f in source.features if f.name == name), None)
+        c = ident(name)
         if f is not None and f.type == "float":
-            c = F.col(name)
-            columns.append(F.when(~F.isnan(c) & (F.abs(c) != float("inf")), c).alias(name))
+            columns.append(f"CASE WHEN NOT isnan({c}) AND abs({c}) != {literal(math.inf)} THEN {c} END AS {c}")
         else:
-            columns.append(F.col(name))
-    dims = [F.when(F.col(f.name).isNotNull(), F.size(f.name)).alias(DIM_PREFIX + f.name) for f in source.features if f.type == "embedding"]
-    return snapshot.select(*columns, *dims)
+            columns.append(c)
+    dims = [f"CASE WHEN {ident(f.name)} IS NOT NULL THEN size({ident(f.name)}) END AS {ident(DIM_PREFIX + f.name)}" for f in source.features if f.type == "embedding"]
+    return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/sql_text.py)
 
 
 def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[str, int] | None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from feature_defs import SourceDef
+from jobs.sql_text import ident, literal
 
 NUMERIC = ("float", "int")
 LISTS = ("embedding", "int_list", "string_list")
@@ -48,42 +49,48 @@ def scanned(check) -> bool:
     return check.type in SCANNED and set(check.kwargs) <= _ARGS[check.type]
 
 
-def _unexpected(check) -> Column | None:
-    """True on a non-null value the check does not accept (None: not a per-value check)."""
+def _unexpected(check) -> str | None:
+    """SQL: true on a non-null value the check does not accept (None: not a per-value check)."""
     k = check.kwargs
-    c = F.col(k["column"]) if "column" in k else None
+    c = ident(k["column"]) if "column" in k else None
     if check.type == "expect_column_values_to_be_between":
-        bad = F.lit(False)
+        bad = ["false"]
         if k.get("min_value") is not None:
-            bad = bad | (c < F.lit(k["min_value"]))
+            bad.append(f"{c} < {literal(k['min_value'])}")
         if k.get("max_value") is not None:
-            bad = bad | (c > F.lit(k["max_value"]))
-        return c.isNotNull() & bad
+            bad.append(f"{c} > {literal(k['max_value'])}")
+        return f"({c} IS NOT NULL AND ({' OR '.join(bad)}))"
     if check.type == "expect_column_values_to_be_in_set":
-        return c.isNotNull() & ~c.isin(list(k["value_set"]))
+        values = list(k["value_set"])
+        inside = f"{c} IN ({', '.join(literal(v) for v in values)})" if values else "false"
+        return f"({c} IS NOT NULL AND NOT ({inside}))"
     if check.type == "expect_column_values_to_not_be_null":
-        return c.isNull()
+        return f"({c} IS NULL)"
     return None
 
 
-def _profile_aggs(source: SourceDef) -> list[Column]:
-    aggs: list[Column] = []
+def _profile_aggs(source: SourceDef) -> list[str]:
+    aggs: list[str] = []
     for f in source.features:
-        c = F.col(f.name)
-        aggs.append(F.count(c).alias(f"p|{f.name}|n"))
+        c = ident(f.name)
+
+        def named(text: str, key: str) -> str:
+            return f"{text} AS {ident(f'p|{f.name}|{key}')}"
+
+        aggs.append(named(f"count({c})", "n"))
         if f.type in NUMERIC:
-            valid = c.cast("double")  # NaN/inf are already null in the validation frame
+            valid = f"CAST({c} AS DOUBLE)"  # NaN/inf are already null in the validation frame
             aggs += [
-                F.sum((c == 0).cast("long")).alias(f"p|{f.name}|zero"),
-                F.min(valid).alias(f"p|{f.name}|min"),
-                F.max(valid).alias(f"p|{f.name}|max"),
-                F.avg(valid).alias(f"p|{f.name}|mean"),
+                named(f"sum(CAST(({c} = 0) AS BIGINT))", "zero"),
+                named(f"min({valid})", "min"),
+                named(f"max({valid})", "max"),
+                named(f"avg({valid})", "mean"),
             ]
         elif f.type == "bool":
-            aggs.append(F.sum((~c).cast("long")).alias(f"p|{f.name}|zero"))
+            aggs.append(named(f"sum(CAST((NOT {c}) AS BIGINT))", "zero"))
         elif f.type in LISTS:
-            size = F.when(c.isNotNull(), F.size(c))
-            aggs += [F.min(size).alias(f"p|{f.name}|len_min"), F.max(size).alias(f"p|{f.name}|len_max"), F.avg(size).alias(f"p|{f.name}|len_mean")]
+            size = f"CASE WHEN {c} IS NOT NULL THEN size({c}) END"
+            aggs += [named(f"min({size})", "len_min"), named(f"max({size})", "len_max"), named(f"avg({size})", "len_mean")]
     return aggs
 
 
@@ -103,15 +110,15 @@ def _profile(row: dict, rows: int, source: SourceDef) -> dict[str, dict[str, Any
 def scan(df: DataFrame, checks: list, source: SourceDef) -> tuple[dict[int, tuple[bool, dict]], dict[str, dict[str, Any]]]:
     """(success, great-expectations' result dict) per index of a scanned check, and the
     profile: every figure from one aggregation of ``df``."""
-    aggs = [F.count(F.lit(1)).alias("rows"), *_profile_aggs(source)]
+    aggs = ["count(1) AS rows", *_profile_aggs(source)]
     for i, check in enumerate(checks):
         if not scanned(check) or "column" not in check.kwargs:
             continue
-        aggs.append(F.count(F.col(check.kwargs["column"])).alias(f"c|{i}|present"))
+        aggs.append(f"count({ident(check.kwargs['column'])}) AS {ident(f'c|{i}|present')}")
         bad = _unexpected(check)
         if bad is not None:
-            aggs.append(F.sum(bad.cast("long")).alias(f"c|{i}|bad"))
-    row = df.agg(*aggs).first().asDict()
+            aggs.append(f"sum(CAST({bad} AS BIGINT)) AS {ident(f'c|{i}|bad')}")
+    row = df.selectExpr(*aggs).first().asDict()  # SQL text: one call to the JVM (jobs/sql_text.py)
     rows = row["rows"]
     types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}
     out = {i: _result(check, row, i, rows, types) for i, check in enumerate(checks) if scanned(check)}
@@ -151,4 +158,4 @@ def unexpected_examples(df: DataFrame, check) -> list:
     bad = _unexpected(check)
     if bad is None:
         return []
-    return [r[0] for r in df.where(bad).select(check.kwargs["column"]).limit(EXAMPLES).collect()]
+    return [r[0] for r in df.where(F.expr(bad)).select(check.kwargs["column"]).limit(EXAMPLES).collect()]
