@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from feature_defs import EntityDef, FeatureDef, SourceDef
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
+from jobs.sql_text import ident, literal
 from serializers.keys import KEY_SEPARATOR
 
 REASONS = "_reasons"
@@ -43,6 +44,7 @@ _SPELLED = ((float("nan"), ("nan", "+nan", "-nan")), (float("inf"), ("inf", "+in
 _TRUE_TEXT = ("true", "1", "1.0")
 _FALSE_TEXT = ("false", "0", "0.0")
 _INT64_END = 2.0**63  # a double cast to long saturates here instead of failing
+_CONTROL = literal(r"[\x00-\x1f\x7f]")  # a control character, as a SQL regex literal
 
 
 class SchemaDriftError(ValueError):
@@ -117,7 +119,11 @@ def check_schema(df: DataFrame, source: SourceDef, entity: EntityDef) -> None:
         raise SchemaDriftError(f"source {source.name!r} does not match its definition:\n  " + "\n  ".join(problems))
 
 
-def _reason(condition: Column, text: str) -> Column:
+def _reason(condition: Column | str, text: str) -> Column:
+    """``text`` where ``condition`` holds, else null. A condition given as SQL text costs one
+    call to the JVM, where a Column costs one per operator (jobs/sql_text.py)."""
+    if isinstance(condition, str):
+        return F.expr(f"CASE WHEN {condition} THEN {literal(text)} END")
     return F.when(condition, F.lit(text))
 
 
@@ -138,12 +144,12 @@ def tag_key_problems(df: DataFrame, source: SourceDef, entity: EntityDef) -> Dat
     """Add ``_reasons`` for rows whose entity key cannot be written."""
     reasons = []
     for column, key in zip(key_columns(source, entity), entity.keys):
-        c = F.col(column)
-        reasons.append(_reason(c.isNull(), f"null key {column}"))
+        c = ident(column)
+        reasons.append(_reason(f"{c} IS NULL", f"null key {column}"))
         if key.type == "string":
-            reasons.append(_reason(c == "", f"empty key {column}"))
-            reasons.append(_reason(c.contains(":"), f"key {column} contains ':'"))
-            reasons.append(_reason(c.rlike(r"[\x00-\x1f\x7f]"), f"key {column} contains a control character"))
+            reasons.append(_reason(f"{c} = ''", f"empty key {column}"))
+            reasons.append(_reason(f"contains({c}, ':')", f"key {column} contains ':'"))
+            reasons.append(_reason(f"{c} RLIKE {_CONTROL}", f"key {column} contains a control character"))
     return _collect_reasons(df, reasons)
 
 
@@ -193,20 +199,20 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     latest = latest_per_key(df, source, keys, unique)
     typed, reasons = {}, []
-    for f in source.features:
-        raw = F.col(f.source_column)
-        typed[f.name] = raw.try_cast(spark_type(f))
+    for f in source.features:  # SQL text: one JVM call per expression, not one per operator
+        raw, type_name = ident(f.source_column), spark_type(f).simpleString()
+        typed[f.name] = f"try_cast({raw} AS {type_name})"
         # a failed cast is bad input: read as a null it would delete the stored value
-        reasons.append(_reason(raw.isNotNull() & typed[f.name].isNull(), f"{f.name}: does not fit {spark_type(f).simpleString()}"))
+        reasons.append(_reason(f"{raw} IS NOT NULL AND {typed[f.name]} IS NULL", f"{f.name}: does not fit {type_name}"))
         if f.type == "float":
-            reasons.append(_beyond_range(_is_finite(raw.try_cast("double")), typed[f.name], f))
+            reasons.append(_beyond_range(_finite_sql(f"try_cast({raw} AS DOUBLE)"), typed[f.name], f))
     latest = _collect_reasons(latest, reasons)
-    return latest.select(
-        *keys,
-        *[typed[f.name].alias(f.name) for f in source.features],
-        *([source.timestamp_column] if source.timestamp_column else []),
-        REASONS,
-        CONFLICTS,
+    return latest.selectExpr(
+        *[ident(k) for k in keys],
+        *[f"{typed[f.name]} AS {ident(f.name)}" for f in source.features],
+        *([ident(source.timestamp_column)] if source.timestamp_column else []),
+        ident(REASONS),
+        ident(CONFLICTS),
     )
 
 
@@ -247,10 +253,18 @@ def _is_finite(c: Column) -> Column:
     return ~F.isnan(c) & ~_is_infinite(c)
 
 
-def _beyond_range(finite: Column, typed: Column, feature: FeatureDef) -> Column:
+def _finite_sql(c: str) -> str:
+    """SQL text of :func:`_is_finite`."""
+    return f"(NOT isnan({c}) AND NOT (abs({c}) = {literal(float('inf'))}))"
+
+
+def _beyond_range(finite: Column | str, typed: Column | str, feature: FeatureDef) -> Column:
     """A finite number that became inf in the feature's type is bad input: written as
-    inf (not written, a delete) it would lose the stored value."""
-    return _reason(finite & _is_infinite(typed), f"{feature.name}: beyond {feature.precision or 'float64'} range")
+    inf (not written, a delete) it would lose the stored value. (Columns, or SQL text.)"""
+    text = f"{feature.name}: beyond {feature.precision or 'float64'} range"
+    if isinstance(finite, str):
+        return _reason(f"{finite} AND abs({typed}) = {literal(float('inf'))}", text)
+    return _reason(finite & _is_infinite(typed), text)
 
 
 def _long_value(raw: Column, found: T.DataType, feature: FeatureDef) -> tuple[Column, list[Column]]:
@@ -314,15 +328,16 @@ def _int_from_text(text: Column) -> Column:
 def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
     """Add reasons for values the format cannot represent (bad input, not nulls)."""
     reasons = []
+    inf = literal(float("inf"))
     for f in source.features:
-        c = F.col(f.name)
+        c = ident(f.name)
         if f.type == "embedding":
-            reasons.append(_reason(c.isNotNull() & (F.size(c) != f.dimension), f"{f.name}: embedding dimension is not {f.dimension}"))
-            reasons.append(_reason(F.exists(c, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == float("inf"))), f"{f.name}: embedding element is null or not finite"))
+            reasons.append(_reason(f"{c} IS NOT NULL AND size({c}) != {f.dimension}", f"{f.name}: embedding dimension is not {f.dimension}"))
+            reasons.append(_reason(f"exists({c}, x -> x IS NULL OR isnan(x) OR abs(x) = {inf})", f"{f.name}: embedding element is null or not finite"))
         elif f.type in ("int_list", "string_list"):
-            reasons.append(_reason(F.exists(c, lambda x: x.isNull()), f"{f.name}: null list element"))
+            reasons.append(_reason(f"exists({c}, x -> x IS NULL)", f"{f.name}: null list element"))
         elif f.type == "string" and f.max_length:
-            reasons.append(_reason(F.length(c) > f.max_length, f"{f.name}: longer than {f.max_length} characters"))
+            reasons.append(_reason(f"length({c}) > {f.max_length}", f"{f.name}: longer than {f.max_length} characters"))
     return _collect_reasons(df, reasons)
 
 
@@ -408,11 +423,11 @@ def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef
     whose key is unusable (keys as read, features null): what the expectations see."""
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     features = [f.name for f in source.features]
-    unusable = tagged.where(is_bad(tagged)).select(
-        *keys,
-        *[F.lit(None).cast(spark_type(f)).alias(f.name) for f in source.features],
-        F.lit(0).alias(CONFLICTS),
-        F.lit(None).cast("string").alias(ENTITY_ID),
+    unusable = tagged.where(is_bad(tagged)).selectExpr(
+        *[ident(k) for k in keys],
+        *[f"CAST(NULL AS {spark_type(f).simpleString()}) AS {ident(f.name)}" for f in source.features],
+        f"0 AS {ident(CONFLICTS)}",
+        f"CAST(NULL AS STRING) AS {ident(ENTITY_ID)}",
     )
     return checked.select(*keys, *features, F.col(CONFLICTS).cast("int").alias(CONFLICTS), ENTITY_ID).unionByName(unusable)
 

@@ -176,11 +176,12 @@ def test_a_rerun_with_no_bad_rows_clears_the_dates_quarantine_and_keeps_others(s
     assert decode("float", redis_db.hget("c:2", field_id("score"))) == 3.0
 
 
-def test_a_source_never_bad_has_no_quarantine_table(spark, run_conf, redis_db, tmp_path):
+def test_a_source_never_bad_has_an_empty_quarantine_table(spark, run_conf, redis_db, tmp_path):
     defs = tiny_consumer_source(spark, tmp_path, "    - {name: score, type: float}\n", "consumer_id long, score double, ds date", [(1, 1.0, DAY1)])
     summary = run_source(spark, run_conf.model_copy(update={"data_root": str(tmp_path)}), defs, "tiny", DAY1)
-    assert (summary.status, summary.bad_rows, summary.quarantine_table) == ("succeeded", 0, "")
-    assert not (tmp_path / "quarantine" / "tiny").exists()
+    assert (summary.status, summary.bad_rows, summary.quarantine_table) == ("succeeded", 0, str(tmp_path / "quarantine" / "tiny"))
+    table = spark.read.format("delta").load(summary.quarantine_table)
+    assert table.count() == 0 and table.columns == ["source", "ds", "stage", "reasons", "row"]
 
 
 def test_too_many_bad_rows_fail_before_writing(spark, run_conf, redis_db):

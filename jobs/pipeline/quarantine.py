@@ -13,17 +13,19 @@ from jobs.pipeline.context import RunContext
 
 def write_quarantine(ctx: RunContext, quarantine: DataFrame, bad_rows: int) -> str:
     """Replace this (source, date or dates)'s quarantined rows: a rerun leaves the same table.
-    Returns its path ("" when there is no table: nothing was ever bad).
+    Returns its path.
 
-    With no bad rows (prepare counted them) no Spark job runs: the date's earlier rows, if
-    any, are deleted from the log alone (a delete by partition rewrites no file)."""
+    With no bad rows (prepare counted them) the snapshot is not scanned again: the date's
+    earlier rows, if any, are deleted from the log alone (a delete by partition rewrites
+    no file), and a missing table is made empty."""
     path = str(ctx.conf.quarantine_path / ctx.source.name)
     date, end = ctx.date, ctx.end
     where = f"ds >= '{date.isoformat()}' AND ds <= '{end.isoformat()}'" if end else f"ds = '{date.isoformat()}'"
     if not bad_rows:
-        if not _is_table(ctx, path):
-            return ""
-        DeltaTable.forPath(ctx.spark, path).delete(where)
+        if _is_table(ctx, path):
+            DeltaTable.forPath(ctx.spark, path).delete(where)
+        else:
+            ctx.spark.createDataFrame([], quarantine.schema).write.format("delta").partitionBy("ds").save(path)
         return path
     (
         quarantine.write.format("delta")
