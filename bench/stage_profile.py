@@ -140,10 +140,11 @@ def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str
     }  # fmt: skip
 
 
-def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: str, parallel: int | None = None) -> dict:
-    """``sources`` sources of ``entities`` entities each (each its own entity type, all over
-    the same standard table) in one session, as one `materialize run` does, against one
-    of them alone in a fresh session first."""
+def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: str, parallel: int | None, count: int) -> dict:
+    """The first ``count`` of ``sources`` sources of ``entities`` entities each (each its own
+    entity type, all over the same standard table) in this process's one Spark session, as
+    one `materialize run` does them. The parent runs one alone and all of them, each in a
+    process of its own: a JVM, once warmed, stays warm after its Spark session stops."""
     from bench.standard import DATE, ENTITIES_YAML, ENTITY, SOURCE, source_yaml, write_definitions
     from feature_defs import load_definitions
     from jobs.pipeline.run import for_each_source, run_source
@@ -165,27 +166,23 @@ def run_many(env: str, workdir: Path, entities: int, sources: int, redis_url: st
     if parallel:
         conf = conf.model_copy(update={"parallel_sources": parallel})
     defs = load_definitions(folder)
-    out: dict = {"entities_per_source": entities, "sources": sources, "parallel_sources": conf.parallel_sources}
-    for label, run in (("one source", names[:1]), (f"{sources} sources", names)):
-        spark = build_spark(conf.spark)  # a fresh session (and JVM start-up) for each measurement
-        try:
-            _table(spark, conf, load_definitions(workdir / "defs"), SOURCE, entities)
-            start = time.perf_counter()
-            failed = []
+    spark = build_spark(conf.spark)
+    try:
+        _table(spark, conf, load_definitions(workdir / "defs"), SOURCE, entities)
+        start = time.perf_counter()
+        failed = []
 
-            def done(name, summary, exc):
-                if exc is not None or summary.status != "succeeded":
-                    failed.append(f"{name}: {exc or summary.error}")
+        def done(name, summary, exc):
+            if exc is not None or summary.status != "succeeded":
+                failed.append(f"{name}: {exc or summary.error}")
 
-            # as `materialize run` does them: parallel_sources at a time
-            for_each_source(run, lambda name: run_source(spark, conf, defs, name, DATE), conf.parallel_sources, done)
-            if failed:
-                raise RuntimeError(f"runs failed: {failed}")
-            out[label] = round(time.perf_counter() - start, 2)
-        finally:
-            spark.stop()
-    out["ratio"] = round(out[f"{sources} sources"] / out["one source"], 2)
-    return out
+        # as `materialize run` does them: parallel_sources at a time
+        for_each_source(names[:count], lambda name: run_source(spark, conf, defs, name, DATE), conf.parallel_sources, done)
+        if failed:
+            raise RuntimeError(f"runs failed: {failed}")
+        return {"seconds": round(time.perf_counter() - start, 2), "parallel_sources": conf.parallel_sources}
+    finally:
+        spark.stop()
 
 
 def stage_costs(event_log: Path) -> dict:
@@ -273,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child and args.sources:
-        entities, redis_url, out = json.loads(args.child)
-        Path(out).write_text(json.dumps(run_many(args.env, args.workdir, entities, args.sources, redis_url, args.parallel)))
+        entities, redis_url, count, out = json.loads(args.child)
+        Path(out).write_text(json.dumps(run_many(args.env, args.workdir, entities, args.sources, redis_url, args.parallel, count)))
         return 0
     if args.child:
         entities, layout, sinks, redis_url, extra, out = json.loads(args.child)
@@ -291,12 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.sources:
         try:
             entities = int(args.entities.split(",")[0])
-            out = workdir / f"profile-{args.sources}-sources.json"
-            child = json.dumps([entities, server.url, str(out)])
-            cmd = [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--sources", str(args.sources), "--child", child]
-            cmd += ["--parallel", str(args.parallel)] if args.parallel else []
-            subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
-            many = json.loads(out.read_text())
+            many: dict = {"entities_per_source": entities, "sources": args.sources}
+            for label, count in (("one source", 1), (f"{args.sources} sources", args.sources)):
+                out = workdir / f"profile-{args.sources}-sources.json"
+                child = json.dumps([entities, server.url, count, str(out)])
+                cmd = [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--sources", str(args.sources), "--child", child]
+                cmd += ["--parallel", str(args.parallel)] if args.parallel else []
+                subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
+                measured = json.loads(out.read_text())
+                many[label], many["parallel_sources"] = measured["seconds"], measured["parallel_sources"]
+            many["ratio"] = round(many[f"{args.sources} sources"] / many["one source"], 2)
         finally:
             server.stop()
         print(f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run, {many['parallel_sources']} at a time: {many[str(many['sources']) + ' sources']} s; "
