@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test bench bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean
+.PHONY: setup demo test bench bench-targets bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
@@ -40,6 +40,9 @@ test-fast: setup            ## the tests without Spark (about a minute): formats
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)
 	$(BIN)/python -m bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json
+
+bench-targets: services-start  ## the fast-end-to-end targets in one run, beside the Redis ceiling and feast materialize (about 25 minutes)
+	$(BIN)/python -m bench.targets --output bench/targets.json
 
 bench-cluster: setup        ## Redis write throughput and CPU per entity at 1, 2, 3 primaries and 1, 2 writers (sinks/README.md "Sizing")
 	$(BIN)/python -m bench.cluster_scaling --output bench/cluster_results.json

@@ -202,17 +202,17 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
     great-expectations; the HTML data docs rendered from the results by great-expectations
     (no Spark work) into ``docs_dir``, in the background (see :attr:`GateResult.docs`)."""
     found, profile = scan(df, checks, source)
-    context = _gx_context()
-    suite = _gx_suite(context, suite_name, checks)
-    configs = [e.configuration for e in suite.expectations]
-    outcomes: dict[int, Any] = {}
     for i, (success, result) in found.items():
         if not success and "unexpected_count" in result and checks[i].type != "expect_column_values_to_not_be_null":
             result["partial_unexpected_list"] = [_plain(v) for v in unexpected_examples(df, checks[i])]
-        outcomes[i] = _gx_result(success, configs[i], result)
-    rest = [i for i in range(len(checks)) if i not in found]
-    if rest:
-        outcomes |= dict(zip(rest, _run_with_gx(context, df, [checks[i] for i in rest], f"{suite_name} (great-expectations)")))
+    with _GX_LOCK:
+        context = _gx_context()
+        suite = _gx_suite(context, suite_name, checks)
+        configs = [e.configuration for e in suite.expectations]
+        outcomes: dict[int, Any] = {i: _gx_result(success, configs[i], result) for i, (success, result) in found.items()}
+        rest = [i for i in range(len(checks)) if i not in found]
+        if rest:
+            outcomes |= dict(zip(rest, _run_with_gx(context, df, [checks[i] for i in rest], f"{suite_name} (great-expectations)")))
     ordered = [outcomes[i] for i in range(len(checks))]
     docs = _DOCS.submit(_render_docs, context, suite_name, run_name, ordered, docs_dir) if docs_dir is not None else None
     return GateResult(results=[_check_result(r) for r in ordered], docs=docs, profile=profile)
@@ -220,6 +220,9 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
 
 # Renders data docs while Spark writes (pure Python, about 1 s a source): one at a time
 _DOCS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-docs")
+# great-expectations keeps process-wide state (its current project): sources gated at once
+# (parallel_sources) use it one at a time
+_GX_LOCK = threading.RLock()
 
 
 def prefetch() -> None:
@@ -295,33 +298,34 @@ def _render_docs(context, suite_name: str, run_name: str, results: list, docs_di
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier, ValidationResultIdentifier
 
-    context.add_data_docs_site(
-        site_name="reports",
-        site_config={
-            "class_name": "SiteBuilder",
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-        },
-    )
-    passed = sum(1 for r in results if r.success)
-    run_id = RunIdentifier(run_name=run_name)
-    validation = ExpectationSuiteValidationResult(
-        success=passed == len(results),
-        results=results,
-        suite_name=suite_name,
-        statistics={
-            "evaluated_expectations": len(results),
-            "successful_expectations": passed,
-            "unsuccessful_expectations": len(results) - passed,
-            "success_percent": 100.0 * passed / len(results) if results else None,
-        },
-        meta={"run_id": run_id},
-    )
-    key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite_name), run_id=run_id, batch_identifier="snapshot")
-    context.validation_results_store.set(key, validation)
-    context.build_data_docs(site_names=["reports"])
-    index = docs_dir / "index.html"
-    return str(index) if index.is_file() else None
+    with _GX_LOCK:  # see _GX_LOCK
+        context.add_data_docs_site(
+            site_name="reports",
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+        passed = sum(1 for r in results if r.success)
+        run_id = RunIdentifier(run_name=run_name)
+        validation = ExpectationSuiteValidationResult(
+            success=passed == len(results),
+            results=results,
+            suite_name=suite_name,
+            statistics={
+                "evaluated_expectations": len(results),
+                "successful_expectations": passed,
+                "unsuccessful_expectations": len(results) - passed,
+                "success_percent": 100.0 * passed / len(results) if results else None,
+            },
+            meta={"run_id": run_id},
+        )
+        key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite_name), run_id=run_id, batch_identifier="snapshot")
+        context.validation_results_store.set(key, validation)
+        context.build_data_docs(site_names=["reports"])
+        index = docs_dir / "index.html"
+        return str(index) if index.is_file() else None
 
 
 def _check_result(r) -> CheckResult:

@@ -51,8 +51,8 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
-    """Wall seconds per stage, in run order: read, prepare, quarantine, gate, write <store>, verify,
-    data docs (the wait for the gate's docs, rendered while the stores are written), report."""
+    """Wall seconds per stage, in run order: read, prepare, quarantine, gate (with the wait, if
+    any, for its data docs, rendered while the stores are written), write <store>, verify, report."""
 
     def record(self, counts: Any) -> None:
         """Take the counts of a stage (a dataclass whose fields are named as the summary's)."""

@@ -4,6 +4,7 @@ other, every source is in the ledger, and the exit code says a source failed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -28,7 +29,7 @@ def many(tmp_path, monkeypatch, sample_root, redis_server):
         f"data_root: {sample_root}\nquarantine_root: {tmp_path / 'quarantine'}\nledger_root: {tmp_path / 'ledger'}\n"
         f"reports_dir: {tmp_path / 'reports'}\ndefinitions_dir: {defs}\nsinks: [redis]\n"
         f"redis: {{url: '{redis_server.url}', password_env: null}}\n"
-        "quality: {expectations: false, verify_sample: 50, max_bad_fraction: 0.05}\n"
+        "quality: {verify_sample: 50, max_bad_fraction: 0.05}\n"  # the gate and its data docs on: sources gate at once
     )  # fmt: skip
     monkeypatch.setenv("FM_CONF_DIR", str(conf))
     return tmp_path
@@ -52,6 +53,8 @@ def test_sources_at_once_store_what_one_after_another_stores(many, redis_db, cap
     for name in GOOD:
         assert f"== {name} {DAY2_STR} (env many)" in out.out
         assert f"report: {many / 'reports' / name / DAY2_STR / 'summary.json'}" in out.out
+        docs = many / "reports" / name / DAY2_STR / "data_docs" / "index.html"
+        assert re.search(rf"data docs +{re.escape(str(docs))}\n", out.out) and docs.is_file()
     assert "error: missing: SourceNotFound" in out.err and "failed: missing" in out.err
 
     steps = Ledger(spark, many / "ledger").list(last=10)

@@ -66,7 +66,7 @@ def run_source(
                     verify_writes(ctx, prepared.good, summary)
         finally:
             if docs:
-                with summary.stage("data docs"):  # the wait for them, if any
+                with summary.stage("gate"):  # the gate's data docs: the wait for them, if any
                     docs_rendered(summary, docs)
     return summary
 
