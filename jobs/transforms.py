@@ -331,11 +331,15 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
     inf = literal(float("inf"))
     for f in source.features:
         c = ident(f.name)
+        # No lambdas (exists(c, x -> ...)): Spark runs them without generated code, 7x slower
+        # here (3 s of a 1M-entity snapshot's embeddings). A NaN probe finds NaN, and null
+        # elements (array_contains is null then); array_max/min find the infinities.
         if f.type == "embedding":
             reasons.append(_reason(f"{c} IS NOT NULL AND size({c}) != {f.dimension}", f"{f.name}: embedding dimension is not {f.dimension}"))
-            reasons.append(_reason(f"exists({c}, x -> x IS NULL OR isnan(x) OR abs(x) = {inf})", f"{f.name}: embedding element is null or not finite"))
-        elif f.type in ("int_list", "string_list"):
-            reasons.append(_reason(f"exists({c}, x -> x IS NULL)", f"{f.name}: null list element"))
+            non_finite = f"coalesce(array_contains({c}, CAST('NaN' AS FLOAT)), true) OR abs(array_max({c})) = {inf} OR abs(array_min({c})) = {inf}"
+            reasons.append(_reason(f"{c} IS NOT NULL AND ({non_finite})", f"{f.name}: embedding element is null or not finite"))
+        elif f.type in ("int_list", "string_list"):  # sorted, a null comes first
+            reasons.append(_reason(f"size({c}) > 0 AND try_element_at(sort_array({c}), 1) IS NULL", f"{f.name}: null list element"))
         elif f.type == "string" and f.max_length:
             reasons.append(_reason(f"length({c}) > {f.max_length}", f"{f.name}: longer than {f.max_length} characters"))
     return _collect_reasons(df, reasons)

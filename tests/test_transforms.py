@@ -92,3 +92,32 @@ def test_a_range_keeps_each_entitys_good_row_of_its_latest_date_with_its_as_of(s
     got = rows_by_key(tf.latest_good_date(df, WIDE, STORE), "n", "ds", tf.AS_OF)
     # sf's D2 row is bad input: sf keeps D1, as applying the dates in order would leave it
     assert got == {("nyc", 1): (2, D2, 1795219200), ("sf", 2): (3, D1, 1795132800)}
+
+
+LISTS = SourceDef(
+    name="lists", entity="store", location="lists", layout="wide",
+    features=[{"name": "emb", "type": "embedding", "dimension": 2}, {"name": "ids", "type": "int_list"}, {"name": "tags", "type": "string_list"}],
+)  # fmt: skip
+NAN, INF = float("nan"), float("inf")
+EMBEDDINGS = [None, [], [1.0, 2.0], [1.0, None], [None, None], [NAN, 1.0], [1.0, INF], [-INF, 1.0], [NAN, None], [3.0e38, -3.0e38], [1.0, 2.0, NAN]]
+ID_LISTS = [None, [], [3, 1], [None], [3, None, 1], [None, None], [2**62, -(2**62)]]
+TAG_LISTS = [None, [], ["b", "a"], ["a", None], [None]]
+
+
+def expected_reasons(emb, ids, tags) -> list[str]:
+    """The documented rules, from the values themselves."""
+    out = []
+    if emb is not None and len(emb) != 2:
+        out.append("emb: embedding dimension is not 2")
+    if emb is not None and any(x is None or x != x or abs(x) == INF for x in emb):
+        out.append("emb: embedding element is null or not finite")
+    out += [f"{name}: null list element" for name, v in (("ids", ids), ("tags", tags)) if v is not None and None in v]
+    return out
+
+
+def test_list_and_embedding_problems_are_tagged_by_the_documented_rules(spark):
+    rows = [(e, i, t) for e in EMBEDDINGS for i in ID_LISTS for t in TAG_LISTS]
+    df = spark.createDataFrame([(n, *r) for n, r in enumerate(rows)], "n long, emb array<float>, ids array<bigint>, tags array<string>")
+    tagged = {r["n"]: r[tf.REASONS] for r in tf.tag_value_problems(df, LISTS).collect()}
+    assert len(tagged) == len(rows) == 385
+    assert {n: expected_reasons(*rows[n]) for n in tagged} == tagged
