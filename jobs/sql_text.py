@@ -6,7 +6,11 @@ build that way, longer than Spark took to plan and run them on 10,000 rows."""
 
 from __future__ import annotations
 
+import datetime as dt
+from decimal import Decimal
 import math
+
+import numpy as np
 
 
 def ident(name: str) -> str:
@@ -16,7 +20,9 @@ def ident(name: str) -> str:
 
 def literal(value: object) -> str:
     """A Python value as a Spark SQL literal of the type ``F.lit`` gives it (bool, bigint,
-    double, string)."""
+    double, decimal, string, date, timestamp; numpy scalars as their Python values)."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if value is None:
         return "NULL"
     if isinstance(value, bool):
@@ -33,4 +39,10 @@ def literal(value: object) -> str:
         return f"{value!r}D"  # repr: the shortest text that reads back the same double; D: not a decimal
     if isinstance(value, str):
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Decimal) and value.is_finite():
+        return f"{value}BD"
+    if isinstance(value, dt.datetime):  # before date: a datetime is a date
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
     raise TypeError(f"no SQL literal for {type(value).__name__} {value!r}")

@@ -9,11 +9,15 @@ import shutil
 
 import pytest
 
-from feature_defs import DEFAULT_DIR
+from pyspark.sql import types as T
+
+from feature_defs import DEFAULT_DIR, load_definitions
 from jobs.cli import EXIT_FAILED, main
 from jobs.operations.ledger import Ledger
 
-from .conftest import DAY2_STR, env_conf
+from .conftest import DAY2_STR, SAMPLE_DATES, env_conf, tiny_consumer_source
+
+DAY2 = SAMPLE_DATES[1]
 
 GOOD = ["consumer_daily", "store_features_long"]
 MISSING = "source:\n  name: missing\n  entity: consumer\n  location: no_such_table\n  layout: wide\n  features:\n    - {name: ghost_score, type: float}\n"
@@ -65,3 +69,45 @@ def test_sources_at_once_store_what_one_after_another_stores(many, redis_db, cap
     a1, b1, a2, b2 = sorted((s for s in steps if s["source"] in GOOD), key=lambda s: s["started_at"])
     assert b1["started_at"] >= a1["ended_at"]
     assert b2["started_at"] < a2["ended_at"]
+
+
+def test_create_upgrades_an_older_ledger_so_appends_at_once_do_not_conflict(spark, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jobs.operations.ledger import SCHEMA, Entry
+
+    older = T.StructType([f for f in SCHEMA.fields if f.name != SCHEMA.fieldNames()[-1]])  # one column short
+    spark.createDataFrame([], older).write.format("delta").save(str(tmp_path / "ledger"))
+    ledger = Ledger(spark, tmp_path / "ledger")
+    ledger.create()
+    assert spark.read.format("delta").load(str(tmp_path / "ledger")).columns == SCHEMA.fieldNames()
+
+    def entry(i: int) -> Entry:
+        return Entry(kind="run", source=f"s{i}", entity="e", start_date=DAY2, end_date=DAY2, sinks=["redis"], definitions_hash="d", config_hash="c")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: ledger.start(entry(i)), range(4)))
+    assert sorted(s["source"] for s in ledger.list()) == ["s0", "s1", "s2", "s3"]
+
+
+def test_sources_over_one_table_keep_caches_of_their_own(spark, run_conf, tmp_path):
+    """Spark shares a cache entry among equal plans: one source's unpersist must not drop another's."""
+    from jobs.pipeline.context import RunContext
+    from jobs.pipeline.prepare import prepare
+    from jobs.pipeline.read import read
+
+    features, schema = "    - {name: score, type: float}\n", "consumer_id long, score double, ds date"
+    defs = tiny_consumer_source(spark, tmp_path, features, schema, [(1, 1.0, DAY2), (2, 2.0, DAY2)])
+    twin_yaml = (tmp_path / "defs" / "tiny.yaml").read_text().replace("name: tiny", "name: twin")
+    (tmp_path / "defs" / "twin.yaml").write_text(twin_yaml.replace("{name: score,", "{name: twin_score, column: score,"))
+    defs = load_definitions(tmp_path / "defs")
+    conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
+    tiny, twin = (
+        prepare(ctx, read(ctx))
+        for ctx in (RunContext(spark, conf, defs.source(n), defs.entity_of(defs.source(n)), DAY2) for n in ("tiny", "twin"))
+    )
+    for df in tiny.cached:
+        df.unpersist()
+    assert [df.storageLevel.useMemory for df in twin.cached] == [True, True]
+    for df in twin.cached:
+        df.unpersist()

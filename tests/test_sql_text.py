@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+from decimal import Decimal
+
+import numpy as np
 
 import pytest
 
@@ -24,6 +28,13 @@ def test_literals_read_back_as_the_same_values_and_types(spark):
             assert types[f"v{i}"] == "double" and math.copysign(1, got) == math.copysign(1, v)
         if isinstance(v, int) and not isinstance(v, bool):
             assert types[f"v{i}"] == "bigint"
+
+
+def test_dates_timestamps_decimals_and_numpy_scalars(spark):
+    values = [dt.date(2024, 2, 29), dt.datetime(2024, 2, 29, 13, 5, 7, 123456), Decimal("12.340"), Decimal("-1E+3"), np.int64(7), np.float64(0.25), np.bool_(True)]
+    row = spark.range(1).selectExpr(*[f"{literal(v)} AS v{i}" for i, v in enumerate(values)]).first()
+    assert list(row) == [dt.date(2024, 2, 29), dt.datetime(2024, 2, 29, 13, 5, 7, 123456), Decimal("12.340"), Decimal("-1E+3"), 7, 0.25, True]
+    assert [type(v) for v in row] == [dt.date, dt.datetime, Decimal, Decimal, int, float, bool]
 
 
 def test_non_finite_doubles_and_refusals(spark):

@@ -171,9 +171,15 @@ class Ledger:
         return "://" in self.path or (Path(self.path) / "_delta_log").is_dir()
 
     def create(self) -> None:
-        """Make the (empty) table if it is missing: two first appends at once would both make it, and one fail."""
-        if not self.exists():
-            self.spark.createDataFrame([], SCHEMA).write.format("delta").mode("append").save(self.path)
+        """Make the table, or add the columns an older one lacks, before sources append at
+        once: two appends that both make the table, or both change its schema, conflict."""
+        from delta.tables import DeltaTable
+
+        empty = self.spark.createDataFrame([], SCHEMA).write.format("delta").mode("append")
+        if not self.exists() or not DeltaTable.isDeltaTable(self.spark, self.path):
+            empty.save(self.path)
+        elif set(SCHEMA.fieldNames()) - set(self.spark.read.format("delta").load(self.path).columns):
+            empty.option("mergeSchema", "true").save(self.path)
 
     def record(self, entry: Entry) -> None:
         """Append the entry's current state as an event (driver side, a blind Delta append)."""

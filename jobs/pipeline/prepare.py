@@ -56,6 +56,10 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     conf, source, entity = ctx.conf, ctx.source, ctx.entity
     day = F.col(source.date_column)
     snapshot = raw.where(day.between(F.lit(ctx.date), F.lit(ctx.end)) if ctx.per_date else day == F.lit(ctx.date))
+    # A plan of its own per source (the filter is always true, and optimized away): Spark
+    # shares one cache entry among equal plans, and another source of the run over the same
+    # table would unpersist it under this one (parallel_sources).
+    snapshot = snapshot.where(F.lit(source.name).isNotNull())
     tagged = tf.tag_key_problems(snapshot, source, entity).persist()
     read = _count_read(ctx, tagged)
     good_rows = tagged.where(~tf.is_bad(tagged))
