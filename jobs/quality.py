@@ -30,8 +30,8 @@ from feature_defs import EntityDef, SourceDef
 from feature_defs.models import expectation_class_name
 from jobs.config import QualityConf
 from jobs.quality_scan import scan, unexpected_examples
-from jobs.sql_text import ident, literal
-from jobs.transforms import CONFLICTS, key_columns, spark_type
+from jobs.sql_text import ident
+from jobs.transforms import CONFLICTS, finite_sql, key_columns, spark_type
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
         f = next((f for f in source.features if f.name == name), None)
         c = ident(name)
         if f is not None and f.type == "float":
-            columns.append(f"CASE WHEN NOT isnan({c}) AND abs({c}) != {literal(math.inf)} THEN {c} END AS {c}")
+            columns.append(f"CASE WHEN {finite_sql(c)} THEN {c} END AS {c}")
         else:
             columns.append(c)
     dims = [f"CASE WHEN {ident(f.name)} IS NOT NULL THEN size({ident(f.name)}) END AS {ident(DIM_PREFIX + f.name)}" for f in source.features if f.type == "embedding"]

@@ -54,12 +54,8 @@ def _unexpected(check) -> str | None:
     k = check.kwargs
     c = ident(k["column"]) if "column" in k else None
     if check.type == "expect_column_values_to_be_between":
-        bad = ["false"]
-        if k.get("min_value") is not None:
-            bad.append(f"{c} < {literal(k['min_value'])}")
-        if k.get("max_value") is not None:
-            bad.append(f"{c} > {literal(k['max_value'])}")
-        return f"({c} IS NOT NULL AND ({' OR '.join(bad)}))"
+        bad = [f"{c} {op} {literal(k[bound])}" for op, bound in (("<", "min_value"), (">", "max_value")) if k.get(bound) is not None]
+        return f"({c} IS NOT NULL AND ({' OR '.join(bad) or 'false'}))"
     if check.type == "expect_column_values_to_be_in_set":
         values = list(k["value_set"])
         inside = f"{c} IN ({', '.join(literal(v) for v in values)})" if values else "false"

@@ -18,9 +18,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import EntityDef, FeatureDef, SourceDef
+from jobs.sql_text import ident, literal
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
-from jobs.sql_text import ident, literal
 from serializers.keys import KEY_SEPARATOR
 
 REASONS = "_reasons"
@@ -205,7 +205,7 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
         # a failed cast is bad input: read as a null it would delete the stored value
         reasons.append(_reason(f"{raw} IS NOT NULL AND {typed[f.name]} IS NULL", f"{f.name}: does not fit {type_name}"))
         if f.type == "float":
-            reasons.append(_beyond_range(_finite_sql(f"try_cast({raw} AS DOUBLE)"), typed[f.name], f))
+            reasons.append(_beyond_range(finite_sql(f"try_cast({raw} AS DOUBLE)"), typed[f.name], f))
     latest = _collect_reasons(latest, reasons)
     return latest.selectExpr(
         *[ident(k) for k in keys],
@@ -253,8 +253,8 @@ def _is_finite(c: Column) -> Column:
     return ~F.isnan(c) & ~_is_infinite(c)
 
 
-def _finite_sql(c: str) -> str:
-    """SQL text of :func:`_is_finite`."""
+def finite_sql(c: str) -> str:
+    """SQL text of :func:`_is_finite` (neither NaN nor infinite; null for null)."""
     return f"(NOT isnan({c}) AND NOT (abs({c}) = {literal(float('inf'))}))"
 
 
