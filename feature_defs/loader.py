@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from feature_defs.models import EntitiesFile, EntityDef, SourceDef, SourceFile, value_type_problem, yaml_text
+from feature_defs.models import EntitiesFile, EntityDef, FeatureServiceDef, FeatureServicesFile, SourceDef, SourceFile, value_type_problem, yaml_text
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml, read_file, written_at
 from serializers import freshness_field_name
 
@@ -48,6 +48,8 @@ class Definitions:
     """Which file each entity/source came from (keys 'entity:NAME' / 'source:NAME')."""
     digest: str = ""
     """sha256 of the definition files' contents: identifies this set of definitions."""
+    services: dict[str, FeatureServiceDef] = field(default_factory=dict)
+    """Named feature sets for readers (``feature_services:`` files)."""
 
     def source(self, name: str) -> SourceDef:
         try:
@@ -67,6 +69,12 @@ class Definitions:
     def sources_of(self, entity: str) -> list[SourceDef]:
         return [s for s in self.sources.values() if s.entity == entity]
 
+    def service(self, name: str) -> FeatureServiceDef:
+        try:
+            return self.services[name]
+        except KeyError:
+            raise UnknownNameError(f"unknown feature service {name!r}; defined: {', '.join(sorted(self.services)) or 'none'}") from None
+
 
 def load_definitions(directory: Path | str | None = None) -> Definitions:
     directory = Path(directory) if directory else DEFAULT_DIR
@@ -76,6 +84,7 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
     problems: list[str] = []
     entities: dict[str, EntityDef] = {}
     sources: dict[str, SourceDef] = {}
+    services: dict[str, FeatureServiceDef] = {}
     where: dict[str, Path] = {}
     lines: dict[str, int | None] = {}
     nodes: dict[str, yaml.Node] = {}
@@ -89,11 +98,19 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
         except YamlFileError as exc:
             problems.append(str(exc))
             continue
-        if not isinstance(data, dict) or not ({"entities", "source"} & set(data)):
-            problems.append(f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list or a 'source:' mapping")
+        if not isinstance(data, dict) or not ({"entities", "source", "feature_services"} & set(data)):
+            problems.append(f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list")
             continue
         try:
-            if "entities" in data:
+            if "feature_services" in data:
+                for i, service in enumerate(FeatureServicesFile.model_validate(data).feature_services):
+                    key = f"service:{service.name}"
+                    if service.name in services:
+                        problems.append(f"{path}:{line_of(node, ['feature_services', i])}: feature service {service.name!r} is already defined at {where[key]}:{lines[key]}")
+                        continue
+                    services[service.name], where[key] = service, path
+                    lines[key] = line_of(node, ["feature_services", i])
+            elif "entities" in data:
                 for i, entity in enumerate(EntitiesFile.model_validate(data).entities):
                     key = f"entity:{entity.name}"
                     if entity.name in entities:
@@ -117,9 +134,24 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
             problems.extend(describe_validation_error(exc, path, node))
 
     problems.extend(_cross_checks(entities, sources, where, lines, nodes))
+    problems.extend(_service_problems(services, sources, _Places(where, lines, nodes)))
     if problems:
         raise DefinitionError(problems)
-    return Definitions(entities=entities, sources=sources, files=where, digest=digest.hexdigest())
+    return Definitions(entities=entities, sources=sources, files=where, digest=digest.hexdigest(), services=services)
+
+
+def _service_problems(services, sources, places) -> list[str]:
+    """Every reference of a feature service names a defined source (and feature)."""
+    problems = []
+    for service in services.values():
+        for ref in service.features:
+            source_name, _, feature = ref.partition(":")
+            source = sources.get(source_name)
+            if source is None:
+                problems.append(f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: unknown source {source_name!r} in {ref!r}")
+            elif feature and feature not in {f.name for f in source.features}:
+                problems.append(f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: source {source_name!r} has no feature {feature!r}")
+    return problems
 
 
 # Expectations whose min_value/max_value are values of the column (others bound a length, a count, a mean).

@@ -213,6 +213,9 @@ class SourceDef(_Strict):
     """long only: the column holding the value."""
     schedule: str = "nightly"
     """Schedule group (one nightly DAG per group)."""
+    max_age_seconds: PositiveInt | None = None
+    """Readers withhold this source's values (status OUTSIDE_MAX_AGE) once its stored as-of
+    time is older than this; None: never too old (a request may still set its own)."""
     features: list[FeatureDef] = Field(min_length=1)
     expectations: list[ExtraExpectation] = []
     """Further great-expectations checks of this source, beyond those derived from the features."""
@@ -239,6 +242,22 @@ class SourceDef(_Strict):
             if f.name == name:
                 return f
         raise KeyError(f"source {self.name!r} has no feature {name!r}")
+
+
+FeatureRef = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}(:[a-z][a-z0-9_]{0,127})?$")]
+
+
+class FeatureServiceDef(_Strict):
+    """A named set of features read together (Feast's feature service): ``source:feature``
+    references, or a source's name for all of its features."""
+
+    name: Identifier
+    features: list[FeatureRef] = Field(min_length=1)
+    description: str = ""
+
+
+class FeatureServicesFile(_Strict):
+    feature_services: list[FeatureServiceDef] = Field(min_length=1)
 
 
 class EntitiesFile(_Strict):

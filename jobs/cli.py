@@ -39,12 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         "  materialize validate --env local --date 2026-11-20\n"
         "  materialize backfill --env local --source consumer_daily --start 2026-11-16 --end 2026-11-20 --dry-run\n"
         "  materialize runs --last 10\n  materialize cleanup --env local --entity consumer --dry-run\n"
-        "  materialize defs --source consumer_daily",
+        "  materialize defs --source consumer_daily\n"
+        "  echo '{\"features\": [\"consumer_daily:orders_7d\"], \"entities\": {\"consumer_id\": [1, 2]}}' | materialize get --env local",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = (_run_command, _validate_command, _backfill_command, _bench_command, _runs_command, _cleanup_command)
-    for add in (*commands, _verify_command, _schema_command, _ready_command, _report_command, _sample_data_command, _defs_command):
+    for add in (*commands, _verify_command, _get_command, _schema_command, _ready_command, _report_command, _sample_data_command, _defs_command):
         add(sub)  # in --help's order
     return parser
 
@@ -175,6 +176,21 @@ def _sample_data_command(sub) -> None:
     sample.add_argument("--end", type=_date, default=dt.date(2026, 11, 20), help="last date (default 2026-11-20)")
     sample.add_argument("--consumers", type=int, default=2000, help="consumers per date (default 2000)")
     sample.add_argument("--stores", type=int, default=300, help="stores per date (default 300)")
+
+
+def _get_command(sub) -> None:
+    get = sub.add_parser(
+        "get",
+        help="read features as a model does; print Feast's response body",
+        description="Read a Feast get-online-features request body (JSON: features or feature_service, entities, "
+        "full_feature_names; from --request or stdin) and print the response body the feature server returns for it "
+        "(results with values, statuses and event_timestamps; metadata.feature_names). No Spark needed.",
+    )
+    get.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
+    get.add_argument("--request", metavar="FILE", help="the request body (default: stdin)")
+    get.add_argument("--store", choices=["redis", "sql"], help="read this store only (default: each source's stores from conf, Redis first)")
+    get.add_argument("--redis-url", help="another Redis than redis.url")
+    get.add_argument("--pretty", action="store_true", help="indent the JSON (default: compact, as the server sends it)")
 
 
 def _defs_command(sub) -> None:
@@ -434,6 +450,35 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
+def cmd_get(args) -> int:
+    import json
+
+    from feature_reader import FeatureReader, RequestError, StoreError
+    from feature_reader.feast_request import parse_body
+
+    try:
+        body = open(args.request, "rb").read() if args.request else sys.stdin.buffer.read()
+    except OSError as exc:
+        print(f"error: cannot read the request {args.request}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    conf, defs = _load(args)
+    try:
+        request = parse_body(body)
+        with FeatureReader(conf, defs, cache=False, redis_url=args.redis_url) as reader:
+            result = reader.get_online_features(**request, store=args.store)
+    except RequestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.pretty:
+        print(json.dumps(result.to_feast(), indent=1, ensure_ascii=False))
+    else:
+        sys.stdout.buffer.write(result.to_feast_json() + b"\n")
+    return EXIT_OK
+
+
 def cmd_validate(args) -> int:
     from jobs.pipeline.run import validate_source
 
@@ -453,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
         commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema}
-        return {**commands, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
+        return {**commands, "get": cmd_get, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationError
 
 from feature_defs.models import EntityDef, SourceDef
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
+from feature_reader.settings import ReaderSettings
 from sinks.redis import config as redis_config
 from sinks.redis.settings import RedisSettings
 from sinks.settings import ConfigError, Settings
@@ -90,6 +91,8 @@ class RunConf(Settings):
     redis: RedisSettings = RedisSettings()
     sql: SqlSettings = SqlSettings()
     quality: QualityConf = QualityConf()
+    reader: ReaderSettings = ReaderSettings()
+    """Online reads (feature_reader/): stores per source, deadline, in-process cache."""
     sources: list[str] | None = None
     """Sources a run materializes when none is named; None means all defined."""
     parallel_sources: Annotated[int, Field(ge=1)] = 2

@@ -1,0 +1,100 @@
+"""The in-process L1 cache: bounded by entries and bytes (least recently used leave
+first), a TTL with jitter, shorter-lived negative entries, probabilistic early refresh,
+and expired entries kept a while to answer when a store fails (stale-if-error).
+
+An entry is one source's values for one entity, as read from a store. Early refresh is
+XFetch (Vattani, Chierichetti, Lowenstein, "Optimal probabilistic cache stampede
+prevention", VLDB 2015): a read at time t refreshes an entry expiring at T when
+``t - delta * beta * ln(U) >= T``, U uniform in (0, 1], delta the time the entry's own
+store read took: one reader refreshes a hot entry shortly before it expires, instead of
+every reader missing at once after.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+from feature_reader.settings import CacheSettings
+
+
+@dataclass(slots=True)
+class Entry:
+    value: Any
+    expires: float
+    stale_until: float
+    delta: float
+    """Seconds the store read that produced this entry took (XFetch's delta)."""
+    size: int
+    negative: bool
+
+
+FRESH, REFRESH, STALE, MISS = "fresh", "refresh", "stale", "miss"
+"""Lookup outcomes: answer from the cache; answer, and this caller re-reads it early;
+expired but usable if the store fails; nothing usable."""
+
+
+class L1Cache:
+    def __init__(self, settings: CacheSettings, *, clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random):
+        self.settings = settings
+        self.clock, self.rng = clock, rng
+        self._entries: OrderedDict[Hashable, Entry] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def lookup(self, key: Hashable) -> tuple[str, Entry | None]:
+        now = self.clock()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return MISS, None
+            if now < entry.expires:
+                self._entries.move_to_end(key)
+                beta = self.settings.early_refresh_beta
+                if beta > 0 and not entry.negative and now - entry.delta * beta * math.log(1.0 - self.rng()) >= entry.expires:
+                    return REFRESH, entry
+                return FRESH, entry
+            if now < entry.stale_until:
+                return STALE, entry
+            self._drop(key)
+            return MISS, None
+
+    def put(self, key: Hashable, value: Any, *, size: int, negative: bool, delta: float) -> None:
+        s = self.settings
+        ttl = s.negative_ttl_seconds if negative else s.ttl_seconds
+        if ttl <= 0:
+            return
+        now = self.clock()
+        expires = now + ttl * (1.0 + s.jitter * self.rng())
+        entry = Entry(value, expires, expires + s.stale_if_error_seconds, delta, size, negative)
+        with self._lock:
+            if key in self._entries:
+                self._drop(key)
+            self._entries[key] = entry
+            self._bytes += size
+            while len(self._entries) > s.max_entries or self._bytes > s.max_bytes:
+                oldest = next(iter(self._entries))
+                self._drop(oldest)
+                self.evictions += 1
+
+    def _drop(self, key: Hashable) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0

@@ -1,0 +1,35 @@
+"""What a read can fail with: the caller's request (RequestError and its kinds: never
+retried) or a store (transient: ReadTimeout, StoreUnavailable). No message holds a
+connection string or a password."""
+
+from __future__ import annotations
+
+import difflib
+
+from sinks.errors import TerminalSinkError, TransientSinkError
+
+
+class RequestError(TerminalSinkError, ValueError):
+    """The request cannot be served as asked (an HTTP server answers 4xx)."""
+
+
+class UnknownNameError(RequestError):
+    """A feature, source or feature service that no definition has."""
+
+    def __init__(self, what: str, name: str, known: list[str]):
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+        super().__init__(f"unknown {what} {name!r}{hint}")
+        self.what, self.name, self.near = what, name, near
+
+
+class EntityKeyError(RequestError):
+    """Missing, unknown or mistyped entity key columns."""
+
+
+class StoreError(TransientSinkError):
+    """A store did not answer as it should (connection lost, refused, down)."""
+
+
+class ReadTimeout(StoreError):
+    """A store call passed its deadline (reader.timeout_ms)."""

@@ -1,0 +1,140 @@
+"""A request in Feast's shape, checked against the definitions: which features (as
+``source:feature``, a source's name, or a feature service), for which entities (a dict of
+key columns), under which names in the response."""
+
+from __future__ import annotations
+
+import numbers
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from feature_defs import Definitions, EntityDef, FeatureDef, SourceDef
+from feature_reader.errors import EntityKeyError, RequestError, UnknownNameError
+from serializers.keys import entity_id
+
+_BAD_STRING_PART = re.compile(r"[:\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One requested feature: a column of the response."""
+
+    source: SourceDef
+    feature: FeatureDef
+    name: str
+    """Its name in the response: the feature's, or ``source__feature`` (full_feature_names)."""
+
+
+@dataclass
+class ReadRequest:
+    columns: list[Column]
+    join_keys: dict[str, list]
+    """The request's entity columns, in its order (the response repeats them first)."""
+    ids: dict[str, list[str]]
+    """Entity ids (the key parts joined as the writers join them) per entity type, in row order."""
+    rows: int
+    max_age_seconds: float | None = None
+    """The request's own max_age: the smaller of it and a source's applies."""
+    sources: dict[str, SourceDef] = field(default_factory=dict)
+    """The sources involved, by name."""
+
+
+def resolve_features(defs: Definitions, features: list[str] | None, feature_service: str | None) -> list[tuple[SourceDef, FeatureDef]]:
+    """The (source, feature) pairs named by references or a feature service, in order, each once."""
+    if feature_service is not None:
+        if features:
+            raise RequestError("give either features or feature_service, not both")
+        if feature_service not in defs.services:
+            raise UnknownNameError("feature service", feature_service, list(defs.services))
+        features = defs.services[feature_service].features
+    if not features:
+        raise RequestError("no features requested: give features (source:feature or a source name) or feature_service")
+    out: dict[tuple[str, str], tuple[SourceDef, FeatureDef]] = {}
+    for ref in features:
+        if not isinstance(ref, str):
+            raise RequestError(f"a feature reference must be a string like 'source:feature', got {type(ref).__name__}")
+        source_name, _, name = ref.partition(":")
+        if source_name not in defs.sources:
+            raise UnknownNameError("source", source_name, list(defs.sources))
+        source = defs.sources[source_name]
+        if not name:
+            chosen = source.features
+        else:
+            known = {f.name: f for f in source.features}
+            if name not in known:
+                raise UnknownNameError(f"feature of source {source_name!r}:", name, list(known))
+            chosen = [known[name]]
+        for f in chosen:
+            out.setdefault((source.name, f.name), (source, f))
+    return list(out.values())
+
+
+def _part(entity: EntityDef, key: str, kind: str, value: Any, row: int) -> Any:
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise EntityKeyError(f"entity key {key!r} row {row}: expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
+        if not -(2**63) <= int(value) < 2**63:
+            raise EntityKeyError(f"entity key {key!r} row {row}: {value} is outside int64")
+        return int(value)
+    if not isinstance(value, str):
+        raise EntityKeyError(f"entity key {key!r} row {row}: expected a string, got {type(value).__name__}")
+    if _BAD_STRING_PART.search(value):
+        raise EntityKeyError(f"entity key {key!r} row {row}: a key part holds no ':' or control characters")
+    return value
+
+
+def parse_request(
+    defs: Definitions,
+    entities: dict[str, list],
+    features: list[str] | None = None,
+    *,
+    feature_service: str | None = None,
+    full_feature_names: bool = False,
+    max_entities: int = 1000,
+    max_age_seconds: float | None = None,
+) -> ReadRequest:
+    """Check a request against the definitions; every problem is a RequestError naming the bad part."""
+    pairs = resolve_features(defs, features, feature_service)
+    sep = "__"
+    columns = [Column(s, f, f"{s.name}{sep}{f.name}" if full_feature_names else f.name) for s, f in pairs]
+    names = [c.name for c in columns]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise RequestError(f"features {', '.join(twice)} come from several sources: ask with full_feature_names")
+    if not isinstance(entities, dict) or not entities:
+        raise EntityKeyError("entities must be a non-empty object of key columns, e.g. {\"consumer_id\": [1, 2]}")
+    involved = {s.entity: defs.entities[s.entity] for s, _ in pairs}
+    needed = {k.name: k.type for e in involved.values() for k in e.keys}
+    unknown = [k for k in entities if k not in needed]
+    missing = [k for k in needed if k not in entities]
+    if unknown or missing:
+        parts = ([f"unknown entity key(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
+            [f"missing {', '.join(map(repr, missing))}"] if missing else []
+        )
+        raise EntityKeyError(f"{'; '.join(parts)}: these features need the key column(s) {', '.join(map(repr, needed))}")
+    lengths = {k: len(v) if isinstance(v, list) else -1 for k, v in entities.items()}
+    if any(n < 0 for n in lengths.values()):
+        bad = next(k for k, n in lengths.items() if n < 0)
+        raise EntityKeyError(f"entity key {bad!r}: expected a list of values")
+    rows = next(iter(lengths.values()))
+    if any(n != rows for n in lengths.values()):
+        raise EntityKeyError(f"entity key columns differ in length: {', '.join(f'{k} {n}' for k, n in lengths.items())}")
+    if rows == 0:
+        raise EntityKeyError("no entities: the key columns are empty")
+    if rows > max_entities:
+        raise RequestError(f"{rows:,} entities in one request; the limit is {max_entities:,} (reader.max_entities)")
+    ids: dict[str, list[str]] = {}
+    for entity in involved.values():
+        cols = [[_part(entity, k.name, k.type, v, i) for i, v in enumerate(entities[k.name])] for k in entity.keys]
+        ids[entity.name] = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
+    if max_age_seconds is not None and (not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0):
+        raise RequestError("max_age must be a positive number of seconds")
+    return ReadRequest(
+        columns=columns,
+        join_keys={k: list(entities[k]) for k in entities},
+        ids=ids,
+        rows=rows,
+        max_age_seconds=max_age_seconds,
+        sources={s.name: s for s, _ in pairs},
+    )

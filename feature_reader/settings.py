@@ -1,0 +1,47 @@
+"""The ``reader:`` section of the run configuration: which store serves each source, the
+per-call deadline, and the in-process cache (``conf/base/materialize.yaml``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sinks.settings import Settings
+
+Store = Literal["redis", "cockroach"]
+
+
+class CacheSettings(Settings):
+    enabled: bool = True
+    ttl_seconds: float = Field(5.0, gt=0)
+    """How long a value read from a store answers again without reading it."""
+    jitter: float = Field(0.1, ge=0, le=1)
+    """Each entry lives ttl plus up to this fraction more, so entries read together do not expire together."""
+    negative_ttl_seconds: float = Field(1.0, ge=0)
+    """NOT_FOUND answers are cached this long (0: not cached)."""
+    max_entries: int = Field(100_000, ge=1)
+    max_bytes: int = Field(256 << 20, ge=1024)
+    """Approximate bytes of the cached values; least recently used entries leave first."""
+    early_refresh_beta: float = Field(1.0, ge=0)
+    """Probabilistic early refresh (XFetch): a hot entry is re-read shortly before it expires,
+    more eagerly the longer its read took, times this (0: off)."""
+    stale_if_error_seconds: float = Field(30.0, ge=0)
+    """When a store fails or times out, an entry expired less than this long ago answers
+    instead, its status saying so (0: off)."""
+
+
+class ReaderSettings(Settings):
+    stores: dict[str, list[Store]] = {}
+    """Per source: the stores that serve it, in order (default: the run's ``sinks``, Redis first)."""
+    read_through: bool = True
+    """A source served by Redis and the SQL store: entities Redis does not hold are read from SQL."""
+    timeout_ms: float = Field(50.0, gt=0)
+    """Deadline of one store call; past it the call fails with ReadTimeout (or stale values answer)."""
+    max_entities: int = Field(1000, ge=1)
+    """Entities in one request; more is a RequestError."""
+    sql_connections: int = Field(4, ge=1)
+    """Connections to the SQL store held by one reader."""
+    embeddings: Literal["numpy", "list"] = "numpy"
+    """Embeddings as float32 numpy arrays, or as lists of floats."""
+    cache: CacheSettings = CacheSettings()

@@ -1,0 +1,166 @@
+"""Reads from the SQL store (CockroachDB; PostgreSQL on the same wire): one query per
+entity table per batch, ``entity_key = ANY(...)`` for the sources involved, the JSON maps
+parsed with exact ints and turned back into the declared types."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from feature_defs import Definitions, FeatureDef
+from feature_reader.decode import from_json
+from feature_reader.errors import ReadTimeout, StoreError
+from feature_reader.rows import SourceRow, Unit
+from sinks.sql.client import connect, is_transient
+from sinks.sql.config import SqlSinkConfig
+from sinks.sql.statements import table_identifier
+
+QUERY = "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::bigint FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
+
+
+def _where(config: SqlSinkConfig) -> str:
+    parts = conninfo_to_dict(config.dsn)  # the dsn holds no password (SqlSettings refuses one)
+    return f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
+
+
+def _statements(defs: Definitions, schema: str | None, units: Sequence[Unit]) -> list[tuple[sql.Composed, list[str], list[str]]]:
+    by_table: dict[str, tuple[set, set]] = defaultdict(lambda: (set(), set()))
+    for unit in units:
+        table = defs.entities[defs.sources[unit.source].entity].sql_table
+        keys, sources = by_table[table]
+        keys.add(unit.entity_id)
+        sources.add(unit.source)
+    return [(sql.SQL(QUERY).format(table_identifier(t, schema)), sorted(k), sorted(s)) for t, (k, s) in by_table.items()]
+
+
+def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDef]], as_list: bool) -> dict[Unit, SourceRow]:
+    out = {}
+    for unit in units:
+        hit = found.get(unit)
+        if hit is None:
+            out[unit] = SourceRow(None, {}, 64)
+            continue
+        text, as_of = hit
+        try:
+            doc = json.loads(text)  # exact ints, beyond 2^53 too
+        except ValueError:
+            doc = None
+        feats = features[unit.source]
+        if not isinstance(doc, dict):
+            values = {f.name: from_json(f, object()) for f in feats}  # every value BAD
+        else:
+            values = {f.name: (None if doc.get(f.name) is None else from_json(f, doc[f.name], as_list=as_list)) for f in feats}
+        out[unit] = SourceRow(int(as_of), values, len(text) + 48 * len(feats))
+    return out
+
+
+class SqlReads:
+    """Synchronous reads over a few pooled connections (thread-safe)."""
+
+    def __init__(self, config: SqlSinkConfig, defs: Definitions, *, timeout: float, connections: int):
+        self.config = replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1))
+        self.defs, self.where = defs, _where(config)
+        self._idle: queue.LifoQueue = queue.LifoQueue()
+        self._slots = queue.Queue()
+        for _ in range(connections):
+            self._slots.put(None)
+
+    def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
+        found: dict[Unit, tuple[str, int]] = {}
+        self._slots.get()
+        conn = None
+        try:
+            conn = self._idle.get_nowait() if not self._idle.empty() else connect(self.config)
+            for query, keys, sources in _statements(self.defs, self.config.schema, units):
+                try:
+                    rows = conn.execute(query, (keys, sources)).fetchall()
+                except psycopg.errors.UndefinedTable:
+                    rows = []  # nothing written to this table yet: every entity NOT_FOUND
+                for key, source, text, as_of in rows:
+                    found[Unit(source, key)] = (text, as_of)
+            self._idle.put(conn)
+            conn = None
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+        finally:
+            if conn is not None:
+                conn.close()
+            self._slots.put(None)
+        return _rows(units, found, features, as_list)
+
+    def _error(self, exc: psycopg.Error) -> Exception:
+        if getattr(exc, "sqlstate", None) == "57014":
+            return ReadTimeout(f"SQL store at {self.where} did not answer in {self.config.statement_timeout_ms} ms")
+        kind = "transient" if is_transient(exc) else "refused"
+        return StoreError(f"SQL store at {self.where} ({kind}): {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+
+    def ping(self) -> None:
+        with connect(self.config) as conn:
+            conn.execute("SELECT 1")
+
+    def close(self) -> None:
+        while not self._idle.empty():
+            self._idle.get_nowait().close()
+
+
+class AsyncSqlReads:
+    """asyncio reads over a few pooled async connections."""
+
+    def __init__(self, config: SqlSinkConfig, defs: Definitions, *, timeout: float, connections: int):
+        self.config = replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1))
+        self.defs, self.where, self.timeout = defs, _where(config), timeout
+        self._idle: list[psycopg.AsyncConnection] = []
+        self._slots = asyncio.Semaphore(connections)
+
+    async def _connect(self) -> psycopg.AsyncConnection:
+        c = self.config
+        conn = await psycopg.AsyncConnection.connect(
+            c.dsn, password=c.password, autocommit=True, application_name=c.application_name + "-reader", connect_timeout=c.connect_timeout
+        )
+        await conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(c.statement_timeout_ms)))
+        return conn
+
+    async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
+        found: dict[Unit, tuple[str, int]] = {}
+        async with self._slots:
+            conn = None
+            try:
+                async with asyncio.timeout(self.timeout * 2 + 1):  # the server's statement_timeout is the deadline; this bounds a lost peer
+                    conn = self._idle.pop() if self._idle else await self._connect()
+                    for query, keys, sources in _statements(self.defs, self.config.schema, units):
+                        try:
+                            cur = await conn.execute(query, (keys, sources))
+                            rows = await cur.fetchall()
+                        except psycopg.errors.UndefinedTable:
+                            rows = []
+                        for key, source, text, as_of in rows:
+                            found[Unit(source, key)] = (text, as_of)
+                self._idle.append(conn)
+                conn = None
+            except TimeoutError as exc:
+                raise ReadTimeout(f"SQL store at {self.where} did not answer in time") from exc
+            except psycopg.Error as exc:
+                raise SqlReads._error(self, exc) from exc
+            finally:
+                if conn is not None:
+                    await conn.close()
+        return _rows(units, found, features, as_list)
+
+    async def ping(self) -> None:
+        conn = await self._connect()
+        try:
+            await conn.execute("SELECT 1")
+        finally:
+            await conn.close()
+
+    async def close(self) -> None:
+        while self._idle:
+            await self._idle.pop().close()

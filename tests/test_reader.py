@@ -1,0 +1,366 @@
+"""The read side (feature_reader/): values the real job wrote read back from Redis and
+PostgreSQL with Feast's statuses, read-through, max_age, the request's errors, and the
+single-flight scoreboard counted on the server (INFO commandstats)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bench.servers import start_redis
+from feature_defs import DEFAULT_DIR, load_definitions
+from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
+from feature_reader.settings import CacheSettings, ReaderSettings
+from jobs.config import QualityConf, RunConf
+from serializers import encode, field_id, freshness_field
+from serializers.keys import as_of_epoch
+from sinks.redis.settings import RedisSettings
+from sinks.sql.settings import SqlSettings
+
+from .conftest import SAMPLE_DATES
+
+DAY = SAMPLE_DATES[1]
+AS_OF = as_of_epoch(DAY)
+BIG = 2**60 + 1  # beyond 2^53: a float64 would round it
+
+ENTITIES = """entities:
+  - {name: consumer, prefix: c, keys: [{name: consumer_id, type: int}], sql_table: consumer_features}
+  - {name: pair, prefix: p, keys: [{name: region, type: string}, {name: store_id, type: int}], sql_table: pair_features}
+"""
+EVERY_TYPE = """source:
+  name: every_type
+  entity: consumer
+  location: every_type
+  layout: wide
+  features:
+    - {name: f, type: float}
+    - {name: f32, type: float, precision: float32}
+    - {name: n, type: int}
+    - {name: b, type: bool}
+    - {name: s, type: string}
+    - {name: e, type: embedding, dimension: 4}
+    - {name: il, type: int_list}
+    - {name: sl, type: string_list, compression: none}
+"""
+PAIR = """source:
+  name: pair_daily
+  entity: pair
+  location: pair_daily
+  layout: wide
+  max_age_seconds: 3600
+  features:
+    - {name: score, type: float}
+"""
+SERVICES = "feature_services:\n  - {name: ranking, features: [every_type:n, pair_daily]}\n"
+ROWS = [  # consumer_id, f, f32, n, b, s, e, il, sl, ds
+    (1, 0.1, 0.33572233, BIG, True, "café", [0.5, -1.25, 3.0, 0.1], [1, 2**62], ["a", "日本"], DAY),
+    (2, None, float("nan"), None, False, None, None, [], [], DAY),
+    (3, -1e-07, 1.0, -5, None, "", [0.0, 0.0, 0.0, 0.0], None, None, DAY),
+]
+SCHEMA = "consumer_id long, f double, f32 double, n long, b boolean, s string, e array<float>, il array<long>, sl array<string>, ds date"
+# What a model must see for consumers 1, 2, 3 and 4 (never written), feature by feature
+EXPECTED = {
+    "f": ([0.1, None, -1e-07, None], ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]),
+    "f32": ([0.33572233, None, 1.0, None], ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]),
+    "n": ([BIG, None, -5, None], ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]),
+    "b": ([True, False, None, None], ["PRESENT", "PRESENT", "NULL_VALUE", "NOT_FOUND"]),
+    "s": (["café", None, "", None], ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]),
+    "e": ([[0.5, -1.25, 3.0, 0.1], None, [0.0] * 4, None], ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]),
+    "il": ([[1, 2**62], [], None, None], ["PRESENT", "PRESENT", "NULL_VALUE", "NOT_FOUND"]),
+    "sl": ([["a", "日本"], [], None, None], ["PRESENT", "PRESENT", "NULL_VALUE", "NOT_FOUND"]),
+}
+CONSUMERS = {"consumer_id": [1, 2, 3, 4]}
+
+
+def assert_expected(result, store: str) -> None:
+    for name, (values, statuses) in EXPECTED.items():
+        col = result.column(name)
+        assert col.statuses == statuses, (store, name)
+        for got, want in zip(col.values, values):
+            if name == "e" and want is not None:
+                assert isinstance(got, np.ndarray) and got.dtype == np.float32, (store, name)
+                assert np.array_equal(got, np.asarray(want, np.float32)), (store, name)
+            elif name == "f32" and want is not None:
+                assert np.float32(got) == np.float32(want), (store, name)
+            else:
+                assert got == want and type(got) is type(want), (store, name, got, want)
+        assert col.event_timestamps == [AS_OF, AS_OF, AS_OF, None], (store, name)
+
+
+@pytest.fixture
+def written(spark, tmp_path, redis_server, pg_server, pg_db):
+    """every_type and pair_daily written by the real job into Redis (db 3) and PostgreSQL."""
+    from jobs.pipeline.run import run_source
+
+    defs_dir = tmp_path / "defs"
+    defs_dir.mkdir()
+    (defs_dir / "entities.yaml").write_text(ENTITIES)
+    (defs_dir / "every_type.yaml").write_text(EVERY_TYPE)
+    (defs_dir / "pair_daily.yaml").write_text(PAIR)
+    (defs_dir / "services.yaml").write_text(SERVICES)
+    defs = load_definitions(defs_dir)
+    spark.createDataFrame(ROWS, SCHEMA).write.format("delta").save(str(tmp_path / "every_type"))
+    spark.createDataFrame([("eu", 7, 1.5, DAY), ("us", 7, 2.5, DAY)], "region string, store_id long, score double, ds date").write.format("delta").save(str(tmp_path / "pair_daily"))
+    redis_server.client(3).flushdb()
+    conf = RunConf(
+        env="test", data_root=str(tmp_path), reports_dir=str(tmp_path / "reports"), definitions_dir=str(defs_dir),
+        sinks=["redis", "cockroach"],
+        redis=RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/3", password_env=None, mode="standalone"),
+        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
+        quality=QualityConf(expectations=False, max_bad_fraction=0.5, verify_sample=10),
+        reader=ReaderSettings(timeout_ms=5000),
+    )  # fmt: skip
+    for name in ("every_type", "pair_daily"):
+        summary = run_source(spark, conf, defs, name, DAY)
+        assert summary.status == "succeeded", summary.error
+    return conf, defs
+
+
+def test_every_type_reads_back_as_written_from_redis_and_sql(written):
+    conf, defs = written
+    with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:  # pair_daily's max_age is an hour
+        for store in ("redis", "sql"):
+            result = reader.get_online_features(["every_type"], CONSUMERS, store=store)
+            assert_expected(result, store)
+        # a two-part key: both parts, in the entity's order
+        pair = reader.get_online_features(["pair_daily:score"], {"region": ["eu", "us", "eu"], "store_id": [7, 7, 8]}, store="redis")
+        assert pair.column("score").values == [1.5, 2.5, None]
+        assert pair.column("score").statuses == ["PRESENT", "PRESENT", "NOT_FOUND"]
+        assert reader.stats["store_reads"] == 3
+
+
+def test_async_reader_returns_the_sync_readers_body(written):
+    conf, defs = written
+
+    async def read():
+        async with AsyncFeatureReader(conf, defs, cache=False) as reader:
+            return [(await reader.get_online_features(["every_type"], CONSUMERS, store=s)).to_feast_json() for s in ("redis", "sql")]
+
+    with FeatureReader(conf, defs, cache=False) as reader:
+        expected = [reader.get_online_features(["every_type"], CONSUMERS, store=s).to_feast_json() for s in ("redis", "sql")]
+    assert asyncio.run(read()) == expected
+    body = json.loads(expected[0])
+    assert body["metadata"]["feature_names"] == ["consumer_id", *EXPECTED]
+    assert body["results"][0] == {"values": [1, 2, 3, 4], "statuses": ["PRESENT"] * 4, "event_timestamps": ["1970-01-01T00:00:00Z"] * 4}
+    n = body["results"][3]
+    assert n["values"][0] == BIG and b'"values":[1152921504606846977,' in expected[0]  # every digit in the JSON
+    assert n["event_timestamps"][0] == f"{DAY + __import__('datetime').timedelta(days=1)}T00:00:00Z"
+
+
+def test_a_redis_miss_is_read_from_sql_for_the_missed_entities_only(written, redis_server):
+    conf, defs = written
+    redis_server.client(3).delete(b"c:1")
+    with FeatureReader(conf, defs, cache=False) as reader:
+        result = reader.get_online_features(["every_type:n", "every_type:s"], CONSUMERS)
+        assert result.column("n").values == [BIG, None, -5, None]
+        assert result.column("n").statuses == ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
+        # Redis for all four, then SQL for the two it did not hold (1, deleted, and 4)
+        assert reader.stats["store_reads"] == 2 and reader.stats["entities_read"] == 4 + 2
+    off = conf.model_copy(update={"reader": ReaderSettings(read_through=False, timeout_ms=5000)})
+    with FeatureReader(off, defs, cache=False) as reader:
+        assert reader.get_online_features(["every_type:n"], CONSUMERS).column("n").statuses == ["NOT_FOUND", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
+
+
+def test_values_older_than_max_age_are_withheld(written):
+    conf, defs = written
+    with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 7200) as reader:
+        pair = reader.get_online_features(["pair_daily:score"], {"region": ["eu"], "store_id": [7]})
+        assert (pair.column("score").values, pair.column("score").statuses) == ([None], ["OUTSIDE_MAX_AGE"])  # the source's 3600 s
+        fresh = reader.get_online_features(["every_type:n"], CONSUMERS)  # no max_age of its own
+        assert fresh.column("n").statuses[0] == "PRESENT"
+        old = reader.get_online_features(["every_type:n"], CONSUMERS, max_age=3600)  # the request's
+        assert old.column("n").statuses == ["OUTSIDE_MAX_AGE", "OUTSIDE_MAX_AGE", "OUTSIDE_MAX_AGE", "NOT_FOUND"]
+        assert old.column("n").values == [None] * 4
+    with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:
+        assert reader.get_online_features(["pair_daily:score"], {"region": ["eu"], "store_id": [7]}).column("score").values == [1.5]
+
+
+def test_feature_service_and_the_get_command(written, tmp_path, monkeypatch, capsys):
+    from jobs.cli import main
+
+    from .conftest import env_conf
+
+    conf, defs = written
+    with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:
+        both = reader.get_online_features(feature_service="ranking", entities={"consumer_id": [1], "region": ["us"], "store_id": [7]})
+        assert [c.name for c in both.columns] == ["n", "score"] and both.to_dict()["score"] == [2.5]
+        expected = reader.get_online_features(["every_type:n", "every_type:e"], {"consumer_id": [1, 4]}, store="sql").to_feast_json()
+    settings = json.dumps({
+        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
+        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
+    })  # fmt: skip
+    monkeypatch.setenv("FM_CONF_DIR", str(env_conf(tmp_path / "conf", "t", settings)))
+    (tmp_path / "req.json").write_text(json.dumps({"features": ["every_type:n", "every_type:e"], "entities": {"consumer_id": [1, 4]}}))
+    assert main(["get", "--env", "t", "--request", str(tmp_path / "req.json"), "--store", "sql"]) == 0
+    assert capsys.readouterr().out.encode() == expected + b"\n"
+    (tmp_path / "bad.json").write_text(json.dumps({"features": ["every_type:nn"], "entities": {"consumer_id": [1]}}))
+    assert main(["get", "--env", "t", "--request", str(tmp_path / "bad.json")]) == 2
+    assert "unknown feature of source 'every_type': 'nn'; did you mean 'n'?" in capsys.readouterr().err
+
+
+# ---- requests refused, without any store --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample_defs():
+    return load_definitions(DEFAULT_DIR)
+
+
+def _conf(url: str, **cache) -> RunConf:
+    return RunConf(
+        env="test", sinks=["redis"], redis=RedisSettings(url=url, password_env=None, mode="standalone"),
+        reader=ReaderSettings(timeout_ms=5000, cache=CacheSettings(**{"ttl_seconds": 60, "early_refresh_beta": 0, **cache})),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "features, entities, error, text",
+    [
+        (["consumer_dayly:orders_7d"], {"consumer_id": [1]}, UnknownNameError, "unknown source 'consumer_dayly'; did you mean 'consumer_daily'?"),
+        (["consumer_daily:orders_7"], {"consumer_id": [1]}, UnknownNameError, "did you mean 'orders_7d', 'orders_30d'?"),
+        (["consumer_daily:orders_7d"], {"consumer": [1]}, EntityKeyError, "unknown entity key(s) 'consumer'; missing 'consumer_id'"),
+        (["consumer_daily:orders_7d"], {"consumer_id": ["1"]}, EntityKeyError, "entity key 'consumer_id' row 0: expected an integer, got str"),
+        (["consumer_daily:orders_7d"], {"consumer_id": [True]}, EntityKeyError, "expected an integer, got bool"),
+        (["store_features_long:is_open_late"], {"store_id": ["a:b"]}, EntityKeyError, "no ':' or control characters"),
+        (["consumer_daily:orders_7d"], {"consumer_id": list(range(1001))}, RequestError, "1,001 entities in one request; the limit is 1,000"),
+        ([], {"consumer_id": [1]}, RequestError, "no features requested"),
+    ],
+)
+def test_bad_requests_name_the_bad_part(sample_defs, features, entities, error, text):
+    reader = FeatureReader(_conf("redis://127.0.0.1:1/0"), sample_defs)  # never connects: refused before any read
+    with pytest.raises(error) as caught:
+        reader.get_online_features(features, entities)
+    assert text in str(caught.value)
+
+
+# ---- single-flight, early refresh, stale-if-error: counted on the server -------------------
+
+
+@pytest.fixture
+def hot_key(tmp_path, sample_defs):
+    """A Redis of its own holding consumer 1 of consumer_daily (orders_7d = 7)."""
+    server = start_redis(tmp_path / "r")
+    client = server.client()
+    client.hset(b"c:1", mapping={freshness_field("consumer_daily"): str(AS_OF).encode(), field_id("orders_7d"): encode("int", 7)})
+    client.config_resetstat()
+    yield server
+    server.stop()
+
+
+def hmget_calls(server) -> int:
+    return int(server.client().info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+
+def test_a_thousand_concurrent_async_reads_of_a_cold_key_read_redis_once(hot_key, sample_defs):
+    async def burst():
+        async with AsyncFeatureReader(_conf(hot_key.url), sample_defs) as reader:
+            hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")  # the first read waits: every other arrives meanwhile
+            results = await asyncio.gather(*[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]}) for _ in range(1000)])
+            return results, reader.stats, len(reader._flights)
+
+    results, stats, pending = asyncio.run(burst())
+    assert {tuple(r.column("orders_7d").values) for r in results} == {(7,)}
+    assert hmget_calls(hot_key) == 1
+    assert stats["coalesced"] == 999 and stats["store_reads"] == 1 and pending == 0
+
+
+def test_sixty_four_threads_reading_a_cold_key_read_redis_once(hot_key, sample_defs):
+    reader = FeatureReader(_conf(hot_key.url), sample_defs)
+    start = threading.Barrier(64)
+    values = []
+
+    def one():
+        start.wait()
+        values.append(reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]}).column("orders_7d").values)
+
+    hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")
+    threads = [threading.Thread(target=one) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert values == [[7]] * 64 and hmget_calls(hot_key) == 1
+    assert reader.stats["coalesced"] + reader.stats["hits"] == 63 and len(reader._flights) == 0
+    reader.close()
+
+
+def test_an_early_refresh_rereads_a_hot_key_once_before_it_expires(hot_key, sample_defs):
+    now = [1000.0]
+
+    async def run():
+        async with AsyncFeatureReader(_conf(hot_key.url, jitter=0, early_refresh_beta=1e6), sample_defs) as reader:
+            reader.cache.clock, reader.cache.rng = (lambda: now[0]), (lambda: 0.5)
+            ask = lambda: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]})  # noqa: E731
+            await ask()  # cached until 1060
+            hot_key.client().hset(b"c:1", field_id("orders_7d"), b"8")
+            now[0] = 1059.0  # within XFetch's window: one caller refreshes, the others are answered from the cache
+            answers = await asyncio.gather(*[ask() for _ in range(100)])
+            calls = hmget_calls(hot_key)
+            now[0] = 1061.0  # past the old expiry: the refreshed entry answers
+            reader.cache.settings = reader.cache.settings.model_copy(update={"early_refresh_beta": 0})
+            last = await ask()
+            return answers, calls, last, reader.stats
+
+    answers, calls, last, stats = asyncio.run(run())
+    assert calls == 2 and hmget_calls(hot_key) == 2  # the first read and one refresh
+    assert {a.column("orders_7d").values[0] for a in answers} <= {7, 8}
+    assert last.column("orders_7d").values == [8] and stats["misses"] == 1 and stats["early_refreshes"] >= 1
+
+
+def test_stale_values_answer_while_redis_is_down_then_fail(hot_key, sample_defs):
+    reader = FeatureReader(_conf(hot_key.url, ttl_seconds=0.05, jitter=0, stale_if_error_seconds=1.0), sample_defs)
+    ask = lambda: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]})  # noqa: E731
+    assert ask().column("orders_7d").statuses == ["PRESENT"]
+    hot_key.stop()
+    time.sleep(0.1)
+    stale = ask().column("orders_7d")
+    assert (stale.values, stale.statuses) == ([7], ["STALE"]) and reader.stats["stale_served"] == 1
+    time.sleep(1.0)
+    with pytest.raises(StoreError, match="Redis at redis://127.0.0.1"):
+        ask()
+    assert len(reader._flights) == 0
+
+
+def test_thousands_of_failed_reads_leave_nothing_on_the_scoreboard(tmp_path, sample_defs):
+    server = start_redis(tmp_path / "gone")
+    url = server.url
+    server.stop()
+
+    async def burst():
+        async with AsyncFeatureReader(_conf(url), sample_defs) as reader:
+            outcomes = await asyncio.gather(
+                *[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [i % 50]}) for i in range(3000)], return_exceptions=True
+            )
+            return outcomes, len(reader._flights)
+
+    outcomes, pending = asyncio.run(burst())
+    assert all(isinstance(o, StoreError) for o in outcomes) and pending == 0
+    reader = FeatureReader(_conf(url), sample_defs)
+    errors = []
+
+    def many():
+        for i in range(100):
+            try:
+                reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [i % 5]})
+            except StoreError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=many) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 1600 and len(reader._flights) == 0
+
+
+def test_a_value_that_does_not_decode_is_marked_and_the_rest_served(hot_key, sample_defs):
+    hot_key.client().hset(b"c:1", mapping={field_id("orders_30d"): b"12x", field_id("churn_score"): b"0.5"})
+    reader = FeatureReader(_conf(hot_key.url), sample_defs, cache=False)
+    result = reader.get_online_features(["consumer_daily:orders_7d", "consumer_daily:orders_30d", "consumer_daily:churn_score"], {"consumer_id": [1]})
+    assert [c.statuses[0] for c in result.columns] == ["PRESENT", "INVALID", "PRESENT"]
+    assert [c.values[0] for c in result.columns] == [7, None, 0.5] and reader.stats["decode_errors"] == 1
