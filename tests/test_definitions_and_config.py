@@ -159,7 +159,7 @@ MALFORMED = {
     "int beyond the digit limit": ("source:\n  name: a\n  location: " + "9" * 5000 + "\n", "location:", "invalid YAML: cannot read value"),
     "impossible date": ("source:\n  name: a\n  location: 2026-13-45\n", "2026-13-45", "invalid YAML: cannot read value"),
     "two documents": ("source: {}\n---\nsource: {}\n", "---", "invalid YAML"),
-    "not a mapping": ("# a comment first\n- source\n", "- source", "expected a top-level 'entities:' list or a 'source:' mapping"),
+    "not a mapping": ("# a comment first\n- source\n", "- source", "expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list"),
 }
 
 
