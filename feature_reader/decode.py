@@ -39,7 +39,7 @@ def _slow(feature: FeatureDef, raws: list, as_list: bool) -> list:
             out.append(BAD)
             continue
         if feature.type == "embedding" and not as_list:
-            value = np.asarray(value, np.float32)
+            value = _frozen(np.asarray(value, np.float32))
         out.append(value)
     return out
 
@@ -50,7 +50,7 @@ def _floats(raws: list) -> list | None:
     if joined.translate(None, _FLOAT_CHARS) or joined.count(b"+") != joined.count(b"e+") + joined.count(b"E+"):
         return None
     out = [None if r is None else float(r) for r in raws]
-    return out if math.isfinite(math.fsum(v for v in out if v is not None)) else None
+    return out if all(map(math.isfinite, filter(None, out))) else None  # 1e999 parses as inf
 
 
 def _ints(raws: list) -> list | None:
@@ -77,8 +77,14 @@ def _embeddings(raws: list, dimension: int, as_list: bool) -> list | None:
         values = np.frombuffer(r, "<f4", dimension, start)
         if not np.isfinite(values).all():
             return None
-        out.append(values.tolist() if as_list else values.copy())
+        out.append(values.tolist() if as_list else _frozen(values.copy()))
     return out
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    """Read-only: a cached array is handed to every caller, none may change it in place."""
+    arr.setflags(write=False)
+    return arr
 
 
 def _varint(n: int) -> bytes:
@@ -117,7 +123,13 @@ def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
     kind = feature.type
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "float":
-        return float(value) if number and math.isfinite(value) else BAD
+        try:
+            x = float(value) if number else math.inf
+        except OverflowError:  # an int beyond float64
+            return BAD
+        if not math.isfinite(x) or (feature.precision == "float32" and abs(x) > _FLOAT32_MAX):
+            return BAD
+        return x
     if kind == "int":
         return value if isinstance(value, int) and not isinstance(value, bool) and INT64_MIN <= value <= INT64_MAX else BAD
     if kind == "bool":
@@ -129,10 +141,11 @@ def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
     if kind == "embedding":
         if len(value) != feature.dimension or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             return BAD
-        arr = np.asarray(value, np.float32)
+        with np.errstate(over="ignore"):
+            arr = np.asarray(value, np.float32)  # beyond float32 becomes inf: refused below
         if not np.isfinite(arr).all():
             return BAD
-        return arr.tolist() if as_list else arr
+        return arr.tolist() if as_list else _frozen(arr)
     if kind == "int_list":
         ok = all(isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX for v in value)
     else:

@@ -11,6 +11,8 @@ stale-if-error window, and fails the call otherwise.
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -18,9 +20,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from feature_defs import Definitions, FeatureDef, load_definitions
-from feature_reader.cache import FRESH, MISS, REFRESH, STALE, L1Cache
+from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
-from feature_reader.errors import RequestError, StoreError
+from feature_reader.errors import ReadTimeout, RequestError, StoreError
 from feature_reader.redis_reads import AsyncRedisReads, RedisReads
 from feature_reader.request import ReadRequest, parse_request
 from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, FeatureColumn, OnlineFeatures
@@ -35,11 +37,14 @@ if TYPE_CHECKING:  # jobs.config reads this package's settings: imported when us
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 """--store names (and the conf's sink names) -> sink name."""
 
-Key = tuple  # (route, source, entity_id): what the cache and the scoreboard are keyed by
+Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
 
 
 class _Core:
-    """What both readers share: routing, the cache, counting, the columns."""
+    """What both readers share: routing, the cache, the scoreboard's use, counting, the
+    columns. A read is one generator (:meth:`get`) that yields what it needs done, a store
+    read or a wait on others' reads, and is sent the outcome: the threaded reader does
+    each step in its thread, the asyncio reader awaits it."""
 
     def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None, clock=time.time):
         self.conf, self.defs, self.settings = conf, defs, conf.reader
@@ -47,6 +52,7 @@ class _Core:
         self.cache = L1Cache(self.settings.cache) if enabled else None
         self.clock = clock
         self.counters: Counter = Counter()
+        self._counting = threading.Lock()  # the threaded reader's callers count at once
         self.as_list = self.settings.embeddings == "list"
 
     def route(self, source: str, store: str | None) -> tuple[str, ...]:
@@ -54,18 +60,15 @@ class _Core:
             if store not in STORES:
                 raise RequestError(f"unknown store {store!r}; use redis or sql")
             return (STORES[store],)
-        stores = self.settings.stores.get(source) or self.conf.sinks
-        ordered = tuple(s for s in ("redis", "cockroach") if s in stores)
+        ordered = tuple(s for s in ("redis", "cockroach") if s in self.stores_of(source))
         return ordered if self.settings.read_through else ordered[:1]
 
-    def keys(self, req: ReadRequest, store: str | None) -> list[Key]:
-        """Every (route, source, entity) the request needs, each once, in order."""
-        out: dict[Key, None] = {}
-        for name, source in req.sources.items():
-            route = self.route(name, store)
-            for eid in req.ids[source.entity]:
-                out[(route, name, eid)] = None
-        return list(out)
+    def stores_of(self, source: str) -> list[str]:
+        return self.settings.stores.get(source) or self.conf.sinks
+
+    def uses(self, store: str) -> bool:
+        """Whether any source is served by ``store``."""
+        return store in self.conf.sinks or any(store in v for v in self.settings.stores.values())
 
     def features(self, req: ReadRequest) -> dict[str, list[FeatureDef]]:
         """Per source, the features a store read fetches: all of them when the cache keeps
@@ -77,10 +80,25 @@ class _Core:
             out[c.source.name].append(c.feature)
         return dict(out)
 
-    def lookup(self, keys: list[Key]) -> tuple[dict[Key, SourceRow], list[Key], dict[Key, SourceRow], list[Key]]:
+    def keys(self, req: ReadRequest, store: str | None, features: dict[str, list[FeatureDef]]) -> dict[tuple[str, str], Key]:
+        """(source, entity id) -> its key: the route, the source, the entity, and which
+        features a read of it fetches (a read of other features is another read)."""
+        out: dict[tuple[str, str], Key] = {}
+        for name, source in req.sources.items():
+            route = self.route(name, store)
+            fields = "*" if self.cache is not None else tuple(f.name for f in features[name])
+            for eid in req.ids[source.entity]:
+                out[(name, eid)] = (route, name, eid, fields)
+        return out
+
+    def count(self, **amounts: int) -> None:
+        with self._counting:
+            self.counters.update(amounts)
+
+    def lookup(self, keys) -> tuple[dict[Key, SourceRow], list[Key], dict[Key, SourceRow], list[Key]]:
         """(answers, misses, stale entries of the misses, keys to refresh early)."""
         if self.cache is None:
-            self.counters["misses"] += len(keys)
+            self.count(misses=len(keys))
             return {}, list(keys), {}, []
         answers, misses, stale, refresh = {}, [], {}, []
         for key in keys:
@@ -93,43 +111,85 @@ class _Core:
                 misses.append(key)
                 if state == STALE:
                     stale[key] = entry.value
-        self.counters["hits"] += len(answers)
-        self.counters["misses"] += len(misses)
-        self.counters["early_refreshes"] += len(refresh)
+        self.count(hits=len(answers), misses=len(misses))
         return answers, misses, stale, refresh
 
-    def keep(self, rows: dict[Key, SourceRow], seconds: float) -> None:
+    def get(self, req: ReadRequest, store: str | None, flights):
+        """The read of a request, as a generator: yields ("read", store, units, features)
+        and ("wait", futures); returns the columns."""
+        features = self.features(req)
+        keys = self.keys(req, store, features)
+        rows, misses, stale, refresh = self.lookup(keys.values())
+        mine, theirs = flights.claim(misses)
+        early = flights.claim(refresh)[0] if refresh else []  # one caller refreshes; the others keep their fresh answers
+        self.count(coalesced=len(theirs), early_refreshes=len(early))
+        claimed = [*mine, *early]
+        if claimed:
+            got: dict[Key, SourceRow] = {}
+            error: BaseException | None = None
+            try:
+                start = time.perf_counter()
+                got = yield from self._read(claimed, features)
+                self._keep(got, time.perf_counter() - start)
+            except BaseException as exc:  # a cancelled caller (GeneratorExit, CancelledError) too
+                error = exc if isinstance(exc, Exception) else StoreError("the read was cancelled by its caller")
+                if not isinstance(exc, StoreError):
+                    raise
+            finally:  # every claimed key leaves the scoreboard, its waiters told
+                flights.finish(claimed, got, error)
+            if error is not None:
+                self._stale_or_raise(mine, stale, error, rows)
+            else:
+                rows.update({k: got[k] for k in mine})
+        if theirs:
+            try:
+                rows.update((yield ("wait", theirs)))
+            except StoreError as exc:
+                self._stale_or_raise(list(theirs), stale, exc, rows)
+        return self._assemble(req, keys, rows)
+
+    def _read(self, keys: Sequence[Key], features):
+        """Each key from its route's stores in turn: a store's misses go to the next one."""
+        got: dict[Key, SourceRow] = {}
+        by_route: dict[tuple[str, ...], list[Key]] = defaultdict(list)
+        for key in keys:
+            by_route[key[0]].append(key)
+        for route, left in by_route.items():
+            for store in route:
+                units = [Unit(k[1], k[2]) for k in left]
+                self.count(store_reads=1, entities_read=len(units))
+                rows = yield ("read", store, units, features)
+                for k, u in zip(left, units):
+                    got[k] = rows[u]
+                left = [k for k in left if got[k].as_of is None]
+                if not left:
+                    break
+        return got
+
+    def _keep(self, rows: dict[Key, SourceRow], seconds: float) -> None:
         if self.cache is None:
             return
         for key, row in rows.items():
             self.cache.put(key, row, size=row.size, negative=row.as_of is None, delta=seconds)
 
-    def stale_or_raise(self, keys: Sequence[Key], stale: dict[Key, SourceRow], error: BaseException, out: dict) -> None:
+    def _stale_or_raise(self, keys: Sequence[Key], stale: dict[Key, SourceRow], error: BaseException, out: dict) -> None:
         """Expired entries answer for ``keys`` when the store failed; any key without one fails the call."""
-        self.counters["errors"] += 1
-        missing = [k for k in keys if k not in stale]
-        if missing:
+        self.count(errors=1)
+        if any(k not in stale for k in keys):
             raise error
         for k in keys:
             out[k] = replace(stale[k], stale=True)
-        self.counters["stale_served"] += len(keys)
+        self.count(stale_served=len(keys))
 
-    def by_store(self, keys: Sequence[Key]) -> dict[tuple[str, ...], list[Key]]:
-        groups: dict[tuple[str, ...], list[Key]] = defaultdict(list)
-        for key in keys:
-            groups[key[0]].append(key)
-        return groups
-
-    def assemble(self, req: ReadRequest, store: str | None, rows: dict[Key, SourceRow]) -> OnlineFeatures:
+    def _assemble(self, req: ReadRequest, keys: dict[tuple[str, str], Key], rows: dict[Key, SourceRow]) -> OnlineFeatures:
         now = self.clock()
         columns = []
         for c in req.columns:
-            route = self.route(c.source.name, store)
             limits = [a for a in (c.source.max_age_seconds, req.max_age_seconds) if a is not None]
             max_age = min(limits) if limits else None
             values, statuses, stamps = [], [], []
             for eid in req.ids[c.source.entity]:
-                row = rows[(route, c.source.name, eid)]
+                row = rows[keys[(c.source.name, eid)]]
                 stamps.append(row.as_of)
                 if row.as_of is None:
                     values.append(None)
@@ -146,7 +206,7 @@ class _Core:
                 elif value is BAD:
                     values.append(None)
                     statuses.append(INVALID)
-                    self.counters["decode_errors"] += 1
+                    self.count(decode_errors=1)
                 else:
                     values.append(value)
                     statuses.append(STALE_STATUS if row.stale else PRESENT)
@@ -154,30 +214,52 @@ class _Core:
         return OnlineFeatures(req.join_keys, columns)
 
 
-def _conf_and_defs(env: str | None, definitions: str | None, overrides: dict | None) -> tuple[RunConf, Definitions]:
-    from jobs.config import load_config
-
-    conf = load_config(env, overrides)
-    return conf, load_definitions(conf.path(definitions or conf.definitions_dir))
-
-
 class _Base:
-    def _parse(self, features, entities, feature_service, full_feature_names, max_age) -> ReadRequest:
+    """What both readers' front ends share: the request, the stores, stats."""
+
+    def __init__(self, conf: RunConf, defs: Definitions, cache: bool | None, clock, redis_url: str | None, cluster: bool | None, kinds):
+        self.conf, self.defs = conf, defs
+        self._core = _Core(conf, defs, cache=cache, clock=clock)
+        redis_reads, sql_reads = kinds
+        timeout = conf.reader.timeout_ms / 1000
+        self._stores: dict[str, Any] = {}
+        if self._core.uses("redis"):
+            rconf = conf.redis_sink(url=redis_url)
+            cluster = self._is_cluster(rconf) if cluster is None else cluster
+            self._stores["redis"] = redis_reads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout)
+        if self._core.uses("cockroach"):
+            self._stores["cockroach"] = sql_reads(conf.sql_sink(), defs, timeout=timeout, connections=conf.reader.sql_connections)
+
+    @classmethod
+    def from_conf(cls, env: str | None = None, *, definitions: str | None = None, overrides: dict | None = None, **kwargs):
+        """The reader of a conf environment (``conf/base`` + ``conf/<env>``) and its definitions."""
+        from jobs.config import load_config
+
+        conf = load_config(env, overrides)
+        return cls(conf, load_definitions(conf.path(definitions or conf.definitions_dir)), **kwargs)
+
+    def _request(self, features, entities, feature_service, full_feature_names, max_age) -> ReadRequest:
         return parse_request(
-            self.defs, entities, features, feature_service=feature_service, full_feature_names=full_feature_names,
+            self.defs, entities or {}, features, feature_service=feature_service, full_feature_names=full_feature_names,
             max_entities=self.conf.reader.max_entities, max_age_seconds=max_age,
         )  # fmt: skip
+
+    def _store(self, name: str):
+        if name not in self._stores:
+            raise RequestError(f"no {'Redis' if name == 'redis' else 'SQL store'} is configured for reads (sinks, reader.stores)")
+        return self._stores[name]
 
     @property
     def stats(self) -> dict[str, int]:
         """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors."""
-        return dict(self._core.counters)
+        with self._core._counting:
+            return dict(self._core.counters)
 
     @property
     def cache(self) -> L1Cache | None:
         return self._core.cache
 
-    def _is_cluster_url(self, rconf) -> bool:
+    def _is_cluster(self, rconf) -> bool:
         """redis.mode, or (auto) whether the server says it runs in cluster mode."""
         if self.conf.redis.mode != "auto":
             return self.conf.redis.mode == "cluster"
@@ -191,25 +273,17 @@ class _Base:
             client.close()
 
 
+def _failure(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
 class FeatureReader(_Base):
     """Reads features for models, from any number of threads."""
 
-    def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, clock=time.time):
-        self.conf, self.defs = conf, defs
-        self._core = _Core(conf, defs, cache=cache, clock=clock)
+    def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, cluster: bool | None = None, clock=time.time):
+        super().__init__(conf, defs, cache, clock, redis_url, cluster, (RedisReads, SqlReads))
         self._flights = ThreadFlights()
-        timeout = conf.reader.timeout_ms / 1000
-        self._stores: dict[str, Any] = {}
-        if "redis" in conf.sinks or any("redis" in v for v in conf.reader.stores.values()):
-            rconf = conf.redis_sink(url=redis_url)
-            self._stores["redis"] = RedisReads(rconf, defs, conf.redis.namespace, cluster=self._is_cluster_url(rconf), timeout=timeout)
-        self._stores["cockroach"] = SqlReads(conf.sql_sink(), defs, timeout=timeout, connections=conf.reader.sql_connections)
-
-    @classmethod
-    def from_conf(cls, env: str | None = None, *, definitions: str | None = None, overrides: dict | None = None, **kwargs) -> FeatureReader:
-        """The reader of a conf environment (``conf/base`` + ``conf/<env>``) and its definitions."""
-        conf, defs = _conf_and_defs(env, definitions, overrides)
-        return cls(conf, defs, **kwargs)
 
     def get_online_features(
         self,
@@ -224,68 +298,36 @@ class FeatureReader(_Base):
         """Feast's call: ``features`` as ``source:feature`` (or a source's name), or a
         ``feature_service``; ``entities`` as key columns. Values, statuses and as-of times
         per feature, in entity order."""
-        req = self._parse(features, entities or {}, feature_service, full_feature_names, max_age)
-        core = self._core
-        keys = core.keys(req, store)
-        rows, misses, stale, refresh = core.lookup(keys)
-        mine, theirs = self._flights.claim(misses)
-        early, _ = self._flights.claim(refresh) if refresh else ([], {})
-        core.counters["coalesced"] += len(theirs)
-        if mine or early:
-            self._read_mine(req, mine, early, stale, rows)
-        if theirs:
-            try:
-                rows.update(ThreadFlights.wait(theirs, timeout=max(1.0, self.conf.reader.timeout_ms / 250)))
-            except StoreError as exc:
-                core.stale_or_raise(list(theirs), stale, exc, rows)
-        return core.assemble(req, store, rows)
-
-    def _read_mine(self, req, mine, early, stale, rows) -> None:
-        core = self._core
-        claimed = [*mine, *early]
-        got: dict[Key, SourceRow] = {}
-        error: BaseException | None = None
+        steps = self._core.get(self._request(features, entities, feature_service, full_feature_names, max_age), store, self._flights)
+        wait = max(5.0, 4 * self.conf.reader.timeout_ms / 1000)  # another thread's read: its stores' deadlines and a connect
         try:
-            start = time.perf_counter()
-            for route, keys in core.by_store(claimed).items():
-                got.update(self._read_route(route, keys, core.features(req)))
-            core.keep(got, time.perf_counter() - start)
-        except BaseException as exc:
-            error = exc
-            if not isinstance(exc, StoreError):
-                raise
-        finally:  # every claimed key leaves the scoreboard, its waiters told
-            self._flights.finish(claimed, got, error)
-        if error is not None:
-            core.stale_or_raise(mine, stale, error, rows)  # early refreshes keep their fresh answers
-        else:
-            rows.update({k: got[k] for k in mine})
-
-    def _read_route(self, route: tuple[str, ...], keys: list[Key], features) -> dict[Key, SourceRow]:
-        core, out, left = self._core, {}, keys
-        for store in route:
-            units = [Unit(k[1], k[2]) for k in left]
-            core.counters["store_reads"] += 1
-            core.counters["entities_read"] += len(units)
-            rows = self._stores[store].read(units, {u.source: features[u.source] for u in units}, core.as_list)
-            for k, u in zip(left, units):
-                out[k] = rows[u]
-            left = [k for k in left if out[k].as_of is None]
-            if not left:
-                break
-        return out
+            step = next(steps)
+            while True:
+                try:
+                    if step[0] == "read":
+                        outcome = self._store(step[1]).read(step[2], step[3], self._core.as_list)
+                    else:
+                        outcome = ThreadFlights.wait(step[1], timeout=wait)
+                except concurrent.futures.TimeoutError:
+                    step = steps.throw(ReadTimeout(f"another caller's read of these entities took over {wait:.1f} s"))
+                except Exception as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(outcome)
+        except StopIteration as done:
+            return done.value
+        finally:
+            steps.close()
 
     def ping(self) -> dict[str, str]:
         """Each configured store's answer ('ok' or the error), for health checks."""
         out = {}
         for name, store in self._stores.items():
-            if name == "cockroach" and "cockroach" not in self.conf.sinks and not any("cockroach" in v for v in self.conf.reader.stores.values()):
-                continue
             try:
                 store.ping()
                 out[name] = "ok"
             except Exception as exc:  # reported, not raised: a health check lists every store
-                out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                out[name] = _failure(exc)
         return out
 
     def close(self) -> None:
@@ -303,22 +345,8 @@ class AsyncFeatureReader(_Base):
     """Reads features for models, on one asyncio event loop."""
 
     def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, cluster: bool | None = None, clock=time.time):
-        self.conf, self.defs = conf, defs
-        self._core = _Core(conf, defs, cache=cache, clock=clock)
+        super().__init__(conf, defs, cache, clock, redis_url, cluster, (AsyncRedisReads, AsyncSqlReads))
         self._flights = AsyncFlights()
-        timeout = conf.reader.timeout_ms / 1000
-        self._stores: dict[str, Any] = {}
-        if "redis" in conf.sinks or any("redis" in v for v in conf.reader.stores.values()):
-            rconf = conf.redis_sink(url=redis_url)
-            if cluster is None:
-                cluster = self._is_cluster_url(rconf)
-            self._stores["redis"] = AsyncRedisReads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout)
-        self._stores["cockroach"] = AsyncSqlReads(conf.sql_sink(), defs, timeout=timeout, connections=conf.reader.sql_connections)
-
-    @classmethod
-    def from_conf(cls, env: str | None = None, *, definitions: str | None = None, overrides: dict | None = None, **kwargs) -> AsyncFeatureReader:
-        conf, defs = _conf_and_defs(env, definitions, overrides)
-        return cls(conf, defs, **kwargs)
 
     async def get_online_features(
         self,
@@ -331,67 +359,32 @@ class AsyncFeatureReader(_Base):
         store: str | None = None,
     ) -> OnlineFeatures:
         """As FeatureReader.get_online_features, awaited."""
-        req = self._parse(features, entities or {}, feature_service, full_feature_names, max_age)
-        core = self._core
-        keys = core.keys(req, store)
-        rows, misses, stale, refresh = core.lookup(keys)
-        mine, theirs = self._flights.claim(misses)
-        early, _ = self._flights.claim(refresh) if refresh else ([], {})
-        core.counters["coalesced"] += len(theirs)
-        if mine or early:
-            await self._read_mine(req, mine, early, stale, rows)
-        if theirs:
-            try:
-                rows.update(await AsyncFlights.wait(theirs))
-            except StoreError as exc:
-                core.stale_or_raise(list(theirs), stale, exc, rows)
-        return core.assemble(req, store, rows)
-
-    async def _read_mine(self, req, mine, early, stale, rows) -> None:
-        core = self._core
-        claimed = [*mine, *early]
-        got: dict[Key, SourceRow] = {}
-        error: BaseException | None = None
+        steps = self._core.get(self._request(features, entities, feature_service, full_feature_names, max_age), store, self._flights)
         try:
-            start = time.perf_counter()
-            for route, keys in core.by_store(claimed).items():
-                got.update(await self._read_route(route, keys, core.features(req)))
-            core.keep(got, time.perf_counter() - start)
-        except BaseException as exc:
-            error = exc if isinstance(exc, Exception) else StoreError("the read was cancelled by its caller")
-            if not isinstance(exc, StoreError):
-                raise
-        finally:  # also on cancellation: every claimed key leaves the scoreboard, its waiters told
-            self._flights.finish(claimed, got, error)
-        if error is not None:
-            core.stale_or_raise(mine, stale, error, rows)
-        else:
-            rows.update({k: got[k] for k in mine})
-
-    async def _read_route(self, route, keys, features) -> dict[Key, SourceRow]:
-        core, out, left = self._core, {}, keys
-        for store in route:
-            units = [Unit(k[1], k[2]) for k in left]
-            core.counters["store_reads"] += 1
-            core.counters["entities_read"] += len(units)
-            rows = await self._stores[store].read(units, {u.source: features[u.source] for u in units}, core.as_list)
-            for k, u in zip(left, units):
-                out[k] = rows[u]
-            left = [k for k in left if out[k].as_of is None]
-            if not left:
-                break
-        return out
+            step = next(steps)
+            while True:
+                try:
+                    if step[0] == "read":
+                        outcome = await self._store(step[1]).read(step[2], step[3], self._core.as_list)
+                    else:
+                        outcome = await AsyncFlights.wait(step[1])
+                except Exception as exc:
+                    step = steps.throw(exc)
+                else:
+                    step = steps.send(outcome)
+        except StopIteration as done:
+            return done.value
+        finally:  # a cancelled caller: closing the steps takes its keys off the scoreboard
+            steps.close()
 
     async def ping(self) -> dict[str, str]:
         out = {}
         for name, store in self._stores.items():
-            if name == "cockroach" and "cockroach" not in self.conf.sinks and not any("cockroach" in v for v in self.conf.reader.stores.values()):
-                continue
             try:
                 await store.ping()
                 out[name] = "ok"
             except Exception as exc:  # reported, not raised
-                out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                out[name] = _failure(exc)
         return out
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ from redis.retry import Retry
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import decode_column
 from feature_reader.errors import ReadTimeout, StoreError
-from feature_reader.rows import SourceRow, Unit
+from feature_reader.rows import NOT_FOUND_ROW, SourceRow, Unit
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
 from sinks.redis.client import _tls_options, connect_url, server_address
@@ -65,7 +65,7 @@ class _Plan:
             columns = {f.name: decode_column(f, [s[1 + j] if ok else None for s, ok in zip(slices, found)], as_list=as_list) for j, f in enumerate(feats)}
             for n, (unit, s, ok) in enumerate(zip(units, slices, found)):
                 if not ok:
-                    out[unit] = SourceRow(None, {}, 64)
+                    out[unit] = NOT_FOUND_ROW
                     continue
                 try:
                     as_of = int(s[0])

@@ -33,7 +33,7 @@ class CacheSettings(Settings):
 
 class ReaderSettings(Settings):
     stores: dict[str, list[Store]] = {}
-    """Per source: the stores that serve it, in order (default: the run's ``sinks``, Redis first)."""
+    """Per source: the stores that serve it (default: the run's ``sinks``); Redis is read first."""
     read_through: bool = True
     """A source served by Redis and the SQL store: entities Redis does not hold are read from SQL."""
     timeout_ms: float = Field(50.0, gt=0)

@@ -11,79 +11,38 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Hashable, Iterable
 
 
-class AsyncFlights:
-    def __init__(self):
-        self._pending: dict[Hashable, asyncio.Future] = {}
+class _Scoreboard:
+    def __init__(self, lock):
+        self._pending: dict = {}
+        self._lock = lock
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def claim(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], dict[Hashable, asyncio.Future]]:
+    def _future(self):
+        raise NotImplementedError
+
+    def claim(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], dict]:
         """(keys this caller must read, futures of keys another caller is reading)."""
-        mine, theirs = [], {}
-        loop = asyncio.get_running_loop()
-        for key in keys:
-            fut = self._pending.get(key)
-            if fut is None:
-                fut = self._pending[key] = loop.create_future()
-                fut.add_done_callback(_retrieve)
-                mine.append(key)
-            else:
-                theirs[key] = fut
-        return mine, theirs
-
-    def finish(self, keys: Iterable[Hashable], results: dict, error: BaseException | None = None) -> None:
-        """End the reads of ``keys``: each waiter gets its key's result, or ``error``
-        (also for a key missing from ``results``). Always called, in a finally."""
-        for key in keys:
-            fut = self._pending.pop(key, None)
-            if fut is None or fut.done():
-                continue
-            if key in results:
-                fut.set_result(results[key])
-            else:
-                fut.set_exception(error or RuntimeError(f"read of {key!r} ended without a result"))
-
-    @staticmethod
-    async def wait(futures: dict[Hashable, asyncio.Future]) -> dict:
-        """Results of others' reads; a caller's cancellation does not cancel the shared read."""
-        out = {}
-        for key, fut in futures.items():
-            out[key] = await asyncio.shield(fut)
-        return out
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    # a failed read nobody waited for is not an "exception never retrieved"
-    if not fut.cancelled():
-        fut.exception()
-
-
-class ThreadFlights:
-    def __init__(self):
-        self._pending: dict[Hashable, concurrent.futures.Future] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def claim(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], dict[Hashable, concurrent.futures.Future]]:
         mine, theirs = [], {}
         with self._lock:
             for key in keys:
                 fut = self._pending.get(key)
                 if fut is None:
-                    self._pending[key] = concurrent.futures.Future()
+                    self._pending[key] = self._future()
                     mine.append(key)
                 else:
                     theirs[key] = fut
         return mine, theirs
 
     def finish(self, keys: Iterable[Hashable], results: dict, error: BaseException | None = None) -> None:
+        """End the reads of ``keys``: each waiter gets its key's result, or ``error`` (also
+        for a key missing from ``results``). Always called, in a finally."""
         with self._lock:
             futures = [(key, self._pending.pop(key, None)) for key in keys]
         for key, fut in futures:
@@ -93,6 +52,35 @@ class ThreadFlights:
                 fut.set_result(results[key])
             else:
                 fut.set_exception(error or RuntimeError(f"read of {key!r} ended without a result"))
+
+
+class AsyncFlights(_Scoreboard):
+    def __init__(self):
+        super().__init__(contextlib.nullcontext())  # one event loop: no other thread touches it
+
+    def _future(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieve)
+        return fut
+
+    @staticmethod
+    async def wait(futures: dict[Hashable, asyncio.Future]) -> dict:
+        """Results of others' reads; a caller's cancellation does not cancel the shared read."""
+        return {key: await asyncio.shield(fut) for key, fut in futures.items()}
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    # a failed read nobody waited for is not an "exception never retrieved"
+    if not fut.cancelled():
+        fut.exception()
+
+
+class ThreadFlights(_Scoreboard):
+    def __init__(self):
+        super().__init__(threading.Lock())
+
+    def _future(self) -> concurrent.futures.Future:
+        return concurrent.futures.Future()
 
     @staticmethod
     def wait(futures: dict[Hashable, concurrent.futures.Future], timeout: float | None = None) -> dict:

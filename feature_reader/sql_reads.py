@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import from_json
 from feature_reader.errors import ReadTimeout, StoreError
-from feature_reader.rows import SourceRow, Unit
+from feature_reader.rows import NOT_FOUND_ROW, SourceRow, Unit
 from sinks.sql.client import connect, is_transient
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.statements import table_identifier
@@ -46,7 +47,7 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
     for unit in units:
         hit = found.get(unit)
         if hit is None:
-            out[unit] = SourceRow(None, {}, 64)
+            out[unit] = NOT_FOUND_ROW
             continue
         text, as_of = hit
         try:
@@ -62,6 +63,13 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
     return out
 
 
+def _store_error(where: str, timeout_ms: int, exc: psycopg.Error) -> StoreError:
+    if getattr(exc, "sqlstate", None) == "57014":
+        return ReadTimeout(f"SQL store at {where} did not answer in {timeout_ms} ms")
+    kind = "transient" if is_transient(exc) else "refused"
+    return StoreError(f"SQL store at {where} ({kind}): {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+
+
 class SqlReads:
     """Synchronous reads over a few pooled connections (thread-safe)."""
 
@@ -69,16 +77,17 @@ class SqlReads:
         self.config = replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1))
         self.defs, self.where = defs, _where(config)
         self._idle: queue.LifoQueue = queue.LifoQueue()
-        self._slots = queue.Queue()
-        for _ in range(connections):
-            self._slots.put(None)
+        self._slots = threading.BoundedSemaphore(connections)
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
-        self._slots.get()
+        self._slots.acquire()
         conn = None
         try:
-            conn = self._idle.get_nowait() if not self._idle.empty() else connect(self.config)
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = connect(self.config)
             for query, keys, sources in _statements(self.defs, self.config.schema, units):
                 try:
                     rows = conn.execute(query, (keys, sources)).fetchall()
@@ -89,18 +98,12 @@ class SqlReads:
             self._idle.put(conn)
             conn = None
         except psycopg.Error as exc:
-            raise self._error(exc) from exc
+            raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
         finally:
             if conn is not None:
                 conn.close()
-            self._slots.put(None)
+            self._slots.release()
         return _rows(units, found, features, as_list)
-
-    def _error(self, exc: psycopg.Error) -> Exception:
-        if getattr(exc, "sqlstate", None) == "57014":
-            return ReadTimeout(f"SQL store at {self.where} did not answer in {self.config.statement_timeout_ms} ms")
-        kind = "transient" if is_transient(exc) else "refused"
-        return StoreError(f"SQL store at {self.where} ({kind}): {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
     def ping(self) -> None:
         with connect(self.config) as conn:
@@ -148,7 +151,7 @@ class AsyncSqlReads:
             except TimeoutError as exc:
                 raise ReadTimeout(f"SQL store at {self.where} did not answer in time") from exc
             except psycopg.Error as exc:
-                raise SqlReads._error(self, exc) from exc
+                raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
             finally:
                 if conn is not None:
                     await conn.close()
