@@ -16,7 +16,6 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from feature_defs import Definitions, FeatureDef, load_definitions
@@ -25,10 +24,10 @@ from feature_reader.decode import BAD
 from feature_reader.errors import ReadTimeout, RequestError, StoreError
 from feature_reader.redis_reads import AsyncRedisReads, RedisReads
 from feature_reader.request import ReadRequest, parse_request
-from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, FeatureColumn, OnlineFeatures
+from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, OnlineFeatures
 from feature_reader.response import STALE as STALE_STATUS
 from feature_reader.rows import SourceRow, Unit
-from feature_reader.singleflight import AsyncFlights, ThreadFlights
+from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
 
 if TYPE_CHECKING:  # jobs.config reads this package's settings: imported when used
@@ -36,6 +35,8 @@ if TYPE_CHECKING:  # jobs.config reads this package's settings: imported when us
 
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 """--store names (and the conf's sink names) -> sink name."""
+
+COUNTERS = ("hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors")
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
 
@@ -93,7 +94,9 @@ class _Core:
 
     def count(self, **amounts: int) -> None:
         with self._counting:
-            self.counters.update(amounts)
+            for name, amount in amounts.items():
+                if amount:
+                    self.counters[name] += amount
 
     def lookup(self, keys) -> tuple[dict[Key, SourceRow], list[Key], dict[Key, SourceRow], list[Key]]:
         """(answers, misses, stale entries of the misses, keys to refresh early)."""
@@ -122,7 +125,8 @@ class _Core:
         rows, misses, stale, refresh = self.lookup(keys.values())
         mine, theirs = flights.claim(misses)
         early = flights.claim(refresh)[0] if refresh else []  # one caller refreshes; the others keep their fresh answers
-        self.count(coalesced=len(theirs), early_refreshes=len(early))
+        if theirs or early:
+            self.count(coalesced=len(theirs), early_refreshes=len(early))
         claimed = [*mine, *early]
         if claimed:
             got: dict[Key, SourceRow] = {}
@@ -178,40 +182,57 @@ class _Core:
         if any(k not in stale for k in keys):
             raise error
         for k in keys:
-            out[k] = replace(stale[k], stale=True)
+            out[k] = stale[k]._replace(stale=True)
         self.count(stale_served=len(keys))
 
     def _assemble(self, req: ReadRequest, keys: dict[tuple[str, str], Key], rows: dict[Key, SourceRow]) -> OnlineFeatures:
         now = self.clock()
-        columns = []
-        for c in req.columns:
-            limits = [a for a in (c.source.max_age_seconds, req.max_age_seconds) if a is not None]
+        width = len(req.columns)
+        values: list = [None] * width
+        statuses: list = [None] * width
+        stamps: list = [None] * width
+        for name, (positions, feats) in req.groups.items():
+            source = req.sources[name]
+            limits = [a for a in (source.max_age_seconds, req.max_age_seconds) if a is not None]
             max_age = min(limits) if limits else None
-            values, statuses, stamps = [], [], []
-            for eid in req.ids[c.source.entity]:
-                row = rows[keys[(c.source.name, eid)]]
-                stamps.append(row.as_of)
-                if row.as_of is None:
-                    values.append(None)
-                    statuses.append(NOT_FOUND)
+            rs = [rows[keys[(name, eid)]] for eid in req.ids[source.entity]]
+            as_of = [r.as_of for r in rs]
+            withheld = [NOT_FOUND if t is None else OUTSIDE_MAX_AGE if max_age is not None and now - t > max_age else None for t in as_of]
+            layout = rs[0].names
+            # every row PRESENT in every feature, one layout: the columns are the rows transposed
+            if all(r.complete and not r.stale and r.names is layout for r in rs) and not any(withheld):
+                whole = feats == layout.order and positions[-1] - positions[0] == len(positions) - 1
+                if whole or all(f in layout for f in feats):
+                    transposed = list(map(list, zip(*(r.values for r in rs))))
+                    if whole:  # the whole read, in order
+                        values[positions[0] : positions[-1] + 1] = transposed
+                        stamps[positions[0] : positions[-1] + 1] = [as_of] * len(positions)
+                        continue
+                    for at, f in zip(positions, feats):
+                        values[at], stamps[at] = transposed[layout[f]], as_of  # statuses None: all PRESENT
                     continue
-                if max_age is not None and now - row.as_of > max_age:
-                    values.append(None)
-                    statuses.append(OUTSIDE_MAX_AGE)
-                    continue
-                value = row.values.get(c.feature.name)
-                if value is None:
-                    values.append(None)
-                    statuses.append(NULL_VALUE)
-                elif value is BAD:
-                    values.append(None)
-                    statuses.append(INVALID)
-                    self.count(decode_errors=1)
-                else:
-                    values.append(value)
-                    statuses.append(STALE_STATUS if row.stale else PRESENT)
-            columns.append(FeatureColumn(c.name, values, statuses, stamps))
-        return OnlineFeatures(req.join_keys, columns)
+            for at, f in zip(positions, feats):
+                values[at], statuses[at] = self._column(f, rs, withheld)
+                stamps[at] = as_of
+        return OnlineFeatures(req.join_keys, list(req.names), values, statuses, stamps)
+
+    def _column(self, feature: str, rs: list[SourceRow], withheld: list) -> tuple[list, list]:
+        """A column cell by cell: NOT_FOUND, OUTSIDE_MAX_AGE, NULL_VALUE, INVALID or STALE among its values."""
+        values, statuses = [], []
+        for row, status in zip(rs, withheld):
+            value = None if status else row.get(feature)
+            if status:
+                statuses.append(status)
+            elif value is None:
+                statuses.append(NULL_VALUE)
+            elif value is BAD:
+                value = None
+                statuses.append(INVALID)
+                self.count(decode_errors=1)
+            else:
+                statuses.append(STALE_STATUS if row.stale else PRESENT)
+            values.append(value)
+        return values, statuses
 
 
 class _Base:
@@ -220,13 +241,15 @@ class _Base:
     def __init__(self, conf: RunConf, defs: Definitions, cache: bool | None, clock, redis_url: str | None, cluster: bool | None, kinds):
         self.conf, self.defs = conf, defs
         self._core = _Core(conf, defs, cache=cache, clock=clock)
+        self._selections: dict = {}
         redis_reads, sql_reads = kinds
         timeout = conf.reader.timeout_ms / 1000
         self._stores: dict[str, Any] = {}
         if self._core.uses("redis"):
             rconf = conf.redis_sink(url=redis_url)
             cluster = self._is_cluster(rconf) if cluster is None else cluster
-            self._stores["redis"] = redis_reads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout)
+            extra = {"connections": conf.reader.redis_connections} if redis_reads is AsyncRedisReads else {}
+            self._stores["redis"] = redis_reads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout, **extra)
         if self._core.uses("cockroach"):
             self._stores["cockroach"] = sql_reads(conf.sql_sink(), defs, timeout=timeout, connections=conf.reader.sql_connections)
 
@@ -241,7 +264,7 @@ class _Base:
     def _request(self, features, entities, feature_service, full_feature_names, max_age) -> ReadRequest:
         return parse_request(
             self.defs, entities or {}, features, feature_service=feature_service, full_feature_names=full_feature_names,
-            max_entities=self.conf.reader.max_entities, max_age_seconds=max_age,
+            max_entities=self.conf.reader.max_entities, max_age_seconds=max_age, memo=self._selections,
         )  # fmt: skip
 
     def _store(self, name: str):
@@ -253,7 +276,7 @@ class _Base:
     def stats(self) -> dict[str, int]:
         """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors."""
         with self._core._counting:
-            return dict(self._core.counters)
+            return {name: self._core.counters.get(name, 0) for name in COUNTERS}
 
     @property
     def cache(self) -> L1Cache | None:
@@ -283,7 +306,7 @@ class FeatureReader(_Base):
 
     def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, cluster: bool | None = None, clock=time.time):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (RedisReads, SqlReads))
-        self._flights = ThreadFlights()
+        self._flights = ThreadFlights() if conf.reader.single_flight else NoFlights()
 
     def get_online_features(
         self,
@@ -346,7 +369,7 @@ class AsyncFeatureReader(_Base):
 
     def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, cluster: bool | None = None, clock=time.time):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (AsyncRedisReads, AsyncSqlReads))
-        self._flights = AsyncFlights()
+        self._flights = AsyncFlights() if conf.reader.single_flight else NoFlights()
 
     async def get_online_features(
         self,

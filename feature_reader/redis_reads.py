@@ -11,7 +11,6 @@ need per-primary ceilings and WAIT, a reader needs none of that.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from collections.abc import Sequence
 
 import redis
@@ -20,9 +19,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from feature_defs import Definitions, FeatureDef
-from feature_reader.decode import decode_column
+from feature_reader.decode import BAD, ColumnDecoder
 from feature_reader.errors import ReadTimeout, StoreError
-from feature_reader.rows import NOT_FOUND_ROW, SourceRow, Unit
+from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
 from sinks.redis.client import _tls_options, connect_url, server_address
@@ -31,60 +30,151 @@ from sinks.redis.config import RedisSinkConfig
 PER_VALUE_BYTES = 48
 """Cache size estimate per value beyond its stored bytes (Python objects)."""
 
+CHUNK = 128
+"""Replies decoded at a time while the rest are still on their way (the server keeps
+working on the batch meanwhile: decoding overlaps the round trip)."""
+
+
+def _bulk(items: list[bytes]) -> bytes:
+    return b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+
+
+class _Fields:
+    """Per (source, features read): the field ids (its freshness field first), as RESP too,
+    and where each feature sits in a row; made once per reader and kept."""
+
+    def __init__(self, source: str, feats: list[FeatureDef]):
+        self.ids = [freshness_field(source)] + [field_id(f.name) for f in feats]
+        self.wire = _bulk(self.ids)
+        self.names = Layout([f.name for f in feats])
+        self.decoder = ColumnDecoder(feats)
+
 
 class _Plan:
-    """Which key and fields each unit reads, and where its fields sit in the replies."""
+    """Which key each unit reads, and where its fields sit in the key's reply."""
 
-    def __init__(self, defs: Definitions, namespace: str | None, units: Sequence[Unit], features: dict[str, list[FeatureDef]]):
-        by_key: dict[bytes, list[Unit]] = defaultdict(list)
+    def __init__(self, reads, units: Sequence[Unit], features: dict[str, list[FeatureDef]]):
+        defs, by_key = reads.defs, {}
+        prefixes: dict[str, bytes] = {}
         for unit in units:
-            entity = defs.entities[defs.sources[unit.source].entity]
-            by_key[redis_key(key_prefix(entity.prefix, namespace), unit.entity_id)].append(unit)
-        self.keys = list(by_key)
-        self.fields: list[list[bytes]] = []
-        self.where: dict[Unit, tuple[int, int]] = {}  # unit -> (key index, first field index)
-        ids = {name: [freshness_field(name)] + [field_id(f.name) for f in feats] for name, feats in features.items()}
-        for k, key in enumerate(self.keys):
-            fields: list[bytes] = []
-            for unit in by_key[key]:
-                self.where[unit] = (k, len(fields))
-                fields += ids[unit.source]
-            self.fields.append(fields)
+            prefix = prefixes.get(unit.source)
+            if prefix is None:
+                entity = defs.entities[defs.sources[unit.source].entity]
+                prefix = prefixes[unit.source] = key_prefix(entity.prefix, reads.namespace)
+            by_key.setdefault(redis_key(prefix, unit.entity_id), []).append(unit)
+        self.fields = {name: reads.fields(name, feats) for name, feats in features.items()}
         self.features = features
+        self.keys = list(by_key)
+        self.units: list[list[tuple[Unit, int]]] = []  # per key: (unit, its first field in the reply)
+        for key in self.keys:
+            at, placed = 0, []
+            for unit in by_key[key]:
+                placed.append((unit, at))
+                at += len(self.fields[unit.source].ids)
+            self.units.append(placed)
 
-    def rows(self, replies: list[list], as_list: bool) -> dict[Unit, SourceRow]:
-        """Decode the replies, a column per (source, feature) across the batch."""
-        by_source: dict[str, list[Unit]] = defaultdict(list)
-        for unit in self.where:
-            by_source[unit.source].append(unit)
+    def key_fields(self, k: int) -> list[bytes]:
+        return [f for unit, _ in self.units[k] for f in self.fields[unit.source].ids]
+
+    def wire(self) -> bytes:
+        """The batch's HMGETs as RESP, built from each source's pre-built fields."""
+        out = []
+        for key, placed in zip(self.keys, self.units):
+            if len(placed) == 1:
+                fields = self.fields[placed[0][0].source]
+                out.append(b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n%s" % (len(fields.ids) + 2, len(key), key, fields.wire))
+            else:
+                count = sum(len(self.fields[u.source].ids) for u, _ in placed)
+                wires = b"".join(self.fields[u.source].wire for u, _ in placed)
+                out.append(b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n%s" % (count + 2, len(key), key, wires))
+        return b"".join(out)
+
+    def rows(self, replies: list[list], first: int, as_list: bool) -> dict[Unit, SourceRow]:
+        """Decode the replies of keys ``first``.. on, a column per (source, feature)."""
+        by_source: dict[str, tuple[list[Unit], list[list]]] = {}
+        for reply, placed in zip(replies, self.units[first:]):
+            for unit, at in placed:
+                units, slices = by_source.setdefault(unit.source, ([], []))
+                units.append(unit)
+                # a reply may hold other sources' fields after this one's: zip() below stops at the shortest
+                slices.append(reply if at == 0 else reply[at:])
         out: dict[Unit, SourceRow] = {}
-        for source, units in by_source.items():
-            feats = self.features[source]
-            slices = [replies[k][i : i + 1 + len(feats)] for k, i in (self.where[u] for u in units)]
-            found = [s[0] is not None for s in slices]
-            columns = {f.name: decode_column(f, [s[1 + j] if ok else None for s, ok in zip(slices, found)], as_list=as_list) for j, f in enumerate(feats)}
-            for n, (unit, s, ok) in enumerate(zip(units, slices, found)):
-                if not ok:
-                    out[unit] = NOT_FOUND_ROW
-                    continue
+        for source, (units, slices) in by_source.items():
+            feats, fields = self.features[source], self.fields[source]
+            width = 1 + len(feats)
+            columns = list(zip(*slices))[:width]
+            decoded = fields.decoder.decode(columns[1:], as_list) if columns else [[] for _ in feats]
+            holes = _holes(decoded, feats)
+            rows = zip(*decoded) if decoded else [()] * len(units)
+            for n, (unit, fresh, values, raw) in enumerate(zip(units, columns[0], rows, slices)):
                 try:
-                    as_of = int(s[0])
+                    as_of = None if fresh is None else int(fresh)
                 except ValueError:
                     as_of = None  # a freshness value no writer wrote: nothing of the source is trusted
-                size = sum(len(v) for v in s if v is not None) + PER_VALUE_BYTES * len(s)
-                out[unit] = SourceRow(as_of, {name: col[n] for name, col in columns.items()}, size)
+                if as_of is None:
+                    out[unit] = NOT_FOUND_ROW
+                    continue
+                size = sum(map(len, filter(None, raw[:width]))) + PER_VALUE_BYTES * width
+                out[unit] = SourceRow(as_of, values, fields.names, size, n not in holes)
         return out
+
+
+def _holes(columns: list[list], feats: list[FeatureDef]) -> set[int]:
+    """Rows with a None or BAD in some column (``in`` is fast, but numpy arrays answer it elementwise)."""
+    out: set[int] = set()
+    plain = [col for col, f in zip(columns, feats) if f.type != "embedding"]
+    flat = [v for col in plain for v in col]
+    if None in flat or BAD in flat:
+        for col in plain:
+            if None in col or BAD in col:
+                out.update(i for i, v in enumerate(col) if v is None or v is BAD)
+    for col, f in zip(columns, feats):
+        if f.type == "embedding":
+            out.update(i for i, v in enumerate(col) if v is None or v is BAD)
+    return out
 
 
 def _client_options(config: RedisSinkConfig, timeout: float) -> dict:
     return dict(password=config.password, username=config.username, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0))
 
 
-class RedisReads:
-    """Synchronous reads (thread-safe: redis-py pools its connections)."""
+class _Reads:
+    def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
+        self.defs, self.namespace, self.cluster, self.timeout = defs, namespace, cluster, timeout
+        self.where = server_address(config.url)
+        self._fields: dict[tuple, _Fields] = {}
+
+    def fields(self, source: str, feats: list[FeatureDef]) -> _Fields:
+        key = (source, *(f.name for f in feats))
+        got = self._fields.get(key)
+        if got is None:
+            if len(self._fields) > 1024:  # requests name few feature sets; bound it anyway
+                self._fields.clear()
+            got = self._fields[key] = _Fields(source, feats)
+        return got
+
+    def _pipeline(self, plan: _Plan):
+        pipe = self.client.pipeline(transaction=False)
+        for k, key in enumerate(plan.keys):
+            pipe.hmget(key, plan.key_fields(k))
+        return pipe
+
+    def _error(self, exc: BaseException) -> StoreError:
+        if isinstance(exc, (TimeoutError, redis.TimeoutError)):
+            return ReadTimeout(f"Redis at {self.where} did not answer in {self.timeout * 1000:.0f} ms")
+        return StoreError(f"Redis at {self.where}: {type(exc).__name__}: {exc}")
+
+
+class RedisReads(_Reads):
+    """Synchronous reads (thread-safe: redis-py pools its connections).
+
+    On one server the batch's HMGETs go out as one pre-built write on a pooled connection
+    and the replies are decoded a chunk at a time as they arrive; redis-py's pipeline
+    packs each command's arguments again, which costs more than the server's work
+    (bench/README.md, "Reads"). Redis Cluster: redis-py's cluster pipeline."""
 
     def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
-        self.defs, self.namespace, self.where = defs, namespace, server_address(config.url)
+        super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
         if cluster:
             tls = {k: v for k, v in _tls_options(config.url, config.tls).items() if k != "connection_class"}
             # its own retry stays: it is what follows MOVED and ASK
@@ -93,17 +183,39 @@ class RedisReads:
             self.client = connect_url(config.url, password=config.password, username=config.username, socket_timeout=timeout, tls=config.tls)
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
-        plan = _Plan(self.defs, self.namespace, units, features)
-        pipe = self.client.pipeline(transaction=False)
-        for key, fields in zip(plan.keys, plan.fields):
-            pipe.hmget(key, fields)
+        plan = _Plan(self, units, features)
         try:
-            replies = pipe.execute()
-        except redis.TimeoutError as exc:
-            raise ReadTimeout(f"Redis at {self.where} did not answer in time") from exc
-        except redis.RedisError as exc:
-            raise StoreError(f"Redis at {self.where}: {type(exc).__name__}: {exc}") from exc
-        return plan.rows(replies, as_list)
+            if self.cluster:
+                return plan.rows(self._pipeline(plan).execute(), 0, as_list)
+            return self._stream(plan, as_list)
+        except (redis.RedisError, TimeoutError) as exc:
+            raise self._error(exc) from exc
+
+    def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([plan.wire()])
+            out: dict[Unit, SourceRow] = {}
+            refused = None
+            for first in range(0, len(plan.keys), CHUNK):
+                replies = []
+                for _ in range(min(CHUNK, len(plan.keys) - first)):
+                    try:
+                        replies.append(conn.read_response())
+                    except redis.ResponseError as exc:  # e.g. WRONGTYPE: read the rest, then fail the batch
+                        refused = exc
+                        replies.append([])
+                if refused is None:
+                    out.update(plan.rows(replies, first, as_list))
+            if refused is not None:
+                raise refused
+            return out
+        except BaseException:
+            conn.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            pool.release(conn)
 
     def ping(self) -> None:
         self.client.ping()
@@ -112,31 +224,55 @@ class RedisReads:
         self.client.close()
 
 
-class AsyncRedisReads:
-    """asyncio reads: one pipeline per batch; Redis Cluster: one per primary, at once."""
+class AsyncRedisReads(_Reads):
+    """asyncio reads, as RedisReads; Redis Cluster: one pipeline per primary, at once."""
 
-    def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
-        self.defs, self.namespace, self.timeout, self.where = defs, namespace, timeout, server_address(config.url)
+    def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32):
+        super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
         tls = {k: v for k, v in _tls_options(config.url, config.tls).items() if k != "connection_class"}
         options = {**_client_options(config, timeout), **tls}
         if cluster:
-            self.client = aioredis.RedisCluster.from_url(config.url, **options)
+            self.client = aioredis.RedisCluster.from_url(config.url, max_connections=connections, **options)
         else:
-            self.client = aioredis.Redis.from_url(config.url, retry=Retry(NoBackoff(), 0), **options)
+            # callers past ``connections`` wait for one (back-pressure) instead of failing
+            pool = aioredis.BlockingConnectionPool.from_url(config.url, max_connections=connections, timeout=timeout, retry=Retry(NoBackoff(), 0), **options)
+            self.client = aioredis.Redis(connection_pool=pool)
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
-        plan = _Plan(self.defs, self.namespace, units, features)
-        pipe = self.client.pipeline(transaction=False)
-        for key, fields in zip(plan.keys, plan.fields):
-            pipe.hmget(key, fields)
+        plan = _Plan(self, units, features)
         try:
             async with asyncio.timeout(self.timeout):
-                replies = await pipe.execute()
-        except (TimeoutError, redis.TimeoutError) as exc:
-            raise ReadTimeout(f"Redis at {self.where} did not answer in {self.timeout * 1000:.0f} ms") from exc
-        except redis.RedisError as exc:
-            raise StoreError(f"Redis at {self.where}: {type(exc).__name__}: {exc}") from exc
-        return plan.rows(replies, as_list)
+                if self.cluster:
+                    return plan.rows(await self._pipeline(plan).execute(), 0, as_list)
+                return await self._stream(plan, as_list)
+        except (redis.RedisError, TimeoutError) as exc:
+            raise self._error(exc) from exc
+
+    async def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
+        pool = self.client.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command([plan.wire()])
+            out: dict[Unit, SourceRow] = {}
+            refused = None
+            for first in range(0, len(plan.keys), CHUNK):
+                replies = []
+                for _ in range(min(CHUNK, len(plan.keys) - first)):
+                    try:
+                        replies.append(await conn.read_response())
+                    except redis.ResponseError as exc:
+                        refused = exc
+                        replies.append([])
+                if refused is None:
+                    out.update(plan.rows(replies, first, as_list))
+            if refused is not None:
+                raise refused
+            return out
+        except BaseException:  # a timeout or a cancelled caller too
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
 
     async def ping(self) -> None:
         await self.client.ping()

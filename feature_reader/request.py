@@ -38,6 +38,10 @@ class ReadRequest:
     """The request's own max_age: the smaller of it and a source's applies."""
     sources: dict[str, SourceDef] = field(default_factory=dict)
     """The sources involved, by name."""
+    groups: dict[str, tuple[list[int], list[str]]] = field(default_factory=dict)
+    """Per source: the positions of its columns, and their features' names."""
+    names: list[str] = field(default_factory=list)
+    """The columns' names in the response."""
 
 
 def resolve_features(defs: Definitions, features: list[str] | None, feature_service: str | None) -> list[tuple[SourceDef, FeatureDef]]:
@@ -84,6 +88,53 @@ def _part(entity: EntityDef, key: str, kind: str, value: Any, row: int) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class Selection:
+    """What a request's feature references resolve to (kept per reader: models repeat them)."""
+
+    columns: list[Column]
+    sources: dict[str, SourceDef]
+    entities: dict[str, EntityDef]
+    needed: dict[str, str]
+    """The entity key columns these features need, with their types."""
+    groups: dict[str, tuple[list[int], list[str]]]
+    names: list[str]
+
+
+def select(defs: Definitions, features: list[str] | None, feature_service: str | None, full_feature_names: bool) -> Selection:
+    pairs = resolve_features(defs, features, feature_service)
+    sep = "__"
+    columns = [Column(s, f, f"{s.name}{sep}{f.name}" if full_feature_names else f.name) for s, f in pairs]
+    names = [c.name for c in columns]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise RequestError(f"features {', '.join(twice)} come from several sources: ask with full_feature_names")
+    involved = {s.entity: defs.entities[s.entity] for s, _ in pairs}
+    needed = {k.name: k.type for e in involved.values() for k in e.keys}
+    groups: dict[str, tuple[list[int], list[str]]] = {}
+    for at, c in enumerate(columns):
+        positions, feats = groups.setdefault(c.source.name, ([], []))
+        positions.append(at)
+        feats.append(c.feature.name)
+    return Selection(columns, {s.name: s for s, _ in pairs}, involved, needed, groups, names)
+
+
+def _selection(defs: Definitions, features, feature_service, full_feature_names, memo: dict | None) -> Selection:
+    if memo is None:
+        return select(defs, features, feature_service, full_feature_names)
+    try:
+        key = (tuple(features) if isinstance(features, list) else features, feature_service, bool(full_feature_names))
+        got = memo.get(key)
+    except TypeError:  # unhashable references: refused by select() below
+        return select(defs, features, feature_service, full_feature_names)
+    if got is None:
+        got = select(defs, features, feature_service, full_feature_names)
+        if len(memo) >= 512:
+            memo.clear()
+        memo[key] = got
+    return got
+
+
 def parse_request(
     defs: Definitions,
     entities: dict[str, list],
@@ -93,19 +144,14 @@ def parse_request(
     full_feature_names: bool = False,
     max_entities: int = 1000,
     max_age_seconds: float | None = None,
+    memo: dict | None = None,
 ) -> ReadRequest:
-    """Check a request against the definitions; every problem is a RequestError naming the bad part."""
-    pairs = resolve_features(defs, features, feature_service)
-    sep = "__"
-    columns = [Column(s, f, f"{s.name}{sep}{f.name}" if full_feature_names else f.name) for s, f in pairs]
-    names = [c.name for c in columns]
-    if len(set(names)) < len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise RequestError(f"features {', '.join(twice)} come from several sources: ask with full_feature_names")
+    """Check a request against the definitions; every problem is a RequestError naming the
+    bad part. ``memo`` keeps resolved feature references between calls."""
+    selection = _selection(defs, features, feature_service, full_feature_names, memo)
     if not isinstance(entities, dict) or not entities:
         raise EntityKeyError("entities must be a non-empty object of key columns, e.g. {\"consumer_id\": [1, 2]}")
-    involved = {s.entity: defs.entities[s.entity] for s, _ in pairs}
-    needed = {k.name: k.type for e in involved.values() for k in e.keys}
+    involved, needed = selection.entities, selection.needed
     unknown = [k for k in entities if k not in needed]
     missing = [k for k in needed if k not in entities]
     if unknown or missing:
@@ -131,10 +177,12 @@ def parse_request(
     if max_age_seconds is not None and (not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0):
         raise RequestError("max_age must be a positive number of seconds")
     return ReadRequest(
-        columns=columns,
+        columns=selection.columns,
         join_keys={k: list(entities[k]) for k in entities},
         ids=ids,
         rows=rows,
         max_age_seconds=max_age_seconds,
-        sources={s.name: s for s, _ in pairs},
+        sources=selection.sources,
+        groups=selection.groups,
+        names=selection.names,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ STALE = "STALE"
 EPOCH = "1970-01-01T00:00:00Z"
 
 
-@dataclass
+@dataclass(slots=True)
 class FeatureColumn:
     name: str
     values: list
@@ -27,17 +28,33 @@ class FeatureColumn:
     """The source's as-of time per entity (UTC epoch seconds), None where NOT_FOUND."""
 
 
-@dataclass
 class OnlineFeatures:
-    join_keys: dict[str, list]
-    columns: list[FeatureColumn]
+    """The result: the request's join keys, then a column per requested feature. Values are
+    kept as lists; statuses and as-of times are made when asked for (a model reading
+    ``to_dict()`` never pays for them)."""
+
+    __slots__ = ("join_keys", "names", "_values", "_statuses", "_stamps")
+
+    def __init__(self, join_keys: dict[str, list], names: list[str], values: list[list], statuses: list[list[str] | None], stamps: list[list]):
+        # statuses[i] None: every value PRESENT; stamps[i] may be shared by a source's columns (copied when handed out)
+        self.join_keys, self.names = join_keys, names
+        self._values, self._statuses, self._stamps = values, statuses, stamps
+
+    def _column(self, at: int) -> FeatureColumn:
+        statuses = self._statuses[at]
+        values = self._values[at]
+        return FeatureColumn(self.names[at], values, [PRESENT] * len(values) if statuses is None else list(statuses), list(self._stamps[at]))
+
+    @property
+    def columns(self) -> list[FeatureColumn]:
+        return [self._column(at) for at in range(len(self.names))]
+
+    def column(self, name: str) -> FeatureColumn:
+        return self._column(self.names.index(name))
 
     def to_dict(self) -> dict[str, list]:
         """Entity columns and feature values by name (Feast's OnlineResponse.to_dict())."""
-        return {**self.join_keys, **{c.name: c.values for c in self.columns}}
-
-    def column(self, name: str) -> FeatureColumn:
-        return next(c for c in self.columns if c.name == name)
+        return {**self.join_keys, **dict(zip(self.names, self._values))}
 
     def to_feast(self) -> dict[str, Any]:
         """Feast's get-online-features response body: ``results`` (join keys first, each
@@ -46,7 +63,7 @@ class OnlineFeatures:
         results = [{"values": list(v), "statuses": [PRESENT] * rows, "event_timestamps": [EPOCH] * rows} for v in self.join_keys.values()]
         for c in self.columns:
             results.append({"values": [_native(v) for v in c.values], "statuses": c.statuses, "event_timestamps": [_timestamp(t) for t in c.event_timestamps]})
-        return {"results": results, "metadata": {"feature_names": [*self.join_keys, *(c.name for c in self.columns)]}}
+        return {"results": results, "metadata": {"feature_names": [*self.join_keys, *self.names]}}
 
     def to_feast_json(self) -> bytes:
         return json.dumps(self.to_feast(), separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -56,6 +73,7 @@ def _native(value: Any) -> Any:
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
+@functools.lru_cache(maxsize=4096)  # a source's rows share a few as-of times
 def _timestamp(epoch: int | None) -> str:
     if not epoch:
         return EPOCH

@@ -3,8 +3,8 @@ store holds nothing of the source for the entity) and the decoded values read.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 
 class Unit(NamedTuple):
@@ -14,16 +14,36 @@ class Unit(NamedTuple):
     entity_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class SourceRow:
+class Layout(dict):
+    """Feature name -> position in a row's values, shared by the rows of one read; ``order``
+    lists the names by position."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, names: list[str]):
+        super().__init__((n, j) for j, n in enumerate(names))
+        self.order = list(names)
+
+
+class SourceRow(NamedTuple):
+    """A tuple, not a dataclass: a batch makes one per entity, and tuples are cheap to make."""
+
     as_of: int | None
     """The source's freshness value (UTC epoch seconds); None: NOT_FOUND."""
-    values: dict
-    """Feature name -> value (None: not stored; decode.BAD: did not decode)."""
+    values: tuple
+    """The values read, in the order of ``names`` (None: not stored; decode.BAD: did not decode)."""
+    names: Mapping[str, int]
+    """Feature name -> position in ``values``; shared by every row of one read."""
     size: int = 0
     """Approximate bytes, for the cache's bound."""
+    complete: bool = False
+    """Every value read is a value (no None, no BAD): the result takes its columns at once."""
     stale: bool = False
-    """Served from an expired cache entry because the store failed (stale-if-error)."""
+    """Served from an expired cache entry because its store failed (stale-if-error)."""
+
+    def get(self, name: str) -> Any:
+        at = self.names.get(name)
+        return None if at is None else self.values[at]
 
 
-NOT_FOUND_ROW = SourceRow(None, {}, 64)
+NOT_FOUND_ROW = SourceRow(None, (), Layout([]), 64)

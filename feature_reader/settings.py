@@ -40,8 +40,12 @@ class ReaderSettings(Settings):
     """Deadline of one store call; past it the call fails with ReadTimeout (or stale values answer)."""
     max_entities: int = Field(1000, ge=1)
     """Entities in one request; more is a RequestError."""
+    redis_connections: int = Field(32, ge=1)
+    """Connections to Redis held by one asyncio reader (per node in a cluster); callers wait for a free one."""
     sql_connections: int = Field(4, ge=1)
     """Connections to the SQL store held by one reader."""
     embeddings: Literal["numpy", "list"] = "numpy"
     """Embeddings as float32 numpy arrays, or as lists of floats."""
+    single_flight: bool = True
+    """Concurrent reads of one (source, entity) make one store read; the others wait for it."""
     cache: CacheSettings = CacheSettings()

@@ -4,7 +4,8 @@ The first caller of a key claims it and registers a pending future on the scoreb
 every caller that comes while the read is under way waits on that future instead of
 reading; the key leaves the scoreboard when the read ends, whether it returned or
 failed (then every waiter gets the error). A batch claims the keys nobody reads yet and
-waits on the others. ``AsyncFlights`` is for one event loop; ``ThreadFlights`` for threads.
+waits on the others. ``AsyncFlights`` is for one event loop; ``ThreadFlights`` for threads;
+``NoFlights`` (``reader.single_flight: false``) lets every caller read.
 """
 
 from __future__ import annotations
@@ -28,30 +29,40 @@ class _Scoreboard:
         raise NotImplementedError
 
     def claim(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], dict]:
-        """(keys this caller must read, futures of keys another caller is reading)."""
+        """(keys this caller must read, futures of keys another caller is reading). One
+        future stands for all the keys a caller claims at once (a batch makes one)."""
         mine, theirs = [], {}
         with self._lock:
+            fut = None
             for key in keys:
-                fut = self._pending.get(key)
-                if fut is None:
-                    self._pending[key] = self._future()
+                other = self._pending.get(key)
+                if other is None:
+                    if fut is None:
+                        fut = self._future()
+                    self._pending[key] = fut
                     mine.append(key)
                 else:
-                    theirs[key] = fut
+                    theirs[key] = other
         return mine, theirs
 
     def finish(self, keys: Iterable[Hashable], results: dict, error: BaseException | None = None) -> None:
         """End the reads of ``keys``: each waiter gets its key's result, or ``error`` (also
         for a key missing from ``results``). Always called, in a finally."""
         with self._lock:
-            futures = [(key, self._pending.pop(key, None)) for key in keys]
-        for key, fut in futures:
-            if fut is None or fut.done():
-                continue
-            if key in results:
-                fut.set_result(results[key])
-            else:
-                fut.set_exception(error or RuntimeError(f"read of {key!r} ended without a result"))
+            futures = {id(f): f for f in (self._pending.pop(key, None) for key in keys) if f is not None}
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_result((results, error))
+
+    @staticmethod
+    def _pick(futures: dict, outcomes: dict) -> dict:
+        out = {}
+        for key, fut in futures.items():
+            results, error = outcomes[id(fut)]
+            if key not in results:
+                raise error or RuntimeError(f"read of {key!r} ended without a result")
+            out[key] = results[key]
+        return out
 
 
 class AsyncFlights(_Scoreboard):
@@ -59,20 +70,13 @@ class AsyncFlights(_Scoreboard):
         super().__init__(contextlib.nullcontext())  # one event loop: no other thread touches it
 
     def _future(self) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_retrieve)
-        return fut
+        return asyncio.get_running_loop().create_future()
 
-    @staticmethod
-    async def wait(futures: dict[Hashable, asyncio.Future]) -> dict:
+    @classmethod
+    async def wait(cls, futures: dict[Hashable, asyncio.Future]) -> dict:
         """Results of others' reads; a caller's cancellation does not cancel the shared read."""
-        return {key: await asyncio.shield(fut) for key, fut in futures.items()}
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    # a failed read nobody waited for is not an "exception never retrieved"
-    if not fut.cancelled():
-        fut.exception()
+        distinct = {id(f): f for f in futures.values()}
+        return cls._pick(futures, {k: await asyncio.shield(f) for k, f in distinct.items()})
 
 
 class ThreadFlights(_Scoreboard):
@@ -82,6 +86,20 @@ class ThreadFlights(_Scoreboard):
     def _future(self) -> concurrent.futures.Future:
         return concurrent.futures.Future()
 
-    @staticmethod
-    def wait(futures: dict[Hashable, concurrent.futures.Future], timeout: float | None = None) -> dict:
-        return {key: fut.result(timeout) for key, fut in futures.items()}
+    @classmethod
+    def wait(cls, futures: dict[Hashable, concurrent.futures.Future], timeout: float | None = None) -> dict:
+        distinct = {id(f): f for f in futures.values()}
+        return cls._pick(futures, {k: f.result(timeout) for k, f in distinct.items()})
+
+
+class NoFlights:
+    """Single-flight off: every caller reads what it misses (benchmarks compare the two)."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def claim(self, keys: Iterable[Hashable]) -> tuple[list[Hashable], dict]:
+        return list(keys), {}
+
+    def finish(self, keys: Iterable[Hashable], results: dict, error: BaseException | None = None) -> None:
+        pass

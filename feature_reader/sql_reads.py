@@ -17,9 +17,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from feature_defs import Definitions, FeatureDef
-from feature_reader.decode import from_json
+from feature_reader.decode import BAD, from_json
 from feature_reader.errors import ReadTimeout, StoreError
-from feature_reader.rows import NOT_FOUND_ROW, SourceRow, Unit
+from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
 from sinks.sql.client import connect, is_transient
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.statements import table_identifier
@@ -43,6 +43,7 @@ def _statements(defs: Definitions, schema: str | None, units: Sequence[Unit]) ->
 
 
 def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDef]], as_list: bool) -> dict[Unit, SourceRow]:
+    names = {source: Layout([f.name for f in feats]) for source, feats in features.items()}
     out = {}
     for unit in units:
         hit = found.get(unit)
@@ -56,10 +57,11 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
             doc = None
         feats = features[unit.source]
         if not isinstance(doc, dict):
-            values = {f.name: from_json(f, object()) for f in feats}  # every value BAD
+            values = tuple(from_json(f, object()) for f in feats)  # every value BAD
         else:
-            values = {f.name: (None if doc.get(f.name) is None else from_json(f, doc[f.name], as_list=as_list)) for f in feats}
-        out[unit] = SourceRow(int(as_of), values, len(text) + 48 * len(feats))
+            values = tuple(None if doc.get(f.name) is None else from_json(f, doc[f.name], as_list=as_list) for f in feats)
+        complete = all(v is not None and v is not BAD for v in values)
+        out[unit] = SourceRow(int(as_of), values, names[unit.source], len(text) + 48 * len(feats), complete)
     return out
 
 
