@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test bench bench-targets bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean
+.PHONY: setup demo test bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
@@ -43,6 +43,9 @@ bench: services-start       ## benchmark the job on the standard shape against i
 
 bench-targets: services-start  ## the fast-end-to-end targets in one run, beside the Redis ceiling and feast materialize (about 25 minutes)
 	$(BIN)/python -m bench.targets --output bench/targets.json
+
+bench-reads: services-start  ## the reader against the raw HMGET ceiling and Feast's get_online_features, and the stampede (about 4 minutes)
+	$(BIN)/python -m bench.reads --output bench/reads_results.json
 
 bench-cluster: setup        ## Redis write throughput and CPU per entity at 1, 2, 3 primaries and 1, 2 writers (sinks/README.md "Sizing")
 	$(BIN)/python -m bench.cluster_scaling --output bench/cluster_results.json

@@ -25,6 +25,8 @@ _FLOAT_CHARS = b"0123456789.-+eE"
 _INT_CHARS = b"0123456789-"
 _BOOLS = {b"1": True, b"0": False}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+SMALL = 8
+"""Columns of at most this many values skip the one-matrix paths (numpy's fixed costs)."""
 
 
 def _slow(feature: FeatureDef, raws: list, as_list: bool) -> list:
@@ -45,7 +47,7 @@ def _slow(feature: FeatureDef, raws: list, as_list: bool) -> list:
 
 
 def _floats(raws: list) -> list | None:
-    present = [r for r in raws if r is not None]
+    present = raws if None not in raws else [r for r in raws if r is not None]
     joined = b"".join(present)
     if joined.translate(None, _FLOAT_CHARS):
         return None
@@ -74,11 +76,17 @@ def _embeddings(raws: list, dimension: int, as_list: bool) -> list | None:
     present = [r for r in raws if r is not None]
     if not present:
         return list(raws)
-    if any(len(r) != width for r in present):
+    if any(len(r) != width or not r.startswith(head) for r in present):
         return None
+    if len(present) <= SMALL:  # numpy's fixed costs outweigh a few values
+        out = []
+        for r in raws:
+            values = None if r is None else np.frombuffer(r, "<f4", dimension, len(head))
+            if values is not None and not np.isfinite(values).all():
+                return None
+            out.append(None if values is None else values.tolist() if as_list else _frozen(values.copy()))
+        return out
     matrix = np.frombuffer(b"".join(present), np.uint8).reshape(len(present), width)
-    if not (matrix[:, : len(head)] == np.frombuffer(head, np.uint8)).all():
-        return None
     values = matrix[:, len(head) :].copy().view("<f4")
     if not np.isfinite(values).all():
         return None
@@ -94,7 +102,7 @@ def _int_lists(raws: list, compressed: bool) -> list | None:
     vocabulary): the message is tag 0x0a, its length, the elements; a short Snappy block
     of it is its length, one literal tag, the message. Anything else: the reference."""
     present = [r for r in raws if r is not None]
-    if compressed and present and len(set(map(len, present))) == 1 and 4 <= len(present[0]) <= 62:
+    if compressed and len(present) > SMALL and len(set(map(len, present))) == 1 and 4 <= len(present[0]) <= 62:
         # one length for the column (lists of one size): checked and read as one matrix
         size = len(present[0])
         m = np.frombuffer(b"".join(present), np.uint8).reshape(len(present), size)
@@ -179,13 +187,18 @@ class ColumnDecoder:
         grouped = {j for _, js in self.groups for j in js}
         self.others = [j for j in range(len(feats)) if j not in grouped]
 
-    def decode(self, columns: list, as_list: bool = False) -> list[list]:
+    def decode(self, columns: list, as_list: bool = False) -> tuple[list[list], list[int]]:
+        """(the decoded columns, the columns that may hold None or BAD: the others hold neither)."""
         out: list = [None] * len(self.feats)
+        holey = []
         for j in self.others:
             out[j] = decode_column(self.feats[j], columns[j], as_list=as_list)
+            holey.append(j)
         for (kind, precision), js in self.groups:
             n = len(columns[js[0]])
             flat = [v for j in js for v in columns[j]]
+            if None in flat:
+                holey += js
             try:
                 fast = _floats(flat) if kind == "float" else _ints(flat)
             except ValueError:
@@ -195,10 +208,11 @@ class ColumnDecoder:
             if fast is None:
                 for j in js:
                     out[j] = decode_column(self.feats[j], columns[j], as_list=as_list)
+                holey += js
             else:
                 for k, j in enumerate(js):
                     out[j] = fast[k * n : (k + 1) * n]
-        return out
+        return out, sorted(set(holey))
 
 
 def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:

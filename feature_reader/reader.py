@@ -75,19 +75,16 @@ class _Core:
         """Per source, the features a store read fetches: all of them when the cache keeps
         the entry (it answers later requests for others), else only those asked for."""
         if self.cache is not None:
-            return {name: list(s.features) for name, s in req.sources.items()}
-        out: dict[str, list[FeatureDef]] = defaultdict(list)
-        for c in req.columns:
-            out[c.source.name].append(c.feature)
-        return dict(out)
+            return {name: s.features for name, s in req.sources.items()}
+        return req.asked
 
-    def keys(self, req: ReadRequest, store: str | None, features: dict[str, list[FeatureDef]]) -> dict[tuple[str, str], Key]:
+    def keys(self, req: ReadRequest, store: str | None) -> dict[tuple[str, str], Key]:
         """(source, entity id) -> its key: the route, the source, the entity, and which
         features a read of it fetches (a read of other features is another read)."""
         out: dict[tuple[str, str], Key] = {}
         for name, source in req.sources.items():
             route = self.route(name, store)
-            fields = "*" if self.cache is not None else tuple(f.name for f in features[name])
+            fields = "*" if self.cache is not None else req.fields[name]
             for eid in req.ids[source.entity]:
                 out[(name, eid)] = (route, name, eid, fields)
         return out
@@ -121,9 +118,9 @@ class _Core:
         """The read of a request, as a generator: yields ("read", store, units, features)
         and ("wait", futures); returns the columns."""
         features = self.features(req)
-        keys = self.keys(req, store, features)
+        keys = self.keys(req, store)
         rows, misses, stale, refresh = self.lookup(keys.values())
-        mine, theirs = flights.claim(misses)
+        mine, theirs = flights.claim(misses) if misses else ([], {})
         early = flights.claim(refresh)[0] if refresh else []  # one caller refreshes; the others keep their fresh answers
         if theirs or early:
             self.count(coalesced=len(theirs), early_refreshes=len(early))
@@ -191,6 +188,7 @@ class _Core:
         values: list = [None] * width
         statuses: list = [None] * width
         stamps: list = [None] * width
+        pending: list = []  # every row PRESENT in every feature, one layout: columns are the rows transposed, when asked for
         for name, (positions, feats) in req.groups.items():
             source = req.sources[name]
             limits = [a for a in (source.max_age_seconds, req.max_age_seconds) if a is not None]
@@ -199,22 +197,17 @@ class _Core:
             as_of = [r.as_of for r in rs]
             withheld = [NOT_FOUND if t is None else OUTSIDE_MAX_AGE if max_age is not None and now - t > max_age else None for t in as_of]
             layout = rs[0].names
-            # every row PRESENT in every feature, one layout: the columns are the rows transposed
             if all(r.complete and not r.stale and r.names is layout for r in rs) and not any(withheld):
-                whole = feats == layout.order and positions[-1] - positions[0] == len(positions) - 1
-                if whole or all(f in layout for f in feats):
-                    transposed = list(map(list, zip(*(r.values for r in rs))))
-                    if whole:  # the whole read, in order
-                        values[positions[0] : positions[-1] + 1] = transposed
-                        stamps[positions[0] : positions[-1] + 1] = [as_of] * len(positions)
-                        continue
-                    for at, f in zip(positions, feats):
-                        values[at], stamps[at] = transposed[layout[f]], as_of  # statuses None: all PRESENT
+                if feats == layout.order and positions[-1] - positions[0] == len(positions) - 1:  # the whole read, in order
+                    pending.append((positions, None, [r.values for r in rs], as_of))
+                    continue
+                if all(f in layout for f in feats):
+                    pending.append((positions, [layout[f] for f in feats], [r.values for r in rs], as_of))
                     continue
             for at, f in zip(positions, feats):
                 values[at], statuses[at] = self._column(f, rs, withheld)
                 stamps[at] = as_of
-        return OnlineFeatures(req.join_keys, list(req.names), values, statuses, stamps)
+        return OnlineFeatures(req.join_keys, list(req.names), values, statuses, stamps, pending)
 
     def _column(self, feature: str, rs: list[SourceRow], withheld: list) -> tuple[list, list]:
         """A column cell by cell: NOT_FOUND, OUTSIDE_MAX_AGE, NULL_VALUE, INVALID or STALE among its values."""

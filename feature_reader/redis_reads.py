@@ -44,6 +44,7 @@ class _Fields:
     and where each feature sits in a row; made once per reader and kept."""
 
     def __init__(self, source: str, feats: list[FeatureDef]):
+        self.feats = feats
         self.ids = [freshness_field(source)] + [field_id(f.name) for f in feats]
         self.wire = _bulk(self.ids)
         self.names = Layout([f.name for f in feats])
@@ -103,10 +104,13 @@ class _Plan:
             feats, fields = self.features[source], self.fields[source]
             width = 1 + len(feats)
             columns = list(zip(*slices))[:width]
-            decoded = fields.decoder.decode(columns[1:], as_list) if columns else [[] for _ in feats]
-            holes = _holes(decoded, feats)
+            decoded, holey = fields.decoder.decode(columns[1:], as_list)
+            holes = _holes(decoded, holey)
             rows = zip(*decoded) if decoded else [()] * len(units)
-            for n, (unit, fresh, values, raw) in enumerate(zip(units, columns[0], rows, slices)):
+            # the cache's size estimate: the stored bytes of a few rows, averaged
+            sample = [sum(map(len, filter(None, raw[:width]))) for raw in slices[:8]]
+            size = sum(sample) // len(sample) + PER_VALUE_BYTES * width
+            for n, (unit, fresh, values) in enumerate(zip(units, columns[0], rows)):
                 try:
                     as_of = None if fresh is None else int(fresh)
                 except ValueError:
@@ -114,24 +118,50 @@ class _Plan:
                 if as_of is None:
                     out[unit] = NOT_FOUND_ROW
                     continue
-                size = sum(map(len, filter(None, raw[:width]))) + PER_VALUE_BYTES * width
                 out[unit] = SourceRow(as_of, values, fields.names, size, n not in holes)
         return out
 
 
-def _holes(columns: list[list], feats: list[FeatureDef]) -> set[int]:
-    """Rows with a None or BAD in some column (``in`` is fast, but numpy arrays answer it elementwise)."""
+def _holes(columns: list[list], holey: list[int]) -> set[int]:
+    """Rows with a None or BAD in one of the ``holey`` columns (the decoder names them)."""
     out: set[int] = set()
-    plain = [col for col, f in zip(columns, feats) if f.type != "embedding"]
-    flat = [v for col in plain for v in col]
-    if None in flat or BAD in flat:
-        for col in plain:
-            if None in col or BAD in col:
-                out.update(i for i, v in enumerate(col) if v is None or v is BAD)
-    for col, f in zip(columns, feats):
-        if f.type == "embedding":
-            out.update(i for i, v in enumerate(col) if v is None or v is BAD)
+    for j in holey:
+        out.update(i for i, v in enumerate(columns[j]) if v is None or v is BAD)
     return out
+
+
+class _Replies:
+    """A batch's replies as they come off the connection, decoded a chunk at a time (the
+    server keeps working on the rest meanwhile: decoding overlaps the round trip)."""
+
+    def __init__(self, plan: _Plan, as_list: bool):
+        self.plan, self.as_list = plan, as_list
+        self.out: dict[Unit, SourceRow] = {}
+        self.chunk: list = []
+        self.first = 0
+        self.refused: Exception | None = None
+
+    def add(self, reply: list) -> None:
+        self.chunk.append(reply)
+        if len(self.chunk) == CHUNK:
+            self._decode()
+
+    def refuse(self, exc: Exception) -> None:
+        self.refused = exc
+        self.add([])
+
+    def _decode(self) -> None:
+        if self.refused is None:
+            self.out.update(self.plan.rows(self.chunk, self.first, self.as_list))
+        self.first += len(self.chunk)
+        self.chunk = []
+
+    def rows(self) -> dict[Unit, SourceRow]:
+        if self.chunk:
+            self._decode()
+        if self.refused is not None:
+            raise self.refused
+        return self.out
 
 
 def _client_options(config: RedisSinkConfig, timeout: float) -> dict:
@@ -143,14 +173,16 @@ class _Reads:
         self.defs, self.namespace, self.cluster, self.timeout = defs, namespace, cluster, timeout
         self.where = server_address(config.url)
         self._fields: dict[tuple, _Fields] = {}
+        self._idle: list = []  # connections of this reader, free (a list: pop and append are atomic)
 
     def fields(self, source: str, feats: list[FeatureDef]) -> _Fields:
-        key = (source, *(f.name for f in feats))
-        got = self._fields.get(key)
-        if got is None:
+        # keyed by the list's identity: the reader hands over the same lists again (a
+        # source's, or a request's kept selection); the entry holds the list, so its id stays its own
+        got = self._fields.get((source, id(feats)))
+        if got is None or got.feats is not feats:
             if len(self._fields) > 1024:  # requests name few feature sets; bound it anyway
                 self._fields.clear()
-            got = self._fields[key] = _Fields(source, feats)
+            got = self._fields[(source, id(feats))] = _Fields(source, feats)
         return got
 
     def _pipeline(self, plan: _Plan):
@@ -192,35 +224,42 @@ class RedisReads(_Reads):
             raise self._error(exc) from exc
 
     def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
+        # connections this reader took from the pool stay with it: the pool's hand-out
+        # checks the socket each time (a system call as long as the read itself)
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self.client.connection_pool.get_connection()
+        ok = False
         try:
             conn.send_packed_command([plan.wire()])
-            out: dict[Unit, SourceRow] = {}
-            refused = None
-            for first in range(0, len(plan.keys), CHUNK):
-                replies = []
-                for _ in range(min(CHUNK, len(plan.keys) - first)):
-                    try:
-                        replies.append(conn.read_response())
-                    except redis.ResponseError as exc:  # e.g. WRONGTYPE: read the rest, then fail the batch
-                        refused = exc
-                        replies.append([])
-                if refused is None:
-                    out.update(plan.rows(replies, first, as_list))
-            if refused is not None:
-                raise refused
+            replies = _Replies(plan, as_list)
+            # the connection's parser (hiredis) straight: Connection.read_response wraps each
+            # reply in error mapping that costs a fifth of a batch; this one's failures are
+            # redis-py's errors already, and the connection is dropped on any (below)
+            read = getattr(getattr(conn, "_parser", None), "read_response", None) or conn.read_response
+            for _ in plan.keys:
+                reply = read()
+                if isinstance(reply, redis.ResponseError):  # e.g. WRONGTYPE: read the rest, then fail the batch
+                    replies.refuse(reply)
+                else:
+                    replies.add(reply)
+            out = replies.rows()
+            ok = True
             return out
-        except BaseException:
-            conn.disconnect()  # replies may be left unread on it
-            raise
         finally:
-            pool.release(conn)
+            if ok:
+                self._idle.append(conn)
+            else:  # replies may be left unread on it
+                conn.disconnect()
+                self.client.connection_pool.release(conn)
 
     def ping(self) -> None:
         self.client.ping()
 
     def close(self) -> None:
+        while self._idle:
+            self.client.connection_pool.release(self._idle.pop())
         self.client.close()
 
 
@@ -234,9 +273,9 @@ class AsyncRedisReads(_Reads):
         if cluster:
             self.client = aioredis.RedisCluster.from_url(config.url, max_connections=connections, **options)
         else:
-            # callers past ``connections`` wait for one (back-pressure) instead of failing
-            pool = aioredis.BlockingConnectionPool.from_url(config.url, max_connections=connections, timeout=timeout, retry=Retry(NoBackoff(), 0), **options)
+            pool = aioredis.ConnectionPool.from_url(config.url, max_connections=connections, retry=Retry(NoBackoff(), 0), **options)
             self.client = aioredis.Redis(connection_pool=pool)
+        self._slots = asyncio.Semaphore(connections)
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         plan = _Plan(self, units, features)
@@ -249,33 +288,37 @@ class AsyncRedisReads(_Reads):
             raise self._error(exc) from exc
 
     async def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
-        pool = self.client.connection_pool
-        conn = await pool.get_connection()
-        try:
-            await conn.send_packed_command([plan.wire()])
-            out: dict[Unit, SourceRow] = {}
-            refused = None
-            for first in range(0, len(plan.keys), CHUNK):
-                replies = []
-                for _ in range(min(CHUNK, len(plan.keys) - first)):
-                    try:
-                        replies.append(await conn.read_response())
-                    except redis.ResponseError as exc:
-                        refused = exc
-                        replies.append([])
-                if refused is None:
-                    out.update(plan.rows(replies, first, as_list))
-            if refused is not None:
-                raise refused
-            return out
-        except BaseException:  # a timeout or a cancelled caller too
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
+        async with self._slots:  # at most ``connections`` at once; the other callers wait
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                conn = await self.client.connection_pool.get_connection()
+            ok = False
+            try:
+                out = await self._replies(conn, plan, as_list)
+                ok = True
+                return out
+            finally:
+                if ok:
+                    self._idle.append(conn)
+                else:  # a timeout or a cancelled caller too: replies may be left unread on it
+                    await conn.disconnect()
+                    await self.client.connection_pool.release(conn)
+
+    async def _replies(self, conn, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
+        await conn.send_packed_command([plan.wire()])
+        replies = _Replies(plan, as_list)
+        for _ in plan.keys:
+            try:
+                replies.add(await conn.read_response())
+            except redis.ResponseError as exc:
+                replies.refuse(exc)
+        return replies.rows()
 
     async def ping(self) -> None:
         await self.client.ping()
 
     async def close(self) -> None:
+        while self._idle:
+            await self.client.connection_pool.release(self._idle.pop())
         await self.client.aclose()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numbers
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from feature_defs import Definitions, EntityDef, FeatureDef, SourceDef
@@ -24,24 +24,6 @@ class Column:
     feature: FeatureDef
     name: str
     """Its name in the response: the feature's, or ``source__feature`` (full_feature_names)."""
-
-
-@dataclass
-class ReadRequest:
-    columns: list[Column]
-    join_keys: dict[str, list]
-    """The request's entity columns, in its order (the response repeats them first)."""
-    ids: dict[str, list[str]]
-    """Entity ids (the key parts joined as the writers join them) per entity type, in row order."""
-    rows: int
-    max_age_seconds: float | None = None
-    """The request's own max_age: the smaller of it and a source's applies."""
-    sources: dict[str, SourceDef] = field(default_factory=dict)
-    """The sources involved, by name."""
-    groups: dict[str, tuple[list[int], list[str]]] = field(default_factory=dict)
-    """Per source: the positions of its columns, and their features' names."""
-    names: list[str] = field(default_factory=list)
-    """The columns' names in the response."""
 
 
 def resolve_features(defs: Definitions, features: list[str] | None, feature_service: str | None) -> list[tuple[SourceDef, FeatureDef]]:
@@ -75,6 +57,8 @@ def resolve_features(defs: Definitions, features: list[str] | None, feature_serv
 
 
 def _part(entity: EntityDef, key: str, kind: str, value: Any, row: int) -> Any:
+    if kind == "int" and type(value) is int and -(2**63) <= value < 2**63:  # the common case, before the general checks
+        return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise EntityKeyError(f"entity key {key!r} row {row}: expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
@@ -99,6 +83,33 @@ class Selection:
     """The entity key columns these features need, with their types."""
     groups: dict[str, tuple[list[int], list[str]]]
     names: list[str]
+    asked: dict[str, list[FeatureDef]]
+    """Per source, the features asked for, in request order."""
+    fields: dict[str, tuple[str, ...]]
+    """Per source, the names of the features asked for (a read's identity without the cache)."""
+
+
+class ReadRequest:
+    """A checked request: its selection (kept between requests) and its entities."""
+
+    __slots__ = ("selection", "join_keys", "ids", "rows", "max_age_seconds")
+
+    def __init__(self, selection: Selection, join_keys: dict[str, list], ids: dict[str, list[str]], rows: int, max_age_seconds: float | None = None):
+        self.selection = selection
+        self.join_keys = join_keys
+        """The request's entity columns, in its order (the response repeats them first)."""
+        self.ids = ids
+        """Entity ids (the key parts joined as the writers join them) per entity type, in row order."""
+        self.rows = rows
+        self.max_age_seconds = max_age_seconds
+        """The request's own max_age: the smaller of it and a source's applies."""
+
+    columns = property(lambda self: self.selection.columns)
+    sources = property(lambda self: self.selection.sources)
+    groups = property(lambda self: self.selection.groups)
+    names = property(lambda self: self.selection.names)
+    asked = property(lambda self: self.selection.asked)
+    fields = property(lambda self: self.selection.fields)
 
 
 def select(defs: Definitions, features: list[str] | None, feature_service: str | None, full_feature_names: bool) -> Selection:
@@ -116,7 +127,11 @@ def select(defs: Definitions, features: list[str] | None, feature_service: str |
         positions, feats = groups.setdefault(c.source.name, ([], []))
         positions.append(at)
         feats.append(c.feature.name)
-    return Selection(columns, {s.name: s for s, _ in pairs}, involved, needed, groups, names)
+    asked: dict[str, list[FeatureDef]] = {}
+    for c in columns:
+        asked.setdefault(c.source.name, []).append(c.feature)
+    fields = {name: tuple(f.name for f in feats) for name, feats in asked.items()}
+    return Selection(columns, {s.name: s for s, _ in pairs}, involved, needed, groups, names, asked, fields)
 
 
 def _selection(defs: Definitions, features, feature_service, full_feature_names, memo: dict | None) -> Selection:
@@ -176,13 +191,4 @@ def parse_request(
         ids[entity.name] = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
     if max_age_seconds is not None and (not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0):
         raise RequestError("max_age must be a positive number of seconds")
-    return ReadRequest(
-        columns=selection.columns,
-        join_keys={k: list(entities[k]) for k in entities},
-        ids=ids,
-        rows=rows,
-        max_age_seconds=max_age_seconds,
-        sources=selection.sources,
-        groups=selection.groups,
-        names=selection.names,
-    )
+    return ReadRequest(selection, {k: list(entities[k]) for k in entities}, ids, rows, max_age_seconds)

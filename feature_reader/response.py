@@ -29,18 +29,36 @@ class FeatureColumn:
 
 
 class OnlineFeatures:
-    """The result: the request's join keys, then a column per requested feature. Values are
-    kept as lists; statuses and as-of times are made when asked for (a model reading
-    ``to_dict()`` never pays for them)."""
+    """The result: the request's join keys, then a column per requested feature. Columns are
+    made from the rows read when first asked for (``to_dict()``, ``column()``...): a read
+    answered from the cache costs no per-feature work until then; statuses are made only
+    when asked for."""
 
-    __slots__ = ("join_keys", "names", "_values", "_statuses", "_stamps")
+    __slots__ = ("join_keys", "names", "_values", "_statuses", "_stamps", "_pending")
 
-    def __init__(self, join_keys: dict[str, list], names: list[str], values: list[list], statuses: list[list[str] | None], stamps: list[list]):
-        # statuses[i] None: every value PRESENT; stamps[i] may be shared by a source's columns (copied when handed out)
+    def __init__(self, join_keys: dict[str, list], names: list[str], values: list, statuses: list, stamps: list, pending: list | None = None):
+        # statuses[i] None: every value PRESENT; stamps[i] may be shared by a source's columns
+        # (copied when handed out); pending: (positions, value indexes or None for all in
+        # order, row tuples, as-of times) of sources whose columns are the rows transposed
         self.join_keys, self.names = join_keys, names
         self._values, self._statuses, self._stamps = values, statuses, stamps
+        self._pending = pending
+
+    def _ready(self) -> None:
+        if not self._pending:
+            return
+        for positions, indexes, tuples, as_of in self._pending:
+            transposed = list(map(list, zip(*tuples)))
+            if indexes is None:
+                self._values[positions[0] : positions[-1] + 1] = transposed
+                self._stamps[positions[0] : positions[-1] + 1] = [as_of] * len(positions)
+            else:
+                for at, i in zip(positions, indexes):
+                    self._values[at], self._stamps[at] = transposed[i], as_of
+        self._pending = None
 
     def _column(self, at: int) -> FeatureColumn:
+        self._ready()
         statuses = self._statuses[at]
         values = self._values[at]
         return FeatureColumn(self.names[at], values, [PRESENT] * len(values) if statuses is None else list(statuses), list(self._stamps[at]))
@@ -54,6 +72,7 @@ class OnlineFeatures:
 
     def to_dict(self) -> dict[str, list]:
         """Entity columns and feature values by name (Feast's OnlineResponse.to_dict())."""
+        self._ready()
         return {**self.join_keys, **dict(zip(self.names, self._values))}
 
     def to_feast(self) -> dict[str, Any]:

@@ -84,3 +84,15 @@ def test_the_wheel_holds_every_product_package_and_no_bench():
     found = sorted(".".join(p.parent.relative_to(root).parts) for top in ("jobs", "feature_defs", "feature_reader", "serializers", "sinks") for p in (root / top).rglob("__init__.py"))
     assert sorted(listed) == found
     assert not any(name == "bench" or name.startswith("bench.") or name.startswith("tests") for name in listed)
+
+
+def test_read_targets_are_judged_on_ratios_within_the_run():
+    from bench.reads import targets
+
+    run = {"batches": {1: {"ours": 100, "ceiling": 200}, 100: {"ours": 900, "ceiling": 1000}, 1000: {"ours": 850, "ceiling": 1000}},
+           "decode_ns_per_value": 151, "latency_miss": {"p99_us": 240.0}, "latency_raw": {"p99_us": 100.0}, "latency_hit": {"p99_us": 16.0},
+           "stampede": {"redis, 64 clients": {"single-flight on": {"p99_us": 10.0, "reads_per_key_per_expiry": 0.9},
+                                              "single-flight off": {"p99_us": 100.0, "reads_per_key_per_expiry": 3.0}}},
+           "feast": {"1": 10.0, "100": 40.0, "1000": 40.0}}  # fmt: skip
+    verdicts = [(t["measured"], t["met"]) for t in targets(run)]
+    assert verdicts == [(0.85, True), (151, False), (240.0, True), (16.0, False), (0.1, True), (0.9, True), (10.0, False), (22.5, True), (21.25, True)]

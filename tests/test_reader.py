@@ -394,6 +394,14 @@ def test_a_value_that_does_not_decode_is_marked_and_the_rest_served(hot_key, sam
         ("bool", {}, [b"1", b"0", b"2", b""]),
         ("string", {}, [b"caf\xc3\xa9", b"\xff", b""]),
         ("embedding", {"dimension": 2}, [encode("embedding", [0.5, -1.0], dimension=2), b"\x0a\x08" + b"\x00\x00\xc0\x7f" * 2, b"\x0a\x04\x00\x00\x00\x00"]),
+        # more than decode.SMALL values: the one-matrix paths, one bad value among them
+        ("embedding", {"dimension": 2}, [encode("embedding", [float(i), -0.5], dimension=2) for i in range(12)] + [None]),
+        ("embedding", {"dimension": 2}, [encode("embedding", [float(i), -0.5], dimension=2) for i in range(12)] + [b"\x0a\x08" + b"\x00\x00\xc0\x7f" * 2]),
+        ("int_list", {}, [encode("int_list", [i, 127, 0, 5]) for i in range(12)] + [None]),
+        ("int_list", {}, [encode("int_list", [i, 127, 0, 5]) for i in range(12)] + [encode("int_list", [1, 128, 2, 3])]),  # same length, a two-byte varint
+        ("int_list", {}, [encode("int_list", [i, 1]) for i in range(12)] + [b"\x06\x14\x0a\x04\x01\x02\x03\xff"]),  # a bad message
+        ("int_list", {}, [encode("int_list", []), encode("int_list", [3]), encode("int_list", [-1]), encode("int_list", [300, 1]), b"\x00\x01", b"junk"]),
+        ("int_list", {"compression": "none"}, [encode("int_list", [1, 2], compression="none"), b"", encode("int_list", [200], compression="none"), b"\x0a\x05\x01"]),
     ],
 )
 def test_the_column_decoder_agrees_with_the_reference_value_by_value(kind, options, raws):
@@ -410,3 +418,22 @@ def test_the_column_decoder_agrees_with_the_reference_value_by_value(kind, optio
             expected.append(BAD)
     got = decode_column(feature, raws, as_list=True)
     assert got == expected
+
+
+def test_the_grouped_decoder_equals_the_column_decoder_and_names_its_holes():
+    """Float and int columns decoded together, as decode_column decodes each; a corrupt value
+    sends only its own column the slow way; the columns that may hold None or BAD are named."""
+    from feature_defs import FeatureDef
+    from feature_reader.decode import BAD, ColumnDecoder, decode_column
+
+    feats = [FeatureDef(name=f"f{j}", type="float") for j in range(3)] + [FeatureDef(name="n", type="int"), FeatureDef(name="b", type="bool")]
+    clean = [(b"0.5", b"1", b"-2.25", b"7", b"1"), (b"0", b"1e-3", b"3", b"-8", b"0")]
+    corrupt = clean + [(b"0.25", b"1x", b"4", b"9", b"1")]
+    holed = clean + [(b"0.25", None, b"4", b"9", b"1")]
+    for rows, holey in ((clean, [4]), (corrupt, [0, 1, 2, 4]), (holed, [0, 1, 2, 4])):
+        columns = [list(c) for c in zip(*rows)]
+        got, named = ColumnDecoder(feats).decode(columns)
+        assert got == [decode_column(f, c) for f, c in zip(feats, columns)]
+        assert named == holey  # the bool column is decoded alone: always named
+    got, _ = ColumnDecoder(feats).decode([list(c) for c in zip(*corrupt)])
+    assert got[1] == [1.0, 0.001, BAD] and got[0] == [0.5, 0.0, 0.25]
