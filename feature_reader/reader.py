@@ -55,8 +55,15 @@ class _Core:
         self.counters: Counter = Counter()
         self._counting = threading.Lock()  # the threaded reader's callers count at once
         self.as_list = self.settings.embeddings == "list"
+        self._routes: dict[tuple, tuple[str, ...]] = {}  # (source, store asked) -> the stores read, in order
 
     def route(self, source: str, store: str | None) -> tuple[str, ...]:
+        got = self._routes.get((source, store))
+        if got is None:
+            got = self._routes[(source, store)] = self._route(source, store)
+        return got
+
+    def _route(self, source: str, store: str | None) -> tuple[str, ...]:
         if store is not None:
             if store not in STORES:
                 raise RequestError(f"unknown store {store!r}; use redis or sql")

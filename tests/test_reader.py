@@ -9,12 +9,13 @@ import datetime as dt
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.servers import start_redis
-from feature_defs import DEFAULT_DIR, load_definitions
+from feature_defs import DEFAULT_DIR, Definitions, load_definitions
 from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
 from feature_reader.settings import CacheSettings, ReaderSettings
 from jobs.config import QualityConf, RunConf
@@ -93,26 +94,23 @@ def assert_expected(result, store: str) -> None:
         assert col.event_timestamps == [AS_OF, AS_OF, AS_OF, None], (store, name)
 
 
-@pytest.fixture
-def written(spark, tmp_path, redis_server, pg_server, pg_db):
-    """every_type and pair_daily written by the real job into Redis (db 3) and PostgreSQL."""
+def write_sample(spark, root: Path, redis: RedisSettings, dsn: str) -> tuple[RunConf, Definitions]:
+    """every_type and pair_daily (definitions, Delta tables under ``root``) written by the
+    real job into that Redis and PostgreSQL; the conf the readers use."""
     from jobs.pipeline.run import run_source
 
-    defs_dir = tmp_path / "defs"
+    defs_dir = root / "defs"
     defs_dir.mkdir()
     (defs_dir / "entities.yaml").write_text(ENTITIES)
     (defs_dir / "every_type.yaml").write_text(EVERY_TYPE)
     (defs_dir / "pair_daily.yaml").write_text(PAIR)
     (defs_dir / "services.yaml").write_text(SERVICES)
     defs = load_definitions(defs_dir)
-    spark.createDataFrame(ROWS, SCHEMA).write.format("delta").save(str(tmp_path / "every_type"))
-    spark.createDataFrame([("eu", 7, 1.5, DAY), ("us", 7, 2.5, DAY)], "region string, store_id long, score double, ds date").write.format("delta").save(str(tmp_path / "pair_daily"))
-    redis_server.client(3).flushdb()
+    spark.createDataFrame(ROWS, SCHEMA).write.format("delta").save(str(root / "every_type"))
+    spark.createDataFrame([("eu", 7, 1.5, DAY), ("us", 7, 2.5, DAY)], "region string, store_id long, score double, ds date").write.format("delta").save(str(root / "pair_daily"))
     conf = RunConf(
-        env="test", data_root=str(tmp_path), reports_dir=str(tmp_path / "reports"), definitions_dir=str(defs_dir),
-        sinks=["redis", "cockroach"],
-        redis=RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/3", password_env=None, mode="standalone"),
-        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
+        env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir),
+        sinks=["redis", "cockroach"], redis=redis, sql=SqlSettings(dsn=dsn, password_env=None),
         quality=QualityConf(expectations=False, max_bad_fraction=0.5, verify_sample=10),
         reader=ReaderSettings(timeout_ms=5000),
     )  # fmt: skip
@@ -120,6 +118,13 @@ def written(spark, tmp_path, redis_server, pg_server, pg_db):
         summary = run_source(spark, conf, defs, name, DAY)
         assert summary.status == "succeeded", summary.error
     return conf, defs
+
+
+@pytest.fixture
+def written(spark, tmp_path, redis_server, pg_server, pg_db):
+    """every_type and pair_daily written by the real job into Redis (db 3) and PostgreSQL."""
+    redis_server.client(3).flushdb()
+    return write_sample(spark, tmp_path, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/3", password_env=None, mode="standalone"), pg_server.dsn)
 
 
 def test_every_type_reads_back_as_written_from_redis_and_sql(written):

@@ -12,15 +12,12 @@ import pytest
 import redis
 
 from bench.local_cluster import LocalCluster, start_cluster
-from feature_defs import load_definitions
 from feature_reader import AsyncFeatureReader, FeatureReader
-from feature_reader.settings import ReaderSettings
-from jobs.config import QualityConf, RunConf
+from jobs.config import RunConf
 from serializers import field_id
 from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
 
-from .test_reader import BIG, CONSUMERS, DAY, ENTITIES, EVERY_TYPE, ROWS, SCHEMA, assert_expected
+from .test_reader import BIG, CONSUMERS, assert_expected, write_sample
 
 WRITTEN = (1, 2, 3)  # the consumers of ROWS; 4 (in CONSUMERS) was never written
 EVERY_TYPE_FEATURES = ["every_type"]
@@ -36,31 +33,13 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def written(spark, tmp_path_factory, cluster, pg_server):
-    """every_type written by the real job into the cluster and into PostgreSQL (public schema
-    recreated first); the conf reads Redis in cluster mode."""
-    from jobs.pipeline.run import run_source
-
-    root = tmp_path_factory.mktemp("reader-cluster-data")
-    defs_dir = root / "defs"
-    defs_dir.mkdir()
-    (defs_dir / "entities.yaml").write_text(ENTITIES)
-    (defs_dir / "every_type.yaml").write_text(EVERY_TYPE)
-    defs = load_definitions(defs_dir)
-    spark.createDataFrame(ROWS, SCHEMA).write.format("delta").save(str(root / "every_type"))
+    """every_type (and pair_daily) written by the real job into the cluster and into
+    PostgreSQL (public schema recreated first); the conf reads Redis in cluster mode."""
     with pg_server.connect() as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
-    conf = RunConf(
-        env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir),
-        sinks=["redis", "cockroach"],
-        redis=RedisSettings(url=cluster.url, password_env=None, mode="cluster"),
-        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        quality=QualityConf(expectations=False, max_bad_fraction=0.5, verify_sample=10),
-        reader=ReaderSettings(timeout_ms=5000),
-    )  # fmt: skip
-    summary = run_source(spark, conf, defs, "every_type", DAY)
-    assert summary.status == "succeeded", summary.error
-    return conf, defs
+    root = tmp_path_factory.mktemp("reader-cluster-data")
+    return write_sample(spark, root, RedisSettings(url=cluster.url, password_env=None, mode="cluster"), pg_server.dsn)
 
 
 def with_mode(conf: RunConf, mode: str, **reader) -> RunConf:
