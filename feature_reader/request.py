@@ -150,6 +150,13 @@ def _selection(defs: Definitions, features, feature_service, full_feature_names,
     return got
 
 
+def _column(entity: EntityDef, key: str, kind: str, values: list) -> list:
+    """A key column's values, checked (ints: within int64; strings: no ':' or control characters)."""
+    if kind == "int" and all(type(v) is int for v in values) and -(2**63) <= min(values) and max(values) < 2**63:
+        return values  # the common case, checked at once
+    return [_part(entity, key, kind, v, i) for i, v in enumerate(values)]
+
+
 def parse_request(
     defs: Definitions,
     entities: dict[str, list],
@@ -167,8 +174,8 @@ def parse_request(
     if not isinstance(entities, dict) or not entities:
         raise EntityKeyError("entities must be a non-empty object of key columns, e.g. {\"consumer_id\": [1, 2]}")
     involved, needed = selection.entities, selection.needed
-    unknown = [k for k in entities if k not in needed]
-    missing = [k for k in needed if k not in entities]
+    unknown = [k for k in entities if k not in needed] if entities.keys() != needed.keys() else []
+    missing = [k for k in needed if k not in entities] if entities.keys() != needed.keys() else []
     if unknown or missing:
         parts = ([f"unknown entity key(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
             [f"missing {', '.join(map(repr, missing))}"] if missing else []
@@ -187,7 +194,7 @@ def parse_request(
         raise RequestError(f"{rows:,} entities in one request; the limit is {max_entities:,} (reader.max_entities)")
     ids: dict[str, list[str]] = {}
     for entity in involved.values():
-        cols = [[_part(entity, k.name, k.type, v, i) for i, v in enumerate(entities[k.name])] for k in entity.keys]
+        cols = [_column(entity, k.name, k.type, entities[k.name]) for k in entity.keys]
         ids[entity.name] = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
     if max_age_seconds is not None and (not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0):
         raise RequestError("max_age must be a positive number of seconds")
