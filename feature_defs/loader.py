@@ -102,22 +102,19 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
             problems.append(f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list")
             continue
         try:
-            if "feature_services" in data:
-                for i, service in enumerate(FeatureServicesFile.model_validate(data).feature_services):
-                    key = f"service:{service.name}"
-                    if service.name in services:
-                        problems.append(f"{path}:{line_of(node, ['feature_services', i])}: feature service {service.name!r} is already defined at {where[key]}:{lines[key]}")
+            if "feature_services" in data or "entities" in data:  # lists of named items, each defined once
+                if "feature_services" in data:
+                    top, kind, label, table = "feature_services", "service", "feature service", services
+                    items = FeatureServicesFile.model_validate(data).feature_services
+                else:
+                    top, kind, label, table = "entities", "entity", "entity", entities
+                    items = EntitiesFile.model_validate(data).entities
+                for i, item in enumerate(items):
+                    key, at = f"{kind}:{item.name}", line_of(node, [top, i])
+                    if item.name in table:
+                        problems.append(f"{path}:{at}: {label} {item.name!r} is already defined at {where[key]}:{lines[key]}")
                         continue
-                    services[service.name], where[key] = service, path
-                    lines[key] = line_of(node, ["feature_services", i])
-            elif "entities" in data:
-                for i, entity in enumerate(EntitiesFile.model_validate(data).entities):
-                    key = f"entity:{entity.name}"
-                    if entity.name in entities:
-                        problems.append(f"{path}:{line_of(node, ['entities', i])}: entity {entity.name!r} is already defined at {where[key]}:{lines[key]}")
-                        continue
-                    entities[entity.name], where[key] = entity, path
-                    lines[key] = line_of(node, ["entities", i])
+                    table[item.name], where[key], lines[key] = item, path, at
             else:
                 source = SourceFile.model_validate(data).source
                 key = f"source:{source.name}"

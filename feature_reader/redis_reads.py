@@ -61,7 +61,7 @@ class _Plan:
         if len(features) == 1:  # one source (the common case): a key per unit, each once
             (source,) = features
             prefix = key_prefix(defs.entities[defs.sources[source].entity].prefix, reads.namespace)
-            self.keys = [(prefix + u.entity_id).encode("utf-8") for u in units]  # serializers.keys.redis_key, inlined
+            self.keys = [redis_key(prefix, u.entity_id) for u in units]
             if len(set(self.keys)) == len(self.keys) and all(u.source == source for u in units):
                 self.units = [[(u, 0)] for u in units]
                 return

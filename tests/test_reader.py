@@ -389,6 +389,25 @@ def test_a_value_that_does_not_decode_is_marked_and_the_rest_served(hot_key, sam
     assert [c.values[0] for c in result.columns] == [7, None, 0.5] and reader.stats["decode_errors"] == 1
 
 
+def test_a_key_that_is_not_a_hash_fails_its_batch_and_leaves_the_connection_clean(hot_key, sample_defs):
+    """WRONGTYPE in the middle of a batch: the batch fails naming the server, every reply is
+    read off the connection, and the next batch on it gets its own replies."""
+    hot_key.client().set(b"c:2", b"not a hash")
+    ask = ["consumer_daily:orders_7d"]
+
+    async def read_async():
+        async with AsyncFeatureReader(_conf(hot_key.url), sample_defs, cache=False) as reader:
+            with pytest.raises(StoreError, match=f"127.0.0.1:{hot_key.port}.*WRONGTYPE"):
+                await reader.get_online_features(ask, {"consumer_id": [1, 2, 3]})
+            return (await reader.get_online_features(ask, {"consumer_id": [3, 1]})).column("orders_7d").values
+
+    with FeatureReader(_conf(hot_key.url), sample_defs, cache=False) as reader:
+        with pytest.raises(StoreError, match=f"127.0.0.1:{hot_key.port}.*WRONGTYPE"):
+            reader.get_online_features(ask, {"consumer_id": [1, 2, 3]})
+        assert reader.get_online_features(ask, {"consumer_id": [3, 1]}).column("orders_7d").values == [None, 7]
+    assert asyncio.run(read_async()) == [None, 7]
+
+
 @pytest.mark.parametrize(
     "kind, options, raws",
     [
