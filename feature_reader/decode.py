@@ -68,10 +68,13 @@ def _ints(raws: list) -> list | None:
     return out if not present or (min(present) >= INT64_MIN and max(present) <= INT64_MAX) else None
 
 
+_heads: dict[int, bytes] = {}
+
+
 def _embeddings(raws: list, dimension: int, as_list: bool) -> list | None:
     """Embedding messages as the writers write them: tag 0x0a, the body's length as a
     varint, then ``dimension`` packed little-endian float32; the column read as one matrix."""
-    head = b"\x0a" + _varint(dimension * 4)
+    head = _heads.get(dimension) or _heads.setdefault(dimension, b"\x0a" + _varint(dimension * 4))
     width = len(head) + dimension * 4
     present = [r for r in raws if r is not None]
     if not present:
@@ -186,6 +189,33 @@ class ColumnDecoder:
         self.groups = list(groups.items())
         grouped = {j for _, js in self.groups for j in js}
         self.others = [j for j in range(len(feats)) if j not in grouped]
+
+    def decode_row(self, raws, as_list: bool = False) -> tuple[list, bool]:
+        """One entity's stored values (in feature order) decoded: (the values, none of them
+        None or BAD). One entity is the common miss: no columns to build and transpose."""
+        out = list(raws)
+        complete = True
+        for (kind, precision), js in self.groups:
+            group = [raws[j] for j in js]
+            if None in group:  # stored bytes or None: nothing here compares by value
+                complete = False
+            try:
+                fast = _floats(group) if kind == "float" else _ints(group)
+            except ValueError:
+                fast = None
+            if fast is not None and precision == "float32" and any(v is not None and abs(v) > _FLOAT32_MAX for v in fast):
+                fast = None
+            if fast is None:
+                for j in js:
+                    out[j] = v = decode_column(self.feats[j], [raws[j]], as_list=as_list)[0]
+                    complete = complete and v is not None and v is not BAD
+            else:
+                for j, v in zip(js, fast):
+                    out[j] = v
+        for j in self.others:
+            out[j] = v = decode_column(self.feats[j], [raws[j]], as_list=as_list)[0]
+            complete = complete and v is not None and v is not BAD
+        return out, complete
 
     def decode(self, columns: list, as_list: bool = False) -> tuple[list[list], list[int]]:
         """(the decoded columns, the columns that may hold None or BAD: the others hold neither)."""

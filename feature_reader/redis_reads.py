@@ -111,6 +111,9 @@ class _Plan:
         for source, (units, slices) in by_source.items():
             feats, fields = self.features[source], self.fields[source]
             width = 1 + len(feats)
+            if len(units) == 1:
+                out[units[0]] = _row(fields, slices[0][:width], as_list)
+                continue
             columns = list(zip(*slices))[:width]
             decoded, holey = fields.decoder.decode(columns[1:], as_list)
             holes = _holes(decoded, holey)
@@ -128,6 +131,19 @@ class _Plan:
                     continue
                 out[unit] = SourceRow(as_of, values, fields.names, size, n not in holes)
         return out
+
+
+def _row(fields: _Fields, raw: list, as_list: bool) -> SourceRow:
+    """One entity's reply (its freshness value first) as a row."""
+    try:
+        as_of = None if raw[0] is None else int(raw[0])
+    except ValueError:
+        as_of = None
+    if as_of is None:
+        return NOT_FOUND_ROW
+    values, complete = fields.decoder.decode_row(raw[1:], as_list)
+    size = sum(map(len, filter(None, raw))) + PER_VALUE_BYTES * len(raw)
+    return SourceRow(as_of, tuple(values), fields.names, size, complete)
 
 
 def _holes(columns: list[list], holey: list[int]) -> set[int]:
