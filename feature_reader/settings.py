@@ -49,3 +49,17 @@ class ReaderSettings(Settings):
     single_flight: bool = True
     """Concurrent reads of one (source, entity) make one store read; the others wait for it."""
     cache: CacheSettings = CacheSettings()
+
+
+class ServerSettings(Settings):
+    """``server:`` of the run configuration: ``materialize serve`` (feature_reader/server.py)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(6566, ge=0, le=65535)
+    """Feast's feature server port."""
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """A larger request body is refused (413) before it is read whole."""
+    deadline_ms: float = Field(1000.0, gt=0)
+    """A request still unanswered past this is answered 504 (its reads go on for their waiters)."""
+    max_in_flight: int = Field(256, ge=1)
+    """Requests being answered at once; more are refused at once with 503 (back-pressure, not a queue that grows)."""

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = (_run_command, _validate_command, _backfill_command, _bench_command, _runs_command, _cleanup_command)
-    for add in (*commands, _verify_command, _get_command, _schema_command, _ready_command, _report_command, _sample_data_command, _defs_command):
+    for add in (*commands, _verify_command, _get_command, _serve_command, _schema_command, _ready_command, _report_command, _sample_data_command, _defs_command):
         add(sub)  # in --help's order
     return parser
 
@@ -191,6 +191,20 @@ def _get_command(sub) -> None:
     get.add_argument("--store", choices=["redis", "sql"], help="read this store only (default: each source's stores from conf, Redis first)")
     get.add_argument("--redis-url", help="another Redis than redis.url")
     get.add_argument("--pretty", action="store_true", help="indent the JSON (default: compact, as the server sends it)")
+
+
+def _serve_command(sub) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="serve features over HTTP: Feast's feature-server API",
+        description="Serve POST /get-online-features (Feast's request and response bodies), GET /health and GET /metrics "
+        "(Prometheus) on the asyncio reader of the env's conf and definitions. Stops on SIGTERM or Ctrl-C once the "
+        "requests in flight are answered. Limits: server.* and reader.max_entities in conf.",
+    )
+    serve.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
+    serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: server.port, 6566 as Feast's)")
+    serve.add_argument("--workers", type=int, default=1, help="server processes, each with its own reader and cache (default 1)")
 
 
 def _defs_command(sub) -> None:
@@ -479,6 +493,16 @@ def cmd_get(args) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args) -> int:
+    from feature_reader.server import serve
+
+    if args.workers < 1:
+        print("error: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    serve(args.env, args.host, args.port, args.workers)
+    return EXIT_OK
+
+
 def cmd_validate(args) -> int:
     from jobs.pipeline.run import validate_source
 
@@ -498,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
         commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema}
-        return {**commands, "get": cmd_get, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
+        return {**commands, "get": cmd_get, "serve": cmd_serve, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)

@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, ValidationError
 
 from feature_defs.models import EntityDef, SourceDef
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
-from feature_reader.settings import ReaderSettings
+from feature_reader.settings import ReaderSettings, ServerSettings
 from sinks.redis import config as redis_config
 from sinks.redis.settings import RedisSettings
 from sinks.settings import ConfigError, Settings
@@ -93,6 +93,8 @@ class RunConf(Settings):
     quality: QualityConf = QualityConf()
     reader: ReaderSettings = ReaderSettings()
     """Online reads (feature_reader/): stores per source, deadline, in-process cache."""
+    server: ServerSettings = ServerSettings()
+    """``materialize serve``: where it listens, its limits."""
     sources: list[str] | None = None
     """Sources a run materializes when none is named; None means all defined."""
     parallel_sources: Annotated[int, Field(ge=1)] = 2

@@ -1,0 +1,205 @@
+"""`materialize serve` as a user runs it: a real server process over the values the real
+job wrote, spoken to over HTTP. Its body is the byte-for-byte body of `materialize get`;
+bad requests get 4xx naming the bad part; a store that is down or slow gets 503/504; the
+limits hold; SIGTERM lets a request in flight finish."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.servers import free_port, start_redis
+from sinks.redis.settings import RedisSettings
+
+from .conftest import env_conf
+from .test_reader import BIG, write_sample
+
+MATERIALIZE = str(Path(sys.executable).parent / "materialize")
+PASSWORD = "s3rv3r-t3st-pw"
+
+
+class Served:
+    def __init__(self, port: int, process: subprocess.Popen, log: Path):
+        self.port, self.process, self.log = port, process, log
+
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 30) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers={"content-type": "application/json"} if body is not None else {})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def post(self, payload: dict | bytes) -> tuple[int, bytes]:
+        return self.request("POST", "/get-online-features", payload if isinstance(payload, bytes) else json.dumps(payload).encode())
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+def serve(tmp: Path, env: str, settings: dict, password: str | None = None) -> Served:
+    """`materialize serve` in a process of its own, on a conf folder of its own; returned once /health answers."""
+    folder = env_conf(tmp / f"conf-{env}", env, json.dumps(settings))
+    port = free_port()
+    log = tmp / f"serve-{env}.log"
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    if password:
+        environ["TEST_REDIS_PASSWORD"] = password
+    process = subprocess.Popen([MATERIALIZE, "serve", "--env", env, "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
+    served = Served(port, process, log)
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None, f"the server exited: {log.read_text()}"
+        try:
+            served.request("GET", "/health", timeout=2)
+            return served
+        except OSError:
+            assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def written(spark, tmp_path_factory, redis_server, pg_server):
+    redis_server.client(5).flushdb()
+    with pg_server.connect() as conn:
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+    root = tmp_path_factory.mktemp("served")
+    return write_sample(spark, root, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/5", password_env=None, mode="standalone"), pg_server.dsn)
+
+
+def _settings(conf, **extra) -> dict:
+    return {
+        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
+        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
+        "reader": {"max_entities": 5, "timeout_ms": 5000}, "server": {"max_body_bytes": 4096},
+        **extra,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(written, tmp_path_factory):
+    conf, _ = written
+    server = serve(tmp_path_factory.mktemp("serve"), "t", _settings(conf))
+    yield server
+    assert server.stop() == 0
+
+
+def test_the_body_is_the_get_commands_body(served, written, tmp_path):
+    conf, _ = written
+    request = {"features": ["every_type:n", "every_type:e", "every_type:s"], "entities": {"consumer_id": [1, 2, 4]}}
+    (tmp_path / "req.json").write_text(json.dumps(request))
+    printed = subprocess.run(
+        [MATERIALIZE, "get", "--env", "t", "--request", str(tmp_path / "req.json")], capture_output=True, check=True,
+        env={**os.environ, "FM_CONF_DIR": str(env_conf(tmp_path / "conf", "t", json.dumps(_settings(conf))))},
+    ).stdout  # fmt: skip
+    status, body = served.post(request)
+    assert status == 200 and body + b"\n" == printed
+    parsed = json.loads(body)
+    assert parsed["metadata"]["feature_names"] == ["consumer_id", "n", "e", "s"]
+    assert parsed["results"][0]["values"] == [1, 2, 4]
+    n, e, s = parsed["results"][1:]
+    assert (n["values"], n["statuses"]) == ([BIG, None, None], ["PRESENT", "NULL_VALUE", "NOT_FOUND"])
+    assert b"1152921504606846977" in body  # every digit of 2^60 + 1
+    assert e["values"][0] == [0.5, -1.25, 3.0, 0.10000000149011612] and s["values"] == ["café", None, None]
+    # a feature service, full feature names
+    status, body = served.post({"feature_service": "ranking", "entities": {"consumer_id": [1], "region": ["us"], "store_id": [7]}, "full_feature_names": True})
+    assert status == 200 and json.loads(body)["metadata"]["feature_names"] == ["consumer_id", "region", "store_id", "every_type__n", "pair_daily__score"]
+
+
+@pytest.mark.parametrize(
+    "payload, status, kind, text",
+    [
+        ({"features": ["every_type:nn"], "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "did you mean 'n'?"),
+        ({"features": ["every_typ:n"], "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "unknown source 'every_typ'; did you mean 'every_type'?"),
+        ({"feature_service": "rankin", "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "did you mean 'ranking'?"),
+        ({"features": ["every_type:n"], "entities": {"consumer": [1]}}, 422, "EntityKeyError", "unknown entity key(s) 'consumer'; missing 'consumer_id'"),
+        ({"features": ["every_type:n"], "entities": {"consumer_id": ["1"]}}, 422, "EntityKeyError", "entity key 'consumer_id' row 0: expected an integer"),
+        ({"features": ["every_type:n"], "entities": {"consumer_id": list(range(6))}}, 400, "RequestError", "6 entities in one request; the limit is 5"),
+        ({"features": ["every_type:n"]}, 400, "RequestError", "the request has no 'entities'"),
+        (b'{"features": ["every_type:n"], "entities": {', 400, "RequestError", "the request body is not JSON"),
+        (b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + b"1, " * 2000 + b"1]}}", 413, "BodyTooLarge", "the limit is 4,096 (server.max_body_bytes)"),
+    ],
+)
+def test_bad_requests_get_4xx_naming_the_bad_part(served, payload, status, kind, text):
+    got, body = served.post(payload)
+    error = json.loads(body)
+    assert (got, error["type"]) == (status, kind) and text in error["error"], error
+
+
+def test_routes_methods_health_and_metrics(served):
+    assert served.request("GET", "/get-online-features")[0] == 405
+    assert served.request("GET", "/nowhere")[0] == 404
+    status, body = served.request("GET", "/health")
+    assert status == 200 and json.loads(body) == {"status": "ready", "stores": {"redis": "ok", "cockroach": "ok"}}
+    assert served.post({"features": ["every_type:n"], "entities": {"consumer_id": [3]}})[0] == 200
+    status, text = served.request("GET", "/metrics")
+    text = text.decode()
+    assert status == 200
+    assert 'feature_server_request_seconds_count{route="/get-online-features",status="200"}' in text
+    assert 'feature_server_request_seconds_bucket{le="0.0005",route="/get-online-features",status="200"}' in text
+    assert 'feature_server_request_seconds_count{route="/get-online-features",status="404"}' in text
+    assert "feature_server_in_flight_requests 0.0" in text
+    counters = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("feature_reader_")}
+    assert counters["feature_reader_store_reads_total"] >= 1 and "feature_reader_coalesced_total" in counters
+    assert "Traceback" not in served.log.read_text()
+
+
+def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(written, tmp_path):
+    """A Redis of its own, with a password: slow (CLIENT PAUSE), then stopped."""
+    conf, _ = written
+    own = start_redis(tmp_path / "redis", "--requirepass", PASSWORD)
+    settings = _settings(
+        conf, sinks=["redis"], redis={"url": own.url, "password_env": "TEST_REDIS_PASSWORD", "mode": "standalone"},
+        reader={"timeout_ms": 5000, "cache": {"enabled": False}}, server={"deadline_ms": 300, "max_in_flight": 1},
+    )  # fmt: skip
+    server = serve(tmp_path, "own", settings, password=PASSWORD)
+    client = own.client()
+    client.execute_command("AUTH", PASSWORD)
+    ask = {"features": ["every_type:n"], "entities": {"consumer_id": [1]}}
+    try:
+        assert server.post(ask)[0] == 200  # NOT_FOUND: nothing written to this Redis
+        # slow: past the deadline, 504; a second request while the first is in flight: 503 at once
+        client.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+        outcomes: list = []
+        first = threading.Thread(target=lambda: outcomes.append(server.post(ask)))
+        first.start()
+        time.sleep(0.1)
+        second = server.post(ask)
+        first.join()
+        assert second[0] == 503 and json.loads(second[1])["type"] == "Overloaded"
+        assert outcomes[0][0] == 504 and "300 ms" in json.loads(outcomes[0][1])["error"]
+        time.sleep(1.5)
+        # SIGTERM while a request waits on a paused Redis: it is answered, then the process ends
+        client.execute_command("CLIENT", "PAUSE", "200", "ALL")
+        during = threading.Thread(target=lambda: outcomes.append(server.post(ask)))
+        during.start()
+        time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        during.join()
+        assert outcomes[1][0] == 200 and server.process.wait(timeout=30) == 0
+        # stopped Redis: 503 naming the server, no password anywhere
+        server = serve(tmp_path, "own2", settings, password=PASSWORD)
+        own.stop()
+        status, body = server.post(ask)
+        assert status == 503 and f"127.0.0.1:{own.port}" in json.loads(body)["error"]
+        status, health = server.request("GET", "/health")
+        assert status == 503 and json.loads(health)["stores"]["redis"] != "ok"
+        for text in (body, health, server.log.read_bytes()):
+            assert PASSWORD.encode() not in text and b"Traceback" not in text
+    finally:
+        server.stop()
+        if own.process.poll() is None:
+            own.stop()
