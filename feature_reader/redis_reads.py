@@ -334,11 +334,19 @@ class AsyncRedisReads(_Reads):
         for first in range(0, len(plan.keys), CHUNK):
             await conn.send_packed_command([plan.wire(first, first + CHUNK)])
         replies = _Replies(plan, as_list)
+        # the parser straight, as in RedisReads._stream: Connection.read_response opens a
+        # timeout per reply (the batch has one, in read()) and maps errors it cannot meet here
+        read = getattr(getattr(conn, "_parser", None), "read_response", None) or conn.read_response
         for _ in plan.keys:
             try:
-                replies.add(await conn.read_response())
+                reply = await read()
             except redis.ResponseError as exc:
                 replies.refuse(exc)
+                continue
+            if isinstance(reply, redis.ResponseError):
+                replies.refuse(reply)
+            else:
+                replies.add(reply)
         return replies.rows()
 
     async def ping(self) -> None:

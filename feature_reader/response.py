@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 PRESENT, NULL_VALUE, NOT_FOUND, OUTSIDE_MAX_AGE = "PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"
 INVALID = "INVALID"
@@ -77,15 +77,28 @@ class OnlineFeatures:
 
     def to_feast(self) -> dict[str, Any]:
         """Feast's get-online-features response body: ``results`` (join keys first, each
-        with values, statuses and event_timestamps) then ``metadata.feature_names``."""
+        with values, statuses and event_timestamps) then ``metadata.feature_names``. Lists
+        may be shared between entries (a source's as-of times): read them, do not change them."""
+        self._ready()
         rows = len(next(iter(self.join_keys.values()), []))
-        results = [{"values": list(v), "statuses": [PRESENT] * rows, "event_timestamps": [EPOCH] * rows} for v in self.join_keys.values()]
-        for c in self.columns:
-            results.append({"values": [_native(v) for v in c.values], "statuses": c.statuses, "event_timestamps": [_timestamp(t) for t in c.event_timestamps]})
+        present, epochs = [PRESENT] * rows, [EPOCH] * rows
+        results = [{"values": list(v), "statuses": present, "event_timestamps": epochs} for v in self.join_keys.values()]
+        stamps_of: dict[int, list[str]] = {}  # a source's columns share one list of as-of times: formatted once
+        for values, statuses, stamps in zip(self._values, self._statuses, self._stamps):
+            formatted = stamps_of.get(id(stamps))
+            if formatted is None:
+                formatted = stamps_of[id(stamps)] = [_timestamp(t) for t in stamps]
+            first = values[0] if values else None
+            if first is None:
+                first = next((v for v in values if v is not None), None)
+            if isinstance(first, np.ndarray):  # embeddings
+                values = [_native(v) for v in values]
+            results.append({"values": values, "statuses": present if statuses is None else statuses, "event_timestamps": formatted})
         return {"results": results, "metadata": {"feature_names": [*self.join_keys, *self.names]}}
 
     def to_feast_json(self) -> bytes:
-        return json.dumps(self.to_feast(), separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        """``to_feast()`` as compact UTF-8 JSON (the server's body, and `materialize get`'s output)."""
+        return orjson.dumps(self.to_feast())
 
 
 def _native(value: Any) -> Any:

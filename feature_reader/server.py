@@ -169,13 +169,17 @@ class FeatureServer:
 
 def serve(env: str | None, host: str | None, port: int | None, workers: int = 1) -> None:
     """Run the server until SIGTERM or Ctrl-C (in-flight requests finish first)."""
+    from jobs.config import load_config
+
+    serve_conf(load_config(env), host, port, workers)
+
+
+def serve_conf(conf, host: str | None = None, port: int | None = None, workers: int = 1) -> None:
+    """``serve`` on a loaded conf (the load benchmark builds its own)."""
     import os
 
     import uvicorn
 
-    from jobs.config import load_config
-
-    conf = load_config(env)
     host = host or conf.server.host
     port = conf.server.port if port is None else port
     options: dict[str, Any] = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False, lifespan="on", log_level="warning", timeout_graceful_shutdown=30)

@@ -1,0 +1,257 @@
+"""The feature server under open-loop load, beside `feast serve` (make bench-serve).
+
+    python -m bench.serve_load [--entities 100000] [--seconds 30] [--output bench/serve_results.json]
+
+The job writes the standard table (bench/standard.py) into a throwaway Redis;
+`feast materialize` (Feast 0.67, its own venv) writes the same table into the next
+database of the same server. Each server runs as one process pinned to CPU 0; vegeta
+(pinned, from the Go module proxy) runs on CPU 1 beside Redis. Every step is a fixed rate
+for ``--seconds``; rates rise (100, 200, 500, 1,000, 2,000, ...) until p99 passes 50 ms or
+a request fails. Shapes: 1 entity x 50 features and 100 x 50; our server with its L1
+cache off (keys uniform over the table: every request reads Redis) and on (keys drawn
+from a Zipf distribution, s = 1.1); Feast reads Redis on every request (its server has no
+cache) with the cache-off bodies. Both servers get the same request bodies, and answer
+the same values (checked before the load). Results: JSON and a chart of p99 against rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from jobs.config import PROJECT_ROOT
+
+RATES = (100, 200, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000)
+SHAPES = (1, 100)
+BODIES = 4000
+"""Distinct request bodies per (shape, key distribution), sent round-robin."""
+ZIPF_S = 1.1
+SERVER_CPU, LOAD_CPU = "0", "1"
+FEAST_FLAGS = ("--no-access-log", "--workers", "1", "--max-requests", "100000000")
+"""Feast tuned as its docs advise: no access log; its default restarts the worker every ~1,000 requests, which would cost it."""
+
+
+def _bodies(entities: int, shape: int, features: list[str], zipf: bool, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    if zipf:
+        ranked = rng.sample(range(entities), entities)  # rank -> entity, so hot keys are spread over the table
+        weights = list(itertools.accumulate(1 / (r + 1) ** ZIPF_S for r in range(entities)))
+        draw = lambda: ranked[rng.choices(range(entities), cum_weights=weights)[0]]  # noqa: E731
+    else:
+        draw = lambda: rng.randrange(entities)  # noqa: E731
+    out = []
+    for _ in range(BODIES):
+        ids: list[int] = []
+        while len(ids) < shape:
+            i = draw()
+            if i not in ids:
+                ids.append(i)
+        out.append(json.dumps({"features": features, "entities": {"entity_id": ids}}).encode())
+    return out
+
+
+def _post(url: str, body: bytes) -> dict:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _wait_http(url: str, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} before answering")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{what} did not answer {url} within {timeout:.0f} s")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _ladder(name: str, url: str, process: subprocess.Popen, targets: Path, seconds: float, log) -> list[dict]:
+    """Rising fixed rates until p99 passes 50 ms or a request fails."""
+    from bench.vegeta import attack, cpu_seconds
+
+    attack(targets, 200, 3, cpu=LOAD_CPU)  # warm-up
+    steps = []
+    for rate in RATES:
+        time.sleep(2)
+        cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
+        rep = attack(targets, rate, seconds, cpu=LOAD_CPU)
+        cpu = (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - t0)
+        lat = rep["latencies"]
+        step = {
+            "rate": rate, "throughput": round(rep["throughput"], 1), "p50_ms": round(lat["50th"] / 1e6, 3),
+            "p99_ms": round(lat["99th"] / 1e6, 3), "p999_ms": None if rep["p999"] is None else round(rep["p999"] / 1e6, 3),
+            "max_ms": round(lat["max"] / 1e6, 3), "success": rep["success"], "status_codes": rep["status_codes"],
+            "errors": rep["errors"][:3], "server_cpu": round(cpu, 2),
+        }  # fmt: skip
+        steps.append(step)
+        log(f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}")
+        if step["p99_ms"] > 50 or step["success"] < 1:
+            break
+    return steps
+
+
+def _serve_child(spec: str) -> None:
+    """The server process: the product's `serve` on a conf built for this bench."""
+    from bench.reads import _reader_conf
+    from feature_reader.server import serve_conf
+
+    redis_url, defs, cache, port = json.loads(spec)
+    conf = _reader_conf(redis_url, Path(defs), cache={"enabled": cache}, max_entities=1000)
+    serve_conf(conf, "127.0.0.1", port)
+
+
+def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print) -> dict:
+    from bench import feast_peer
+    from bench.reads import _load
+    from bench.servers import free_port, start_redis
+    from bench.standard import SOURCE, write_definitions
+    from bench.vegeta import MODULE, vegeta_bin, write_targets
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    vegeta_bin()
+    redis = start_redis(workdir / "serve-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "serve-redis.log"))
+    results: dict = {"entities": entities, "seconds_per_step": seconds, "vegeta": MODULE, "server_cpu": SERVER_CPU, "load_cpu": LOAD_CPU, "runs": {}}
+    try:
+        log(f"writing {entities:,} entities of the standard shape with the job")
+        _load(workdir, entities, redis.url)
+        defs = write_definitions(workdir / "defs")
+        from feature_defs import load_definitions
+
+        names = [f.name for f in load_definitions(defs).source(SOURCE).features]
+        features = [f"{SOURCE}:{n}" for n in names]
+        bodies = {(shape, zipf): _bodies(entities, shape, features, zipf, seed=shape * 2 + zipf) for shape in SHAPES for zipf in (False, True)}
+        servers = [(f"ours, cache {'on' if cache else 'off'}", cache) for cache in (False, True)]
+        if feast:
+            log("Feast 0.67: feast materialize of the same table")
+            results["feast_materialize"] = feast_peer.materialize(entities, redis.url, workdir)
+            servers.append(("feast serve", None))
+        for name, cache in servers:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            if cache is None:
+                repo = workdir / "feast" / f"repo-{entities}"
+                run = ["taskset", "-c", SERVER_CPU, str(feast_peer.feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
+                ready = f"{url}/health"
+            else:
+                spec = json.dumps([redis.url, str(defs), cache, port])
+                run = ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.serve_load", "--serve-child", spec]
+                ready = f"{url}/health"
+            process = subprocess.Popen(run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"serve-{port}.log", "w"), start_new_session=True)
+            try:
+                _wait_http(ready, process, name)
+                for shape in SHAPES:
+                    zipf = cache is True
+                    sample = bodies[(shape, zipf)][0]
+                    answer = _post(f"{url}/get-online-features", sample)
+                    results.setdefault("answers", {})[f"{name}, {shape} x 50"] = {r_name: r["values"][:2] for r_name, r in zip(answer["metadata"]["feature_names"][:3], answer["results"][:3])}
+                    targets = write_targets(workdir / f"targets-{shape}-{int(zipf)}.json", f"{url}/get-online-features", bodies[(shape, zipf)])
+                    key = f"{name}, {shape} x 50"
+                    results["runs"][key] = _ladder(key, url, process, targets, seconds, log)
+            finally:
+                _stop(process)
+        answers = results.get("answers", {})
+        if feast:
+            results["same_values_as_feast"] = all(answers[f"ours, cache off, {s} x 50"] == answers[f"feast serve, {s} x 50"] for s in SHAPES)
+    finally:
+        redis.stop()
+    return results
+
+
+def _best(steps: list[dict], p99_ms: float) -> int:
+    """The highest rate sustained: every request answered and p99 within ``p99_ms``."""
+    return max((s["rate"] for s in steps if s["success"] >= 1 and s["p99_ms"] <= p99_ms), default=0)
+
+
+def _at(steps: list[dict], rate: int) -> float | None:
+    return next((s["p99_ms"] for s in steps if s["rate"] == rate), None)
+
+
+def targets(r: dict) -> list[dict]:
+    runs = r["runs"]
+    off1, off100 = runs["ours, cache off, 1 x 50"], runs["ours, cache off, 100 x 50"]
+    rows = [
+        ("1 x 50, cache off: p99 at 1,000 requests/s (ms)", _at(off1, 1000), "<= 2", lambda v: v is not None and v <= 2),
+        ("1 x 50, cache off: highest rate with p99 <= 10 ms (requests/s)", _best(off1, 10), ">= 4,000", lambda v: v >= 4000),
+        ("100 x 50, cache off: p99 at 100 requests/s (ms)", _at(off100, 100), "<= 10", lambda v: v is not None and v <= 10),
+    ]
+    if "feast serve, 1 x 50" in runs:
+        for shape in SHAPES:
+            ours, peer = runs[f"ours, cache off, {shape} x 50"], runs[f"feast serve, {shape} x 50"]
+            top = _best(peer, 50)
+            rows.append((f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({_best(ours, 50)} / {top})", round(_best(ours, 50) / top, 1) if top else None, ">= 5x", lambda v: v is not None and v >= 5))
+            ratio = round(_at(peer, top) / _at(ours, top), 1) if top and _at(ours, top) else None
+            rows.append((f"{shape} x 50: p99 at Feast's highest sustained rate ({top}/s), Feast's / ours", ratio, ">= 10x", lambda v: v is not None and v >= 10))
+    return [{"target": t, "measured": m, "goal": g, "met": bool(ok(m))} for t, m, g, ok in rows]
+
+
+def chart(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SHAPES), figsize=(12, 4.5), sharey=True)
+    for ax, shape in zip(axes, SHAPES):
+        for name, steps in r["runs"].items():
+            if name.endswith(f", {shape} x 50"):
+                ok = [s for s in steps if s["success"] >= 1]
+                ax.plot([s["rate"] for s in ok], [s["p99_ms"] for s in ok], marker="o", label=name.rsplit(",", 1)[0])
+        ax.axhline(50, color="grey", linestyle=":", linewidth=1)
+        ax.set(xscale="log", yscale="log", xlabel="requests/s (open loop, fixed rate)", title=f"{shape} entit{'y' if shape == 1 else 'ies'} x 50 features")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel("p99 latency (ms)")
+    fig.suptitle(f"materialize serve beside feast serve: one process on one core, {r['seconds_per_step']:.0f} s per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serve_load", description=__doc__.split("\n\n")[0])
+    p.add_argument("--entities", type=int, default=100_000, help="entities written (default 100000)")
+    p.add_argument("--seconds", type=float, default=30, help="seconds per rate (default 30)")
+    p.add_argument("--no-feast", action="store_true", help="skip feast serve")
+    p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
+    p.add_argument("--output", type=Path, help="write the results as JSON here, and the chart beside it (.png)")
+    p.add_argument("--serve-child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve_child:
+        _serve_child(args.serve_child)
+        return 0
+    results = measure(args.entities, args.seconds, not args.no_feast, args.workdir.resolve(), log=lambda m: print(m, flush=True))
+    results["targets"] = targets(results)
+    print("\n| target | measured | goal | met |\n|---|---:|---|---|")
+    for t in results["targets"]:
+        print(f"| {t['target']} | {t['measured']} | {t['goal']} | {'yes' if t['met'] else 'no'} |")
+    if args.output:
+        args.output.write_text(json.dumps(results, indent=1) + "\n")
+        chart(results, args.output.with_suffix(".png"))
+        print(f"\nwrote {args.output} and {args.output.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
