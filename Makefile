@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean
+.PHONY: setup demo test bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve check-feast-client
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
 	bash scripts/setup.sh
@@ -59,3 +59,10 @@ proto:                      ## regenerate serializers/features_pb2.py after edit
 
 clean:
 	rm -rf data reports .run spark-warehouse
+
+bench-serve: services-start  ## the feature server under open-loop load (vegeta) beside feast serve: JSON, chart and targets (about 30 minutes)
+	$(BIN)/pip install -q -r bench/requirements.txt
+	$(BIN)/python -m bench.serve_load --output bench/serve_results.json
+
+check-feast-client: services-start  ## Feast's own HTTP client (remote online store, its own venv) reads the same values from our server as from feast serve
+	$(BIN)/python -m bench.feast_client

@@ -31,6 +31,8 @@ from pathlib import Path
 from jobs.config import PROJECT_ROOT
 
 RATES = (100, 200, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000)
+LOWEST = 10
+"""Where a server that fails the first rate is tried down to."""
 SHAPES = (1, 100)
 BODIES = 4000
 """Distinct request bodies per (shape, key distribution), sent round-robin."""
@@ -93,8 +95,10 @@ def _ladder(name: str, url: str, process: subprocess.Popen, targets: Path, secon
     from bench.vegeta import attack, cpu_seconds
 
     attack(targets, 200, 3, cpu=LOAD_CPU)  # warm-up
-    steps = []
-    for rate in RATES:
+    steps: list[dict] = []
+    rates = list(RATES)
+    while rates:
+        rate = rates.pop(0)
         time.sleep(2)
         cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
         rep = attack(targets, rate, seconds, cpu=LOAD_CPU)
@@ -109,8 +113,13 @@ def _ladder(name: str, url: str, process: subprocess.Popen, targets: Path, secon
         steps.append(step)
         log(f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}")
         if step["p99_ms"] > 50 or step["success"] < 1:
-            break
-    return steps
+            if rate > RATES[0] or rate <= LOWEST:
+                break
+            rates = [r for r in (50, 20, LOWEST) if r < rate]  # the first rate is too much: step down to find what it sustains
+            time.sleep(8)  # let the overloaded server drain
+        elif rate < RATES[0]:
+            break  # the highest rate under the first one it sustains
+    return sorted(steps, key=lambda s: s["rate"])
 
 
 def _serve_child(spec: str) -> None:
