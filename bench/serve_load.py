@@ -37,6 +37,8 @@ SHAPES = (1, 100)
 BODIES = 4000
 """Distinct request bodies per (shape, key distribution), sent round-robin."""
 ZIPF_S = 1.1
+WARM_UP = 15
+"""Seconds at 200 requests/s before the first step."""
 SERVER_CPU, LOAD_CPU = "0", "1"
 FEAST_FLAGS = ("--no-access-log", "--workers", "1", "--max-requests", "100000000")
 """Feast tuned as its docs advise: no access log; its default restarts the worker every ~1,000 requests, which would cost it."""
@@ -94,12 +96,12 @@ def _ladder(name: str, url: str, process: subprocess.Popen, targets: Path, secon
     """Rising fixed rates until p99 passes 50 ms or a request fails."""
     from bench.vegeta import attack, cpu_seconds
 
-    attack(targets, 200, 3, cpu=LOAD_CPU)  # warm-up
+    attack(targets, 200, WARM_UP, cpu=LOAD_CPU)  # warm-up (and, cache on, a cache filled as at 200/s)
     steps: list[dict] = []
     rates = list(RATES)
     while rates:
         rate = rates.pop(0)
-        time.sleep(2)
+        _drain(process)
         cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
         rep = attack(targets, rate, seconds, cpu=LOAD_CPU)
         cpu = (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - t0)
@@ -116,10 +118,23 @@ def _ladder(name: str, url: str, process: subprocess.Popen, targets: Path, secon
             if rate > RATES[0] or rate <= LOWEST:
                 break
             rates = [r for r in (50, 20, LOWEST) if r < rate]  # the first rate is too much: step down to find what it sustains
-            time.sleep(8)  # let the overloaded server drain
         elif rate < RATES[0]:
             break  # the highest rate under the first one it sustains
     return sorted(steps, key=lambda s: s["rate"])
+
+
+def _drain(process: subprocess.Popen, idle: float = 0.05, limit: float = 180) -> None:
+    """Wait until the server has answered what an overloaded step left queued (its CPU idle):
+    a server still working off a backlog would fail the next step for the last one's sake."""
+    from bench.vegeta import cpu_seconds
+
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        before = cpu_seconds(process.pid)
+        time.sleep(1)
+        if cpu_seconds(process.pid) - before < idle:
+            return
+    raise RuntimeError(f"the server was still busy {limit:.0f} s after the last step")
 
 
 def _serve_child(spec: str) -> None:
@@ -157,7 +172,7 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             log("Feast 0.67: feast materialize of the same table")
             results["feast_materialize"] = feast_peer.materialize(entities, redis.url, workdir)
             servers.append(("feast serve", None))
-        for name, cache in servers:
+        for (name, cache), shape in itertools.product(servers, SHAPES):  # a fresh server process per run
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             if cache is None:
@@ -171,14 +186,12 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             process = subprocess.Popen(run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"serve-{port}.log", "w"), start_new_session=True)
             try:
                 _wait_http(ready, process, name)
-                for shape in SHAPES:
-                    zipf = cache is True
-                    sample = bodies[(shape, zipf)][0]
-                    answer = _post(f"{url}/get-online-features", sample)
-                    results.setdefault("answers", {})[f"{name}, {shape} x 50"] = {r_name: r["values"][:2] for r_name, r in zip(answer["metadata"]["feature_names"][:3], answer["results"][:3])}
-                    targets = write_targets(workdir / f"targets-{shape}-{int(zipf)}.json", f"{url}/get-online-features", bodies[(shape, zipf)])
-                    key = f"{name}, {shape} x 50"
-                    results["runs"][key] = _ladder(key, url, process, targets, seconds, log)
+                zipf = cache is True
+                answer = _post(f"{url}/get-online-features", bodies[(shape, zipf)][0])
+                key = f"{name}, {shape} x 50"
+                results.setdefault("answers", {})[key] = {n: r["values"][:2] for n, r in zip(answer["metadata"]["feature_names"][:3], answer["results"][:3])}
+                targets = write_targets(workdir / f"targets-{shape}-{int(zipf)}.json", f"{url}/get-online-features", bodies[(shape, zipf)])
+                results["runs"][key] = _ladder(key, url, process, targets, seconds, log)
             finally:
                 _stop(process)
         answers = results.get("answers", {})

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from feature_reader.errors import RequestError
 
@@ -17,8 +18,8 @@ OURS = {"max_age"}
 def parse_body(body: bytes | str) -> dict[str, Any]:
     """Keyword arguments of get_online_features from a request body; RequestError naming the bad part."""
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise RequestError(f"the request body is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object with 'features' (or 'feature_service') and 'entities'")

@@ -331,8 +331,19 @@ class AsyncRedisReads(_Reads):
                     await self.client.connection_pool.release(conn)
 
     async def _replies(self, conn, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
+        writer = getattr(conn, "_writer", None) if conn.is_connected else None
         for first in range(0, len(plan.keys), CHUNK):
-            await conn.send_packed_command([plan.wire(first, first + CHUNK)])
+            if writer is None:  # connects (and checks health) first
+                await conn.send_packed_command([plan.wire(first, first + CHUNK)])
+                writer = getattr(conn, "_writer", None)
+                continue
+            # the connection's stream straight: send_packed_command wraps each send in
+            # asyncio.wait_for (a task per send); the batch has one deadline, in read()
+            try:
+                writer.write(plan.wire(first, first + CHUNK))
+                await writer.drain()
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error writing to Redis at {getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}: {exc}") from None
         replies = _Replies(plan, as_list)
         # the parser straight, as in RedisReads._stream: Connection.read_response opens a
         # timeout per reply (the batch has one, in read()) and maps errors it cannot meet here

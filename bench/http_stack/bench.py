@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Drive each candidate with vegeta open-loop fixed-rate attacks.
+"""Drive each candidate with vegeta open-loop fixed-rate attacks (README.md, "Reproduce").
 
 usage: bench.py OUT.jsonl [candidate ...]   (env PIN=1 pins server->cpu0, vegeta->cpu1)
 """
 import json, resource, os, signal, socket, subprocess, sys, time, urllib.request
 
-ROOT = "/tmp/httpstack"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.environ.get("HTTP_STACK_ROOT", os.path.join(HERE, "..", "..", ".run", "http-stack"))  # venv, logs
 VENV = f"{ROOT}/venv/bin"
-VEGETA = f"{ROOT}/bin/vegeta"
-BODY = f"{ROOT}/body.json"
+VEGETA = os.path.join(HERE, "..", "..", ".run", "bin", "vegeta")  # bench/vegeta.py installs it
+BODY = f"{HERE}/body.json"
 RATES = [int(r) for r in os.environ.get("RATES", "1000,2000,3000,5000,7000,10000").split(",")]
 DUR = os.environ.get("DUR", "15s")
 PIN = os.environ.get("PIN", "1") == "1"
@@ -147,8 +148,9 @@ def main():
     for name in names:
         port, cmd = CANDS[name]
         pre = ["taskset", "-c", "0"] if PIN else []
+        os.makedirs(f"{ROOT}/logs", exist_ok=True)
         log = open(f"{ROOT}/logs/{port}.log", "w")
-        srv = subprocess.Popen(pre + cmd, cwd=f"{ROOT}/apps", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        srv = subprocess.Popen(pre + cmd, cwd=f"{HERE}/apps", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             if not wait_port(port):
                 print(name, "FAILED TO START"); continue
