@@ -172,6 +172,7 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             log("Feast 0.67: feast materialize of the same table")
             results["feast_materialize"] = feast_peer.materialize(entities, redis.url, workdir)
             servers.append(("feast serve", None))
+        answers: dict[str, dict] = {}
         for (name, cache), shape in itertools.product(servers, SHAPES):  # a fresh server process per run
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -187,16 +188,17 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             try:
                 _wait_http(ready, process, name)
                 zipf = cache is True
-                answer = _post(f"{url}/get-online-features", bodies[(shape, zipf)][0])
+                answer = _post(f"{url}/get-online-features", bodies[(shape, False)][0])  # the same request to every server
                 key = f"{name}, {shape} x 50"
-                results.setdefault("answers", {})[key] = {n: r["values"][:2] for n, r in zip(answer["metadata"]["feature_names"][:3], answer["results"][:3])}
+                # by name: Feast orders its columns its own way (the request's order is ours)
+                answers[key] = {n: r["values"] for n, r in zip(answer["metadata"]["feature_names"], answer["results"])}
                 targets = write_targets(workdir / f"targets-{shape}-{int(zipf)}.json", f"{url}/get-online-features", bodies[(shape, zipf)])
                 results["runs"][key] = _ladder(key, url, process, targets, seconds, log)
             finally:
                 _stop(process)
-        answers = results.get("answers", {})
+        results["sample_answer"] = {n: v[:2] for n, v in list(answers["ours, cache off, 1 x 50"].items())[:4]}
         if feast:
-            results["same_values_as_feast"] = all(answers[f"ours, cache off, {s} x 50"] == answers[f"feast serve, {s} x 50"] for s in SHAPES)
+            results["same_values_as_feast"] = all(answers[f"{ours}, {s} x 50"] == answers[f"feast serve, {s} x 50"] for s in SHAPES for ours in ("ours, cache off", "ours, cache on"))
     finally:
         redis.stop()
     return results
@@ -222,10 +224,19 @@ def targets(r: dict) -> list[dict]:
     if "feast serve, 1 x 50" in runs:
         for shape in SHAPES:
             ours, peer = runs[f"ours, cache off, {shape} x 50"], runs[f"feast serve, {shape} x 50"]
-            top = _best(peer, 50)
-            rows.append((f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({_best(ours, 50)} / {top})", round(_best(ours, 50) / top, 1) if top else None, ">= 5x", lambda v: v is not None and v >= 5))
-            ratio = round(_at(peer, top) / _at(ours, top), 1) if top and _at(ours, top) else None
-            rows.append((f"{shape} x 50: p99 at Feast's highest sustained rate ({top}/s), Feast's / ours", ratio, ">= 10x", lambda v: v is not None and v >= 10))
+            top, mine = _best(peer, 50), _best(ours, 50)
+            if top:
+                rows.append((f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({mine} / {top})", round(mine / top, 1), ">= 5x", lambda v: v >= 5))
+                ratio = round(_at(peer, top) / _at(ours, top), 1) if _at(ours, top) else None
+                rows.append((f"{shape} x 50: p99 at Feast's highest sustained rate ({top}/s), Feast's / ours", ratio, ">= 10x", lambda v: v is not None and v >= 10))
+                continue
+            # Feast sustains no rate with p99 <= 50 ms: its lowest rate answered in full beside
+            # our lowest (a higher rate, so the comparison favours Feast)
+            low = min((s for s in peer if s["success"] >= 1), key=lambda s: s["rate"], default=None)
+            rows.append((f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({mine} / none)", "Feast: none" if mine else None, ">= 5x", lambda v: v is not None))
+            if low:
+                first = min(ours, key=lambda s: s["rate"])
+                rows.append((f"{shape} x 50: p99, Feast's at {low['rate']}/s / ours at {first['rate']}/s", round(low["p99_ms"] / first["p99_ms"], 1), ">= 10x", lambda v: v >= 10))
     return [{"target": t, "measured": m, "goal": g, "met": bool(ok(m))} for t, m, g, ok in rows]
 
 
