@@ -37,6 +37,7 @@ from pathlib import Path
 import hiredis
 import redis
 
+from bench.report import print_targets
 from jobs.config import PROJECT_ROOT
 
 BATCHES = (1, 100, 1000)
@@ -333,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     results = measure(args.entities, args.rounds, not args.no_feast, args.workdir.resolve())
     results["targets"] = targets(results)
-    print("\n| target | measured | goal | met |\n|---|---:|---|---|")
-    for t in results["targets"]:
-        print(f"| {t['target']} | {t['measured']} | {t['goal']} | {'yes' if t['met'] else 'no'} |")
+    print_targets(results["targets"])
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n")
         print(f"\nwrote {args.output}")

@@ -28,6 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.report import print_targets
 from jobs.config import PROJECT_ROOT
 
 RATES = (100, 200, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000)
@@ -276,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = measure(args.entities, args.seconds, not args.no_feast, args.workdir.resolve(), log=lambda m: print(m, flush=True))
     results["targets"] = targets(results)
-    print("\n| target | measured | goal | met |\n|---|---:|---|---|")
-    for t in results["targets"]:
-        print(f"| {t['target']} | {t['measured']} | {t['goal']} | {'yes' if t['met'] else 'no'} |")
+    print_targets(results["targets"])
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n")
         chart(results, args.output.with_suffix(".png"))

@@ -174,6 +174,18 @@ def decode_column(feature: FeatureDef, raws: list, *, as_list: bool = False) -> 
     return fast if fast is not None else _slow(feature, raws, as_list)
 
 
+def _numbers(group: tuple[str, str | None], raws: list) -> list | None:
+    """A group's stored numbers (kind "float" or "int", and the float precision) at once; None: the fast path refuses them."""
+    kind, precision = group
+    try:
+        fast = _floats(raws) if kind == "float" else _ints(raws)
+    except ValueError:
+        return None
+    if fast is not None and precision == "float32" and any(v is not None and abs(v) > _FLOAT32_MAX for v in fast):
+        return None
+    return fast
+
+
 class ColumnDecoder:
     """Decodes the columns of one feature list at once: the float columns (and the int
     columns) of a batch go through one fast path together, so a small batch pays its fixed
@@ -195,16 +207,11 @@ class ColumnDecoder:
         None or BAD). One entity is the common miss: no columns to build and transpose."""
         out = list(raws)
         complete = True
-        for (kind, precision), js in self.groups:
-            group = [raws[j] for j in js]
-            if None in group:  # stored bytes or None: nothing here compares by value
+        for group, js in self.groups:
+            values = [raws[j] for j in js]
+            if None in values:  # stored bytes or None: nothing here compares by value
                 complete = False
-            try:
-                fast = _floats(group) if kind == "float" else _ints(group)
-            except ValueError:
-                fast = None
-            if fast is not None and precision == "float32" and any(v is not None and abs(v) > _FLOAT32_MAX for v in fast):
-                fast = None
+            fast = _numbers(group, values)
             if fast is None:
                 for j in js:
                     out[j] = v = decode_column(self.feats[j], [raws[j]], as_list=as_list)[0]
@@ -224,17 +231,12 @@ class ColumnDecoder:
         for j in self.others:
             out[j] = decode_column(self.feats[j], columns[j], as_list=as_list)
             holey.append(j)
-        for (kind, precision), js in self.groups:
+        for group, js in self.groups:
             n = len(columns[js[0]])
             flat = [v for j in js for v in columns[j]]
             if None in flat:
                 holey += js
-            try:
-                fast = _floats(flat) if kind == "float" else _ints(flat)
-            except ValueError:
-                fast = None
-            if fast is not None and precision == "float32" and any(v is not None and abs(v) > _FLOAT32_MAX for v in fast):
-                fast = None
+            fast = _numbers(group, flat)
             if fast is None:
                 for j in js:
                     out[j] = decode_column(self.feats[j], columns[j], as_list=as_list)
