@@ -50,7 +50,7 @@ class Served:
         return self.process.wait(timeout=30)
 
 
-def serve(tmp: Path, env: str, settings: dict, password: str | None = None) -> Served:
+def serve(tmp: Path, env: str, settings: dict, password: str | None = None, workers: int = 1) -> Served:
     """`materialize serve` in a process of its own, on a conf folder of its own; returned once /health answers."""
     folder = env_conf(tmp / f"conf-{env}", env, json.dumps(settings))
     port = free_port()
@@ -58,7 +58,8 @@ def serve(tmp: Path, env: str, settings: dict, password: str | None = None) -> S
     environ = {**os.environ, "FM_CONF_DIR": str(folder)}
     if password:
         environ["TEST_REDIS_PASSWORD"] = password
-    process = subprocess.Popen([MATERIALIZE, "serve", "--env", env, "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
+    run = [MATERIALIZE, "serve", "--env", env, "--port", str(port), "--workers", str(workers)]
+    process = subprocess.Popen(run, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
     served = Served(port, process, log)
     deadline = time.monotonic() + 60
     while True:
@@ -204,3 +205,27 @@ def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(wri
         server.stop()
         if own.process.poll() is None:
             own.stop()
+
+
+def test_workers_each_answer_from_the_envs_conf(written, tmp_path, served):
+    """--workers 2: two processes behind one port, each built from the env's conf (its limits too)."""
+    conf, _ = written
+    server = serve(tmp_path, "w2", _settings(conf), workers=2)
+    try:
+        ask = {"features": ["every_type:n", "every_type:s"], "entities": {"consumer_id": [1, 2, 4]}}
+        bodies = {server.post(ask) for _ in range(20)}
+        assert bodies == {served.post(ask)}  # one answer, the single process's, from every worker
+        status, body = server.post({"features": ["every_type:n"], "entities": {"consumer_id": list(range(6))}})
+        assert status == 400 and "the limit is 5" in json.loads(body)["error"]  # reader.max_entities of the env
+        children = [d for d in os.listdir("/proc") if d.isdigit() and _parent(d) == server.process.pid]
+        workers = [d for d in children if b"spawn_main" in Path(f"/proc/{d}/cmdline").read_bytes()]
+        assert len(workers) == 2, server.log.read_text()  # uvicorn's supervisor spawned two workers
+    finally:
+        server.stop()
+
+
+def _parent(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
