@@ -60,7 +60,7 @@ proto:                      ## regenerate serializers/features_pb2.py after edit
 clean:
 	rm -rf data reports .run spark-warehouse
 
-bench-serve: services-start  ## the feature server under open-loop load (vegeta) beside feast serve: JSON, chart and targets (about 30 minutes)
+bench-serve: services-start  ## the feature server under open-loop load (vegeta) beside feast serve: JSON, chart and targets (about 35 minutes)
 	$(BIN)/pip install -q -r bench/requirements.txt
 	$(BIN)/python -m bench.serve_load --output bench/serve_results.json
 

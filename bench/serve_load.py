@@ -93,7 +93,7 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _ladder(name: str, url: str, process: subprocess.Popen, targets: Path, seconds: float, log) -> list[dict]:
+def _ladder(name: str, process: subprocess.Popen, targets: Path, seconds: float, log) -> list[dict]:
     """Rising fixed rates until p99 passes 50 ms or a request fails."""
     from bench.vegeta import attack, cpu_seconds
 
@@ -180,21 +180,19 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             if cache is None:
                 repo = workdir / "feast" / f"repo-{entities}"
                 run = ["taskset", "-c", SERVER_CPU, str(feast_peer.feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
-                ready = f"{url}/health"
             else:
                 spec = json.dumps([redis.url, str(defs), cache, port])
                 run = ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.serve_load", "--serve-child", spec]
-                ready = f"{url}/health"
             process = subprocess.Popen(run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"serve-{port}.log", "w"), start_new_session=True)
             try:
-                _wait_http(ready, process, name)
+                _wait_http(f"{url}/health", process, name)
                 zipf = cache is True
                 answer = _post(f"{url}/get-online-features", bodies[(shape, False)][0])  # the same request to every server
                 key = f"{name}, {shape} x 50"
                 # by name: Feast orders its columns its own way (the request's order is ours)
                 answers[key] = {n: r["values"] for n, r in zip(answer["metadata"]["feature_names"], answer["results"])}
                 targets = write_targets(workdir / f"targets-{shape}-{int(zipf)}.json", f"{url}/get-online-features", bodies[(shape, zipf)])
-                results["runs"][key] = _ladder(key, url, process, targets, seconds, log)
+                results["runs"][key] = _ladder(key, process, targets, seconds, log)
             finally:
                 _stop(process)
         results["sample_answer"] = {n: v[:2] for n, v in list(answers["ours, cache off, 1 x 50"].items())[:4]}

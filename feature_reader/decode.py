@@ -9,6 +9,7 @@ value by value, so a corrupt value is reported as such and never stops the rest.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -68,13 +69,16 @@ def _ints(raws: list) -> list | None:
     return out if not present or (min(present) >= INT64_MIN and max(present) <= INT64_MAX) else None
 
 
-_heads: dict[int, bytes] = {}
+@functools.cache
+def _head(dimension: int) -> bytes:
+    """An embedding message's first bytes: tag 0x0a, then the body's length as a varint."""
+    return b"\x0a" + _varint(dimension * 4)
 
 
 def _embeddings(raws: list, dimension: int, as_list: bool) -> list | None:
     """Embedding messages as the writers write them: tag 0x0a, the body's length as a
     varint, then ``dimension`` packed little-endian float32; the column read as one matrix."""
-    head = _heads.get(dimension) or _heads.setdefault(dimension, b"\x0a" + _varint(dimension * 4))
+    head = _head(dimension)
     width = len(head) + dimension * 4
     present = [r for r in raws if r is not None]
     if not present:

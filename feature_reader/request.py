@@ -174,9 +174,9 @@ def parse_request(
     if not isinstance(entities, dict) or not entities:
         raise EntityKeyError("entities must be a non-empty object of key columns, e.g. {\"consumer_id\": [1, 2]}")
     involved, needed = selection.entities, selection.needed
-    unknown = [k for k in entities if k not in needed] if entities.keys() != needed.keys() else []
-    missing = [k for k in needed if k not in entities] if entities.keys() != needed.keys() else []
-    if unknown or missing:
+    if entities.keys() != needed.keys():
+        unknown = [k for k in entities if k not in needed]
+        missing = [k for k in needed if k not in entities]
         parts = ([f"unknown entity key(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
             [f"missing {', '.join(map(repr, missing))}"] if missing else []
         )

@@ -64,7 +64,6 @@ class FeatureServer:
     def __init__(self, reader: AsyncFeatureReader):
         self.reader = reader
         self.settings = reader.conf.server
-        self.max_entities = reader.conf.reader.max_entities
         self.in_flight = 0
         self.registry = CollectorRegistry()
         self.latency = Histogram(
