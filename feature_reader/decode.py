@@ -203,6 +203,8 @@ class ColumnDecoder:
             if f.type in ("float", "int"):
                 groups.setdefault((f.type, f.precision if f.type == "float" else None), []).append(j)
         self.groups = list(groups.items())
+        # a group in consecutive positions (the usual layout: a definition lists its floats together) is one slice
+        self._spans = [slice(js[0], js[-1] + 1) if js == list(range(js[0], js[-1] + 1)) else None for _, js in self.groups]
         grouped = {j for _, js in self.groups for j in js}
         self.others = [j for j in range(len(feats)) if j not in grouped]
 
@@ -211,8 +213,8 @@ class ColumnDecoder:
         None or BAD). One entity is the common miss: no columns to build and transpose."""
         out = list(raws)
         complete = True
-        for group, js in self.groups:
-            values = [raws[j] for j in js]
+        for (group, js), span in zip(self.groups, self._spans):
+            values = raws[span] if span else [raws[j] for j in js]
             if None in values:  # stored bytes or None: nothing here compares by value
                 complete = False
             fast = _numbers(group, values)
@@ -220,6 +222,8 @@ class ColumnDecoder:
                 for j in js:
                     out[j] = v = decode_column(self.feats[j], [raws[j]], as_list=as_list)[0]
                     complete = complete and v is not None and v is not BAD
+            elif span:
+                out[span] = fast
             else:
                 for j, v in zip(js, fast):
                     out[j] = v

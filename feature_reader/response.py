@@ -84,16 +84,20 @@ class OnlineFeatures:
         present, epochs = [PRESENT] * rows, [EPOCH] * rows
         results = [{"values": list(v), "statuses": present, "event_timestamps": epochs} for v in self.join_keys.values()]
         stamps_of: dict[int, list[str]] = {}  # a source's columns share one list of as-of times: formatted once
+        last, formatted = None, []
+        append, ndarray = results.append, np.ndarray
         for values, statuses, stamps in zip(self._values, self._statuses, self._stamps):
-            formatted = stamps_of.get(id(stamps))
-            if formatted is None:
-                formatted = stamps_of[id(stamps)] = [_timestamp(t) for t in stamps]
+            if stamps is not last:  # a source's columns come together: one look-up per source
+                formatted = stamps_of.get(id(stamps))
+                if formatted is None:
+                    formatted = stamps_of[id(stamps)] = [_timestamp(t) for t in stamps]
+                last = stamps
             first = values[0] if values else None
             if first is None:
                 first = next((v for v in values if v is not None), None)
-            if isinstance(first, np.ndarray):  # embeddings
+            if isinstance(first, ndarray):  # embeddings
                 values = [_native(v) for v in values]
-            results.append({"values": values, "statuses": present if statuses is None else statuses, "event_timestamps": formatted})
+            append({"values": values, "statuses": present if statuses is None else statuses, "event_timestamps": formatted})
         return {"results": results, "metadata": {"feature_names": [*self.join_keys, *self.names]}}
 
     def to_feast_json(self) -> bytes:

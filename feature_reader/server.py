@@ -70,6 +70,7 @@ class FeatureServer:
             "feature_server_request_seconds", "Time to answer a request, by route and status", ["route", "status"],
             buckets=BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self._series: dict[tuple[str, int], Any] = {}
         self.in_flight_gauge = Gauge("feature_server_in_flight_requests", "Requests being answered", registry=self.registry)
         self.in_flight_gauge.set_function(lambda: self.in_flight)
         self.registry.register(_ReaderCounters(reader))
@@ -96,7 +97,10 @@ class FeatureServer:
             status, body, kind = 500, orjson.dumps({"error": "internal error (logged by the server)", "type": "InternalError"}), JSON
         await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
-        self.latency.labels(route, str(status)).observe(time.perf_counter() - start)
+        series = self._series.get((route, status))
+        if series is None:  # labels() takes a lock and builds the key each call: kept per (route, status)
+            series = self._series[(route, status)] = self.latency.labels(route, str(status))
+        series.observe(time.perf_counter() - start)
 
     async def _answer(self, scope: dict, receive, path: str) -> tuple[int, bytes, bytes]:
         method = scope["method"].encode()
@@ -187,7 +191,8 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
-    options: dict[str, Any] = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False, lifespan="on", log_level="warning", timeout_graceful_shutdown=30)
+    # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
+    options: dict[str, Any] = dict(host=host, port=port, loop="uvloop", http="httptools", access_log=False, proxy_headers=False, lifespan="on", log_level="warning", timeout_graceful_shutdown=30)
     print(f"[serve] Feast's feature-server API on http://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}): "
           f"POST /get-online-features, GET /health, GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
     if workers > 1:

@@ -483,3 +483,15 @@ def test_one_entity_is_decoded_as_a_row_equal_to_the_column_decoder():
         assert whole is complete
         assert values[:3] == expected[:3]
         assert values[3] is BAD if expected[3] is BAD else values[3].tolist() == expected[3]
+
+
+def test_a_row_whose_floats_are_not_side_by_side_decodes_each_in_its_place():
+    """Groups in consecutive positions are decoded as one slice; interleaved ones value by value: both give the fixed values."""
+    from feature_defs import FeatureDef
+    from feature_reader.decode import BAD, ColumnDecoder
+
+    feats = [FeatureDef(name="f0", type="float"), FeatureDef(name="n", type="int"), FeatureDef(name="f1", type="float"), FeatureDef(name="m", type="int")]
+    assert ColumnDecoder(feats).decode_row([b"0.5", b"7", b"-2", b"9"]) == ([0.5, 7, -2.0, 9], True)
+    assert ColumnDecoder(feats).decode_row([b"0.5", b"7", b"x", None]) == ([0.5, 7, BAD, None], False)
+    side_by_side = [feats[0], feats[2], feats[1], feats[3]]
+    assert ColumnDecoder(side_by_side).decode_row([b"0.5", b"-2", b"7", b"9"]) == ([0.5, -2.0, 7, 9], True)
