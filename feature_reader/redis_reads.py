@@ -189,7 +189,7 @@ class _Replies:
 
 
 def _client_options(config: RedisSinkConfig, timeout: float) -> dict:
-    return dict(password=config.password, username=config.username, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0))
+    return dict(password=config.auth_password(), username=config.username, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0))
 
 
 class _Reads:
@@ -236,7 +236,7 @@ class RedisReads(_Reads):
             # its own retry stays: it is what follows MOVED and ASK
             self.client = redis.RedisCluster.from_url(config.url, **_client_options(config, timeout), **tls)
         else:
-            self.client = connect_url(config.url, password=config.password, username=config.username, socket_timeout=timeout, tls=config.tls)
+            self.client = connect_url(config.url, password=config.auth_password(), username=config.username, socket_timeout=timeout, tls=config.tls)
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         plan = _Plan(self, units, features)

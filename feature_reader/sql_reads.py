@@ -128,7 +128,7 @@ class AsyncSqlReads:
     async def _connect(self) -> psycopg.AsyncConnection:
         c = self.config
         conn = await psycopg.AsyncConnection.connect(
-            c.dsn, password=c.password, autocommit=True, application_name=c.application_name + "-reader", connect_timeout=c.connect_timeout
+            c.dsn, password=c.auth_password(), autocommit=True, application_name=c.application_name + "-reader", connect_timeout=c.connect_timeout
         )
         await conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(c.statement_timeout_ms)))
         return conn

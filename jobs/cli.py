@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_GATE_FAILED = 4
+EXIT_LEASE_HELD = 5
+"""Another run holds the source's lease on a store (nothing was written)."""
 """Every failure was the data-quality gate (nothing written): retrying the same data cannot help."""
 
 
@@ -24,6 +26,13 @@ def _date(text: str) -> dt.date:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
     p.add_argument("--data-root", help="folder of the source Delta tables (overrides data_root)")
+
+
+def _lease_wait(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wait-for-lease", type=float, metavar="SECONDS",
+        help="when another run is writing the same source and store, wait up to this long for it to end (default: lease.wait_seconds, 0: stop at once, exit code 5)",
+    )  # fmt: skip
 
 
 def _parallel(p: argparse.ArgumentParser) -> None:
@@ -64,6 +73,7 @@ def _run_command(sub) -> None:
     )
     run.add_argument("--redis-url", help="Redis URL overriding the config (put no password in it: use the password env var)")
     run.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password in it: use sql.password_env)")
+    _lease_wait(run)
 
 
 def _validate_command(sub) -> None:
@@ -99,6 +109,7 @@ def _backfill_command(sub) -> None:
     back.add_argument("--dry-run", action="store_true", help="print the plan (dates, sinks, estimated rows and bytes); write nothing")
     back.add_argument("--redis-url", help="Redis URL overriding the config")
     back.add_argument("--sql-dsn", help="SQL store connection string overriding sql.dsn (no password)")
+    _lease_wait(back)
 
 
 def _bench_command(sub) -> None:
@@ -228,6 +239,8 @@ def _load(args):
         overrides["redis"] = {"url": args.redis_url}  # checked like the config's: no password in it
     if getattr(args, "parallel", None) is not None:
         overrides["parallel_sources"] = args.parallel
+    if getattr(args, "wait_for_lease", None) is not None:
+        overrides["lease"] = {"wait_seconds": args.wait_for_lease}
     conf = load_config(args.env, overrides)
     defs = load_definitions(conf.path(conf.definitions_dir))
     return conf, defs
@@ -266,6 +279,7 @@ def _each_source(args, action, report_name: str, setup=None) -> int:
     """Run ``action(spark, conf, defs, name)`` per source, ``parallel_sources`` at a time in one
     Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
     Each source's summary is printed when it ends, in the order they end."""
+    from jobs.operations.lease import LeaseHeld
     from jobs.pipeline.report import report_dir
     from jobs.pipeline.run import for_each_source
     from jobs.quality import QualityGateError
@@ -294,6 +308,8 @@ def _each_source(args, action, report_name: str, setup=None) -> int:
     failed = [name for name in names if errors.get(name) is not None]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        if all(isinstance(errors[name], LeaseHeld) for name in failed):
+            return EXIT_LEASE_HELD
         gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
     return EXIT_OK
@@ -339,11 +355,16 @@ def cmd_report(args) -> int:
     conf, defs = _load(args)
     defs.source(args.source)
     path = report_path(conf, args.source, args.date)
-    if not path.is_file():
+    try:
+        found = conf.files.is_file(path)
+    except OSError as exc:
+        print(f"error: cannot reach the reports at {conf.reports_path}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if not found:
         print(f"error: no report at {path}: {args.source} {args.date} has not run with this config", file=sys.stderr)
         return EXIT_FAILED
     try:
-        summary = RunSummary.read_json(path)
+        summary = RunSummary.read_json(path, conf.files)
     except SummaryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -354,6 +375,7 @@ def cmd_report(args) -> int:
 
 def cmd_backfill(args) -> int:
     from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill
+    from jobs.operations.lease import LeaseHeld
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
@@ -378,6 +400,9 @@ def cmd_backfill(args) -> int:
         return EXIT_OK
     try:
         summaries = run_backfill(spark, conf, defs, ledger, plan, redis_url=args.redis_url)
+    except LeaseHeld as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_LEASE_HELD
     except BackfillError as exc:
         print(f"error: {exc}\nrun the same command again to resume", file=sys.stderr)
         return EXIT_FAILED

@@ -16,9 +16,10 @@ from pydantic import Field, SecretStr, ValidationError
 from feature_defs.models import EntityDef, SourceDef
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
 from feature_reader.settings import ReaderSettings, ServerSettings
+from jobs.locations import Files, Location, resolve
 from sinks.redis import config as redis_config
 from sinks.redis.settings import RedisSettings
-from sinks.settings import ConfigError, Settings
+from sinks.settings import ConfigError, SecretRef, Settings
 from sinks.sql import config as sql_config
 from sinks.sql.settings import SqlSettings
 from sinks.sql.statements import Dialect
@@ -74,15 +75,38 @@ class QualityConf(Settings):
     """Write the great-expectations HTML data docs next to each run's summary."""
 
 
+class StorageConf(Settings):
+    """How the driver reaches object storage for its own files (reports, data docs); Spark's
+    connectors take theirs from ``spark.extra`` (``spark.hadoop.fs.s3a.*``). Credentials are
+    never here: the AWS environment variables, profile or instance role."""
+
+    s3_endpoint: str | None = None
+    """An S3-compatible endpoint URL (MinIO, a test server); None: AWS's."""
+    s3_region: str | None = None
+
+
+class LeaseConf(Settings):
+    seconds: float = Field(300, ge=5)
+    """How long a writer's lease lasts without renewal (renewed every third of it): how long a
+    crashed driver keeps its source locked."""
+    wait_seconds: float = Field(0, ge=0)
+    """How long a run waits for another writer of its source and store to finish (--wait-for-lease) before it stops."""
+
+
 class RunConf(Settings):
     env: str = DEFAULT_ENV
     data_root: str = "data"
-    """Where source Delta tables live (relative paths are under the project root)."""
+    """Where source Delta tables live: a local path (relative: under the project root) or a
+    URI (s3a://, abfss://, gs://, hdfs://, file://)."""
     quarantine_root: str | None = None
-    """Delta tables of bad rows; defaults to <data_root>/_quarantine."""
+    """Delta tables of bad rows (a path or URI); defaults to <data_root>/_quarantine."""
     ledger_root: str | None = None
-    """The run ledger (a Delta table); defaults to <data_root>/_ledger."""
+    """The run ledger, a Delta table (a path or URI); defaults to <data_root>/_ledger."""
     reports_dir: str = "reports"
+    """Run summaries, validation results and data docs (a path or URI)."""
+    storage: StorageConf = StorageConf()
+    lease: LeaseConf = LeaseConf()
+    """One writer per (source, store): leases beside the ledger (jobs/operations/lease.py)."""
     definitions_dir: str | None = None
     """Feature definitions folder; defaults to the project's feature_defs/."""
     sinks: Annotated[list[Literal["redis", "cockroach"]], Field(min_length=1)] = ["redis", "cockroach"]
@@ -102,26 +126,32 @@ class RunConf(Settings):
     (one's driver work overlaps another's Spark jobs); their store writes take turns."""
 
     def path(self, value: str | None) -> Path | None:
+        """A file of this machine (definitions, a password file): relative to the project root."""
         if value is None:
             return None
         p = Path(value)
-        return p if p.is_absolute() or "://" in value else PROJECT_ROOT / p
+        return p if p.is_absolute() else PROJECT_ROOT / p
 
     @property
-    def data_path(self) -> Path:
-        return self.path(self.data_root)
+    def data_path(self) -> Location:
+        return resolve(self.data_root, PROJECT_ROOT)
 
     @property
-    def quarantine_path(self) -> Path:
-        return self.path(self.quarantine_root) if self.quarantine_root else self.data_path / "_quarantine"
+    def quarantine_path(self) -> Location:
+        return resolve(self.quarantine_root, PROJECT_ROOT) if self.quarantine_root else self.data_path / "_quarantine"
 
     @property
-    def ledger_path(self) -> Path:
-        return self.path(self.ledger_root) if self.ledger_root else self.data_path / "_ledger"
+    def ledger_path(self) -> Location:
+        return resolve(self.ledger_root, PROJECT_ROOT) if self.ledger_root else self.data_path / "_ledger"
 
     @property
-    def reports_path(self) -> Path:
-        return self.path(self.reports_dir)
+    def reports_path(self) -> Location:
+        return resolve(self.reports_dir, PROJECT_ROOT)
+
+    @property
+    def files(self) -> Files:
+        """Reads and writes the driver's own files (reports) wherever they live."""
+        return Files(self.storage.s3_endpoint, self.storage.s3_region)
 
     def redis_password(self) -> SecretStr | None:
         return self.redis.password(self.path)
@@ -133,17 +163,23 @@ class RunConf(Settings):
         self, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, *, url: str | None = None
     ) -> redis_config.RedisSinkConfig:
         """The Redis writer's config for a source and date; without them, a connection's
-        that writes nothing (verify, cleanup, the reader). ``url``: instead of redis.url."""
-        password = self.redis_password()
-        secret = password.get_secret_value() if password else None
-        return redis_config.sink_config(self.redis, source, entity, date, password=secret, resolve=self.path, url=url)
+        that writes nothing (verify, cleanup, the reader). ``url``: instead of redis.url.
+        It names where the password is; the password is read (here first, so a missing one
+        fails before Spark starts) wherever a connection is made."""
+        self.redis_password()
+        return redis_config.sink_config(self.redis, source, entity, date, secret=self._secret("redis", self.redis), resolve=self.path, url=url)
 
     def sql_sink(
         self, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, dialect: Dialect = "postgres"
     ) -> sql_config.SqlSinkConfig:
-        """The SQL writer's config for a source and date (``dialect``: as the preflight found it)."""
-        password = self.sql_password()
-        return sql_config.sink_config(self.sql, source, entity, date, dialect, password=password.get_secret_value() if password else None)
+        """The SQL writer's config for a source and date (``dialect``: as the preflight found it); its password as redis_sink's."""
+        self.sql_password()
+        return sql_config.sink_config(self.sql, source, entity, date, dialect, secret=self._secret("sql", self.sql))
+
+    def _secret(self, section: str, settings) -> SecretRef | None:
+        if not (settings.password_env or settings.password_file):
+            return None
+        return SecretRef(section, settings.password_env, str(self.path(settings.password_file)) if settings.password_file else None)
 
 
 def _deep_merge(base: dict, override: dict) -> dict:

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from pyspark.sql import DataFrame
 from feature_defs import EntityDef, SourceDef
 from feature_defs.models import expectation_class_name
 from jobs.config import QualityConf
+from jobs.locations import Files, Location
 from jobs.quality_scan import scan, unexpected_examples
 from jobs.sql_text import ident
 from jobs.transforms import CONFLICTS, finite_sql, key_columns, spark_type
@@ -177,18 +179,21 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
     return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/sql_text.py)
 
 
-def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[str, int] | None:
-    """(date, snapshot entities) of the latest successful run of ``source`` before ``date``."""
-    folder = reports_path / source
-    if not folder.is_dir():
-        return None
-    for day in sorted((p.name for p in folder.iterdir() if p.is_dir()), reverse=True):
+def previous_success(reports_path: str, source: str, date: dt.date, files: Files | None = None) -> tuple[str, int] | None:
+    """(date, snapshot entities) of the latest successful run of ``source`` before ``date``,
+    from the reports where runs wrote them (a local folder or a URI)."""
+    files = files or Files()
+    folder = Location(reports_path) / source
+    try:
+        days = files.folders(folder)
+    except OSError as exc:  # the band needs the history: fail (and be retried) rather than skip it quietly
+        raise OSError(f"cannot list the earlier reports of {source} at {folder} for the row-count band: {exc}") from None
+    for day in sorted(days, reverse=True):
         # single dates only: a range's report counts one row per entity and date
         if len(day) != 10 or day >= date.isoformat():
             continue
-        path = folder / day / "summary.json"
         try:
-            report = json.loads(path.read_text())
+            report = json.loads(files.read_bytes(folder / day / "summary.json"))
         except (OSError, ValueError):
             continue
         if report.get("status") == "succeeded" and report.get("snapshot_entities") is not None:
@@ -196,7 +201,7 @@ def previous_success(reports_path: Path, source: str, date: dt.date) -> tuple[st
     return None
 
 
-def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_name: str, run_name: str, docs_dir: Path | None) -> GateResult:
+def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_name: str, run_name: str, docs_dir: str | None, files: Files | None = None) -> GateResult:
     """Validate ``df`` against ``checks`` and profile it: the checks the scan knows and the
     profile in one Spark job (jobs/quality_scan.py), any other expectation with
     great-expectations; the HTML data docs rendered from the results by great-expectations
@@ -214,7 +219,7 @@ def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_nam
         if rest:
             outcomes |= dict(zip(rest, _run_with_gx(context, df, [checks[i] for i in rest], f"{suite_name} (great-expectations)")))
     ordered = [outcomes[i] for i in range(len(checks))]
-    docs = _DOCS.submit(_render_docs, context, suite_name, run_name, ordered, docs_dir) if docs_dir is not None else None
+    docs = _DOCS.submit(_render_docs, context, suite_name, run_name, ordered, docs_dir, files or Files()) if docs_dir is not None else None
     return GateResult(results=[_check_result(r) for r in ordered], docs=docs, profile=profile)
 
 
@@ -292,8 +297,21 @@ def _gx_result(success: bool, config, result: dict):
     return ExpectationValidationResult(success=success, expectation_config=config, result=result)
 
 
-def _render_docs(context, suite_name: str, run_name: str, results: list, docs_dir: Path) -> str | None:
-    """The data docs site (index, suite page, validation page) from the results: no Spark work."""
+def _render_docs(context, suite_name: str, run_name: str, results: list, docs_dir: str, files: Files) -> str | None:
+    """The data docs site (index, suite page, validation page) from the results: no Spark
+    work. Rendered in a local folder; a URI's copy is uploaded from there."""
+    where = Location(docs_dir)
+    if where.is_local:
+        return _render_docs_in(context, suite_name, run_name, results, Path(where))
+    with tempfile.TemporaryDirectory(prefix="fm-data-docs-") as tmp:
+        index = _render_docs_in(context, suite_name, run_name, results, Path(tmp))
+        if index is None:
+            return None
+        files.upload(Path(tmp), where)
+    return where / "index.html"
+
+
+def _render_docs_in(context, suite_name: str, run_name: str, results: list, docs_dir: Path) -> str | None:
     from great_expectations.core import ExpectationSuiteValidationResult
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier, ValidationResultIdentifier

@@ -10,6 +10,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from jobs.locations import Files
+
 
 class SummaryError(ValueError):
     """A summary.json this version cannot read: truncated, edited, or written in another format."""
@@ -82,18 +84,18 @@ class RunSummary:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "bad_fraction": self.bad_fraction}
 
-    def write_json(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    def write_json(self, path: str | Path, files: Files | None = None) -> str | Path:
+        """Write the JSON to a local path or a URI (``files``: how the driver reaches it)."""
+        (files or Files()).write_bytes(str(path), (json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n").encode())
         return path
 
     @classmethod
-    def read_json(cls, path: Path) -> RunSummary:
+    def read_json(cls, path: str | Path, files: Files | None = None) -> RunSummary:
         """The summary ``write_json`` wrote; anything else is a one-line SummaryError naming the file."""
         try:
-            data = json.loads(path.read_bytes())
+            data = json.loads((files or Files()).read_bytes(str(path)))
         except OSError as exc:
-            raise SummaryError(f"{path}: cannot read: {exc.strerror}") from None
+            raise SummaryError(f"{path}: cannot read: {exc.strerror or str(exc).splitlines()[0]}") from None
         except json.JSONDecodeError as exc:
             raise SummaryError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}): truncated? run the date again to rewrite it") from None
         except UnicodeDecodeError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,22 @@ class Settings(BaseModel):
                         key, f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'"
                     )
         return data
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where a password is, never the password: what write plans carry to the executors,
+    each reading the secret from its own environment or mounted file when it connects. No
+    password is pickled into a task, broadcast, or set in Spark conf (the UI and the event
+    log show those)."""
+
+    section: str
+    env: str | None = None
+    file: str | None = None
+
+    def value(self) -> str | None:
+        secret = read_secret(self.section, self.env, Path(self.file) if self.file else None)
+        return secret.get_secret_value() if secret else None
 
 
 def read_secret(section: str, env_name: str | None, file: Path | None) -> SecretStr | None:

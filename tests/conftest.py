@@ -56,11 +56,18 @@ def pg_db(pg_server) -> Iterator[psycopg.Connection]:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark_events(tmp_path_factory) -> Path:
+    """Where the session's Spark event log goes (test_secrets searches it)."""
+    return tmp_path_factory.mktemp("spark-events")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_events):
     from jobs.spark import build_spark
 
     # local[2,2]: a failed task gets a second attempt, as on a cluster (local[N] never retries)
-    session = build_spark(SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests"))
+    events = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": spark_events.as_uri(), "spark.eventLog.compress": "false"}  # plain text: searchable
+    session = build_spark(SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests", extra=events))
     # The JVMs the tests start later (CLI runs, Airflow tasks, spark-submit) live for one
     # small job each: the quick JIT alone starts them several seconds faster.
     os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")

@@ -61,12 +61,14 @@ def test_acl_keys_are_exactly_the_entity_prefixes():
     assert patterns == {f"~{e.prefix}:*" for e in DEFS.entities.values()} == {"~c:*", "~s:*"}
 
 
-def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf, acl_redis, monkeypatch):
+def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf, acl_redis, tmp_path):
     server, password = acl_redis
     admin = server.client()
-    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", password)
+    # a mounted secret: the executors read it themselves (this session's executors started
+    # before the test, so an env var set now would not reach them)
+    (tmp_path / "redis_password").write_text(password + "\n")
     limited = RedisSettings(
-        url=server.url, username="fm_writer", password_env="FM_TEST_REDIS_PASSWORD", pipeline_entities=64, sample_entities=50,
+        url=server.url, username="fm_writer", password_env=None, password_file=str(tmp_path / "redis_password"), pipeline_entities=64, sample_entities=50,
         hash_max_listpack_value=256,  # the server's setting, which this user may not read with CONFIG GET
     )  # fmt: skip
     conf = run_conf.model_copy(update={"redis": limited})
@@ -119,22 +121,24 @@ def test_acl_user_is_really_restricted(acl_redis):
 
 
 @pytest.fixture
-def sql_roles(pg_server, pg_db, monkeypatch):
-    """The documented roles and grants, executed as written, with passwords given by env var."""
+def sql_roles(pg_server, pg_db, monkeypatch, tmp_path):
+    """The documented roles and grants, executed as written, with passwords given by env var
+    (for the CLI's processes) and mounted files (for this session's executors)."""
     pg_db.execute(GRANTS_FILE.read_text())
     passwords = {role: secrets.token_hex(12) for role in ROLES}
     for role, password in passwords.items():
         # ALTER ROLE takes no bind parameters: psycopg quotes the literal
         pg_db.execute(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
         monkeypatch.setenv(f"FM_TEST_{role.upper()}_PASSWORD", password)
+        (tmp_path / f"{role}_password").write_text(password)
     yield {role: f"postgresql://{role}@127.0.0.1:{pg_server.port}/{pg_server.database}" for role in ROLES}
     for role in ROLES:  # one at a time: PostgreSQL 15 trips over the shared default ACL otherwise
         pg_db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
     pg_db.execute("DROP ROLE fm_schema, fm_writer")
 
 
-def writer_conf(sql_conf, dsns):
-    sql_writer = SqlSettings(dsn=dsns["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD", retry_base_delay=0.01, retry_max_delay=0.05)
+def writer_conf(sql_conf, dsns, secrets_dir):
+    sql_writer = SqlSettings(dsn=dsns["fm_writer"], password_env=None, password_file=str(secrets_dir / "fm_writer_password"), retry_base_delay=0.01, retry_max_delay=0.05)
     return sql_conf.model_copy(update={"sql": sql_writer})
 
 
@@ -149,7 +153,7 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
     owners = dict(pg_db.execute("SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'public'").fetchall())
     assert owners == {"consumer_features": "fm_schema", "store_features": "fm_schema"}
 
-    conf = writer_conf(sql_conf, sql_roles)
+    conf = writer_conf(sql_conf, sql_roles, tmp_path)
     assert ensure_tables(conf, DEFS, list(DEFS.sources)) == {"consumer_features": "exists", "store_features": "exists"}
     summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
     expected = expected_consumers(spark, sample_root, DAY2)
@@ -166,8 +170,8 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
     assert {r[0] for r in pg_db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == set(owners)
 
 
-def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, redis_db, sql_roles, monkeypatch):
-    conf = writer_conf(sql_conf, sql_roles).model_copy(update={"sinks": ["redis", "cockroach"]})
+def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, redis_db, sql_roles, tmp_path):
+    conf = writer_conf(sql_conf, sql_roles, tmp_path).model_copy(update={"sinks": ["redis", "cockroach"]})
     with pytest.raises(TerminalSinkError, match=r"store_features does not exist .*may not create it .*42501.*`materialize schema --env <env>`"):
         run_source(spark, conf, DEFS, "store_features_long", DAY2)
     assert pg_db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
@@ -179,6 +183,6 @@ def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf
     with pytest.raises(TerminalSinkError, match=r"store_features: this role lacks INSERT, UPDATE on it"):
         run_source(spark, conf, DEFS, "store_features_long", DAY2)
     assert redis_db.dbsize() == 0 and pg_db.execute("SELECT count(*) FROM store_features").fetchone()[0] == 0
-    monkeypatch.delenv("FM_TEST_FM_WRITER_PASSWORD")  # the password comes from that env var, and only from there
-    with pytest.raises(ConfigError, match="FM_TEST_FM_WRITER_PASSWORD"):
+    (tmp_path / "fm_writer_password").unlink()  # the password comes from that file, and only from there
+    with pytest.raises(ConfigError, match="fm_writer_password"):
         ensure_tables(conf, DEFS, ["store_features_long"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -38,7 +39,7 @@ def page_text(path) -> str:
 def test_clean_date_passes_and_leaves_html_and_json_reports(spark, sample_root, gate_conf, redis_db, pg_db):
     summary = run_source(spark, gate_conf, DEFS, "consumer_daily", DAY2)
     assert summary.status == "succeeded"
-    report = json.loads((report_dir(gate_conf, "consumer_daily", DAY2) / "summary.json").read_text())
+    report = json.loads((Path(report_dir(gate_conf, "consumer_daily", DAY2)) / "summary.json").read_text())
     by_name = {e["name"]: e for e in report["expectations"]}
     for name in ("consumer_id not null", "entity key unique after de-duplication", "taste_embedding has dimension 32",
                  "favorite_cuisine null at most 30%", "churn_score in [0.0, 1.0]", "orders_7d is int"):  # fmt: skip
@@ -65,7 +66,7 @@ def test_clean_date_passes_and_leaves_html_and_json_reports(spark, sample_root, 
     assert report["verification"]["cockroach"]["mismatches"] == 0
 
     # the HTML data docs: index, and a validation page naming the checks with counts
-    docs = report_dir(gate_conf, "consumer_daily", DAY2) / "data_docs"
+    docs = Path(report_dir(gate_conf, "consumer_daily", DAY2)) / "data_docs"
     assert report["data_docs"] == str(docs / "index.html")
     pages = list((docs / "validations").rglob("*.html"))
     assert len(pages) == 1
@@ -115,11 +116,11 @@ def test_injected_violations_fail_the_gate_and_leave_both_stores_unchanged(spark
     assert "taste_embedding has dimension 32" in message
     assert "consumer_id not null" not in message and "churn_score" not in message  # only what failed
     assert dump_stores(redis_db, pg_db) == before
-    report = json.loads((report_dir(conf, "consumer_daily", DAY2) / "summary.json").read_text())
+    report = json.loads((Path(report_dir(conf, "consumer_daily", DAY2)) / "summary.json").read_text())
     assert report["status"] == "failed" and report["conflicting_keys"] == conflicting and "redis" not in report["sinks"]
     failed = {e["name"] for e in report["expectations"] if not e["success"]}
     assert failed == {"entity key unique after de-duplication", "favorite_cuisine null at most 30%", "taste_embedding has dimension 32"}
-    page = next((report_dir(conf, "consumer_daily", DAY2) / "data_docs" / "validations").rglob("*.html"))
+    page = next((Path(report_dir(conf, "consumer_daily", DAY2)) / "data_docs" / "validations").rglob("*.html"))
     assert "Unsuccessful Expectations 3" in page_text(page)
 
 
@@ -141,7 +142,7 @@ def test_verification_catches_values_corrupted_between_write_and_check(spark, ga
     with pytest.raises(VerificationError) as info:
         run_source(spark, gate_conf, DEFS, "consumer_daily", DAY2, after_write=corrupt)
     assert "2 value(s) read back differ" in str(info.value)
-    report = json.loads((report_dir(gate_conf, "consumer_daily", DAY2) / "summary.json").read_text())
+    report = json.loads((Path(report_dir(gate_conf, "consumer_daily", DAY2)) / "summary.json").read_text())
     assert report["status"] == "failed"
     redis_found = report["verification"]["redis"]
     assert redis_found["mismatches"] == 1
@@ -155,12 +156,12 @@ def test_validate_checks_without_writing(spark, gate_conf, redis_db, pg_db):
     summary = validate_source(spark, gate_conf, DEFS, "store_features_long", DAY2)
     assert summary.status == "passed" and summary.expectations and all(e["success"] for e in summary.expectations)
     assert summary.bad_reasons == {"key store_id contains ':'": 1, "null key store_id": 1}
-    report = json.loads((report_dir(gate_conf, "store_features_long", DAY2) / "validation.json").read_text())
+    report = json.loads((Path(report_dir(gate_conf, "store_features_long", DAY2)) / "validation.json").read_text())
     assert report["status"] == "passed" and report["profile"]["open_hours_week"]["min"] >= 20
     assert redis_db.dbsize() == 0  # nothing written anywhere, not even the quarantine
-    assert not (gate_conf.quarantine_path / "store_features_long").exists()
-    assert (report_dir(gate_conf, "store_features_long", DAY2) / "validate_docs" / "index.html").is_file()
-    assert not (report_dir(gate_conf, "store_features_long", DAY2) / "summary.json").exists()
+    assert not Path(gate_conf.quarantine_path, "store_features_long").exists()
+    assert (Path(report_dir(gate_conf, "store_features_long", DAY2)) / "validate_docs" / "index.html").is_file()
+    assert not (Path(report_dir(gate_conf, "store_features_long", DAY2)) / "summary.json").exists()
 
 
 def test_checks_are_derived_from_the_definitions():
@@ -214,5 +215,5 @@ def test_nan_counts_as_null_and_float32_bounds_hold_at_the_edge(spark, run_conf,
     # NaN and inf are never written: 3 of 4 scores are missing; the bounds hold for float32 0.1 and 0.95
     assert "score null at most 25%: 3 of 4 unexpected (75.00%)" in str(info.value)
     assert "share" not in str(info.value)
-    report = json.loads((report_dir(conf, "tiny", DAY2) / "validation.json").read_text())
+    report = json.loads((Path(report_dir(conf, "tiny", DAY2)) / "validation.json").read_text())
     assert report["profile"]["score"] == {"null_fraction": 0.75, "zero_fraction": 0.0, "min": 0.5, "max": 0.5, "mean": 0.5}

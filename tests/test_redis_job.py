@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -85,7 +86,7 @@ def test_consumer_snapshot_round_trips_through_redis(spark, sample_root, run_con
     assert summary.sinks["redis"]["memory_after"] > summary.sinks["redis"]["memory_before"]
     ttl = redis_db.ttl(f"c:{next(iter(expected))}")
     assert 2592000 * 0.99 <= ttl <= 2592000 * 1.1
-    assert (run_conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").is_file()
+    assert Path(run_conf.reports_path, "consumer_daily", str(DAY2), "summary.json").is_file()
     # the stages in run order; together they are the run, less the bookkeeping between them
     assert list(summary.stages) == ["read", "prepare", "quarantine", "gate", "write redis", "verify", "report"]
     assert all(s >= 0 for s in summary.stages.values())
@@ -208,7 +209,7 @@ def test_capacity_refusal_leaves_redis_unchanged(spark, run_conf, tmp_path):
         assert dump_all(client) == before
         # the summary is written on failure too; this server keeps the default 64-byte
         # listpack limit, so the 131-byte embeddings are predicted to force hashtables
-        report = json.loads((conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").read_text())
+        report = json.loads(Path(conf.reports_path, "consumer_daily", str(DAY2), "summary.json").read_text())
         assert report["status"] == "failed" and "CapacityError" in report["error"]
         assert report["sinks"]["redis"]["predicted_encoding"] == "hashtable"
         assert any("exceed hash-max-listpack-value 64" in w and "131 B" in w for w in report["warnings"])

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
+from pyspark import cloudpickle
+from pyspark.sql.classic.dataframe import DataFrame
 
 from bench.servers import start_redis
 from jobs.cli import main
@@ -44,16 +47,18 @@ def secret_env(spark, sample_root, pg_server, pg_db, tmp_path, monkeypatch):
     secret_file = tmp_path / "secrets" / "sql_password"
     secret_file.parent.mkdir()
     secret_file.write_text(SQL_SECRET + "\n")
+    # Redis's as a mounted file too: this session's executors started before the test, so
+    # an env var set now would not reach them (test_executors_read_the_env_var_themselves)
+    (tmp_path / "secrets" / "redis_password").write_text(REDIS_SECRET)
     folder = env_conf(tmp_path / "conf", "sec",
         f"data_root: {sample_root}\nledger_root: {tmp_path / 'out' / 'ledger'}\nquarantine_root: {tmp_path / 'out' / 'q'}\n"
         f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
-        f"redis: {{url: '{server.url}', password_env: FM_TEST_REDIS_PASSWORD, sample_entities: 50}}\n"
+        f"redis: {{url: '{server.url}', password_env: null, password_file: '{tmp_path / 'secrets' / 'redis_password'}', sample_entities: 50}}\n"
         f"sql: {{dsn: 'postgresql://{ROLE}@127.0.0.1:{pg_server.port}/features', password_file: '{secret_file}'}}\n"
         "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 50}\n"
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
-    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", REDIS_SECRET)
     yield tmp_path, server
     server.stop()
 
@@ -62,9 +67,17 @@ def every_file_under(root: Path, skip: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and skip not in p.parents]
 
 
-def test_known_secrets_never_reach_outputs_reports_or_errors(secret_env, capfd, caplog, monkeypatch, pg_server):
+def test_known_secrets_never_reach_outputs_reports_errors_plans_or_the_event_log(secret_env, capfd, caplog, monkeypatch, pg_server, spark_events):
     tmp_path, server = secret_env
     caplog.set_level(logging.INFO)
+    shipped: list[bytes] = []  # what the executors are sent: the partition functions and their write plans, pickled
+    original = DataFrame.mapInArrow
+
+    def recording(self, func, *args, **kwargs):
+        shipped.append(cloudpickle.dumps(func))
+        return original(self, func, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "mapInArrow", recording)
     run = ["run", "--env", "sec", "--date", DAY2_STR, "--source", "consumer_daily"]
     assert main(run) == 0
     # the secrets worked: both stores hold the snapshot
@@ -73,10 +86,14 @@ def test_known_secrets_never_reach_outputs_reports_or_errors(secret_env, capfd, 
     with psycopg.connect(pg_server.dsn) as conn:
         assert conn.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == authed.dbsize()
 
+    # the plans named where the passwords are; each writer read them there
+    plans = b"".join(shipped)
+    assert len(shipped) >= 2 and b"redis_password" in plans and b"sql_password" in plans
+
     # a wrong password fails the run, saying which server refused, never what was tried
-    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", WRONG_SECRET)
+    (tmp_path / "secrets" / "redis_password").write_text(WRONG_SECRET)
     assert main(run) == 1
-    monkeypatch.setenv("FM_TEST_REDIS_PASSWORD", REDIS_SECRET)
+    (tmp_path / "secrets" / "redis_password").write_text(REDIS_SECRET)
     (tmp_path / "secrets" / "sql_password").write_text(WRONG_SECRET)
     assert main(run) == 1
     failed = capfd.readouterr()
@@ -92,7 +109,10 @@ def test_known_secrets_never_reach_outputs_reports_or_errors(secret_env, capfd, 
     out = capfd.readouterr()
     texts = {"stdout": out.out, "stderr": out.err, "log records": caplog.text}
     texts |= {str(p): p.read_bytes().decode("utf-8", "replace") for p in every_file_under(tmp_path / "out", skip=tmp_path / "secrets")}
+    texts |= {f"pickled plan {i}": plan.decode("latin-1") for i, plan in enumerate(shipped)}
+    texts |= {f"event log {p.name}": p.read_bytes().decode("utf-8", "replace") for p in spark_events.rglob("*") if p.is_file()}
     assert any("summary.json" in name for name in texts) and any("_delta_log" in name for name in texts)
+    assert any("SparkListenerJobEnd" in text for name, text in texts.items() if name.startswith("event log"))
     leaks = [(name, secret) for name, text in texts.items() for secret in SECRETS if secret in text]
     assert leaks == []
 
@@ -131,3 +151,27 @@ def test_password_file_and_env_are_exclusive_and_literals_refused(tmp_path, monk
     assert main(["run", "--env", "x", "--date", DAY2_STR, "--redis-url", f"redis://:{REDIS_SECRET}@h:1/0"]) == 2
     err = capsys.readouterr().err
     assert "url contains a password" in err and REDIS_SECRET not in err
+
+
+def test_executors_read_the_env_var_themselves(tmp_path, monkeypatch):
+    """A write plan from a conf naming password_env holds the variable's name, not its value;
+    another process (an executor) reads the value from its own environment, and one without
+    the variable is told which one it lacks."""
+    import pickle
+    import subprocess
+    import sys
+
+    from jobs.config import PROJECT_ROOT
+
+    folder = env_conf(tmp_path / "conf", "envsec", "redis: {url: 'redis://127.0.0.1:1/0', password_env: FM_TEST_EXECUTOR_PASSWORD}\n")
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    monkeypatch.setenv("FM_TEST_EXECUTOR_PASSWORD", REDIS_SECRET)
+    plan = pickle.dumps(load_config("envsec").redis_sink())
+    assert REDIS_SECRET.encode() not in plan and b"FM_TEST_EXECUTOR_PASSWORD" in plan
+    (tmp_path / "plan").write_bytes(plan)
+    read = "import pickle, sys; print(pickle.loads(open(sys.argv[1], 'rb').read()).auth_password())"
+    env = {k: v for k, v in os.environ.items() if k != "FM_TEST_EXECUTOR_PASSWORD"}
+    got = subprocess.run([sys.executable, "-c", read, str(tmp_path / "plan")], cwd=PROJECT_ROOT, env={**env, "FM_TEST_EXECUTOR_PASSWORD": "its-own"}, capture_output=True, text=True)
+    assert got.returncode == 0 and got.stdout.strip() == "its-own", got.stderr
+    missing = subprocess.run([sys.executable, "-c", read, str(tmp_path / "plan")], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and "redis.password_env names 'FM_TEST_EXECUTOR_PASSWORD', but that environment variable is not set" in missing.stderr

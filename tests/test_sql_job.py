@@ -7,6 +7,7 @@ import json
 import math
 import threading
 import time
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -194,7 +195,7 @@ def test_failing_batch_is_retried_boundedly_then_fails_typed(spark, sql_conf, pg
     first, last = message.split("keys '")[1].split("'")[0], message.split("..'")[1].split("'")[0]
     assert first <= "42" <= last  # the batch named is the one holding the key
     assert pg_db.execute("SELECT last_value FROM attempts").fetchone()[0] == attempts
-    report = json.loads((conf.reports_path / "consumer_daily" / str(DAY2) / "summary.json").read_text())
+    report = json.loads(Path(conf.reports_path, "consumer_daily", str(DAY2), "summary.json").read_text())
     assert report["status"] == "failed" and "consumer_features" in report["error"]
 
 

@@ -405,7 +405,7 @@ def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redi
     stamp = int(AS_OF_DAY2.timestamp())
     redis_conf = conf.redis_sink(source, entity, DAY2)
     # the driver's capacity check reads the server's limits over the same verified connection
-    with redis_connect(redis_conf.url, password=redis_conf.password, tls=redis_conf.tls) as client:
+    with redis_connect(redis_conf.url, password=redis_conf.auth_password(), tls=redis_conf.tls) as client:
         assert read_memory_info(client).capacity(None) == 64 << 20  # the server's --maxmemory
     list(write_partition(RedisWritePlan(sink=redis_conf, features=feature_specs(source)), iter([batch])))
     for i, row in enumerate(rows):

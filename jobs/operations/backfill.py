@@ -12,6 +12,7 @@ import datetime as dt
 import logging
 import sys
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -161,31 +162,36 @@ def recorded_run(
 
     ``dates``: the dates with data the step covers (default: ``start``)."""
     source = defs.source(source_name)
-    entry = ledger.start(
-        Entry(
-            kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
-            definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.name for f in source.features],
-            targets=sink_targets(conf, run_kwargs.get("redis_url")), keys_from=keys_from(conf, source, defs.entity_of(source)),
-        )
-    )  # fmt: skip
-    try:
-        summary = run_source(spark, conf, defs, source.name, start, end=end, **run_kwargs)
-    except BaseException as exc:
+    targets = sink_targets(conf, run_kwargs.get("redis_url"))
+    # one writer per (source, store): taken before anything is recorded or written
+    with ledger.leases(conf.lease.seconds).hold(source.name, sorted(targets.values()), kind, wait=conf.lease.wait_seconds):
+        entry = ledger.start(
+            Entry(
+                kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
+                definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.name for f in source.features],
+                targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
+            )
+        )  # fmt: skip
         try:
-            ledger.finish(entry, error=exc)
-        except Exception as ledger_exc:  # never hide the run's own error
-            log.error("could not record the failure of %s in the ledger: %s", entry.run_id, ledger_exc)
-        raise
-    entry.dates = (dates if dates is not None else [start]) if summary.rows_read else []
-    ledger.finish(entry, summary)
+            summary = run_source(spark, conf, defs, source.name, start, end=end, **run_kwargs)
+        except BaseException as exc:
+            try:
+                ledger.finish(entry, error=exc)
+            except Exception as ledger_exc:  # never hide the run's own error
+                log.error("could not record the failure of %s in the ledger: %s", entry.run_id, ledger_exc)
+            raise
+        entry.dates = (dates if dates is not None else [start]) if summary.rows_read else []
+        ledger.finish(entry, summary)
     return summary
 
 
 def run_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, plan: Plan, **run_kwargs) -> list[RunSummary]:
     """Run the plan's steps in order, each recorded in the ledger; stop at the first failure."""
     summaries: list[RunSummary] = []
+    targets = sorted(sink_targets(conf, run_kwargs.get("redis_url")).values())
     progress = Progress(len(plan.steps), f"backfill {plan.source}")
-    try:
+    # the lease is held across the steps: no other run writes the source between two of them
+    with ledger.leases(conf.lease.seconds).hold(plan.source, targets, f"backfill-{plan.mode}", wait=conf.lease.wait_seconds), closing(progress):
         for start, end in plan.steps:
             try:
                 summary = recorded_run(
@@ -195,6 +201,5 @@ def run_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: 
                 raise BackfillError(f"backfill of {plan.source} stopped at {start}{f'..{end}' if end else ''}: {type(exc).__name__}: {exc}") from exc
             summaries.append(summary)
             progress.step(f"{summary.date}: {summary.entities:,} entities written")
-    finally:
-        progress.close()
     return summaries
+

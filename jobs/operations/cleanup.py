@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
+from jobs.locations import Location
 from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
 from serializers import field_id, freshness_field_name
 from serializers.keys import redis_key
@@ -146,7 +147,7 @@ def table_keys(spark: SparkSession, entity: EntityDef, where: dict[str, Any], wr
     """Distinct entity ids (as in the Redis key) of the rows these steps wrote from one table,
     and what keeps some of them from being found (None when all can be)."""
     path, columns, day_column = where["location"], where["key_columns"], where.get("date_column")
-    if "://" not in path and not (Path(path) / "_delta_log").is_dir():
+    if Location(path).is_local and not (Path(path) / "_delta_log").is_dir():
         return None, f"no Delta table at {path}"
     try:
         table = spark.read.format("delta").load(path)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -32,6 +33,7 @@ from pyspark.sql import types as T
 
 from feature_defs import EntityDef, SourceDef
 from jobs.config import PROJECT_ROOT, RunConf
+from jobs.locations import Location
 from jobs.pipeline.read import source_path
 from jobs.transforms import key_columns
 from serializers import freshness_field_name
@@ -90,22 +92,56 @@ def config_hash(conf: RunConf) -> str:
 
 
 def redis_target(conf: RunConf, redis_url: str | None = None) -> str:
-    """The Redis a step writes, without secrets: URL and namespace."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    url = urlsplit(redis_url or conf.redis.url)
-    host = url.netloc.rsplit("@", 1)[-1]  # drop any user:password@
-    return urlunsplit(url._replace(netloc=host, query="")) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
+    """The Redis a step writes, without secrets: the server and database, and the namespace."""
+    return _redis_server(redis_url or conf.redis.url) + (f"#{conf.redis.namespace}" if conf.redis.namespace else "")
 
 
 def sink_targets(conf: RunConf, redis_url: str | None = None) -> dict[str, str]:
-    """Where each sink of the run writes, without secrets: Redis URL and namespace, SQL DSN and schema."""
+    """Where each sink of the run writes, without secrets: Redis server, database and
+    namespace; SQL server, database and schema. One spelling per target (see canonical_target)."""
     targets = {}
     if "redis" in conf.sinks:
         targets["redis"] = redis_target(conf, redis_url)
     if "cockroach" in conf.sinks:
-        targets["cockroach"] = conf.sql.dsn + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
+        targets["cockroach"] = _sql_server(conf.sql.dsn) + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
     return targets
+
+
+def canonical_target(sink: str, target: str | None) -> str | None:
+    """A recorded target in the form sink_targets gives today: the same server written as
+    ``redis://h:6379`` or ``redis://h:6379/0?x=1`` (or a DSN with other options) matches."""
+    if not target:
+        return target
+    server, hash_, rest = target.partition("#")
+    try:
+        server = _redis_server(server) if sink == "redis" else _sql_server(server)
+    except ValueError:
+        return target  # not a URL or DSN this version can read: compared as written
+    return server + hash_ + rest
+
+
+def _redis_server(url: str) -> str:
+    """scheme://host:port/db: no credentials, no options, defaults spelled out."""
+    parts = urlsplit(url)
+    scheme = (parts.scheme or "redis").lower()
+    if scheme == "unix":
+        return f"unix://{parts.path}"
+    host = (parts.hostname or "localhost").lower()
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
+
+
+def _sql_server(dsn: str) -> str:
+    """postgresql://user@host:port/dbname of a libpq DSN or URL: no password, no options."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        info = conninfo_to_dict(dsn)
+    except Exception as exc:  # psycopg's ProgrammingError: not a DSN
+        raise ValueError(str(exc)) from None
+    host = str(info.get("host") or "localhost").lower()
+    user = f"{info['user']}@" if info.get("user") else ""
+    return f"postgresql://{user}{host}:{info.get('port') or 5432}/{info.get('dbname') or ''}"
 
 
 def keys_from(conf: RunConf, source: SourceDef, entity: EntityDef) -> dict[str, Any]:
@@ -162,21 +198,33 @@ class Ledger:
     def __init__(self, spark: SparkSession, path: Path | str):
         self.spark = spark
         self.path = str(path)
+        self._leases = None
+
+    def leases(self, seconds: float):
+        """The writers' leases beside this ledger (one object per ledger: a backfill's steps run inside its lease)."""
+        from jobs.operations.lease import Leases
+
+        if self._leases is None or self._leases.seconds != seconds:
+            self._leases = Leases(self.spark, self.path, seconds=seconds)
+        return self._leases
 
     @classmethod
     def of(cls, spark: SparkSession, conf: RunConf) -> Ledger:
         return cls(spark, conf.ledger_path)
 
     def exists(self) -> bool:
-        return "://" in self.path or (Path(self.path) / "_delta_log").is_dir()
+        """Whether the table is there: a fresh ledger (no table yet) reads as empty, locally or on object storage."""
+        if Location(self.path).is_local:
+            return (Path(self.path) / "_delta_log").is_dir()
+        from delta.tables import DeltaTable
+
+        return DeltaTable.isDeltaTable(self.spark, self.path)
 
     def create(self) -> None:
         """Make the table, or add the columns an older one lacks, before sources append at
         once: two appends that both make the table, or both change its schema, conflict."""
-        from delta.tables import DeltaTable
-
         empty = self.spark.createDataFrame([], SCHEMA).write.format("delta").mode("append")
-        if not self.exists() or not DeltaTable.isDeltaTable(self.spark, self.path):
+        if not self.exists():
             empty.save(self.path)
         elif set(SCHEMA.fieldNames()) - set(self.spark.read.format("delta").load(self.path).columns):
             empty.option("mergeSchema", "true").save(self.path)
@@ -235,13 +283,13 @@ class Ledger:
         )
         covered: dict[dt.date, dict[str, set[str]]] = {}
         for r in rows:
-            wrote = json.loads(r["targets"] or "{}")
+            wrote = {sink: canonical_target(sink, t) for sink, t in json.loads(r["targets"] or "{}").items()}
             for day in r["dates"] or []:
                 for sink, target in wrote.items():
                     covered.setdefault(day, {}).setdefault(f"{sink}={target}", set()).update(r["features"] or [])
         out: dict[dt.date, set[str]] = {}
         for day, by_target in covered.items():
-            wanted = [f"{sink}={target}" for sink, target in targets.items()]
+            wanted = [f"{sink}={canonical_target(sink, target)}" for sink, target in targets.items()]
             if all(w in by_target for w in wanted):
                 out[day] = set.intersection(*(by_target[w] for w in wanted))
         return out
@@ -267,7 +315,7 @@ class Ledger:
                 if r["status"] == "succeeded":
                     legacy.append(r.asDict())
                 continue
-            if json.loads(r["targets"] or "{}").get("redis") != target:
+            if canonical_target("redis", json.loads(r["targets"] or "{}").get("redis")) != canonical_target("redis", target):
                 continue
             for done in json.loads(r["cleanup"]).get("cleaned", {}).values():
                 for run_id in done["steps"]:
@@ -287,7 +335,7 @@ class Ledger:
 def _may_have_written(step, target: str) -> bool:
     targets = json.loads(step["targets"] or "{}")
     if targets:
-        return targets.get("redis") == target
+        return canonical_target("redis", targets.get("redis")) == canonical_target("redis", target)
     return step["sinks"] is None or "redis" in step["sinks"]  # recorded before targets were: it may be this Redis
 
 

@@ -33,10 +33,10 @@ def check_quality(ctx: RunContext, prepared: Prepared, summary: RunSummary, *, e
             summary.profile = quality.profile(frame, source)
         else:
             # a range's size is not comparable with one date's: no row-count band then
-            previous = None if end else quality.previous_success(conf.reports_path, source.name, date)
+            previous = None if end else quality.previous_success(conf.reports_path, source.name, date, conf.files)
             checks = quality.derive_checks(source, entity, conf.quality, previous)
             docs = report_dir(conf, source.name, date, end) / docs_folder if conf.quality.data_docs else None
-            result = quality.run_gate(frame, checks, source=source, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs)
+            result = quality.run_gate(frame, checks, source=source, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs, files=conf.files)
             summary.profile = result.profile
             summary.expectations = result.as_dicts()
             docs = result.docs

@@ -8,6 +8,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from jobs.locations import Location
 from jobs.pipeline.context import RunContext
 
 
@@ -38,7 +39,7 @@ def write_quarantine(ctx: RunContext, quarantine: DataFrame, bad_rows: int) -> s
 
 
 def _is_table(ctx: RunContext, path: str) -> bool:
-    if "://" not in path:
+    if Location(path).is_local:
         return (Path(path) / "_delta_log").is_dir()
     return DeltaTable.isDeltaTable(ctx.spark, path)
 

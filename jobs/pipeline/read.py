@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from feature_defs import SourceDef
 from jobs import transforms as tf
 from jobs.config import RunConf
+from jobs.locations import Location, is_uri
 from jobs.pipeline.context import RunContext
 
 
@@ -18,16 +19,17 @@ class SourceNotFound(FileNotFoundError):
     pass
 
 
-def source_path(conf: RunConf, source: SourceDef) -> str:
+def source_path(conf: RunConf, source: SourceDef) -> Location:
+    """The source's table: its location as a URI or absolute path, else under data_root."""
     loc = source.location
-    if "://" in loc or Path(loc).is_absolute():
-        return loc
-    return str(conf.data_path / loc)
+    if is_uri(loc) or Path(loc).is_absolute():
+        return Location(loc)
+    return conf.data_path / loc
 
 
 def read_source(spark: SparkSession, conf: RunConf, source: SourceDef) -> DataFrame:
     path = source_path(conf, source)
-    if "://" not in path and not (Path(path) / "_delta_log").is_dir():
+    if path.is_local and not (Path(path) / "_delta_log").is_dir():
         raise SourceNotFound(
             f"source {source.name!r}: no Delta table at {path} (for the local sample data run `materialize sample-data`)"
         )

@@ -1,12 +1,12 @@
-"""Stage 7, report: the summary of a run (also on failure) as JSON under reports/<source>/<date>/."""
+"""Stage 7, report: the summary of a run (also on failure) as JSON under <reports_dir>/<source>/<date>/ (a path or URI)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 import time
 
 from jobs.config import RunConf
+from jobs.locations import Files, Location
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.prepare import Prepared
 from jobs.summary import RunSummary
@@ -16,8 +16,8 @@ class RecordedStep:
     """Times one source's run, validation or verification, records its outcome in the
     summary and always writes the report (also on failure), then releases the cached data."""
 
-    def __init__(self, summary: RunSummary, report: Path | None, done: str):
-        self.summary, self.report, self.done = summary, report, done
+    def __init__(self, summary: RunSummary, report: Location | None, done: str, files: Files):
+        self.summary, self.report, self.done, self.files = summary, report, done, files
         self.prepared: Prepared | None = None
 
     def __enter__(self) -> RecordedStep:
@@ -37,7 +37,7 @@ class RecordedStep:
         if self.report:
             with summary.stage("report"):
                 summary.seconds = time.perf_counter() - self.start
-                summary.write_json(self.report)  # its own time is the one the file cannot hold
+                summary.write_json(self.report, self.files)  # its own time is the one the file cannot hold
         summary.seconds = time.perf_counter() - self.start
 
 
@@ -46,10 +46,10 @@ def new_summary(ctx: RunContext, env: str) -> RunSummary:
     return RunSummary(source=ctx.source.name, entity=ctx.entity.name, date=date, env=env, as_of=ctx.as_of)
 
 
-def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None) -> Path:
+def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None) -> Location:
     """reports/<source>/<date>/ (a range: <start>_<end>/): summary.json, validation.json, data_docs/."""
     return conf.reports_path / source / (f"{date.isoformat()}_{end.isoformat()}" if end else date.isoformat())
 
 
-def report_path(conf: RunConf, source: str, date: dt.date) -> Path:
+def report_path(conf: RunConf, source: str, date: dt.date) -> Location:
     return report_dir(conf, source, date) / "summary.json"

@@ -53,7 +53,7 @@ def run_source(
     if conf.quality.expectations:
         quality.prefetch()
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
-    with RecordedStep(summary, report_file if report else None, "succeeded") as step:
+    with RecordedStep(summary, report_file if report else None, "succeeded", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
         with ctx.stage(summary, "gate"):
             docs = check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
@@ -138,7 +138,7 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     source = defs.source(source_name)
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date)
     summary = new_summary(ctx, conf.env)
-    with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed") as step:
+    with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=False)
         with ctx.stage(summary, "gate"):
             docs_rendered(summary, check_quality(ctx, prepared, summary, expectations=True, docs_folder="validate_docs"))
@@ -151,7 +151,7 @@ def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_
     source = defs.source(source_name)
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, redis_url=redis_url)
     summary = new_summary(ctx, conf.env)
-    with RecordedStep(summary, report_dir(conf, source.name, date) / "verification.json", "verified") as step:
+    with RecordedStep(summary, report_dir(conf, source.name, date) / "verification.json", "verified", conf.files) as step:
         with progress(spark, f"read {source.name}"), ctx.stage(summary, "prepare"):
             step.prepared = prepared = prepare(ctx, read(ctx))
             summary.record(prepared.counts)

@@ -114,7 +114,7 @@ def server_address(url: str) -> str:
 def connect(config: RedisSinkConfig, address: str | None = None, **overrides) -> redis.Redis:
     """A client of the configured server, or of another node at ``address`` ("host:port",
     e.g. a cluster primary), with the config's credentials, TLS and timeout."""
-    options = dict(password=config.password, username=config.username, socket_timeout=config.socket_timeout, tls=config.tls)
+    options = dict(password=config.auth_password(), username=config.username, socket_timeout=config.socket_timeout, tls=config.tls)
     return connect_url(node_url(config.url, address) if address else config.url, **{**options, **overrides})
 
 

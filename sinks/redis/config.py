@@ -1,8 +1,8 @@
 """What a Redis writer is given: a frozen, picklable config built from the ``redis:``
 settings, the source's definitions and the run's date (:func:`sink_config`).
 
-The password is carried here because executors connect with it; it never appears in a
-repr or a message.
+The password is not carried here: ``secret`` names where it is (env var or mounted file),
+and each executor reads it there when it connects (``auth_password()``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from feature_defs import EntityDef, SourceDef
 from serializers import field_id
 from serializers.keys import as_of_epoch, freshness_field, key_prefix
 from sinks.redis.settings import RedisSettings
+from sinks.settings import SecretRef
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class RedisSinkConfig:
     """Read used_memory every N chunks."""
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    """A literal password (programs that build a config themselves); the conf's is ``secret``."""
+    secret: SecretRef | None = None
+    """Where the password is (env var or mounted file), read where the connection is made."""
     tls: RedisTls | None = None
     """rediss:// only: what the server's certificate is verified with (None: system trust store)."""
     cluster: bool = False
@@ -79,6 +83,11 @@ class RedisSinkConfig:
     stop_on_eviction: bool = True
     """Stop the writer when evicted_keys grew (redis.eviction: refuse)."""
 
+    def auth_password(self) -> str | None:
+        """The password to connect with: the literal one, else the secret's, read here (an
+        executor reads its own environment or mounted file)."""
+        return self.password if self.password is not None else self.secret.value() if self.secret else None
+
 
 def tls_files(settings: RedisSettings, resolve: Callable[[str], Path]) -> RedisTls:
     """The redis.tls_* files, relative ones placed by ``resolve`` (under the project root:
@@ -93,7 +102,7 @@ def sink_config(
     entity: EntityDef | None,
     date: dt.date | None,
     *,
-    password: str | None,
+    secret: SecretRef | None,
     resolve: Callable[[str], Path],
     url: str | None = None,
     ceiling: int | None = None,
@@ -114,7 +123,7 @@ def sink_config(
         ceiling_bytes=ceiling,
         recheck_every=settings.recheck_every,
         username=settings.username,
-        password=password,
+        secret=secret,
         tls=tls_files(settings, resolve),
         wait_replicas=settings.wait_replicas,
         wait_timeout_ms=settings.wait_timeout_ms,

@@ -96,7 +96,7 @@ def connect(conf: SqlSinkConfig) -> psycopg.Connection:
 def _open(conf: SqlSinkConfig) -> psycopg.Connection:
     return psycopg.connect(
         conf.dsn,
-        password=conf.password,
+        password=conf.auth_password(),
         autocommit=True,
         application_name=conf.application_name,
         connect_timeout=conf.connect_timeout,

@@ -1,8 +1,8 @@
 """What a SQL writer is given: a frozen, picklable config built from the ``sql:`` settings,
 the entity's table and the run's date (:func:`sink_config`).
 
-The password is carried here because executors connect with it; it never appears in a
-repr or a message.
+The password is not carried here: ``secret`` names where it is (env var or mounted file),
+and each executor reads it there when it connects (``auth_password()``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from psycopg import sql
 
 from feature_defs import EntityDef, SourceDef
 from serializers.keys import as_of_epoch
+from sinks.settings import SecretRef
 from sinks.sql import statements as stmts
 from sinks.sql.settings import SqlSettings
 from sinks.sql.statements import Dialect
@@ -41,6 +42,14 @@ class SqlSinkConfig:
     retry_max_delay: float = 5.0
     application_name: str = "feature-materializer"
     password: str | None = field(default=None, repr=False)
+    """A literal password (programs that build a config themselves); the conf's is ``secret``."""
+    secret: SecretRef | None = None
+    """Where the password is (env var or mounted file), read where the connection is made."""
+
+    def auth_password(self) -> str | None:
+        """The password to connect with: the literal one, else the secret's, read here (an
+        executor reads its own environment or mounted file)."""
+        return self.password if self.password is not None else self.secret.value() if self.secret else None
 
     @property
     def table_id(self) -> sql.Identifier:
@@ -52,7 +61,7 @@ class SqlSinkConfig:
 
 
 def sink_config(
-    settings: SqlSettings, source: SourceDef | None, entity: EntityDef | None, date: dt.date | None, dialect: Dialect = "postgres", *, password: str | None
+    settings: SqlSettings, source: SourceDef | None, entity: EntityDef | None, date: dt.date | None, dialect: Dialect = "postgres", *, secret: SecretRef | None
 ) -> SqlSinkConfig:
     """The writer's config for one source and date (dialect: as detected by the preflight)."""
     return SqlSinkConfig(
@@ -69,5 +78,5 @@ def sink_config(
         retries=settings.retries,
         retry_base_delay=settings.retry_base_delay,
         retry_max_delay=settings.retry_max_delay,
-        password=password,
+        secret=secret,
     )
