@@ -48,13 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         "  materialize validate --env local --date 2026-11-20\n"
         "  materialize backfill --env local --source consumer_daily --start 2026-11-16 --end 2026-11-20 --dry-run\n"
         "  materialize runs --last 10\n  materialize cleanup --env local --entity consumer --dry-run\n"
-        "  materialize defs --source consumer_daily\n"
+        "  materialize defs --source consumer_daily\n  materialize doctor --env prod\n"
         "  echo '{\"features\": [\"consumer_daily:orders_7d\"], \"entities\": {\"consumer_id\": [1, 2]}}' | materialize get --env local",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = (_run_command, _validate_command, _backfill_command, _bench_command, _runs_command, _cleanup_command)
-    for add in (*commands, _verify_command, _get_command, _serve_command, _schema_command, _ready_command, _report_command, _sample_data_command, _defs_command):
+    for add in (*commands, _verify_command, _get_command, _serve_command, _schema_command, _ready_command, _report_command, _doctor_command, _sample_data_command, _defs_command):
         add(sub)  # in --help's order
     return parser
 
@@ -216,6 +216,19 @@ def _serve_command(sub) -> None:
     serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: server.port, 6566 as Feast's)")
     serve.add_argument("--workers", type=int, default=1, help="server processes, each with its own reader and cache (default 1)")
+
+
+def _doctor_command(sub) -> None:
+    doc = sub.add_parser(
+        "doctor", help="check, without writing anything, that a deployment is ready to run",
+        description="Read-only checks of everything a run needs: the Spark master (or Java and the Delta jars), each source's "
+        "Delta table and its columns, the ledger, leases, quarantine and report locations, Redis (mode, cluster slots, memory "
+        "headroom, eviction policy, listpack settings, the user's ACL) and SQL (dialect, tables, grants). One line per check, "
+        "with what to fix; exit code 1 when any check fails.",
+    )  # fmt: skip
+    _common(doc)
+    doc.add_argument("--source", action="append", help="only this source (repeatable; default: the run's sources)")
+    doc.add_argument("--sink", choices=["redis", "cockroach", "all"], default="all", help="only this store (default: the configured sinks)")
 
 
 def _defs_command(sub) -> None:
@@ -528,6 +541,22 @@ def cmd_serve(args) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args) -> int:
+    from jobs.operations.doctor import run_checks
+
+    conf, defs = _load(args)
+    names = args.source or conf.sources or list(defs.sources)
+    for name in names:
+        defs.source(name)
+    print(f"materialize doctor: env {conf.env}, {len(names)} source(s), stores {', '.join(conf.sinks)} (read-only: nothing is written)")
+    counts = {"ok": 0, "warn": 0, "fail": 0}
+    for check in run_checks(conf, defs, names, list(conf.sinks)):
+        counts[check.status] += 1
+        print("\n".join(check.lines()), flush=True)
+    print(f"{sum(counts.values())} checks: {counts['ok']} ok, {counts['warn']} warning(s), {counts['fail']} failed")
+    return EXIT_FAILED if counts["fail"] else EXIT_OK
+
+
 def cmd_validate(args) -> int:
     from jobs.pipeline.run import validate_source
 
@@ -546,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
-        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema}
+        commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema, "doctor": cmd_doctor}
         return {**commands, "get": cmd_get, "serve": cmd_serve, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
     except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted

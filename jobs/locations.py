@@ -131,6 +131,17 @@ class Files:
             return []
         return sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
 
+    def file_names(self, where: str) -> list[str]:
+        """The names of the files directly in ``where`` (none when it does not exist)."""
+        from pyarrow import fs
+
+        filesystem, path = self._open(where)
+        try:
+            infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+        except NotADirectoryError:
+            return []
+        return sorted(i.base_name for i in infos if i.type == fs.FileType.File)
+
     def upload(self, folder: Path, where: str) -> None:
         """Copy a local folder's files to ``where`` (same relative paths)."""
         for file in sorted(p for p in folder.rglob("*") if p.is_file()):

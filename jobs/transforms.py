@@ -89,7 +89,14 @@ def key_columns(source: SourceDef, entity: EntityDef) -> list[str]:
 
 def check_schema(df: DataFrame, source: SourceDef, entity: EntityDef) -> None:
     """Fail before anything is written when the table does not match the definition."""
-    fields = {f.name: f.dataType for f in df.schema.fields}
+    problems = schema_problems(df.schema, source, entity)
+    if problems:
+        raise SchemaDriftError(f"source {source.name!r} does not match its definition:\n  " + "\n  ".join(problems))
+
+
+def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) -> list[str]:
+    """What in a table's schema does not match the source's definition (none: it matches)."""
+    fields = {f.name: f.dataType for f in schema.fields}
     problems = []
 
     def need(column: str | None, ok, expected: str) -> None:
@@ -115,8 +122,7 @@ def check_schema(df: DataFrame, source: SourceDef, entity: EntityDef) -> None:
         bad = [f.name for f in source.features if f.type not in ("float", "int", "bool", "string")]
         if bad:
             problems.append(f"features {bad} have list/embedding types, which a long layout cannot carry")
-    if problems:
-        raise SchemaDriftError(f"source {source.name!r} does not match its definition:\n  " + "\n  ".join(problems))
+    return problems
 
 
 def _reason(condition: Column | str, text: str) -> Column:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
+from psycopg import sql
 
 from bench.servers import PostgresServer, RedisServer, start_postgres, start_redis
 from jobs.config import QualityConf, RunConf, SparkConf
@@ -152,6 +154,50 @@ def tiny_long_consumer_source(spark, tmp_path: Path, features_yaml: str, value_t
     schema = f"consumer_id long, feature_name string, value {value_type}, ds date"
     spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny_long"))
     return defs
+
+
+
+# -- least privilege: the documented Redis ACL and SQL grants, as written (conf/README.md) --
+
+ROOT = Path(__file__).resolve().parent.parent
+ACL_FILE = ROOT / "conf" / "base" / "redis-acl.txt"
+GRANTS_FILE = ROOT / "conf" / "base" / "sql-grants.sql"
+PLACEHOLDER = ">CHANGE_ME"
+ROLES = ("fm_schema", "fm_writer")
+
+
+def acl_command(password: str) -> list[str]:
+    """The documented ACL SETUSER line, with a real password in place of the placeholder."""
+    args = ACL_FILE.read_text().split()
+    assert args[:3] == ["ACL", "SETUSER", "fm_writer"] and args.count(PLACEHOLDER) == 1
+    return [f">{password}" if a == PLACEHOLDER else a for a in args]
+
+
+@pytest.fixture
+def acl_redis(tmp_path):
+    """A fresh redis-server (listpack limit 256, as deployments should run) with the documented user."""
+    server = start_redis(tmp_path / "redis", "--maxmemory", "256mb", "--hash-max-listpack-value", "256")
+    password = secrets.token_hex(16)
+    assert server.client().execute_command(*acl_command(password)) == b"OK"
+    yield server, password
+    server.stop()
+
+
+@pytest.fixture
+def sql_roles(pg_server, pg_db, monkeypatch, tmp_path):
+    """The documented roles and grants, executed as written, with passwords given by env var
+    (for the CLI's processes) and mounted files (for this session's executors)."""
+    pg_db.execute(GRANTS_FILE.read_text())
+    passwords = {role: secrets.token_hex(12) for role in ROLES}
+    for role, password in passwords.items():
+        # ALTER ROLE takes no bind parameters: psycopg quotes the literal
+        pg_db.execute(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        monkeypatch.setenv(f"FM_TEST_{role.upper()}_PASSWORD", password)
+        (tmp_path / f"{role}_password").write_text(password)
+    yield {role: f"postgresql://{role}@127.0.0.1:{pg_server.port}/{pg_server.database}" for role in ROLES}
+    for role in ROLES:  # one at a time: PostgreSQL 15 trips over the shared default ACL otherwise
+        pg_db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+    pg_db.execute("DROP ROLE fm_schema, fm_writer")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,15 +7,11 @@ Results are read back raw as the admin user (Redis default user, PostgreSQL supe
 
 from __future__ import annotations
 
-import secrets
-from pathlib import Path
 
 import psycopg
 import pytest
 import redis
-from psycopg import sql
 
-from bench.servers import start_redis
 from jobs.config import ConfigError
 from sinks.redis.settings import RedisSettings
 from sinks.sql.settings import SqlSettings
@@ -27,33 +23,11 @@ from serializers import field_id
 from sinks.errors import TerminalSinkError
 from sinks.redis.capacity import read_memory_info
 
-from .conftest import env_conf
+from .conftest import ACL_FILE, env_conf
 from .test_cli import BIN, run
 from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
 from .test_sql_job import AS_OF_DAY2, check_consumer_rows
 
-ROOT = Path(__file__).resolve().parent.parent
-ACL_FILE = ROOT / "conf" / "base" / "redis-acl.txt"
-GRANTS_FILE = ROOT / "conf" / "base" / "sql-grants.sql"
-PLACEHOLDER = ">CHANGE_ME"
-ROLES = ("fm_schema", "fm_writer")
-
-
-def acl_command(password: str) -> list[str]:
-    """The documented ACL SETUSER line, with a real password in place of the placeholder."""
-    args = ACL_FILE.read_text().split()
-    assert args[:3] == ["ACL", "SETUSER", "fm_writer"] and args.count(PLACEHOLDER) == 1
-    return [f">{password}" if a == PLACEHOLDER else a for a in args]
-
-
-@pytest.fixture
-def acl_redis(tmp_path):
-    """A fresh redis-server (listpack limit 256, as deployments should run) with the documented user."""
-    server = start_redis(tmp_path / "redis", "--maxmemory", "256mb", "--hash-max-listpack-value", "256")
-    password = secrets.token_hex(16)
-    assert server.client().execute_command(*acl_command(password)) == b"OK"
-    yield server, password
-    server.stop()
 
 
 def test_acl_keys_are_exactly_the_entity_prefixes():
@@ -118,23 +92,6 @@ def test_acl_user_is_really_restricted(acl_redis):
     plain = read_memory_info(user)
     assert (plain.listpack_entries, plain.listpack_value) == (512, 64) and "Redis's defaults" in plain.listpack_note
     assert read_memory_info(admin).listpack_value == 256 and read_memory_info(admin).listpack_note is None
-
-
-@pytest.fixture
-def sql_roles(pg_server, pg_db, monkeypatch, tmp_path):
-    """The documented roles and grants, executed as written, with passwords given by env var
-    (for the CLI's processes) and mounted files (for this session's executors)."""
-    pg_db.execute(GRANTS_FILE.read_text())
-    passwords = {role: secrets.token_hex(12) for role in ROLES}
-    for role, password in passwords.items():
-        # ALTER ROLE takes no bind parameters: psycopg quotes the literal
-        pg_db.execute(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
-        monkeypatch.setenv(f"FM_TEST_{role.upper()}_PASSWORD", password)
-        (tmp_path / f"{role}_password").write_text(password)
-    yield {role: f"postgresql://{role}@127.0.0.1:{pg_server.port}/{pg_server.database}" for role in ROLES}
-    for role in ROLES:  # one at a time: PostgreSQL 15 trips over the shared default ACL otherwise
-        pg_db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-    pg_db.execute("DROP ROLE fm_schema, fm_writer")
 
 
 def writer_conf(sql_conf, dsns, secrets_dir):

@@ -1,0 +1,422 @@
+"""``materialize doctor``: is this deployment ready to run? Read-only checks of the Spark
+master, each source table, the ledger/quarantine/report locations, Redis and SQL.
+
+Nothing is written anywhere: Redis ACLs are probed by queueing the writer's commands in a
+``MULTI`` that is discarded (Redis checks permissions when a command is queued), and the SQL
+session is read-only. No Spark session is started: a source's schema is read from its Delta
+log. Each check is one line with what to fix when it is not OK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from feature_defs import Definitions, SourceDef
+from jobs.config import RunConf
+from jobs.locations import Location
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Check:
+    status: Status
+    name: str
+    detail: str
+    fix: str = ""
+
+    def lines(self) -> list[str]:
+        out = [f"{self.status.upper():<5} {self.name:<28} {self.detail}"]
+        return out + ([f"{'':<5} {'':<28} fix: {self.fix}"] if self.fix and self.status != "ok" else [])
+
+
+def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list[str]) -> Iterator[Check]:
+    """Every check, in the order a run needs them (each one's own errors become its FAIL)."""
+    steps: list[tuple[str, Callable[[], list[Check]]]] = [("spark", lambda: check_spark(conf))]
+    steps += [(f"source {name}", lambda name=name: [check_source(conf, defs, defs.source(name))]) for name in sources]
+    steps += [(label, lambda label=label, where=where: [check_location(conf, label, where)]) for label, where in _locations(conf)]
+    if "redis" in sinks:
+        steps.append(("redis", lambda: check_redis(conf, defs, sources)))
+    if "cockroach" in sinks:
+        steps.append(("sql", lambda: check_sql(conf, defs, sources)))
+    for name, step in steps:
+        try:
+            yield from step()
+        except Exception as exc:  # noqa: BLE001 (a check that could not finish is a finding, not a crash)
+            yield Check("fail", name, f"could not check: {type(exc).__name__}: {str(exc).strip() or 'no message'}")
+
+
+# -- Spark ------------------------------------------------------------------------------
+
+
+def check_spark(conf: RunConf) -> list[Check]:
+    master = conf.spark.master
+    if master.startswith("local"):
+        return [_java(), _delta_jars()]
+    if master.startswith("spark://"):
+        hosts = master[len("spark://") :].split(",")
+        down = [h for h in hosts if not _reachable(h, 7077)]
+        if len(down) == len(hosts):
+            return [Check("fail", "spark master", f"{master}: no master answers on {', '.join(hosts)}", "start the standalone master or fix spark.master")]
+        return [Check("ok", "spark master", f"{master}: reachable" + (f" ({', '.join(down)} down)" if down else ""))]
+    if master.startswith("k8s://"):
+        api = urlsplit(master[len("k8s://") :] if "://" in master[len("k8s://") :] else "https://" + master[len("k8s://") :])
+        ok = _reachable(api.netloc, 443)
+        return [Check("ok" if ok else "fail", "spark master", f"{master}: Kubernetes API {'reachable' if ok else 'unreachable'}", "check the API server address and this host's network")]
+    if master == "yarn":
+        folder = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")
+        if folder and (Path(folder) / "yarn-site.xml").is_file():
+            return [Check("ok", "spark master", f"yarn: {Path(folder) / 'yarn-site.xml'}")]
+        return [Check("fail", "spark master", "yarn: no yarn-site.xml in $HADOOP_CONF_DIR or $YARN_CONF_DIR", "export HADOOP_CONF_DIR to the cluster's client configuration")]
+    return [Check("warn", "spark master", f"{master}: not a master this check knows (local, spark://, k8s://, yarn)")]
+
+
+def _java() -> Check:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").exists() else shutil.which("java")
+    if not java:
+        return Check("fail", "java", "no java on PATH and no $JAVA_HOME", "install Java 17 or 21 (make setup does)")
+    text = subprocess.run([java, "-version"], check=False, capture_output=True, text=True, timeout=30).stderr
+    found = re.search(r'version "(\d+)', text)
+    major = int(found.group(1)) if found else 0
+    if major < 17:
+        return Check("fail", "java", f"{java}: Java {major or '?'}; Spark 4 needs 17 or later", "install Java 17 or 21 and point JAVA_HOME at it")
+    return Check("ok", "java", f"{java}: Java {major}")
+
+
+def _delta_jars() -> Check:
+    from jobs.spark import delta_jars
+
+    try:
+        jars = delta_jars()
+    except FileNotFoundError as exc:
+        return Check("fail", "delta jars", str(exc).split(";")[0], "run `make setup` (scripts/setup.sh)")
+    return Check("ok", "delta jars", ", ".join(j.name for j in jars))
+
+
+def _reachable(address: str, default_port: int) -> bool:
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
+    try:
+        socket.create_connection((host or address, int(port or default_port)), timeout=5).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+# -- Sources and locations ---------------------------------------------------------------
+
+
+def check_source(conf: RunConf, defs: Definitions, source: SourceDef) -> Check:
+    from pyspark.sql.types import StructType
+
+    from jobs.pipeline.read import source_path
+    from jobs.transforms import schema_problems
+
+    where = source_path(conf, source)
+    name = f"source {source.name}"
+    try:
+        log = _delta_log(conf, where)
+    except OSError as exc:
+        return Check("fail", name, f"{where}: cannot read: {exc}", "check the location and this host's credentials for it")
+    if not log:
+        fix = "run `materialize sample-data`" if where.is_local else "check the source's location (feature_defs) and data_root"
+        return Check("fail", name, f"no Delta table at {where}", fix)
+    version, schema = log
+    if schema is None:
+        return Check("warn", name, f"{where}: Delta table (version {version}); its schema could not be read from the log")
+    problems = schema_problems(StructType.fromJson(schema), source, defs.entity_of(source))
+    if problems:
+        return Check("fail", name, f"{where}: " + "; ".join(problems), "fix the table or the source's definition in feature_defs")
+    return Check("ok", name, f"{where}: Delta table, version {version}, columns match the definition")
+
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
+
+
+def _delta_log(conf: RunConf, where: Location) -> tuple[int, dict | None] | None:
+    """(latest version, schema as JSON) of the Delta table at ``where``; None: no table there.
+    The schema is the newest ``metaData`` action: in a commit, else in the last checkpoint."""
+    files = conf.files
+    names = files.file_names(where / "_delta_log")
+    commits = sorted((int(m.group(1)) for n in names if (m := _COMMIT.match(n))), reverse=True)
+    checkpoints = sorted((int(m.group(1)) for n in names if (m := _CHECKPOINT.match(n))), reverse=True)
+    if not commits and not checkpoints:
+        return None
+    latest = max(commits[:1] + checkpoints[:1])
+    floor = checkpoints[0] if checkpoints else -1
+    for version in commits:
+        if version <= floor:
+            break
+        for line in files.read_bytes(where / "_delta_log" / f"{version:020d}.json").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "metaData" in action:
+                return latest, json.loads(action["metaData"]["schemaString"])
+    if checkpoints:
+        import io
+
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(files.read_bytes(where / "_delta_log" / f"{floor:020d}.checkpoint.parquet")), columns=["metaData"])
+        for row in table.column("metaData").to_pylist():
+            if row and row.get("schemaString"):
+                return latest, json.loads(row["schemaString"])
+    return latest, None
+
+
+def _locations(conf: RunConf) -> list[tuple[str, Location]]:
+    ledger = conf.ledger_path
+    return [("ledger", ledger), ("leases", Location(str(ledger).rstrip("/") + "_leases")), ("quarantine", conf.quarantine_path), ("reports", conf.reports_path)]
+
+
+def check_location(conf: RunConf, label: str, where: Location) -> Check:
+    """A location the run writes: there already, or creatable (local: the nearest existing
+    folder is writable; remote: its parent can be listed, so the credentials reach it)."""
+    table = label in ("ledger", "leases")
+    if where.is_local:
+        path = Path(where.local_path())
+        if table and (path / "_delta_log").is_dir() or not table and path.is_dir():
+            ok = os.access(path, os.W_OK)
+            return Check("ok" if ok else "fail", label, f"{where}: exists, {'writable' if ok else 'not writable by this user'}", f"let this user write {path}")
+        parent = next(p for p in [path, *path.parents] if p.exists())
+        ok = parent.is_dir() and os.access(parent, os.W_OK)
+        what = f"{where}: not there yet, created by the first run" if ok else f"{where}: cannot be created ({parent} is not a writable folder)"
+        return Check("ok" if ok else "fail", label, what, f"let this user write {parent}, or set the location elsewhere (conf/README.md)")
+    try:
+        if table:
+            found = bool(conf.files.file_names(where / "_delta_log"))
+        else:
+            found = bool(conf.files.folders(where) or conf.files.file_names(where))
+        if not found:
+            conf.files.folders(where.parent)  # reaching the parent proves the credentials work
+    except OSError as exc:
+        return Check("fail", label, f"{where}: cannot reach: {exc}", "check the URI, storage.* and this host's credentials for it")
+    kind = "Delta table" if table else "folder"
+    return Check("ok", label, f"{where}: {kind} found" if found else f"{where}: reachable, created by the first run (writes are not tried)")
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+
+def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Check]:
+    import redis
+
+    from serializers.keys import key_prefix
+    from sinks.errors import CapacityError
+    from sinks.redis.capacity import read_memory_info
+    from sinks.redis.client import connect, server_address
+    from sinks.redis.router import ClusterTopology, is_cluster
+
+    settings = conf.redis
+    config = conf.redis_sink()  # a missing password fails here, naming where it was looked for
+    where = server_address(config.url)
+    client = connect(config, socket_timeout=5.0)
+    nodes: list[tuple[str, object]] = []
+    try:
+        try:
+            version = client.info("server").get("redis_version", "?")
+        except redis.AuthenticationError as exc:
+            return [Check("fail", "redis", f"{where}: authentication refused ({exc})", "check redis.username and the password in redis.password_env/_file")]
+        except redis.ConnectionError as exc:
+            return [Check("fail", "redis", f"{where}: cannot connect ({exc})", "start Redis or fix redis.url (and TLS files for rediss://)")]
+        cluster = is_cluster(client)
+        checks = [Check("ok", "redis", f"{where}: Redis {version}, {'cluster' if cluster else 'standalone'}")]
+        if settings.mode != "auto" and (settings.mode == "cluster") != cluster:
+            checks.append(Check("fail", "redis mode", f"redis.mode is {settings.mode} but the server is {'a cluster node' if cluster else 'standalone'}", "set redis.mode: auto"))
+        nodes = [(where, client)]
+        if cluster:
+            topology = ClusterTopology.discover(config)
+            unserved = topology.unserved()
+            checks.append(
+                Check("fail", "redis cluster", f"{unserved} of 16384 slots have no primary", "bring the cluster back to cluster_state:ok (a replica takes over, or CLUSTER ADDSLOTS)")
+                if unserved
+                else Check("ok", "redis cluster", f"{len(topology.primaries)} primaries serve every slot")
+            )
+            nodes = [(a, connect(config, a, socket_timeout=5.0)) for a in sorted(topology.primaries)]
+        entities = {defs.entity_of(defs.source(s)).name: defs.entity_of(defs.source(s)) for s in sources}
+        ttl = any(e.ttl_seconds for e in entities.values())
+        for address, node in nodes:
+            label = f"redis memory {address}" if cluster else "redis memory"
+            try:
+                memory = read_memory_info(node, settings.hash_max_listpack_entries, settings.hash_max_listpack_value)
+                capacity = memory.capacity(settings.capacity_bytes)
+            except CapacityError as exc:
+                checks.append(Check("fail", label, str(exc).split(":")[0], "set maxmemory on the server, or redis.capacity_bytes"))
+                continue
+            except redis.RedisError as exc:
+                checks.append(Check("fail", label, f"cannot read INFO: {exc}", "grant this user INFO (conf/README.md 'Least privilege')"))
+                continue
+            fill = memory.used / capacity
+            status: Status = "fail" if fill >= settings.max_fill else "ok"
+            checks.append(Check(status, label, f"{memory.used:,} of {capacity:,} B used ({fill:.0%}; a write may fill up to redis.max_fill {settings.max_fill:.0%})", "free memory or raise maxmemory before the run"))
+            if memory.evicts(ttl):
+                refuse = settings.eviction == "refuse"
+                checks.append(Check("fail" if refuse else "warn", f"redis eviction {address}" if cluster else "redis eviction", f"maxmemory-policy {memory.policy} may evict this run's keys" + (": a run refuses to write" if refuse else ""), "set maxmemory-policy noeviction (or volatile-* with entity types without a TTL)"))
+            if memory.listpack_note and settings.hash_max_listpack_entries is None and settings.hash_max_listpack_value is None:
+                checks.append(Check("warn", "redis listpack", memory.listpack_note.split(";")[0] + f"; assumed entries {memory.listpack_entries}, value {memory.listpack_value}", "set redis.hash_max_listpack_entries/_value to the server's values"))
+            else:
+                checks.extend(_listpack(defs, sources, memory.listpack_entries, memory.listpack_value))
+            if not cluster:
+                break
+        for entity in entities.values():
+            keys = key_prefix(entity.prefix, settings.namespace)
+            denied, unchecked = _denied(nodes[0][1], (keys + "__doctor_probe__").encode())
+            user, label = settings.username or "default", f"redis acl {entity.name}"
+            if denied:
+                checks.append(Check("fail", label, f"user {user} may not run {', '.join(denied)} on {keys}*", "grant the writer's ACL (conf/base/redis-acl.txt, conf/README.md 'Least privilege')"))
+            elif unchecked:
+                checks.append(Check("warn", label, f"user {user} may run the writer's commands on {keys}* except {', '.join(unchecked)}, which were not tried (MULTI refused)", "grant +multi +discard (never +exec) so they can be checked without writing"))
+            else:
+                checks.append(Check("ok", label, f"user {user} may run the writer's commands on {keys}*"))
+        return checks
+    finally:
+        for node in {id(n): n for _, n in nodes}.values():
+            node.close()
+        client.close()
+
+
+def _listpack(defs: Definitions, sources: list[str], entries: int, value_bytes: int) -> list[Check]:
+    """Fields per entity hash (every source of the entity, each with its freshness field)
+    against hash-max-listpack-entries: past it a hash takes about 4 times the memory."""
+    fields: dict[str, int] = {}
+    for name in defs.sources:
+        source = defs.source(name)
+        entity = defs.entity_of(source).name
+        fields[entity] = fields.get(entity, 0) + len(source.features) + 1
+    used = {defs.entity_of(defs.source(s)).name for s in sources}
+    over = {e: n for e, n in fields.items() if e in used and n > entries}
+    if over:
+        listed = ", ".join(f"{e} {n}" for e, n in over.items())
+        return [Check("warn", "redis listpack", f"fields per hash ({listed}) pass hash-max-listpack-entries {entries}: those hashes use the hashtable encoding (about 4x memory)", f"raise hash-max-listpack-entries above {max(over.values())}")]
+    return [Check("ok", "redis listpack", f"hash-max-listpack-entries {entries}, value {value_bytes}: every entity's hash fits ({', '.join(f'{e} {n} fields' for e, n in fields.items() if e in used)})")]
+
+
+def _denied(client, key: bytes) -> tuple[list[str], list[str]]:
+    """(denied, unchecked): which of the writer's and verifier's commands this user may not
+    run on ``key``, and which could not be tried without writing.
+
+    Queued in a MULTI that is discarded: Redis checks the ACL when it queues a command (and
+    answers MOVED only after that, so a redirect means allowed), and nothing queued runs. A
+    user without MULTI (conf/base/redis-acl.txt grants +multi +discard, never +exec) gets
+    the commands that do nothing on a missing key instead, HSET and SCRIPT LOAD unchecked."""
+    import redis
+
+    from serializers.resp import WRITE_SCRIPT, WRITE_SCRIPT_SHA
+
+    probes: list[tuple] = [
+        ("INFO", "memory"), ("SCRIPT", "LOAD", WRITE_SCRIPT), ("EVALSHA", WRITE_SCRIPT_SHA, 1, key, 0, "not-a-number"),
+        ("HGET", key, b"f"), ("HSET", key, b"f", b"v"), ("HDEL", key, b"f"), ("EXPIRE", key, 1), ("PERSIST", key),
+        ("HLEN", key), ("HMGET", key, b"f"), ("HGETALL", key), ("MEMORY", "USAGE", key), ("OBJECT", "ENCODING", key),
+    ]  # fmt: skip
+    conn = client.connection_pool.get_connection()
+    denied: list[str] = []
+    unchecked: list[str] = []
+
+    def call(*args):
+        conn.send_command(*args)
+        return conn.read_response()
+
+    try:
+        try:
+            call("MULTI")
+            queued = True
+        except redis.exceptions.NoPermissionError:
+            queued = False
+            absent = _allowed(lambda: call("HLEN", key) == 0)
+            # on a missing key these do nothing; HSET and SCRIPT LOAD would write
+            unchecked = [_name(a) for a in probes if a[0] in ("HSET", "SCRIPT") or (not absent and a[0] in ("HDEL", "EXPIRE", "PERSIST"))]
+        for args in probes:
+            if _name(args) in unchecked:
+                continue
+            try:
+                call(*args)  # queued, or (no MULTI) harmless: the script stops at its bad argument
+            except redis.exceptions.NoPermissionError:
+                denied.append(_name(args))
+            except redis.ResponseError:
+                pass  # MOVED, NOSCRIPT, the script's error: past the permission check
+        if queued:
+            call("DISCARD")
+    finally:
+        client.connection_pool.release(conn)
+    return denied, unchecked
+
+
+def _name(args: tuple) -> str:
+    return " ".join(str(a) for a in args[:2]) if args[0] in ("SCRIPT", "MEMORY", "OBJECT") else args[0]
+
+
+def _allowed(probe: Callable[[], bool]) -> bool:
+    import redis
+
+    try:
+        return probe()
+    except redis.ResponseError:
+        return False
+
+
+# -- SQL ------------------------------------------------------------------------------------
+
+
+def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Check]:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from sinks.sql.client import connect, detect_dialect
+    from sinks.sql.preflight import SCHEMA_STEP, missing_privileges, table_columns
+    from sinks.sql.statements import COLUMNS
+
+    settings = conf.sql
+    base = conf.sql_sink()
+    info = conninfo_to_dict(settings.dsn)
+    where = f"{info.get('user', '?')}@{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '?')}"
+    try:
+        conn = connect(base)
+    except psycopg.Error as exc:
+        return [Check("fail", "sql", f"{where}: cannot connect ({str(exc).strip().splitlines()[0]})", "fix sql.dsn, the password in sql.password_env/_file, or start the server")]
+    with conn:
+        conn.execute("SET default_transaction_read_only = on")  # nothing this session does can write
+        found = detect_dialect(conn)
+        checks = [Check("ok", "sql", f"{where}: {found}")]
+        if settings.dialect not in ("auto", found):
+            checks.append(Check("fail", "sql dialect", f"sql.dialect is {settings.dialect} but the server is {found}", "set sql.dialect: auto"))
+        if info.get("sslmode", "prefer") != "verify-full" and not (info.get("host") or "localhost").startswith(("localhost", "127.", "::1", "/")):
+            checks.append(Check("warn", "sql tls", f"sslmode is {info.get('sslmode', 'prefer')}: the server's certificate is not verified", "add sslmode=verify-full (and sslrootcert) to sql.dsn"))
+        seen: set[str] = set()
+        for name in sources:
+            source = defs.source(name)
+            entity = defs.entity_of(source)
+            if entity.name in seen:
+                continue
+            seen.add(entity.name)
+            config = conf.sql_sink(source, entity, None, found)
+            label = f"sql table {config.table}"
+            columns = table_columns(conn, config)
+            if not columns and _may_create(conn, config):
+                checks.append(Check("ok", label, f"{config.table_name}: not there yet; this role may create it (the first run does)"))
+                continue
+            if not columns:
+                checks.append(Check("fail", label, f"{config.table_name} is missing (or this role holds no privilege on it)", f"run `{SCHEMA_STEP.replace('<env>', conf.env)}` under a role that may create tables; grant conf/base/sql-grants.sql"))
+                continue
+            missing = [c for c in COLUMNS if c not in columns]
+            lacking = missing_privileges(conn, config)
+            if missing or lacking:
+                text = "; ".join(filter(None, [missing and f"no column(s) {', '.join(missing)}", lacking and f"this role lacks {', '.join(lacking)}"]))
+                checks.append(Check("fail", label, f"{config.table_name}: {text}", "see serializers/FORMAT.md 'SQL layout' and conf/base/sql-grants.sql"))
+            else:
+                checks.append(Check("ok", label, f"{config.table_name}: columns and SELECT, INSERT, UPDATE in place"))
+    return checks
+
+
+def _may_create(conn, config) -> bool:
+    row = conn.execute("SELECT has_schema_privilege(COALESCE(%s, current_schema()), 'CREATE')", (config.schema,)).fetchone()
+    return bool(row and row[0])
