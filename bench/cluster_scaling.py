@@ -6,7 +6,9 @@ for each setting, fresh Redis servers are started on loopback and ``writers`` pr
 (each standing for a Spark task) encode and write their share exactly as
 :func:`sinks.partition.write_partition` does. Settings: a plain redis-server
 with the standalone sink (the baseline), Redis Cluster with 1, 2 and 3 primaries, and 3
-primaries with a replica each, with and without ``wait_replicas: 1``.
+primaries with a replica each, with and without ``wait_replicas: 1``, and many primaries
+(``--many``) written as the writer does, every primary's share in flight at once, against
+one primary after another.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _specs():
         return list(feature_specs(load_definitions(write_definitions(Path(folder))).sources[SOURCE]))
 
 
-def _writer(data: str, part: int, parts: int, url: str, cluster: bool, wait_replicas: int, start, results) -> None:
+def _writer(data: str, part: int, parts: int, url: str, cluster: bool, wait_replicas: int, parallel: bool, start, results) -> None:
     """One writer (a Spark task): its share of the batches, encoded and written; timed from the common start."""
     from serializers.batch import encode_batch
     from serializers.scalar import field_id
@@ -74,7 +76,7 @@ def _writer(data: str, part: int, parts: int, url: str, cluster: bool, wait_repl
     )
     start.wait()
     began, cpu = time.perf_counter(), time.process_time()
-    sink = RedisClusterSink(config) if cluster else RedisSink(config)
+    sink = RedisClusterSink(config, parallel=parallel) if cluster else RedisSink(config)
     with sink:
         for batch in batches:
             sink.write_batch(encode_batch(batch, specs))
@@ -92,10 +94,10 @@ def _server_cpu(ports: list[int]) -> float:
     return total
 
 
-def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int, wait_replicas: int = 0) -> dict:
+def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int, wait_replicas: int = 0, parallel: bool = True) -> dict:
     ctx = mp.get_context("spawn")
     start, results = ctx.Barrier(writers + 1), ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(str(data), i, writers, url, cluster, wait_replicas, start, results)) for i in range(writers)]
+    procs = [ctx.Process(target=_writer, args=(str(data), i, writers, url, cluster, wait_replicas, parallel, start, results)) for i in range(writers)]
     for p in procs:
         p.start()
     server_cpu = _server_cpu(ports)
@@ -117,42 +119,44 @@ def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int
     }
 
 
-def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: Path | None) -> dict:
+def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: Path | None, many: int = 8) -> dict:
     from bench.local_cluster import start_cluster
-    from bench.runner import RedisServer
+    from bench.servers import start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)
     data = workdir / f"standard-{entities}.arrow"
     if not data.exists():
         print(f"bench-cluster: making {entities:,} entities of the standard shape ...", flush=True)
         _make_data(data, entities)
-    settings = [("standalone", 1, 0, 0)] + [("cluster", n, 0, 0) for n in (1, 2, 3)] + [("cluster", 3, 1, 0), ("cluster", 3, 1, 1)]
+    settings = [("standalone", 1, 0, 0, True)] + [("cluster", n, 0, 0, True) for n in (1, 2, 3)] + [("cluster", 3, 1, 0, True), ("cluster", 3, 1, 1, True)]
+    # many primaries: every share in flight at once (the writer's way) against one primary after another
+    settings += [("cluster", many, 0, 0, False), ("cluster", many, 0, 0, True)]
     rows = []
-    for kind, primaries, replicas, wait in settings:
+    for kind, primaries, replicas, wait, parallel in settings:
         for w in writers:
             best = None
             for _ in range(repeats):  # fresh servers each time: every run writes new keys
                 if kind == "standalone":
                     (workdir / "standalone").mkdir(exist_ok=True)
-                    server = RedisServer(workdir / "standalone")
+                    server = start_redis(workdir / "standalone", "--hash-max-listpack-value", "256")
                     url, ports, stop = server.url, [server.port], server.stop
                 else:
                     cluster = start_cluster(workdir / f"cluster-{primaries}-{replicas}", primaries, replicas, "--hash-max-listpack-value", "256")
                     url, ports, stop = cluster.url, cluster.ports, cluster.stop
                 try:
-                    result = _measure(data, url, ports, kind == "cluster", w, wait)
+                    result = _measure(data, url, ports, kind == "cluster", w, wait, parallel)
                 finally:
                     stop()
                 if best is None or result["entities_per_s"] > best["entities_per_s"]:
                     best = result
-            row = {"setting": kind, "primaries": primaries, "replicas_each": replicas, "wait_replicas": wait, "writers": w, **best}
-            print(f"  {kind:10} primaries={primaries} replicas={replicas} wait={wait} writers={w}: {best['entities_per_s']:>9,.0f} entities/s", flush=True)
+            row = {"setting": kind, "primaries": primaries, "replicas_each": replicas, "wait_replicas": wait, "parallel": parallel, "writers": w, **best}
+            print(f"  {kind:10} primaries={primaries} replicas={replicas} wait={wait} {'parallel' if parallel else 'one by one'} writers={w}: {best['entities_per_s']:>9,.0f} entities/s", flush=True)
             rows.append(row)
     base = next(r for r in rows if r["setting"] == "standalone" and r["writers"] == writers[0])
     for r in rows:
         r["ratio_to_baseline"] = r["entities_per_s"] / base["entities_per_s"]
     report = {
-        "command": f"python -m bench.cluster_scaling --entities {entities} --writers {','.join(map(str, writers))}",
+        "command": f"python -m bench.cluster_scaling --entities {entities} --writers {','.join(map(str, writers))} --many {many}",
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "entities": entities,
         "values_per_entity": len(_specs()),
@@ -163,7 +167,7 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
     for r in rows:
         name = "redis-server (standalone sink)" if r["setting"] == "standalone" else f"cluster {r['primaries']} primaries" + (
             f" +{r['replicas_each']} replica" + (" WAIT 1" if r["wait_replicas"] else "") if r["replicas_each"] else ""
-        )
+        ) + ("" if r["parallel"] else ", one after another")
         print(
             f"{name:<38} {r['writers']:>7} {r['entities_per_s']:>11,.0f} {r['entities_per_s'] * report['values_per_entity']:>11,.0f} "
             f"{r['ratio_to_baseline']:>10.2f} {r['writer_cpu_s_per_m']:>14.1f} {r['redis_cpu_s_per_m']:>13.1f}"
@@ -180,9 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writers", default="1,2", help="comma-separated writer counts, each a process like a Spark task (default: 1,2)")
     p.add_argument("--repeats", type=int, default=2, help="runs per setting, the best kept (default: 2)")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench-cluster")
+    p.add_argument("--many", type=int, default=8, help="primaries of the many-primaries rows (default: 8)")
     p.add_argument("--output", type=Path, help="write the results as JSON here")
     args = p.parse_args(argv)
-    run(args.entities, [int(w) for w in args.writers.split(",")], args.repeats, args.workdir.resolve(), args.output)
+    run(args.entities, [int(w) for w in args.writers.split(",")], args.repeats, args.workdir.resolve(), args.output, args.many)
     return 0
 
 

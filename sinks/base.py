@@ -47,6 +47,9 @@ class RedisWriteStats(WriteStats):
     """Redis Cluster: entities sent again to another node after MOVED/ASK."""
     skipped_newer: int = 0
     """Entities left as they were: the store holds a newer snapshot of the source."""
+    unreachable: int = 0
+    """Redis Cluster: entities not written because their slots' primary was down and no
+    replica took over within redis.failover_timeout (the writer then ends with an error)."""
 
 
 @dataclass

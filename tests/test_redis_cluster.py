@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import re
 import signal
+import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +17,9 @@ from bench.servers import start_redis
 from bench.local_cluster import LocalCluster, start_cluster
 from serializers.batch import encode_batch
 from sinks.redis.cluster import FailedOverUnreplicated, RedisClusterSink
+from sinks.errors import TransientSinkError
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisSink
+from sinks.redis.router import ClusterTopology
 
 
 
@@ -251,6 +255,84 @@ def test_the_fullest_primary_stops_the_writer(cluster):
     assert all(cluster.client(p).dbsize() == 0 for p in cluster.primaries())  # checked before the first write
 
 
+def test_every_primary_has_a_pipeline_in_flight_at_once(cluster):
+    """A primary that does not answer (stopped) holds up its own share only: the others are
+    written meanwhile, which a writer visiting the primaries one after another cannot do."""
+    n = 3000
+    batch = things(n)
+    owners = keys_by_owner(cluster, n)
+    config = cluster_config(cluster)
+    first = ClusterTopology.discover(config).primaries[0]  # the share a sequential writer would send first
+    stopped = int(first.rsplit(":", 1)[1])
+    with RedisClusterSink(config) as sink:
+        cluster.processes[stopped].send_signal(signal.SIGSTOP)
+        try:
+            writing = threading.Thread(target=sink.write_batch, args=(encode_batch(batch, SPECS),))
+            writing.start()
+            others = [p for p in owners if p != stopped]
+            deadline = time.monotonic() + 20
+            while any(cluster.client(p).dbsize() < len(owners[p]) for p in others):
+                assert time.monotonic() < deadline, "the other primaries waited for the stopped one"
+                time.sleep(0.05)
+        finally:
+            cluster.processes[stopped].send_signal(signal.SIGCONT)
+        writing.join(timeout=60)
+    assert sink.stats.entities == n and sink.stats.unreachable == 0
+    assert_all_exact(cluster, batch, n)
+
+
+@pytest.fixture
+def partial_cluster(tmp_path):
+    """3 primaries, no replicas; the others keep serving while one is down (full coverage off)."""
+    c = start_cluster(tmp_path / "partial", 3, 0, "--cluster-require-full-coverage", "no", "--maxmemory", "64mb")
+    yield c
+    c.stop()
+
+
+def test_a_primary_down_at_start_costs_only_its_own_slots(partial_cluster):
+    c = partial_cluster
+    n = 3000
+    batch = things(n)
+    owners = keys_by_owner(c, n)
+    config = cluster_config(c, failover_timeout=2, retries=1)
+    down = c.primaries()[1]
+    # the driver saw every primary before the write (its baselines); then one died
+    config = replace(config, run_ids=tuple((f"127.0.0.1:{p}", c.client(p).info("server")["run_id"]) for p in c.primaries()))
+    c.kill(down)
+    sink = RedisClusterSink(config)
+    sink.open()  # starts although a primary does not answer
+    try:
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+        again = sink.write_batch(encode_batch(batch, SPECS))  # the next batch does not wait again
+        with pytest.raises(TransientSinkError, match=rf"primary 127\.0\.0\.1:{down} \(\d+ slots\) did not answer .* {2 * len(owners[down]):,} entities in those slots were not written, everything else was"):
+            sink.flush()
+    finally:
+        sink.close()
+    assert stats.unreachable == again.unreachable == len(owners[down])
+    assert stats.entities == n - len(owners[down])
+    for port, entities in owners.items():
+        if port == down:
+            continue
+        node = c.client(port)
+        assert node.dbsize() == len(entities)
+        for i in entities[:50]:
+            assert node.hgetall(f"t:{i}") == expected_hash(batch, i, STAMP, {})
+
+
+def test_a_primary_down_at_start_is_written_through_the_replica_that_takes_over(cluster):
+    n = 3000
+    batch = things(n)
+    primary = cluster.primaries()[2]
+    replica = cluster.replica_of(primary)
+    cluster.kill(primary)
+    with RedisClusterSink(cluster_config(cluster, failover_timeout=30, retries=1)) as sink:
+        stats = sink.write_batch(encode_batch(batch, SPECS))
+        sink.flush()
+    cluster.wait_ok(without=(primary,))
+    assert replica in cluster.primaries() and stats.entities == n and stats.unreachable == 0
+    assert_all_exact(cluster, batch, n)
+
+
 # --- the whole job against a cluster ---------------------------------------------------------
 
 
@@ -280,3 +362,23 @@ def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, r
         assert [cluster.client(p).dbsize() for p in cluster.primaries()] == [pieces if p == full else 0 for p in cluster.primaries()]
     finally:
         cluster.stop()
+
+
+def test_the_job_starts_with_a_primary_down_and_writes_every_other_slot(spark, sample_root, run_conf, partial_cluster):
+    from jobs.pipeline.run import run_source
+
+    from .test_redis_job import DAY2, DEFS, expected_consumers
+
+    c = partial_cluster
+    down = c.primaries()[0]
+    c.kill(down)
+    redis = run_conf.redis.model_copy(update={"url": f"redis://127.0.0.1:{c.primaries()[1]}/0", "mode": "cluster", "failover_timeout": 2, "retries": 1})
+    expected = expected_consumers(spark, sample_root, DAY2)
+    lost = [i for i in expected if c.owner_of(f"c:{i}".encode()) == down]
+    assert 0 < len(lost) < len(expected)
+    with pytest.raises(TransientSinkError) as info:
+        run_source(spark, run_conf.model_copy(update={"redis": redis}), DEFS, "consumer_daily", DAY2)
+    written = len(expected) - len(lost)
+    assert f"after {written:,} of {len(expected):,} entities were written, {len(lost):,} not (their primary was down)" in str(info.value)
+    assert f"primary 127.0.0.1:{down} (5461 slots) did not answer" in str(info.value)
+    assert sum(c.client(p).dbsize() for p in c.primaries() if p != down) == written

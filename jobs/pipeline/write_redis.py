@@ -17,7 +17,7 @@ from sinks.errors import CapacityError, from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
 from sinks.redis.preflight import check_after_write, preflight
 
-_SUMMED = ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects")
+_SUMMED = ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects", "unreachable")
 
 
 def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
@@ -62,5 +62,7 @@ def _sum_writers(ctx: RunContext, parts: list, seconds: float, stats: dict, summ
     raise_first(
         errors,
         f"Redis write failed in {len(errors)} of {len(parts)} writer(s) after {stats['entities']:,} of "
-        f"{summary.entities:,} entities were written (a rerun of the date writes them all again)",
+        f"{summary.entities:,} entities were written"
+        + (f", {stats['unreachable']:,} not (their primary was down)" if stats["unreachable"] else "")
+        + " (a rerun of the date writes them all again)",
     )

@@ -8,12 +8,21 @@ that: entities answered ``MOVED`` go to the new owner, entities answered ``ASK``
 being migrated) to the importing node after ``ASKING``, and the unacknowledged chunks of a
 primary that stopped answering go to whichever node owns their slots once a replica has
 taken over (up to ``failover_timeout``).
+
+Every primary's share of a batch is written at once, one thread per primary, so a pipeline
+is in flight to each of them (the sockets wait in parallel, not one primary after another).
+A primary that is down when the writer starts, or stops answering, costs only its own slots:
+the other shares are written; if no replica takes its slots over within ``failover_timeout``,
+the entities of its slots are counted ``unreachable`` and the writer ends with an error
+naming it, after writing everything else.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
@@ -39,6 +48,9 @@ log = logging.getLogger(__name__)
 class FailedOverUnreplicated(RedisRestarted):
     """A primary was replaced mid-write while its writes were not WAITed for: rerun the date."""
 
+
+_RECHECK_DOWN = 5.0
+"""Seconds between looks at a down primary (is it back, or did a replica take over?)."""
 
 _RESEND = (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 
@@ -68,8 +80,10 @@ def _take(batch: EncodedBatch, positions: np.ndarray) -> EncodedBatch:
 class RedisClusterSink:
     """The Redis sink for Redis Cluster: one :class:`RedisSink` per primary, fed by slot."""
 
-    def __init__(self, config: RedisSinkConfig):
+    def __init__(self, config: RedisSinkConfig, *, parallel: bool = True):
         self.config = config
+        self.parallel = parallel
+        """False: the shares one primary after another (bench/cluster_scaling.py's baseline)."""
         self.topology: ClusterTopology | None = None
         self.nodes: dict[str, RedisSink] = {}
         self._closed_stats = RedisWriteStats()
@@ -82,6 +96,12 @@ class RedisClusterSink:
         restart without persistence is caught."""
         self._waited: dict[str, int] = {}
         """Per node that was written to: the replicas its writes were WAITed for."""
+        self._down: dict[str, float] = {}
+        """Primaries that did not answer and whose slots no replica took over within
+        failover_timeout -> when that was found; their entities are counted unreachable
+        until the slot map or the node says otherwise."""
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def stats(self) -> RedisWriteStats:
@@ -99,9 +119,25 @@ class RedisClusterSink:
             is_transient=lambda e: isinstance(e, TransientSinkError), retries=c.retries,
         )
         for address in self.topology.primaries:  # every primary's ceiling is checked before the first write
-            self._node(address)
+            try:
+                self._node(address)
+            except TransientSinkError as exc:  # down: the others are written, its slots wait for a failover
+                log.warning("Redis Cluster primary %s does not answer (%s); the other primaries are written", address, exc)
+
+    def flush(self) -> None:
+        """End of the partition: fail, naming them, when entities of a down primary's slots were not written."""
+        if self._own.unreachable:
+            down = ", ".join(f"{a} ({self.topology.slots_of(a)} slots)" for a in self._down) or "a primary"
+            raise TransientSinkError(
+                f"Redis Cluster primary {down} did not answer and no replica took its slots over within "
+                f"{self.config.failover_timeout:.0f} s (redis.failover_timeout): {self._own.unreachable:,} entities in those slots "
+                "were not written, everything else was; rerun the date once every slot is served"
+            )
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         for address in list(self.nodes):
             self._drop(address)
 
@@ -120,15 +156,23 @@ class RedisClusterSink:
         return min(ceilings.values(), default=self.config.ceiling_bytes)
 
     def _node(self, address: str) -> RedisSink:
+        with self._lock:  # the shares' threads may open new primaries at once
+            return self._open_node(address)
+
+    def _open_node(self, address: str) -> RedisSink:
         if address not in self.nodes:
             # the baselines known so far, a run_id a writer of this node saw included
             node = replace(self.config, url=node_url(self.config.url, address), ceiling_bytes=self._ceiling(address), run_ids=tuple(self._run_ids.items()))
             sink = RedisSink(node)
-            self.nodes[address] = sink
             try:
                 sink.open()
             except CeilingReached as exc:
+                sink.close()
                 raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address) from exc
+            except BaseException:
+                sink.close()
+                raise
+            self.nodes[address] = sink
         return self.nodes[address]
 
     def _drop(self, address: str) -> None:
@@ -156,6 +200,9 @@ class RedisClusterSink:
         delay = 0.05
         while todo.size:
             outcome = _Round()
+            todo = self._without_down(slots, todo)
+            if not todo.size:
+                break
             self._write_round(batch, as_of, slots, todo, outcome)
             self._write_asking(batch, as_of, outcome)
             if not outcome.retry:
@@ -167,9 +214,10 @@ class RedisClusterSink:
             else:
                 stalled_since = stalled_since or time.monotonic()
                 if time.monotonic() - stalled_since > self.config.failover_timeout:
+                    hint = " (cluster-require-full-coverage no lets the other primaries serve while one is down)" if "CLUSTERDOWN" in outcome.last_error else ""
                     raise TransientSinkError(
                         f"Redis Cluster: {todo.size} entities could not be written for {self.config.failover_timeout:.0f} s "
-                        f"(redis.failover_timeout; first key {keys[todo[0]]!r}): {outcome.last_error}"
+                        f"(redis.failover_timeout; first key {keys[todo[0]]!r}): {outcome.last_error}{hint}"
                     )
                 time.sleep(delay)  # the cluster is electing, or a map is stale: give it time
                 delay = min(1.0, delay * 2)
@@ -178,16 +226,48 @@ class RedisClusterSink:
                 self.topology.assign(slot, target)
         return RedisWriteStats(**{k: v - getattr(before, k) for k, v in self.stats.as_dict().items()})
 
+    def _without_down(self, slots: np.ndarray, todo: np.ndarray) -> np.ndarray:
+        """``todo`` less the entities whose slots a down primary still owns (counted
+        unreachable). A down primary is looked at again every few seconds: a replica that
+        took over later, or the node back, ends its time out."""
+        if not self._down:
+            return todo
+        if time.monotonic() - min(self._down.values()) > _RECHECK_DOWN:
+            self.topology.refresh()
+            for address in list(self._down):
+                if not self.topology.slots_of(address) or self._answers(address):
+                    del self._down[address]
+                else:
+                    self._down[address] = time.monotonic()
+        down = [self.topology.primaries.index(a) for a in self._down if a in self.topology.primaries]
+        lost = np.isin(self.topology.owner[slots[todo]], down)
+        self._own.unreachable += int(lost.sum())
+        return todo[~lost]
+
     def _write_round(self, batch, as_of, slots, todo, outcome: _Round) -> None:
-        """Each primary's share through its writer; what did not land goes to ``outcome``."""
-        for address, positions in self.topology.group(slots[todo]).items():
-            share = todo[positions]
-            sink = None
+        """Each primary's share through its writer, all at once (a thread per primary: each
+        socket waits for its server while the others send); what did not land goes to ``outcome``."""
+        shares = [(address, todo[positions]) for address, positions in self.topology.group(slots[todo]).items()]
+
+        def write(address: str, share: np.ndarray):
+            sink = before = None
             try:
                 sink = self._node(address)
                 before = sink.stats.entities
                 sink.write_batch(_take(batch, share), as_of.take(pa.array(share)) if as_of is not None else None)
-            except ChunkFailed as exc:
+                return sink, before, None
+            except Exception as exc:  # noqa: BLE001 (sorted out below, in the caller's thread)
+                return sink, before, exc
+
+        if len(shares) > 1 and self.parallel:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=min(64, max(len(self.topology.primaries), len(shares))), thread_name_prefix="redis-primary")
+            results = list(self._pool.map(lambda item: write(*item), shares))
+        else:
+            results = [write(*item) for item in shares]
+        fatal: BaseException | None = None
+        for (address, share), (sink, before, exc) in zip(shares, results):
+            if isinstance(exc, ChunkFailed):
                 log.warning("Redis Cluster primary %s: %s; its unacknowledged writes go to the slots' owner after a refresh", address, exc)
                 outcome.progress += sink.stats.entities - before
                 self._collect(sink, share, slots, outcome)  # redirects of the chunks it acknowledged
@@ -195,20 +275,24 @@ class RedisClusterSink:
                 outcome.last_error = str(exc)
                 self._drop(address)
                 outcome.lost[address] = self._waited.get(address)
-                continue
-            except RedisRestarted:
-                raise  # what it had acknowledged is gone: no resend brings it back
-            except TransientSinkError as exc:  # could not even connect (open) to it
+            elif isinstance(exc, RedisRestarted):
+                fatal = fatal or exc  # what it had acknowledged is gone: no resend brings it back
+            elif isinstance(exc, TransientSinkError):  # could not even connect (open) to it
                 log.warning("Redis Cluster primary %s: %s", address, exc)
                 outcome.retry.append(share)
                 outcome.last_error = str(exc)
                 self._drop(address)
                 outcome.lost[address] = self._waited.get(address)
-                continue
-            except CeilingReached as exc:
-                raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address) from exc
-            outcome.progress += sink.stats.entities - before
-            self._collect(sink, share, slots, outcome)
+            elif isinstance(exc, CeilingReached):
+                fatal = fatal or CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address)
+                fatal.__cause__ = exc
+            elif exc is not None:
+                fatal = fatal or exc
+            else:
+                outcome.progress += sink.stats.entities - before
+                self._collect(sink, share, slots, outcome)
+        if fatal is not None:
+            raise fatal
 
     def _collect(self, sink: RedisSink, share: np.ndarray, slots: np.ndarray, outcome: _Round) -> None:
         """The entities a node answered MOVED/ASK (or CLUSTERDOWN/TRYAGAIN) for."""
@@ -286,13 +370,15 @@ class RedisClusterSink:
             except TransientSinkError as exc:
                 still = [str(exc)]
             if time.monotonic() > deadline:
-                raise TransientSinkError(
-                    f"Redis Cluster: {', '.join(still)} did not answer and no replica took over its slots "
-                    f"within {self.config.failover_timeout:.0f} s (redis.failover_timeout)"
-                )
+                if any(a not in self.topology.primaries for a in still):  # no node answered at all
+                    raise TransientSinkError(f"Redis Cluster: no node answered within {self.config.failover_timeout:.0f} s (redis.failover_timeout): {', '.join(still)}")
+                # its slots alone fail: the next rounds count their entities unreachable
+                log.warning("Redis Cluster primary %s: down, and no replica took over within %.0f s", ", ".join(still), self.config.failover_timeout)
+                self._down.update(dict.fromkeys(still, time.monotonic()))
+                break
             time.sleep(delay)
             delay = min(1.0, delay * 2)
-        unguarded = [a for a, waited in lost.items() if waited == 0 and not self.topology.slots_of(a)]
+        unguarded = [a for a, waited in lost.items() if waited == 0 and not self.topology.slots_of(a) and a not in self._down]
         if unguarded:
             raise FailedOverUnreplicated(
                 f"Redis Cluster primary {', '.join(unguarded)} failed over during the write, and its writes were not "

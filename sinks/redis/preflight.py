@@ -14,7 +14,7 @@ from feature_defs import EntityDef
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.errors import CapacityError
 from sinks.redis.capacity import MemoryInfo, Projection, project_growth, read_memory_info
-from sinks.redis.client import connect, is_transient, node_address
+from sinks.redis.client import TRANSIENT, connect, is_transient, node_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import KeysEvicted, RedisRestarted
 from sinks.redis.router import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots
@@ -74,7 +74,7 @@ def preflight(
     capacity, projected growth) and ``warnings``; raises CapacityError with nothing written."""
     cluster = detect_cluster(settings, config)
     topology = ClusterTopology.discover(config) if cluster else None
-    primaries = _primaries(settings, config, topology)
+    primaries = _primaries(settings, config, topology, warnings)
     try:
         note = primaries[0].memory.listpack_note
         if note:  # a least-privilege user: say what the projection assumed
@@ -109,13 +109,25 @@ def preflight(
             p.client.close()
 
 
-def _primaries(settings: RedisSettings, config: RedisSinkConfig, topology: ClusterTopology | None) -> list[_Primary]:
+def _primaries(settings: RedisSettings, config: RedisSinkConfig, topology: ClusterTopology | None, warnings: list[str]) -> list[_Primary]:
+    """The servers to check: the one server, or every cluster primary that answers (one that
+    does not costs only its own slots: the writers wait for a replica to take them over)."""
     out: list[_Primary] = []
     try:
         for address in list(topology.primaries) if topology else [None]:
-            out.append(_Primary(address, connect(config, address)))
-            out[-1].memory = read_memory_info(out[-1].client, settings.hash_max_listpack_entries, settings.hash_max_listpack_value)
-            out[-1].capacity = out[-1].memory.capacity(settings.capacity_bytes)
+            client = connect(config, address)
+            try:
+                memory = read_memory_info(client, settings.hash_max_listpack_entries, settings.hash_max_listpack_value)
+            except TRANSIENT as exc:
+                client.close()
+                if address is None or len(topology.primaries) == 1:
+                    raise
+                warnings.append(
+                    f"Redis Cluster primary {address} does not answer ({exc}): its {topology.slots_of(address)} slots are written only "
+                    f"if a replica takes them over within redis.failover_timeout ({settings.failover_timeout:.0f} s); the other primaries are written"
+                )
+                continue
+            out.append(_Primary(address, client, memory, memory.capacity(settings.capacity_bytes)))
     except BaseException:
         for p in out:
             p.client.close()

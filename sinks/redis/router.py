@@ -47,7 +47,8 @@ class ClusterTopology:
     def refresh(self) -> None:
         """Read the slot map again, from the seed or any node known before (transient error if none answers)."""
         seed = urlsplit(self.config.url)
-        candidates = [f"{seed.hostname}:{seed.port or 6379}", *self.primaries]
+        # the primaries the driver saw before the write: the seed may be the node that is down
+        candidates = [f"{seed.hostname}:{seed.port or 6379}", *self.primaries, *(a for a, _ in self.config.run_ids)]
         errors = []
         for address in dict.fromkeys(candidates):
             client = connect(self.config, address)

@@ -60,7 +60,10 @@ class RedisWriter:
         return self.stats
 
     def flush(self) -> None:
-        """Every chunk is acknowledged before write_batch returns: nothing is buffered."""
+        """Every chunk is acknowledged before write_batch returns: nothing is buffered. A
+        cluster writer fails here when a down primary's entities were left unwritten."""
+        if isinstance(self.sink, RedisClusterSink):
+            self.sink.flush()
 
     def close(self) -> None:
         self.sink.close()
