@@ -382,3 +382,21 @@ def test_the_job_starts_with_a_primary_down_and_writes_every_other_slot(spark, s
     assert f"after {written:,} of {len(expected):,} entities were written, {len(lost):,} not (their primary was down)" in str(info.value)
     assert f"primary 127.0.0.1:{down} (5461 slots) did not answer" in str(info.value)
     assert sum(c.client(p).dbsize() for p in c.primaries() if p != down) == written
+
+
+def test_doctor_checks_every_primary_and_names_the_one_down(run_conf, partial_cluster):
+    from jobs.operations.doctor import run_checks
+
+    from .test_redis_job import DEFS
+
+    c = partial_cluster
+    primaries = c.primaries()
+    c.kill(primaries[2])
+    conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": f"redis://127.0.0.1:{primaries[0]}/0"})})
+    checks = {x.name: x for x in run_checks(conf, DEFS, list(DEFS.sources), ["redis"])}
+    assert checks["redis"].status == "ok" and checks["redis"].detail.endswith("cluster")
+    assert checks["redis cluster"].detail == "3 primaries serve every slot"  # still assigned: no failover without replicas
+    for port in primaries:
+        memory = checks[f"redis memory 127.0.0.1:{port}"]
+        assert (memory.status, memory.detail.startswith("does not answer")) == (("fail", True) if port == primaries[2] else ("ok", False)), memory
+    assert checks["redis acl consumer"].status == "ok"

@@ -253,6 +253,9 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
             except CapacityError as exc:
                 checks.append(Check("fail", label, str(exc).split(":")[0], "set maxmemory on the server, or redis.capacity_bytes"))
                 continue
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                checks.append(Check("fail", label, f"does not answer ({exc})", "bring the node back, or let a replica take over its slots (a run writes the other primaries)"))
+                continue
             except redis.RedisError as exc:
                 checks.append(Check("fail", label, f"cannot read INFO: {exc}", "grant this user INFO (conf/README.md 'Least privilege')"))
                 continue
