@@ -31,7 +31,8 @@ submit: services-start      ## the same job under spark-submit
 package: setup              ## build dist/: the project zip (--py-files) and the executors' PEX (spark.pyspark.python)
 	bash scripts/package.sh
 
-test: setup                 ## set up and run the whole suite (real Redis servers, local Spark)
+test:                       ## set up (with the S3 test server) and run the whole suite (real Redis, PostgreSQL, S3 API servers, local Spark)
+	bash scripts/setup.sh --test
 	$(BIN)/python -m pytest
 
 test-fast: setup            ## the tests without Spark (about a minute): formats, sinks, clusters, CLI, config, docs

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,3 +143,46 @@ def start_postgres(prepare: Callable[[Path], str] | None = None) -> PostgresServ
     with psycopg.connect(host=str(root), port=port, user="postgres", dbname="postgres", autocommit=True) as conn:
         conn.execute("CREATE DATABASE features")
     return server
+
+
+MOTO_VENV = Path(__file__).resolve().parent.parent / ".run" / "moto-venv"
+
+
+@dataclass
+class S3Server:
+    """An S3-compatible server (moto's server mode) on a free loopback port."""
+
+    port: int
+    process: subprocess.Popen
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def create_bucket(self, name: str) -> None:
+        # moto does not check request signatures: a plain PUT creates the bucket
+        request = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
+        urllib.request.urlopen(request, timeout=10).close()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def start_s3(log: Path) -> S3Server:
+    binary = MOTO_VENV / "bin" / "moto_server"
+    assert binary.exists(), f"the S3 test server is not installed ({binary}): run `bash scripts/setup.sh --test` (make test does)"
+    port = free_port()
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    server = S3Server(port, process)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{server.endpoint}/moto-api/", timeout=2).close()
+            return server
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                server.process.kill()
+                raise RuntimeError(f"moto_server did not start on port {port}: see {log}") from None
+            time.sleep(0.2)

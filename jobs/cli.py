@@ -279,8 +279,8 @@ def cmd_sample_data(args) -> int:
     from jobs.sample_data import sample_dates, write_sample_tables
     from jobs.spark import build_spark
 
-    conf, _ = _load(args)
-    spark = build_spark(conf.spark)
+    conf, defs = _load(args)
+    spark = build_spark(conf.spark, conf.locations(defs))
     dates = sample_dates(args.days, args.end)
     counts = write_sample_tables(spark, conf.data_path, dates, args.consumers, args.stores)
     for table, rows in counts.items():
@@ -302,7 +302,7 @@ def _each_source(args, action, report_name: str, setup=None) -> int:
     names = args.source or conf.sources or list(defs.sources)
     for name in names:
         defs.source(name)  # unknown names fail before Spark starts
-    spark = build_spark(conf.spark)
+    spark = build_spark(conf.spark, conf.locations(defs))
     if setup:
         setup(spark, conf)
     printing, errors = threading.Lock(), {}
@@ -354,7 +354,7 @@ def cmd_ready(args) -> int:
 
     conf, defs = _load(args)
     source = defs.source(args.source)
-    if partition_rows(build_spark(conf.spark), conf, source, args.date):
+    if partition_rows(build_spark(conf.spark, conf.locations(defs)), conf, source, args.date):
         print(f"{source.name} has rows for {args.date}")
         return EXIT_OK
     print(f"{source.name} has no rows for {args.date} yet")
@@ -394,7 +394,7 @@ def cmd_backfill(args) -> int:
 
     conf, defs = _load(args)
     defs.source(args.source)
-    spark = build_spark(conf.spark)
+    spark = build_spark(conf.spark, conf.locations(defs))
     ledger = Ledger.of(spark, conf)
     try:
         plan = plan_backfill(spark, conf, defs, ledger, args.source, args.start, args.end, args.mode, args.force, args.redis_url)
@@ -434,8 +434,8 @@ def cmd_runs(args) -> int:
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
-    conf, _ = _load(args)
-    ledger = Ledger.of(build_spark(conf.spark), conf)
+    conf, defs = _load(args)
+    ledger = Ledger.of(build_spark(conf.spark, conf.locations(defs)), conf)
     rows = ledger.list(args.source, args.last)
     if not rows:
         print(f"no runs recorded in {conf.ledger_path}")
@@ -456,7 +456,7 @@ def cmd_cleanup(args) -> int:
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
-    spark = build_spark(conf.spark)
+    spark = build_spark(conf.spark, conf.locations(defs))
     ledger = Ledger.of(spark, conf)
     plan, keys = plan_cleanup(spark, conf, defs, ledger, args.entity, args.redis_url)
     try:

@@ -148,6 +148,13 @@ class RunConf(Settings):
     def reports_path(self) -> Location:
         return resolve(self.reports_dir, PROJECT_ROOT)
 
+    def locations(self, defs=None) -> list[Location]:
+        """Every location a run reads or writes: tables (the sources' own URIs included), quarantine, ledger, reports."""
+        out = [self.data_path, self.quarantine_path, self.ledger_path, self.reports_path]
+        if defs is not None:
+            out += [Location(s.location) for s in defs.sources.values() if "://" in s.location]
+        return out
+
     @property
     def files(self) -> Files:
         """Reads and writes the driver's own files (reports) wherever they live."""

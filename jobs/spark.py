@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from jobs.config import PROJECT_ROOT, SparkConf
@@ -25,7 +26,26 @@ def delta_jars() -> list[Path]:
     return jars
 
 
-def build_spark(conf: SparkConf):
+S3A_SCHEMES = ("s3a://", "s3://", "s3n://")
+
+
+def s3a_jars() -> list[Path]:
+    """Spark's S3A connector (hadoop-aws and the AWS SDK modules it calls), fetched by the set-up."""
+    folder = Path(os.environ.get("FM_JARS_DIR") or PROJECT_ROOT / "jars") / "s3a"
+    jars = sorted(folder.glob("*.jar"))
+    if not jars:
+        raise FileNotFoundError(f"S3A jars missing in {folder}; run `make setup` (scripts/setup.sh) to fetch them")
+    return jars
+
+
+def needs_s3a(conf: SparkConf, locations: Iterable[str]) -> bool:
+    """Whether a session reads or writes S3: a location on it, or fs.s3a settings in spark.extra."""
+    return any(str(loc).startswith(S3A_SCHEMES) for loc in locations) or any(k.startswith("spark.hadoop.fs.s3a.") for k in conf.extra)
+
+
+def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
+    """The session; ``locations`` (the run's tables, ledger, reports): S3 ones add the S3A
+    connector's jars (left out otherwise: 36 jars on every classpath for nothing)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -34,7 +54,8 @@ def build_spark(conf: SparkConf):
     builder = SparkSession.builder.appName(conf.app_name)
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit already chose master and jars
     if not under_submit:
-        builder = builder.master(conf.master).config("spark.jars", ",".join(str(j) for j in delta_jars()))
+        jars = delta_jars() + (s3a_jars() if needs_s3a(conf, locations) else [])
+        builder = builder.master(conf.master).config("spark.jars", ",".join(str(j) for j in jars))
         # before the JVM starts: 1g (Spark's default) spills a 1M-entity snapshot's cache to disk
         builder = builder.config("spark.driver.memory", conf.driver_memory)
         if "spark.driver.extraJavaOptions" not in conf.extra:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian/Ubuntu machine (root, or a user with sudo).
 # Installs what is missing: Java 17, redis-server, PostgreSQL, Maven (only to fetch the
-# Delta jars), a .venv with the pinned Python packages, and the two Delta jars.
+# jars), a .venv with the pinned Python packages, the two Delta jars and the S3A connector's
+# jars (jars/s3a). With --test, also the S3-compatible test server (moto) in .run/moto-venv.
 # Every step is skipped when its result is already there, so running it again is cheap.
 set -euo pipefail
 
@@ -11,6 +12,9 @@ VENV="${FM_VENV:-$ROOT/.venv}"
 JARS="$ROOT/jars"
 DELTA_VERSION=4.4.0
 DELTA_ARTIFACTS=("io.delta:delta-spark_4.2_2.13:$DELTA_VERSION" "io.delta:delta-storage:$DELTA_VERSION")
+HADOOP_VERSION=3.5.0  # pyspark's own Hadoop (its hadoop-client-api jar): hadoop-aws must match it
+WITH_TEST_TOOLS=0
+[ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -25,7 +29,7 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then missing
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-command -v mvn >/dev/null 2>&1 || [ -f "$JARS/.complete-$DELTA_VERSION" ] || missing+=(maven)
+command -v mvn >/dev/null 2>&1 || { [ -f "$JARS/.complete-$DELTA_VERSION" ] && [ -f "$JARS/s3a/.complete-$HADOOP_VERSION" ]; } || missing+=(maven)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 
 if [ ${#missing[@]} -gt 0 ]; then
@@ -63,10 +67,40 @@ if [ ! -f "$JARS/.complete-$DELTA_VERSION" ]; then
   log "fetching Delta $DELTA_VERSION jars with Maven"
   mkdir -p "$JARS"
   for a in "${DELTA_ARTIFACTS[@]}"; do
-    mvn -q -B dependency:copy -Dartifact="$a" -DoutputDirectory="$JARS"
+    mvn -q -B -C dependency:copy -Dartifact="$a" -DoutputDirectory="$JARS"  # -C: a checksum mismatch fails
   done
   touch "$JARS/.complete-$DELTA_VERSION"
 else
   log "Delta jars present ($JARS)"
+fi
+# --- S3A: hadoop-aws of pyspark's Hadoop and the AWS SDK v2 modules it calls (14 MB, not
+# the SDK's 686 MB bundle); what pyspark already has (Netty, SLF4J, HTTP client) is left out.
+if [ ! -f "$JARS/s3a/.complete-$HADOOP_VERSION" ]; then
+  found=$(ls "$VENV"/lib/python3*/site-packages/pyspark/jars/hadoop-client-api-*.jar 2>/dev/null | sed 's/.*hadoop-client-api-\(.*\)\.jar/\1/')
+  [ "$found" = "$HADOOP_VERSION" ] || { echo "[setup] pyspark's Hadoop is $found, scripts/s3a/pom.xml pins $HADOOP_VERSION: update both" >&2; exit 1; }
+  log "fetching the S3A connector's jars (hadoop-aws $HADOOP_VERSION) with Maven"
+  rm -rf "$JARS/s3a"
+  mvn -q -B -C -f scripts/s3a/pom.xml dependency:copy-dependencies -DoutputDirectory="$JARS/s3a" -DincludeScope=runtime \
+    -DexcludeGroupIds=io.netty,org.slf4j -DexcludeArtifactIds=commons-codec,commons-logging,httpclient,httpcore
+  touch "$JARS/s3a/.complete-$HADOOP_VERSION"
+else
+  log "S3A jars present ($JARS/s3a)"
+fi
+
+# --- test tools: an S3-compatible server for the suite (its own venv: its Flask stack stays
+# out of the product's) ------------------------------------------------------------------
+if [ "$WITH_TEST_TOOLS" = 1 ]; then
+  MOTO="$ROOT/.run/moto-venv"
+  moto_stamp="$MOTO/.installed-$(sha256sum scripts/s3a/moto-requirements.txt | cut -c1-16)"
+  if [ ! -f "$moto_stamp" ]; then
+    log "installing the S3 test server (moto) into $MOTO"
+    mkdir -p "$ROOT/.run"
+    [ -x "$MOTO/bin/python" ] || python3 -m venv "$MOTO"
+    "$MOTO/bin/python" -m pip install -q --disable-pip-version-check -r scripts/s3a/moto-requirements.txt
+    rm -f "$MOTO"/.installed-*
+    touch "$moto_stamp"
+  else
+    log "S3 test server present ($MOTO)"
+  fi
 fi
 log "ready"

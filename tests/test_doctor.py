@@ -114,3 +114,14 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
     assert any(line.startswith("OK    source consumer_daily") for line in lines)
     assert any(line.startswith("FAIL  redis ") and "cannot connect" in line for line in lines)
     assert lines[-1] == "8 checks: 6 ok, 0 warning(s), 2 failed"
+
+
+def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():
+    from jobs.config import RunConf
+    from jobs.operations.doctor import check_log_store
+
+    [check] = check_log_store(RunConf(ledger_root="s3a://lake/_ledger"))
+    assert check.status == "warn" and "single-driver log store" in check.detail and "S3DynamoDBLogStore" in check.fix
+    dynamo = SparkConf(extra={"spark.delta.logStore.s3a.impl": "io.delta.storage.S3DynamoDBLogStore"})
+    assert [c.status for c in check_log_store(RunConf(ledger_root="s3a://lake/_ledger", spark=dynamo))] == ["ok"]
+    assert check_log_store(RunConf(ledger_root="gs://lake/_ledger")) == check_log_store(RunConf()) == []

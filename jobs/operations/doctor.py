@@ -45,6 +45,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
     steps: list[tuple[str, Callable[[], list[Check]]]] = [("spark", lambda: check_spark(conf))]
     steps += [(f"source {name}", lambda name=name: [check_source(conf, defs, defs.source(name))]) for name in sources]
     steps += [(label, lambda label=label, where=where: [check_location(conf, label, where)]) for label, where in _locations(conf)]
+    steps.append(("ledger log store", lambda: check_log_store(conf)))
     if "redis" in sinks:
         steps.append(("redis", lambda: check_redis(conf, defs, sources)))
     if "cockroach" in sinks:
@@ -203,6 +204,23 @@ def check_location(conf: RunConf, label: str, where: Location) -> Check:
         return Check("fail", label, f"{where}: cannot reach: {exc}", "check the URI, storage.* and this host's credentials for it")
     kind = "Delta table" if table else "folder"
     return Check("ok", label, f"{where}: {kind} found" if found else f"{where}: reachable, created by the first run (writes are not tried)")
+
+
+def check_log_store(conf: RunConf) -> list[Check]:
+    """A ledger on S3 takes commits from every driver that runs here (nightly runs, backfills):
+    Delta's default S3 log store is safe for one driver at a time only."""
+    ledger = str(conf.ledger_path)
+    scheme = ledger.split("://", 1)[0] if "://" in ledger else ""
+    if scheme not in ("s3a", "s3", "s3n"):
+        return []
+    store = conf.spark.extra.get(f"spark.delta.logStore.{scheme}.impl", "")
+    if "DynamoDB" in store:
+        return [Check("ok", "ledger log store", f"{store}: concurrent commits from several drivers are safe")]
+    return [Check(
+        "warn", "ledger log store",
+        f"the ledger is on S3 ({ledger}) with Delta's single-driver log store: a backfill and a nightly run on two drivers may overwrite each other's commit",
+        f"set spark.extra spark.delta.logStore.{scheme}.impl: io.delta.storage.S3DynamoDBLogStore (conf/README.md 'Concurrent writers on S3'), or put ledger_root on abfss://, gs:// or hdfs://",
+    )]  # fmt: skip
 
 
 # -- Redis --------------------------------------------------------------------------------
