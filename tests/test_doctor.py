@@ -25,6 +25,7 @@ def checks_of(conf, defs=DEFS, sources=SOURCES):
 
 
 def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_root, sql_conf, redis_db, pg_db, tmp_path):
+    redis_db.script_flush()  # other tests loaded the write script: the check must not
     conf = sql_conf.model_copy(update={"sinks": ["redis", "cockroach"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]")})
     checks = checks_of(conf)
     assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
