@@ -122,17 +122,13 @@ class Files:
 
     def folders(self, where: str) -> list[str]:
         """The names of the folders directly in ``where`` (none when it does not exist)."""
-        from pyarrow import fs
-
-        filesystem, path = self._open(where)
-        try:
-            infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
-        except NotADirectoryError:
-            return []
-        return sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
+        return self._names(where, directories=True)
 
     def file_names(self, where: str) -> list[str]:
         """The names of the files directly in ``where`` (none when it does not exist)."""
+        return self._names(where, directories=False)
+
+    def _names(self, where: str, *, directories: bool) -> list[str]:
         from pyarrow import fs
 
         filesystem, path = self._open(where)
@@ -140,7 +136,8 @@ class Files:
             infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
         except NotADirectoryError:
             return []
-        return sorted(i.base_name for i in infos if i.type == fs.FileType.File)
+        kind = fs.FileType.Directory if directories else fs.FileType.File
+        return sorted(i.base_name for i in infos if i.type == kind)
 
     def upload(self, folder: Path, where: str) -> None:
         """Copy a local folder's files to ``where`` (same relative paths)."""
