@@ -1,7 +1,8 @@
 """Tables, quarantine, ledger and reports on a real S3 API: an S3-compatible server (moto's
 server mode) on loopback, reached by Spark's S3A connector (jars/s3a, scripts/s3a/pom.xml)
-and by the driver's own file I/O. The CLI runs as a scheduler would: sample data, a nightly
-run, a backfill resumed from the ledger, the runs list and the report, all on s3a:// only.
+and by the driver's own file I/O. The session's sample tables are copied to the bucket; then
+the CLI runs as a scheduler would: a nightly run, a backfill resumed from the ledger, the
+runs list, the report and the deployment check, all on s3a:// only.
 Credentials come from the environment and appear nowhere in output, reports or event log."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pyarrow import fs
 
 from bench.servers import start_s3
 
-from .conftest import DAY2_STR, SAMPLE_CONSUMERS, SAMPLE_DATES, SAMPLE_STORES, env_conf
+from .conftest import DAY2_STR, SAMPLE_DATES, env_conf
 from .test_cli import ROOT
 from .test_redis_job import DAY2, check_consumer_hashes, expected_consumers
 
@@ -64,8 +65,10 @@ spark:
 """
     folder = env_conf(tmp_path / "conf", "s3", settings)
     common = ["--env", "s3"]
+    s3fs = fs.S3FileSystem(endpoint_override=f"127.0.0.1:{s3.port}", scheme="http", access_key="fm-test", secret_key=secret, region="us-east-1")
+    for table in ("consumer_daily", "store_features_long"):  # the session's sample tables, as an ETL job would have put them
+        fs.copy_files(str(sample_root / table), f"lake/etl/{table}", destination_filesystem=s3fs)
     commands = [
-        ["sample-data", *common, "--days", "2", "--end", DAY2_STR, "--consumers", str(SAMPLE_CONSUMERS), "--stores", str(SAMPLE_STORES)],
         ["run", *common, "--date", DAY2_STR, "--source", "consumer_daily"],
         ["backfill", *common, "--source", "consumer_daily", "--start", DAY1_STR, "--end", DAY2_STR, "--mode", "replay"],
         ["runs", *common, "--source", "consumer_daily"],
@@ -79,7 +82,7 @@ spark:
     print("\n".join(line for line in out.stderr.splitlines() if line.startswith("[took")))
     assert exits == [f"[exit 0] {' '.join(c)}" for c in commands], out.stdout[-3000:] + out.stderr[-3000:]
 
-    # the nightly run wrote exactly what the local copy of the same sample says
+    # the nightly run wrote exactly what the local copy of the same tables says
     expected = expected_consumers(spark, sample_root, DAY2)
     assert check_consumer_hashes(redis_db, expected, DAY2) > 0
     # and the backfill added the consumers only the first date has (the others hold the newer date)
@@ -97,7 +100,6 @@ spark:
     assert "OK    ledger                       s3a://lake/etl/_ledger: Delta table found" in doctor
     assert "WARN  ledger log store" in doctor and "S3DynamoDBLogStore" in doctor
 
-    s3fs = fs.S3FileSystem(endpoint_override=f"127.0.0.1:{s3.port}", scheme="http", access_key="fm-test", secret_key=secret, region="us-east-1")
     objects = {i.path: i for i in s3fs.get_file_info(fs.FileSelector("lake", recursive=True)) if i.type == fs.FileType.File}
     for prefix in ("lake/etl/consumer_daily/_delta_log/", "lake/etl/_ledger/_delta_log/", "lake/etl/_ledger_leases/_delta_log/",
                    "lake/etl/_quarantine/consumer_daily/", f"lake/reports/consumer_daily/{DAY2_STR}/", f"lake/reports/consumer_daily/{DAY1_STR}/"):  # fmt: skip

@@ -263,6 +263,7 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
             nodes = [(a, connect(config, a, socket_timeout=5.0)) for a in sorted(topology.primaries)]
         entities = {defs.entity_of(defs.source(s)).name: defs.entity_of(defs.source(s)) for s in sources}
         ttl = any(e.ttl_seconds for e in entities.values())
+        seen = None
         for address, node in nodes:
             label = f"redis memory {address}" if cluster else "redis memory"
             try:
@@ -283,12 +284,14 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
             if memory.evicts(ttl):
                 refuse = settings.eviction == "refuse"
                 checks.append(Check("fail" if refuse else "warn", f"redis eviction {address}" if cluster else "redis eviction", f"maxmemory-policy {memory.policy} may evict this run's keys" + (": a run refuses to write" if refuse else ""), "set maxmemory-policy noeviction (or volatile-* with entity types without a TTL)"))
-            if memory.listpack_note and settings.hash_max_listpack_entries is None and settings.hash_max_listpack_value is None:
-                checks.append(Check("warn", "redis listpack", memory.listpack_note.split(";")[0] + f"; assumed entries {memory.listpack_entries}, value {memory.listpack_value}", "set redis.hash_max_listpack_entries/_value to the server's values"))
-            else:
-                checks.extend(_listpack(defs, sources, memory.listpack_entries, memory.listpack_value))
+            if seen is None:  # listpack settings: one check, from the first primary that answered
+                seen = memory
             if not cluster:
                 break
+        if seen is not None and seen.listpack_note and settings.hash_max_listpack_entries is None and settings.hash_max_listpack_value is None:
+            checks.append(Check("warn", "redis listpack", seen.listpack_note.split(";")[0] + f"; assumed entries {seen.listpack_entries}, value {seen.listpack_value}", "set redis.hash_max_listpack_entries/_value to the server's values"))
+        elif seen is not None:
+            checks.extend(_listpack(defs, sources, seen.listpack_entries, seen.listpack_value))
         for entity in entities.values():
             keys = key_prefix(entity.prefix, settings.namespace)
             denied, unchecked = _denied(nodes[0][1], (keys + "__doctor_probe__").encode())
@@ -393,7 +396,7 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
     from psycopg.conninfo import conninfo_to_dict
 
     from sinks.sql.client import connect, detect_dialect
-    from sinks.sql.preflight import SCHEMA_STEP, missing_privileges, table_columns
+    from sinks.sql.preflight import SCHEMA_STEP, is_loopback, missing_privileges, table_columns
     from sinks.sql.statements import COLUMNS
 
     settings = conf.sql
@@ -410,7 +413,7 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
         checks = [Check("ok", "sql", f"{where}: {found}")]
         if settings.dialect not in ("auto", found):
             checks.append(Check("fail", "sql dialect", f"sql.dialect is {settings.dialect} but the server is {found}", "set sql.dialect: auto"))
-        if info.get("sslmode", "prefer") != "verify-full" and not (info.get("host") or "localhost").startswith(("localhost", "127.", "::1", "/")):
+        if info.get("sslmode", "prefer") != "verify-full" and not is_loopback(settings.dsn):
             checks.append(Check("warn", "sql tls", f"sslmode is {info.get('sslmode', 'prefer')}: the server's certificate is not verified", "add sslmode=verify-full (and sslrootcert) to sql.dsn"))
         seen: set[str] = set()
         for name in sources:

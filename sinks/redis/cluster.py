@@ -283,8 +283,8 @@ class RedisClusterSink:
                 outcome.last_error = str(exc)
                 self._drop(address)
                 outcome.lost[address] = self._waited.get(address)
-            elif isinstance(exc, CeilingReached):
-                fatal = fatal or CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address)
+            elif isinstance(exc, CeilingReached) and fatal is None:
+                fatal = CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom, node=address)
                 fatal.__cause__ = exc
             elif exc is not None:
                 fatal = fatal or exc

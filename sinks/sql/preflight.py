@@ -39,12 +39,12 @@ def preflight(settings: SqlSettings, config: SqlSinkConfig, warnings: list[str])
         checked = call_with_retries(check, is_transient=is_transient, retries=settings.retries, base_delay=settings.retry_base_delay, max_delay=settings.retry_max_delay)
     except psycopg.Error as exc:
         raise TerminalSinkError(f"cannot connect to the SQL store ({settings.dsn}): {str(exc).strip()}") from exc
-    if conninfo_to_dict(settings.dsn).get("sslmode", "prefer") != "verify-full" and not _loopback(settings.dsn):
+    if conninfo_to_dict(settings.dsn).get("sslmode", "prefer") != "verify-full" and not is_loopback(settings.dsn):
         warnings.append(f"sql.dsn does not use sslmode=verify-full: the SQL store's certificate is not verified ({settings.dsn})")
     return checked
 
 
-def _loopback(dsn: str) -> bool:
+def is_loopback(dsn: str) -> bool:
     host = conninfo_to_dict(dsn).get("host") or "localhost"
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("/")
 
