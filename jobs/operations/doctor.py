@@ -292,9 +292,9 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
             checks.append(Check("warn", "redis listpack", seen.listpack_note.split(";")[0] + f"; assumed entries {seen.listpack_entries}, value {seen.listpack_value}", "set redis.hash_max_listpack_entries/_value to the server's values"))
         elif seen is not None:
             checks.extend(_listpack(defs, sources, seen.listpack_entries, seen.listpack_value))
-        for entity in entities.values():
+        for entity in entities.values():  # asked of the node that answered (in a cluster, MOVED comes after the ACL check)
             keys = key_prefix(entity.prefix, settings.namespace)
-            denied, unchecked = _denied(nodes[0][1], (keys + "__doctor_probe__").encode())
+            denied, unchecked = _denied(client, (keys + "__doctor_probe__").encode())
             user, label = settings.username or "default", f"redis acl {entity.name}"
             if denied:
                 checks.append(Check("fail", label, f"user {user} may not run {', '.join(denied)} on {keys}*", "grant the writer's ACL (conf/base/redis-acl.txt, conf/README.md 'Least privilege')"))
