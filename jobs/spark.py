@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
 from jobs.config import PROJECT_ROOT, SparkConf
 
 DELTA_JARS = ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
@@ -81,8 +82,32 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         # the run instead of turning a bad value into a null, which would delete the stored value.
         "spark.sql.ansi.enabled": "true",
     }
+    if os.environ.get(BUNDLE_FILE_VAR):
+        settings["spark.jars"] = jars_without_bundle(os.environ[BUNDLE_FILE_VAR])
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if os.environ.get(BUNDLE_DIR_VAR):
+        ship_bundle(spark.sparkContext, Path(os.environ[BUNDLE_DIR_VAR]))
     return spark
+
+
+def jars_without_bundle(name: str) -> str:
+    """spark.jars as spark-submit set it, less the job bundle (the application it submitted)."""
+    from pyspark import SparkContext
+
+    # Before the context exists, spark-submit's settings are the driver JVM's system
+    # properties (a pure-Python SparkConf does not see them yet): start the gateway first.
+    SparkContext._ensure_initialized()
+    jars = SparkContext._jvm.java.lang.System.getProperty("spark.jars") or ""
+    return ",".join(j for j in jars.split(",") if j and j.rsplit("/", 1)[-1] != name)
+
+
+def ship_bundle(sc, bundle: Path) -> None:
+    """A driver started from the job bundle (jobs/cluster_bundle.py) sends the executors
+    their Python environment and the project's packages itself: the PEX lands in each
+    executor's working directory before its first task (PYSPARK_PYTHON names it there),
+    the zip on its workers' path."""
+    sc.addFile(str(next(bundle.glob("*" + RUNTIME_SUFFIX))))
+    sc.addPyFile(str(bundle / PROJECT_ZIP))

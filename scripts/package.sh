@@ -3,6 +3,9 @@
 #   dist/feature_materializer-<version>.zip              the project's packages, for --py-files
 #   dist/feature_materializer-<version>-executor.pex     the executors' Python environment (PEX),
 #                                                        for spark.pyspark.python / --files
+#   dist/feature_materializer-<version>-runtime.pex      driver and executors' environment, for the bundle
+#   dist/feature_materializer-<version>-job.jar          the job bundle, for --deploy-mode cluster: the
+#                                                        project, conf/ and the runtime PEX in one zip
 #   dist/package.env                                     their paths, for `source` in scripts
 # Built from the installed .venv (run scripts/setup.sh first): no network. Each artifact is
 # rebuilt only when a hash of its inputs changed, so running this again is cheap.
@@ -21,6 +24,8 @@ mkdir -p "$DIST"
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 ZIP="$DIST/feature_materializer-$VERSION.zip"
 PEX="$DIST/feature_materializer-$VERSION-executor.pex"
+RUNTIME="$DIST/feature_materializer-$VERSION-runtime.pex"
+BUNDLE="${FM_BUNDLE_OUT:-$DIST/feature_materializer-$VERSION-job.jar}"
 
 # --- 1. the project's packages, for --py-files ------------------------------------------
 # Deterministic: sorted entries, fixed timestamps and modes, so equal inputs give equal bytes.
@@ -70,9 +75,10 @@ stamp.write_text(digest.hexdigest())
 print(f"[package] built {os.path.relpath(zip_path)}: {len(files)} files in {time.perf_counter() - start:.1f}s")
 EOF
 
-# --- 2. the executors' Python environment, a PEX ------------------------------------------
-# Only requirements-executor.txt (what the executor-side code imports), resolved from the
-# .venv's installed distributions (--venv-repository: no index, no network), which
+# --- 2. the Python environments: PEX files ---------------------------------------------------
+# The executors' PEX (client mode) holds only requirements-executor.txt (what the
+# executor-side code imports); the job bundle's runtime PEX (cluster mode: the driver runs
+# it too) adds requirements-driver.txt. Both resolved from the .venv's installed distributions (--venv-repository: no index, no network), which
 # constraints.txt pinned. Options, measured on 2 cores (sinks/README.md "Running on a Spark cluster"):
 #   --venv --non-hermetic-venv-scripts: on first boot the PEX unpacks itself into a venv
 #     under PEX_ROOT (~/.cache/pex) and reuses it. The venv hides the node's site-packages
@@ -86,7 +92,7 @@ EOF
 #     each node's first boot is faster.
 PEX_OPTS=(--venv --non-hermetic-venv-scripts --sh-boot)
 
-# every pin in requirements-executor.txt must be the one in constraints.txt
+# every pin in requirements-executor.txt and requirements-driver.txt must be the one in constraints.txt
 "$PY" - <<'EOF'
 import re, sys
 def pins(path):
@@ -100,40 +106,109 @@ def pins(path):
             out[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[3]
     return out
 lock = pins("constraints.txt")
-bad = [f"{n}=={v} (constraints.txt: {lock.get(n, 'missing')})" for n, v in pins("requirements-executor.txt").items() if lock.get(n) != v]
-if bad:
-    sys.exit("requirements-executor.txt differs from constraints.txt: " + ", ".join(bad))
+for path in ("requirements-executor.txt", "requirements-driver.txt"):
+    bad = [f"{n}=={v} (constraints.txt: {lock.get(n, 'missing')})" for n, v in pins(path).items() if lock.get(n) != v]
+    if bad:
+        sys.exit(f"{path} differs from constraints.txt: " + ", ".join(bad))
 EOF
 
-pex_inputs=$( { cat requirements-executor.txt constraints.txt; echo "${PEX_OPTS[*]}"; "$PY" -VV; "$VENV/bin/pex" --version; } | sha256sum | cut -c1-16)
-pex_stamp="$DIST/.$(basename "$PEX").inputs"
-if [ -f "$PEX" ] && [ -f "$pex_stamp" ] && [ "$(cat "$pex_stamp")" = "$pex_inputs" ]; then
-  log "dist/$(basename "$PEX") up to date"
-else
-  log "building dist/$(basename "$PEX") from $VENV (about 10 s)"
+L="$("$PY" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "python", "lib"))')"
+SPARK_PYTHONPATH="$(ls "$L"/pyspark.zip "$L"/py4j-*-src.zip | paste -sd:)"  # what a cluster's Spark provides
+
+# build_pex OUT SMOKE_TEST REQUIREMENT_FILE...: a PEX of those requirements, pyspark left out
+# (delta-spark requires it), rebuilt only when they, the lock or the options changed;
+# SMOKE_TEST runs in it with Spark's own pyspark on the path, as on a cluster node.
+build_pex() {
+  local out="$1" smoke="$2"; shift 2
+  local reqs=() f inputs stamp start ms
+  for f in "$@"; do reqs+=(-r "$f"); done
+  inputs=$( { cat "$@" constraints.txt; echo "${PEX_OPTS[*]}"; "$PY" -VV; "$VENV/bin/pex" --version; } | sha256sum | cut -c1-16)
+  stamp="$DIST/.$(basename "$out").inputs"
+  if [ -f "$out" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
+    log "dist/$(basename "$out") up to date"
+    return
+  fi
+  log "building dist/$(basename "$out") from $VENV"
   start=$(date +%s%N)
-  rm -f "$DIST"/feature_materializer-*-executor.pex "$DIST"/.feature_materializer-*-executor.pex.inputs
-  "$VENV/bin/pex" --venv-repository "$VENV" -r requirements-executor.txt "${PEX_OPTS[@]}" -o "$PEX.tmp" >/dev/null
-  mv "$PEX.tmp" "$PEX"
-  # It runs, has what the executors import, and has no pyspark of its own.
-  L="$("$PY" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "python", "lib"))')"
-  PYTHONPATH="$(ls "$L"/pyspark.zip "$L"/py4j-*-src.zip | paste -sd:)" "$PEX" -c '
-import pyspark, pyarrow, numpy, redis, hiredis, psycopg, xxhash, snappy, google.protobuf, pydantic, yaml
-assert "pyspark.zip" in pyspark.__file__, pyspark.__file__'
-  echo "$pex_inputs" > "$pex_stamp"
+  rm -f "$out" "$stamp"
+  "$VENV/bin/pex" --venv-repository "$VENV" "${reqs[@]}" --exclude pyspark "${PEX_OPTS[@]}" -o "$out.tmp" >/dev/null
+  mv "$out.tmp" "$out"
+  PYTHONPATH="$SPARK_PYTHONPATH" "$out" -c "$smoke"
+  echo "$inputs" > "$stamp"
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   log "built in $((ms / 1000)).$(printf '%03d' $((ms % 1000)) | cut -c1)s"
-fi
+}
+
+EXECUTOR_IMPORTS='import pyspark, pyarrow, numpy, redis, hiredis, psycopg, xxhash, snappy, google.protobuf, pydantic, yaml
+assert "pyspark.zip" in pyspark.__file__, pyspark.__file__'
+build_pex "$PEX" "$EXECUTOR_IMPORTS" requirements-executor.txt
+build_pex "$RUNTIME" "$EXECUTOR_IMPORTS
+import great_expectations, pandas, delta.tables, orjson, tqdm" requirements-executor.txt requirements-driver.txt
+
+# --- 3. the job bundle, for --deploy-mode cluster (jobs/cluster_bundle.py) ------------------
+# A zip Python runs by its __main__.py: the runtime PEX (stored: it is compressed already),
+# the project's packages with feature_defs/ and conf/ (FM_CONF_DIR, else conf/; secrets are
+# never in it) unpacked by the driver, and the --py-files zip it sends the executors.
+# FM_BUNDLE_OUT writes it elsewhere (the suite bundles its own conf).
+"$PY" - "$BUNDLE" "$RUNTIME" "$ZIP" "${FM_CONF_DIR:-$ROOT/conf}" <<'EOF'
+import hashlib, os, sys, time, zipfile
+from pathlib import Path
+
+bundle, runtime, project_zip, conf = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+LAYOUT = "1"  # bump when the selection or layout below changes
+PACKAGES = ("jobs", "feature_defs", "serializers", "sinks", "feature_reader")
+SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
+if not (conf / "base").is_dir():
+    sys.exit(f"{conf}: not a conf folder (no base/ in it)")
+files = [(p, str(p)) for pkg in PACKAGES for p in sorted(Path(pkg).rglob("*")) if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts]
+files += [(p, "conf/" + str(p.relative_to(conf))) for p in sorted(conf.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+digest = hashlib.sha256(LAYOUT.encode() + (Path(f"dist/.{runtime.name}.inputs").read_bytes()) + project_zip.read_bytes())
+for p, name in files:
+    digest.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
+bundle_id = digest.hexdigest()[:20]
+if bundle.is_file():
+    try:
+        with zipfile.ZipFile(bundle) as zf:
+            if zf.read("BUNDLE_ID").decode() == bundle_id:
+                print(f"[package] {os.path.relpath(bundle)} up to date")
+                sys.exit(0)
+    except (KeyError, zipfile.BadZipFile):
+        pass
+start = time.perf_counter()
+bundle.parent.mkdir(parents=True, exist_ok=True)
+tmp = bundle.with_name(bundle.name + ".tmp")
+stamp = (1980, 1, 1, 0, 0, 0)
+
+def add(zf, name, data, mode=0o644, compress=zipfile.ZIP_DEFLATED):
+    info = zipfile.ZipInfo(name, date_time=stamp)
+    info.external_attr = (0o100000 | mode) << 16
+    info.compress_type = compress
+    zf.writestr(info, data)
+
+with zipfile.ZipFile(tmp, "w") as zf:
+    add(zf, "__main__.py", Path("jobs/cluster_bundle.py").read_bytes())
+    add(zf, "BUNDLE_ID", bundle_id.encode())
+    add(zf, "project.zip", project_zip.read_bytes(), compress=zipfile.ZIP_STORED)
+    for p, name in files:
+        add(zf, "project/" + name, p.read_bytes())
+    with zf.open(zipfile.ZipInfo(runtime.name, date_time=stamp), "w", force_zip64=True) as out, runtime.open("rb") as src:
+        while chunk := src.read(1 << 22):
+            out.write(chunk)
+os.replace(tmp, bundle)
+print(f"[package] built {os.path.relpath(bundle)}: {len(files)} files + the runtime in {time.perf_counter() - start:.1f}s")
+EOF
 
 cat > "$DIST/package.env" <<EOF
 # written by scripts/package.sh: source it to get the artifacts' paths
 FM_PY_FILES=$ZIP
 FM_EXECUTOR_PEX=$PEX
+FM_JOB_BUNDLE=$BUNDLE
 EOF
 
 size() { numfmt --to=iec-i --suffix=B "$(stat -c %s "$1")"; }
 log "dist/$(basename "$ZIP")  $(size "$ZIP")  the project's packages (--py-files)"
 log "dist/$(basename "$PEX")  $(size "$PEX")  the executors' Python 3.11 environment (no pyspark, no project code)"
+log "$(realpath --relative-to="$ROOT" "$BUNDLE")  $(size "$BUNDLE")  the job bundle: the project, conf and one environment for driver and executors"
 cat <<EOF
 [package] spark-submit, client mode, from this checkout (sinks/README.md "Running on a Spark cluster"). With --py-files
 [package] the driver imports the project from the zip too; it then finds conf/ and feature_defs/ in the
@@ -145,4 +220,11 @@ cat <<EOF
     --conf spark.pyspark.driver.python=\$PWD/.venv/bin/python \\
     --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \\
     jobs/materialize.py --env ENV --date YYYY-MM-DD
+[package] cluster mode: the driver runs on a worker from the bundle alone (sinks/README.md "Cluster deploy mode").
+  .venv/bin/spark-submit --master spark://HOST:7077 --deploy-mode cluster \\
+    --class org.apache.spark.deploy.PythonRunner \\
+    --conf spark.pyspark.driver.python=python3.11 \\
+    --conf spark.standalone.submit.waitAppCompletion=true \\
+    --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \\
+    $(realpath --relative-to="$ROOT" "$BUNDLE") $(basename "$BUNDLE") "" run --env ENV --date YYYY-MM-DD
 EOF

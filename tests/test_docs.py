@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import types
 import typing
 from collections.abc import Iterator
@@ -329,3 +330,34 @@ def test_anchors_follow_githubs_rules():
     assert slug("Backfills, the run ledger and cleanup") == "backfills-the-run-ledger-and-cleanup"
     assert slug("SQL layout (CockroachDB; PostgreSQL on the same wire)") == "sql-layout-cockroachdb-postgresql-on-the-same-wire"
     assert slug("Snapshot-order guard") == "snapshot-order-guard"
+
+
+def _submit_args(block: str) -> list[str]:
+    """The arguments of the spark-submit command in a bash block (continuation lines joined)."""
+    line = next(line for line in block.replace("\\\n", " ").splitlines() if "submit" in line and "make" not in line)
+    tokens = shlex.split(line)
+    return tokens[next(i for i, t in enumerate(tokens) if t.endswith(("spark-submit", "submit-cluster.sh"))) + 1 :]
+
+
+def test_cluster_mode_templates_use_the_tested_arguments():
+    """sinks/README.md's cluster deploy mode: the standalone line is what tests/test_spark_cluster.py
+    submits; the YARN and Kubernetes templates keep each of its arguments, in order, bar the
+    master, the bundle's path and name, the jars' paths and standalone's waitAppCompletion."""
+    from tests.test_spark_cluster import DELTA_JARS, ROOT, cluster_mode_args
+
+    text = (ROOT / "sinks" / "README.md").read_text()
+    section = text[text.index("#### Cluster deploy mode") :]
+    section = section[: section.index("\n### ")]
+    standalone, yarn, k8s = (_submit_args(b) for b in re.findall(r"```bash\n(.*?)```", section, re.S))
+    job = ["run", "--env", "prod", "--date", "2026-11-20"]
+    tested = cluster_mode_args("spark://MASTER:7077", Path("dist/feature_materializer-0.1.0-job.jar"), job, sizing=[])
+    jars = ",".join(map(str, DELTA_JARS))
+    assert standalone == [a.replace(jars, jars.replace(f"{ROOT}/", "")) for a in tested]
+    varying = {"spark://MASTER:7077", "dist/feature_materializer-0.1.0-job.jar", "feature_materializer-0.1.0-job.jar", jars}
+    wait = tested.index("spark.standalone.submit.waitAppCompletion=true")
+    kept = [a for a in tested[: wait - 1] + tested[wait + 1 :] if a not in varying]
+    for name, template in (("YARN", yarn), ("Kubernetes", k8s)):
+        rest = iter(template)
+        missing = [a for a in kept if a not in rest]  # a subsequence: the same order
+        assert not missing, f"{name} template lacks {missing} (in this order: {kept})"
+        assert template[-len(job) - 1] == "" and template[-len(job) :] == job, name

@@ -1,11 +1,13 @@
 """The packaged job on a real Spark standalone cluster (a master and a worker on loopback).
 
-`scripts/package.sh` (`make package`) builds the project zip and the executors' PEX. The
-driver runs in client mode on this checkout's .venv; the executors run the PEX, which
-holds the third-party packages but neither the project nor pyspark (the cluster's Spark
-puts its own pyspark.zip on the workers' PYTHONPATH). So the job only works if
+`scripts/package.sh` (`make package`) builds the project zip, the executors' PEX and the job
+bundle. Client mode: the driver runs on this checkout's .venv; the executors run the PEX,
+which holds the third-party packages but neither the project nor pyspark (the cluster's
+Spark puts its own pyspark.zip on the workers' PYTHONPATH). So the job only works if
 --py-files ships the zip, and the PEX only travels with --files, as on a real cluster.
-Both stores are then read back raw and compared with the source rows, deduplicated here
+Cluster mode: the driver runs on the worker from the bundle alone (the project, its conf,
+great-expectations), and sends the executors their environment itself.
+The stores are then read back raw and compared with the source rows, deduplicated here
 in pandas (from the table's files, without Spark) and encoded with the scalar reference
 encoder.
 """
@@ -96,9 +98,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def standalone_cluster(folder: Path) -> Iterator[str]:
-    """A master and a worker (2 cores, 1 GiB) as foreground processes through pyspark's own
-    bin/spark-class (the pip package has no sbin/start-master.sh); yields the master URL."""
+def standalone_cluster(folder: Path, cores: int = 2, memory: str = "1g") -> Iterator[str]:
+    """A master and a worker as foreground processes through pyspark's own bin/spark-class
+    (the pip package has no sbin/start-master.sh); yields the master URL."""
     folder.mkdir(parents=True)
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     started: list[subprocess.Popen] = []
@@ -117,10 +119,10 @@ def standalone_cluster(folder: Path) -> Iterator[str]:
         url = _wait_for(master_log, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)", master, "Spark master")[1]
         _wait_for(master_log, r"I have been elected leader", master, "Spark master")
         worker, worker_log = start(
-            "worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
+            "worker", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
             "--webui-port", "0", "--work-dir", str(folder / "work"), url,
         )  # fmt: skip
-        _wait_for(master_log, r"Registering worker 127\.0\.0\.1:\d+ with 2 cores", worker, "Spark worker")
+        _wait_for(master_log, rf"Registering worker 127\.0\.0\.1:\d+ with {cores} cores", worker, "Spark worker")
         _wait_for(worker_log, r"Successfully registered with master", worker, "Spark worker")
         yield url
     finally:
@@ -170,17 +172,33 @@ def expected_hash(row) -> dict[bytes, bytes]:
     return fields
 
 
-def test_packaged_job_runs_on_a_standalone_cluster(package, sample_root, pg_server, pg_db, tmp_path):
-    """...into a 3-primary Redis Cluster (found by asking the server) and the SQL store."""
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """One loopback cluster for the module: (master URL, the worker's work folder). 3 cores and
+    2 GiB: room for a cluster-mode driver (1 core, 1 GiB) beside a 2-core executor."""
+    folder = tmp_path_factory.mktemp("spark-standalone") / "cluster"
+    with standalone_cluster(folder, cores=3, memory="2g") as master:
+        yield master, folder / "work"
+
+
+def _new(work: Path, pattern: str, before: set[Path]) -> Path:
+    """The one folder matching ``pattern`` that appeared in the worker's work folder since ``before``."""
+    found = set(work.glob(pattern)) - before
+    assert len(found) == 1, f"expected one new {pattern} in {work}, found {sorted(found)}"
+    return found.pop()
+
+
+def test_packaged_job_runs_on_a_standalone_cluster(package, standalone, sample_root, pg_server, pg_db, tmp_path):
+    """Client mode, into a 3-primary Redis Cluster (found by asking the server) and the SQL store."""
     zip_path, pex = package
     redis_cluster = start_cluster(tmp_path / "redis-cluster", 3, 0, "--maxmemory", "64mb")
     try:
-        _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, tmp_path)
+        _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_server, pg_db, tmp_path)
     finally:
         redis_cluster.stop()
 
 
-def _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, tmp_path):
+def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_server, pg_db, tmp_path):
     started = time.monotonic()
     # The PEX alone is the executors' third-party packages: no project code, no pyspark.
     for module in ("sinks", "jobs", "pyspark"):
@@ -199,38 +217,37 @@ def _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, 
         "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 100, data_docs: false}\n"
     )
     pex_root = tmp_path / "executor-pex-root"  # where the executors' PEX unpacks itself: proof it ran
-    cluster_started = time.monotonic()
-    with standalone_cluster(tmp_path / "cluster") as master:
-        cluster_up = time.monotonic()
-        out = subprocess.run(
-            [
-                str(BIN / "spark-submit"), "--master", master, "--deploy-mode", "client",
-                "--py-files", str(zip_path),
-                "--files", str(pex),
-                "--jars", ",".join(map(str, DELTA_JARS)),
-                "--driver-memory", "1g", "--executor-memory", "512m", "--total-executor-cores", "2",
-                "--conf", f"spark.pyspark.python=./{pex.name}",  # the copy --files put in the executor's work dir
-                "--conf", f"spark.pyspark.driver.python={sys.executable}",
-                "--conf", f"spark.executorEnv.PEX_ROOT={pex_root}",
-                "--conf", "spark.sql.shuffle.partitions=2",
-                "--conf", "spark.ui.enabled=false",
-                "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-                str(ROOT / "jobs" / "materialize.py"), "--env", "cluster", "--date", DAY2_STR, "--source", "consumer_daily",
-                "--sink", "all", "--sql-dsn", pg_server.dsn,  # the flags reach the job through spark-submit
-            ],
-            cwd=tmp_path, env=_env(FM_CONF_DIR=str(conf), FM_PROJECT_ROOT=str(ROOT)), capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
-        job_done = time.monotonic()
-        (tmp_path / "submit.out").write_text(out.stdout)
-        (tmp_path / "submit.err").write_text(out.stderr)
-        executor_logs = "\n".join(_tail(p, 4000) for p in (tmp_path / "cluster" / "work").glob("app-*/*/stderr"))
-        app = next((tmp_path / "cluster" / "work").glob("app-*"), None)
+    master, work = standalone
+    apps = set(work.glob("app-*"))
+    cluster_up = time.monotonic()
+    out = subprocess.run(
+        [
+            str(BIN / "spark-submit"), "--master", master, "--deploy-mode", "client",
+            "--py-files", str(zip_path),
+            "--files", str(pex),
+            "--jars", ",".join(map(str, DELTA_JARS)),
+            "--driver-memory", "1g", "--executor-memory", "512m", "--total-executor-cores", "2",
+            "--conf", f"spark.pyspark.python=./{pex.name}",  # the copy --files put in the executor's work dir
+            "--conf", f"spark.pyspark.driver.python={sys.executable}",
+            "--conf", f"spark.executorEnv.PEX_ROOT={pex_root}",
+            "--conf", "spark.sql.shuffle.partitions=2",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            str(ROOT / "jobs" / "materialize.py"), "--env", "cluster", "--date", DAY2_STR, "--source", "consumer_daily",
+            "--sink", "all", "--sql-dsn", pg_server.dsn,  # the flags reach the job through spark-submit
+        ],
+        cwd=tmp_path, env=_env(FM_CONF_DIR=str(conf), FM_PROJECT_ROOT=str(ROOT)), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    job_done = time.monotonic()
+    (tmp_path / "submit.out").write_text(out.stdout)
+    (tmp_path / "submit.err").write_text(out.stderr)
+    app = _new(work, "app-*", apps)
+    executor_logs = "\n".join(_tail(p, 4000) for p in app.glob("*/stderr"))
     assert out.returncode == 0, f"spark-submit failed:\n{out.stdout[-3000:]}\n{out.stderr[-6000:]}\nexecutor:\n{executor_logs}"
     report = json.loads((tmp_path / "reports" / "consumer_daily" / DAY2_STR / "summary.json").read_text())
     assert report["status"] == "succeeded", report.get("error")
     # The job ran on the cluster's executor, which fetched the zip and the PEX and booted the PEX.
-    assert app is not None, "no application ran on the worker"
     shipped = {p.name for p in app.glob("*/*")}
     assert {zip_path.name, pex.name} <= shipped, shipped
     assert list((pex_root / "venvs").glob("*/*/*/bin/python")), f"the executors never booted the PEX:\n{executor_logs}"
@@ -257,7 +274,112 @@ def _run_and_check(zip_path, pex, sample_root, redis_cluster, pg_server, pg_db, 
     check_consumer_rows(pg_db, expected, dt.datetime.fromtimestamp(AS_OF, dt.UTC))
     assert report["entities"] == report["sinks"]["redis"]["entities"] == report["sinks"]["cockroach"]["rows_upserted"] == len(expected)
     print(
-        f"\ncluster test: pex probes {cluster_started - started:.1f}s, master+worker up {cluster_up - cluster_started:.1f}s, "
-        f"spark-submit {job_done - cluster_up:.1f}s, checks {time.monotonic() - job_done:.1f}s"
+        f"\ncluster test: pex probes {cluster_up - started:.1f}s, spark-submit {job_done - cluster_up:.1f}s, checks {time.monotonic() - job_done:.1f}s"
     )
     shutil.rmtree(pex_root, ignore_errors=True)  # ~250 MB unpacked
+
+
+PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
+
+
+def cluster_mode_args(master: str, bundle: Path, job_args: list[str], sizing: list[str]) -> list[str]:
+    """spark-submit's arguments for the driver on the cluster, as sinks/README.md documents them
+    for standalone (``sizing``: memory, cores and JVM options, which the docs leave to the cluster)."""
+    return [
+        "--master", master, "--deploy-mode", "cluster",
+        "--class", PYTHON_RUNNER,  # standalone refuses Python applications in cluster mode; a jar is accepted
+        "--conf", "spark.pyspark.driver.python=python3.11",
+        "--conf", "spark.standalone.submit.waitAppCompletion=true",
+        "--jars", ",".join(map(str, DELTA_JARS)),
+        *sizing,
+        str(bundle), bundle.name, "",  # PythonRunner: the file Python runs (its copy in the driver's folder), no --py-files
+        *job_args,
+    ]  # fmt: skip
+
+
+def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sample_root, acl_redis, pg_server, pg_db, tmp_path):
+    """Cluster mode: the driver runs on the worker from the job bundle alone: the project, the
+    conf (deleted here before the submit), great-expectations (the gate is on), the
+    environment it sends the executors. The Redis password comes from a mounted file and
+    appears in no log, event log or report."""
+    server, password = acl_redis
+    secret = tmp_path / "secrets" / "redis_password"  # a mount every node has
+    secret.parent.mkdir()
+    secret.write_text(password)
+    events = tmp_path / "events"
+    events.mkdir()
+    conf = env_conf(tmp_path / "conf", "prodlike",
+        f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
+        f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
+        "spark: {shuffle_partitions: 2, arrow_batch_rows: 256, extra: {"
+        f"spark.eventLog.enabled: 'true', spark.eventLog.dir: '{events.as_uri()}', spark.eventLog.compress: 'false'}}}}\n"
+        f"redis: {{url: '{server.url}', username: fm_writer, password_env: null, password_file: '{secret}', sample_entities: 50, hash_max_listpack_value: 256}}\n"
+        f"sql: {{dsn: '{pg_server.dsn}', password_env: null}}\n"
+        "quality: {max_bad_fraction: 0.05, expectations: true, verify_sample: 100, data_docs: false}\n"
+    )  # fmt: skip
+    bundle = tmp_path / "job.jar"
+    built = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "package.sh")], cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "FM_CONF_DIR": str(conf), "FM_BUNDLE_OUT": str(bundle)},
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    shutil.rmtree(conf)  # only the bundle's copy is left
+
+    master, work = standalone
+    before = set(work.glob("driver-*")), set(work.glob("app-*"))
+    pex_root = tmp_path / "pex-root"
+    job = ["run", "--env", "prodlike", "--date", DAY2_STR, "--source", "consumer_daily"]
+    started = time.monotonic()
+    sizing = [
+        "--driver-memory", "1g", "--executor-memory", "512m", "--total-executor-cores", "2",
+        "--conf", f"spark.executorEnv.PEX_ROOT={pex_root}",
+        "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    ]  # fmt: skip
+    submit = ["bash", str(ROOT / "scripts" / "submit-cluster.sh")]  # spark-submit, with the driver's outcome as exit status
+    submit_env = _env(PEX_ROOT=str(pex_root), SPARK_SUBMIT=str(BIN / "spark-submit"))
+    out = subprocess.run([*submit, *cluster_mode_args(master, bundle, job, sizing)], cwd=tmp_path, env=submit_env, capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - started
+    driver = _new(work, "driver-*", before[0])
+    driver_log = _tail(driver / "stderr", 6000) + _tail(driver / "stdout", 6000)
+    executor_logs = "\n".join(_tail(p, 4000) for p in set(work.glob("app-*/*/stderr")) - {p for a in before[1] for p in a.glob("*/stderr")})
+    assert out.returncode == 0, f"spark-submit failed:\n{out.stderr[-3000:]}\ndriver:\n{driver_log}\nexecutor:\n{executor_logs}"
+    app = _new(work, "app-*", before[1])
+
+    # The driver ran in its folder on the worker from the unpacked bundle; the summary it printed is the run's.
+    report = json.loads((tmp_path / "reports" / "consumer_daily" / DAY2_STR / "summary.json").read_text())
+    assert report["status"] == "succeeded", report.get("error")
+    assert len(report["expectations"]) > 10 and all(e["success"] for e in report["expectations"])  # great-expectations ran on the driver
+    assert len(list((driver / ".fm-bundle").glob("*/project/conf/prodlike/m.yaml"))) == 1
+    assert f"report: {tmp_path / 'reports' / 'consumer_daily' / DAY2_STR / 'summary.json'}" in (driver / "stdout").read_text()
+    # Its executors ran the bundle's runtime PEX and packages, which the driver sent them (and
+    # not the bundle itself, which spark-submit lists among the application's jars).
+    shipped = {p.name for p in app.glob("*/*")}
+    assert {"project.zip", "feature_materializer-0.1.0-runtime.pex"} <= shipped and bundle.name not in shipped, shipped
+    assert list((pex_root / "venvs").glob("*/*/*/bin/python")), f"the executors never booted the PEX:\n{executor_logs}"
+
+    expected = expected_consumers(sample_root)
+    client = server.client()
+    assert client.dbsize() == len(expected)
+    for consumer_id, row in expected.items():
+        assert client.hgetall(f"c:{consumer_id}") == expected_hash(row), f"c:{consumer_id}"
+    assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
+    check_consumer_rows(pg_db, expected, dt.datetime.fromtimestamp(AS_OF, dt.UTC))
+    assert report["entities"] == report["sinks"]["redis"]["entities"] == len(expected)
+
+    # The password was read from the file on every node and written nowhere.
+    logs = [driver / "stdout", driver / "stderr", *app.glob("*/std*"), *events.rglob("*"), *(tmp_path / "reports").rglob("*")]
+    assert any(events.rglob("*")), "no event log written"
+    leaked = [str(p) for p in logs if p.is_file() and password.encode() in p.read_bytes()]
+    assert not leaked and password not in out.stdout + out.stderr, leaked
+
+    # A driver that fails fails the submit (what a scheduler sees; spark-submit itself exits 0),
+    # with its error in the driver's log.
+    before = set(work.glob("driver-*"))
+    bad_job = ["run", "--env", "nosuch", "--date", DAY2_STR]
+    failed = subprocess.run([*submit, *cluster_mode_args(master, bundle, bad_job, sizing)], cwd=tmp_path, env=submit_env, capture_output=True, text=True, timeout=600)
+    driver = _new(work, "driver-*", before)
+    assert failed.returncode == 1 and f"driver {driver.name} ended FAILED" in failed.stderr, failed.stdout[-2000:] + failed.stderr[-2000:]
+    assert "unknown env 'nosuch'" in (driver / "stdout").read_text(), _tail(driver / "stdout")  # Python's stderr goes there too
+    print(f"\ncluster mode: spark-submit {took:.1f}s, a failing one {time.monotonic() - started - took:.1f}s")
+    shutil.rmtree(pex_root, ignore_errors=True)
