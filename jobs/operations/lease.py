@@ -70,13 +70,17 @@ class Leases:
         self.path = str(ledger_path).rstrip("/") + "_leases"
         self._held: dict[tuple[str, str], int] = {}  # (source, target) -> nesting depth (a backfill's steps run inside its lease)
         self._lock = threading.Lock()
+        self._delta = None  # the table once found: each operation still reads its latest version
 
     def _table(self):
         from delta.tables import DeltaTable
 
+        if self._delta is not None:
+            return self._delta
         for attempt in range(5):
             if DeltaTable.isDeltaTable(self.spark, self.path):
-                return DeltaTable.forPath(self.spark, self.path)
+                self._delta = DeltaTable.forPath(self.spark, self.path)
+                return self._delta
             try:
                 self.spark.createDataFrame([], SCHEMA).write.format("delta").mode("append").save(self.path)
             except Exception as exc:  # another process made it at the same moment
@@ -93,7 +97,8 @@ class Leases:
         rows = self.spark.read.format("delta").load(self.path).where(f"source = '{_quote(source)}'").collect()
         return {r["target"]: Holder(**r.asDict()) for r in rows}
 
-    def _merge(self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool) -> None:
+    def _merge(self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool) -> int:
+        """The claim (or renewal) as one MERGE; returns the rows it wrote: one per target it got."""
         from pyspark.sql import functions as F
 
         rows = [(source, t, self.holder, kind, socket.gethostname(), os.getpid(), now, now + dt.timedelta(seconds=self.seconds)) for t in targets]
@@ -109,7 +114,7 @@ class Leases:
                 condition="t.expires_at < c.now OR t.holder = c.holder",
                 set={**fields, "taken_at": "CASE WHEN t.holder = c.holder THEN t.taken_at ELSE c.taken_at END"},
             ).whenNotMatchedInsert(values=fields)
-        merge.execute()
+        return int(merge.execute().first()["num_affected_rows"])
 
     def take(self, source: str, targets: list[str], kind: str, *, wait: float = 0, poll: float = 5) -> bool:
         """Hold every (source, target) or none: raises LeaseHeld naming the holder once ``wait``
@@ -123,7 +128,12 @@ class Leases:
         deadline = time.monotonic() + wait
         while True:
             now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-            self._merge_retrying(source, targets, kind, now, renew_only=False)
+            if self._merge_retrying(source, targets, kind, now, renew_only=False) == len(targets):
+                # every claim row written: each target was free, expired or ours (no read needed)
+                with self._lock:
+                    for k in key:
+                        self._held[k] = self._held.get(k, 0) + 1
+                return False
             held = self.holders(source)
             mine = [t for t in targets if held.get(t) is not None and held[t].holder == self.holder]
             if len(mine) == len(targets):
@@ -144,23 +154,24 @@ class Leases:
                 )
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
-    def _merge_retrying(self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool, attempts: int = 8) -> None:
+    def _merge_retrying(self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool, attempts: int = 8) -> int | None:
         """The MERGE, again after a commit lost to another claim (or renewal) of the same table:
-        the table is one for every source, so claims of different sources conflict too."""
+        the table is one for every source, so claims of different sources conflict too. None:
+        still losing after ``attempts`` (the caller reads who holds what)."""
         for attempt in range(attempts):
             try:
-                self._merge(source, targets, kind, now, renew_only=renew_only)
-                return
+                return self._merge(source, targets, kind, now, renew_only=renew_only)
             except Exception as exc:
                 if not _is_conflict(exc) or attempt == attempts - 1:
                     if _is_conflict(exc):
-                        return  # still losing: the caller reads who holds what
+                        return None
                     raise
             time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
 
     def renew(self, source: str, targets: list[str], kind: str) -> bool:
         """Push our leases' expiry on; False when one of them is no longer ours (it expired and was taken over)."""
-        self._merge_retrying(source, targets, kind, dt.datetime.now(dt.UTC).replace(microsecond=0), renew_only=True)
+        if self._merge_retrying(source, targets, kind, dt.datetime.now(dt.UTC).replace(microsecond=0), renew_only=True) == len(targets):
+            return True
         held = self.holders(source)
         return all(held.get(t) is not None and held[t].holder == self.holder for t in targets)
 
