@@ -78,8 +78,8 @@ EOF
 # --- 2. the Python environments: PEX files ---------------------------------------------------
 # The executors' PEX (client mode) holds only requirements-executor.txt (what the
 # executor-side code imports); the job bundle's runtime PEX (cluster mode: the driver runs
-# it too) adds requirements-driver.txt. Both resolved from the .venv's installed distributions (--venv-repository: no index, no network), which
-# constraints.txt pinned. Options, measured on 2 cores (sinks/README.md "Running on a Spark cluster"):
+# it too) adds requirements-driver.txt. Both are resolved from the .venv's installed
+# distributions (--venv-repository: no index, no network), which constraints.txt pinned. Options, measured on 2 cores (sinks/README.md "Running on a Spark cluster"):
 #   --venv --non-hermetic-venv-scripts: on first boot the PEX unpacks itself into a venv
 #     under PEX_ROOT (~/.cache/pex) and reuses it. The venv hides the node's site-packages
 #     but keeps PYTHONPATH, where Spark puts its own pyspark.zip and py4j: pyspark is not
@@ -162,7 +162,7 @@ if not (conf / "base").is_dir():
     sys.exit(f"{conf}: not a conf folder (no base/ in it)")
 files = [(p, str(p)) for pkg in PACKAGES for p in sorted(Path(pkg).rglob("*")) if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts]
 files += [(p, "conf/" + str(p.relative_to(conf))) for p in sorted(conf.rglob("*")) if p.is_file() and not p.name.startswith(".")]
-digest = hashlib.sha256(LAYOUT.encode() + (Path(f"dist/.{runtime.name}.inputs").read_bytes()) + project_zip.read_bytes())
+digest = hashlib.sha256(LAYOUT.encode() + (runtime.parent / f".{runtime.name}.inputs").read_bytes() + project_zip.read_bytes())
 for p, name in files:
     digest.update(name.encode() + b"\0" + p.read_bytes() + b"\0")
 bundle_id = digest.hexdigest()[:20]
@@ -220,8 +220,9 @@ cat <<EOF
     --conf spark.pyspark.driver.python=\$PWD/.venv/bin/python \\
     --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \\
     jobs/materialize.py --env ENV --date YYYY-MM-DD
-[package] cluster mode: the driver runs on a worker from the bundle alone (sinks/README.md "Cluster deploy mode").
-  .venv/bin/spark-submit --master spark://HOST:7077 --deploy-mode cluster \\
+[package] cluster mode: the driver runs on a worker from the bundle alone (sinks/README.md "Cluster deploy mode");
+[package] scripts/submit-cluster.sh is spark-submit exiting 1 when the driver failed (spark-submit itself exits 0).
+  scripts/submit-cluster.sh --master spark://HOST:7077 --deploy-mode cluster \\
     --class org.apache.spark.deploy.PythonRunner \\
     --conf spark.pyspark.driver.python=python3.11 \\
     --conf spark.standalone.submit.waitAppCompletion=true \\

@@ -342,7 +342,7 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
     took = time.monotonic() - started
     driver = _new(work, "driver-*", before[0])
     driver_log = _tail(driver / "stderr", 6000) + _tail(driver / "stdout", 6000)
-    executor_logs = "\n".join(_tail(p, 4000) for p in set(work.glob("app-*/*/stderr")) - {p for a in before[1] for p in a.glob("*/stderr")})
+    executor_logs = "\n".join(_tail(p, 4000) for a in set(work.glob("app-*")) - before[1] for p in a.glob("*/stderr"))
     assert out.returncode == 0, f"spark-submit failed:\n{out.stderr[-3000:]}\ndriver:\n{driver_log}\nexecutor:\n{executor_logs}"
     app = _new(work, "app-*", before[1])
 

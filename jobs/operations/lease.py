@@ -128,14 +128,10 @@ class Leases:
         deadline = time.monotonic() + wait
         while True:
             now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-            if self._merge_retrying(source, targets, kind, now, renew_only=False) == len(targets):
-                # every claim row written: each target was free, expired or ours (no read needed)
-                with self._lock:
-                    for k in key:
-                        self._held[k] = self._held.get(k, 0) + 1
-                return False
-            held = self.holders(source)
-            mine = [t for t in targets if held.get(t) is not None and held[t].holder == self.holder]
+            # every claim row written: each target was free, expired or ours (no read needed)
+            won = self._merge_retrying(source, targets, kind, now, renew_only=False) == len(targets)
+            held = {} if won else self.holders(source)
+            mine = targets if won else [t for t in targets if held.get(t) is not None and held[t].holder == self.holder]
             if len(mine) == len(targets):
                 with self._lock:
                     for k in key:
