@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
 .PHONY: setup demo test bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve check-feast-client
 
-setup:                      ## install Java, redis-server, PostgreSQL, the .venv and the Delta jars when missing
+setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
 
 services-start: setup       ## start the local Redis (127.0.0.1:6390) and PostgreSQL (127.0.0.1:6391)

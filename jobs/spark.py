@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from jobs import class_archive
 from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
 from jobs.config import PROJECT_ROOT, SparkConf
 
@@ -17,9 +18,14 @@ JIT compilation; left interpreted, the gate's scan and the checks ran 2-6x slowe
 (bench/README.md). On a cluster, put it in spark.executor.extraJavaOptions too."""
 
 
+def jars_dir() -> Path:
+    """What the set-up fetched and made for the JVM: jars, the class archive (FM_JARS_DIR, else jars/)."""
+    return Path(os.environ.get("FM_JARS_DIR") or PROJECT_ROOT / "jars")
+
+
 def delta_jars() -> list[Path]:
     """The Delta jars fetched by the set-up (no Ivy download at run time)."""
-    folder = Path(os.environ.get("FM_JARS_DIR") or PROJECT_ROOT / "jars")
+    folder = jars_dir()
     jars = [folder / name for name in DELTA_JARS]
     missing = [str(j) for j in jars if not j.is_file()]
     if missing:
@@ -32,7 +38,7 @@ S3A_SCHEMES = ("s3a://", "s3://", "s3n://")
 
 def s3a_jars() -> list[Path]:
     """Spark's S3A connector (hadoop-aws and the AWS SDK modules it calls), fetched by the set-up."""
-    folder = Path(os.environ.get("FM_JARS_DIR") or PROJECT_ROOT / "jars") / "s3a"
+    folder = jars_dir() / "s3a"
     jars = sorted(folder.glob("*.jar"))
     if not jars:
         raise FileNotFoundError(f"S3A jars missing in {folder}; run `make setup` (scripts/setup.sh) to fetch them")
@@ -60,7 +66,8 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         # before the JVM starts: 1g (Spark's default) spills a 1M-entity snapshot's cache to disk
         builder = builder.config("spark.driver.memory", conf.driver_memory)
         if "spark.driver.extraJavaOptions" not in conf.extra:
-            builder = builder.config("spark.driver.extraJavaOptions", HUGE_METHODS)
+            # the class archive (jobs/class_archive.py), when the set-up made one: a faster start
+            builder = builder.config("spark.driver.extraJavaOptions", f"{HUGE_METHODS} {class_archive.java_options()}".strip())
     settings = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",

@@ -65,6 +65,7 @@ def spark_events(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(spark_events):
+    from jobs import class_archive
     from jobs.spark import build_spark
 
     # local[2,2]: a failed task gets a second attempt, as on a cluster (local[N] never retries)
@@ -72,7 +73,9 @@ def spark(spark_events):
     session = build_spark(SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests", extra=events))
     # The JVMs the tests start later (CLI runs, Airflow tasks, spark-submit) live for one
     # small job each: the quick JIT alone starts them several seconds faster.
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+    # spark-submit's JVMs (Airflow's task, the cluster tests' drivers) start from the class
+    # archive too; the CLI's own add it themselves (jobs/spark.py).
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {class_archive.java_options()}".strip())
     yield session
     session.stop()
 
