@@ -43,13 +43,14 @@ def java_options() -> str:
 
 
 def inputs_digest() -> str:
-    """The JDK build and the classpath the archive was made for: a change means a new one."""
+    """The JDK build and the classpath (with its folder) the archive was made for: a change means a new one."""
     import pyspark
 
     from jobs.spark import delta_jars
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")) + [p.name for p in delta_jars()]
+    spark_jars = Path(pyspark.__file__).resolve().parent / "jars"  # the archive names it: a moved .venv needs a new one
+    jars = [str(spark_jars), *sorted(p.name for p in spark_jars.glob("*.jar")), *(p.name for p in delta_jars())]
     return hashlib.sha256("\n".join([java, pyspark.__version__, *jars]).encode()).hexdigest()[:16]
 
 
