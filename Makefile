@@ -28,7 +28,7 @@ submit: services-start      ## the same job under spark-submit
 	$(BIN)/spark-submit --master 'local[2]' --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \
 	  jobs/materialize.py --env $(ENV) --date $(DATE)
 
-package: setup              ## build dist/: the project zip (--py-files) and the executors' PEX (spark.pyspark.python)
+package: setup              ## build dist/: the project zip (--py-files), the PEX of driver and executors (spark.pyspark.python) and the job bundle
 	bash scripts/package.sh
 
 test:                       ## set up (with the S3 test server) and run the whole suite (real Redis, PostgreSQL, S3 API servers, local Spark)

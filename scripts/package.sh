@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # `make package`: what a Spark cluster needs to run the job (sinks/README.md "Running on a Spark cluster").
 #   dist/feature_materializer-<version>.zip              the project's packages, for --py-files
-#   dist/feature_materializer-<version>-executor.pex     the executors' Python environment (PEX),
-#                                                        for spark.pyspark.python / --files
-#   dist/feature_materializer-<version>-runtime.pex      driver and executors' environment, for the bundle
+#   dist/feature_materializer-<version>-runtime.pex      the Python environment (PEX) of driver and executors:
+#                                                        client mode's --files / spark.pyspark.python, and in the bundle
 #   dist/feature_materializer-<version>-job.jar          the job bundle, for --deploy-mode cluster: the
 #                                                        project, conf/ and the runtime PEX in one zip
 #   dist/package.env                                     their paths, for `source` in scripts
@@ -23,7 +22,6 @@ log() { printf '[package] %s\n' "$*"; }
 mkdir -p "$DIST"
 VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 ZIP="$DIST/feature_materializer-$VERSION.zip"
-PEX="$DIST/feature_materializer-$VERSION-executor.pex"
 RUNTIME="$DIST/feature_materializer-$VERSION-runtime.pex"
 BUNDLE="${FM_BUNDLE_OUT:-$DIST/feature_materializer-$VERSION-job.jar}"
 
@@ -75,19 +73,21 @@ stamp.write_text(digest.hexdigest())
 print(f"[package] built {os.path.relpath(zip_path)}: {len(files)} files in {time.perf_counter() - start:.1f}s")
 EOF
 
-# --- 2. the Python environments: PEX files ---------------------------------------------------
-# The executors' PEX (client mode) holds only requirements-executor.txt (what the
-# executor-side code imports); the job bundle's runtime PEX (cluster mode: the driver runs
-# it too) adds requirements-driver.txt. Both are resolved from the .venv's installed
-# distributions (--venv-repository: no index, no network), which constraints.txt pinned. Options, measured on 2 cores (sinks/README.md "Running on a Spark cluster"):
+# --- 2. the Python environment: one PEX file ---------------------------------------------------
+# requirements-executor.txt (what the executor-side code imports) and requirements-driver.txt
+# (what a driver adds: great-expectations, ...): one environment for driver and executors, so
+# the two never differ (an executor-only PEX saved 62 MiB per executor, for a second build of
+# ~30 s and a second artifact). Resolved from the .venv's installed distributions
+# (--venv-repository: no index, no network), which constraints.txt pinned. Options, measured
+# on 2 cores (sinks/README.md "Running on a Spark cluster"):
 #   --venv --non-hermetic-venv-scripts: on first boot the PEX unpacks itself into a venv
 #     under PEX_ROOT (~/.cache/pex) and reuses it. The venv hides the node's site-packages
 #     but keeps PYTHONPATH, where Spark puts its own pyspark.zip and py4j: pyspark is not
 #     in the PEX, the cluster's Spark provides it (and so always matches the JVM side).
 #   --sh-boot: boots through /bin/sh, which finds a python3.11 and execs the cached venv
 #     directly (about 0.3 s instead of 0.45 s per start).
-#   compressed (the default): ~10 s to build instead of ~2 s with --no-compress, but 81 MiB
-#     to ship to every executor instead of 255 MiB; the build is skipped when unchanged.
+#   compressed (the default): slower to build than --no-compress, but 143 MiB to ship to
+#     every executor instead of about 480 MB; the build is skipped when unchanged.
 #   pre-installed wheels (the default): ~3 s more build than --no-pre-install-wheels, but
 #     each node's first boot is faster.
 PEX_OPTS=(--venv --non-hermetic-venv-scripts --sh-boot)
@@ -141,7 +141,7 @@ build_pex() {
 
 EXECUTOR_IMPORTS='import pyspark, pyarrow, numpy, redis, hiredis, psycopg, xxhash, snappy, google.protobuf, pydantic, yaml
 assert "pyspark.zip" in pyspark.__file__, pyspark.__file__'
-build_pex "$PEX" "$EXECUTOR_IMPORTS" requirements-executor.txt
+rm -f "$DIST"/feature_materializer-*-executor.pex "$DIST"/.feature_materializer-*-executor.pex.inputs  # an older layout's
 build_pex "$RUNTIME" "$EXECUTOR_IMPORTS
 import great_expectations, pandas, delta.tables, orjson, tqdm" requirements-executor.txt requirements-driver.txt
 
@@ -201,13 +201,13 @@ EOF
 cat > "$DIST/package.env" <<EOF
 # written by scripts/package.sh: source it to get the artifacts' paths
 FM_PY_FILES=$ZIP
-FM_EXECUTOR_PEX=$PEX
+FM_RUNTIME_PEX=$RUNTIME
 FM_JOB_BUNDLE=$BUNDLE
 EOF
 
 size() { numfmt --to=iec-i --suffix=B "$(stat -c %s "$1")"; }
 log "dist/$(basename "$ZIP")  $(size "$ZIP")  the project's packages (--py-files)"
-log "dist/$(basename "$PEX")  $(size "$PEX")  the executors' Python 3.11 environment (no pyspark, no project code)"
+log "dist/$(basename "$RUNTIME")  $(size "$RUNTIME")  the Python 3.11 environment of driver and executors (no pyspark, no project code)"
 log "$(realpath --relative-to="$ROOT" "$BUNDLE")  $(size "$BUNDLE")  the job bundle: the project, conf and one environment for driver and executors"
 cat <<EOF
 [package] spark-submit, client mode, from this checkout (sinks/README.md "Running on a Spark cluster"). With --py-files
@@ -215,8 +215,8 @@ cat <<EOF
 [package] working directory (or FM_PROJECT_ROOT).
   .venv/bin/spark-submit --master spark://HOST:7077 \\
     --py-files dist/$(basename "$ZIP") \\
-    --files dist/$(basename "$PEX") \\
-    --conf spark.pyspark.python=./$(basename "$PEX") \\
+    --files dist/$(basename "$RUNTIME") \\
+    --conf spark.pyspark.python=./$(basename "$RUNTIME") \\
     --conf spark.pyspark.driver.python=\$PWD/.venv/bin/python \\
     --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \\
     jobs/materialize.py --env ENV --date YYYY-MM-DD

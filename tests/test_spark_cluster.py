@@ -1,6 +1,6 @@
 """The packaged job on a real Spark standalone cluster (a master and a worker on loopback).
 
-`scripts/package.sh` (`make package`) builds the project zip, the executors' PEX and the job
+`scripts/package.sh` (`make package`) builds the project zip, the runtime PEX and the job
 bundle. Client mode: the driver runs on this checkout's .venv; the executors run the PEX,
 which holds the third-party packages but neither the project nor pyspark (the cluster's
 Spark puts its own pyspark.zip on the workers' PYTHONPATH). So the job only works if
@@ -62,7 +62,7 @@ def package() -> tuple[Path, Path]:
     out = subprocess.run(["bash", str(ROOT / "scripts" / "package.sh")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     paths = dict(line.split("=", 1) for line in (ROOT / "dist" / "package.env").read_text().splitlines() if "=" in line and not line.startswith("#"))
-    zip_path, pex = Path(paths["FM_PY_FILES"]), Path(paths["FM_EXECUTOR_PEX"])
+    zip_path, pex = Path(paths["FM_PY_FILES"]), Path(paths["FM_RUNTIME_PEX"])
     assert zip_path.is_file() and pex.is_file() and os.access(pex, os.X_OK)
     return zip_path, pex
 
@@ -200,7 +200,7 @@ def test_packaged_job_runs_on_a_standalone_cluster(package, standalone, sample_r
 
 def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_server, pg_db, tmp_path):
     started = time.monotonic()
-    # The PEX alone is the executors' third-party packages: no project code, no pyspark.
+    # The PEX alone is the third-party packages: no project code, no pyspark.
     for module in ("sinks", "jobs", "pyspark"):
         alone = subprocess.run([str(pex), "-c", f"import {module}"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
         assert alone.returncode != 0 and f"No module named '{module}'" in alone.stderr, (module, alone.stderr[-2000:])
