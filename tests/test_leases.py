@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import datetime as dt
 import threading
 import time
 
@@ -120,6 +121,31 @@ def test_the_leases_live_beside_the_ledger_at_a_uri(spark, tmp_path):
     leases.take(SOURCE, TARGET, "run")
     assert (tmp_path / "lake" / "_ledger_leases" / "_delta_log").is_dir()
     leases.release(SOURCE, TARGET)
+
+
+def test_claims_of_different_sources_at_once_do_not_conflict(spark, conf):
+    """Sources run at once (parallel_sources) claim their leases at the same moment: one
+    MERGE each, no retry (on an unpartitioned table the second one fails to commit)."""
+    leases = Leases(spark, conf.ledger_path, seconds=60)
+    leases._table()
+    start, now = threading.Barrier(2), dt.datetime.now(dt.UTC).replace(microsecond=0)
+    results: dict[str, object] = {}
+
+    def claim(source: str) -> None:
+        start.wait()
+        try:
+            results[source] = leases._merge(source, TARGET, "run", now, renew_only=False)  # no retry
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            results[source] = f"{type(exc).__name__}: {exc}"[:300]
+
+    threads = [threading.Thread(target=claim, args=(s,)) for s in ("consumer_daily", "store_features_long")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"consumer_daily": 1, "store_features_long": 1}
+    assert spark.sql(f"DESCRIBE DETAIL delta.`{leases.path}`").first()["partitionColumns"] == ["source"]
+    assert {s: list(leases.holders(s)) for s in results} == {s: TARGET for s in results}
 
 
 def test_renewal_keeps_a_lease_past_its_first_expiry(spark, conf):
