@@ -50,7 +50,8 @@ def inputs_digest() -> str:
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     spark_jars = Path(pyspark.__file__).resolve().parent / "jars"  # the archive names it: a moved .venv needs a new one
-    jars = [str(spark_jars), *sorted(p.name for p in spark_jars.glob("*.jar")), *(p.name for p in delta_jars())]
+    # with size and time: the JVM refuses an archive whose jars changed (a reinstalled .venv)
+    jars = [str(spark_jars), *(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*sorted(spark_jars.glob("*.jar")), *delta_jars()])]
     return hashlib.sha256("\n".join([java, pyspark.__version__, *jars]).encode()).hexdigest()[:16]
 
 
