@@ -88,7 +88,7 @@ else
 fi
 
 # --- the JVM class archive every job's driver starts from (jobs/class_archive.py): made
-# once per JDK and Spark classpath, by a small job (about a minute); 2.5 s off each start.
+# once per JDK and Spark classpath, by a small job (about 75 s); about 5 s off each driver's start and first query.
 "$VENV/bin/python" -m jobs.class_archive
 
 # --- test tools: an S3-compatible server for the suite (its own venv: its Flask stack stays

@@ -4,10 +4,10 @@ backfill holding it across its steps, and an expired lease taken over."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
-import datetime as dt
 import threading
 import time
 
