@@ -83,6 +83,9 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         # feature: past Spark's default of 100 fields a plan loses whole-stage code
         # generation and runs interpreted (the gate took twice as long, bench/stage_profile.py).
         "spark.sql.codegen.maxFields": "1000",
+        # One source's run generates ~140 distinct classes; past Spark's default cache of 100
+        # each run compiled most again (and the JIT started over on each new class).
+        "spark.sql.codegen.cache.maxEntries": "2000",
         **conf.extra,
         # Pinned, over spark.extra too (Spark 4's default, but a cluster may turn it off): the
         # transforms cast data with try_cast and check its nulls; any other cast then fails

@@ -1,5 +1,6 @@
 """A process that races another for a lease (tests/test_leases.py): both start their JVMs,
-meet at a file barrier, then claim the same (source, store) at once."""
+meet at a file barrier, then claim the same (source, store) at once; the winner holds it
+until the loser has been refused (at most ``hold`` seconds)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ def main(ledger: str, barrier: str, me: str, hold: float) -> None:
         leases.take("consumer_daily", ["redis://h:6379/0"], f"run by {me}")
     except LeaseHeld as exc:
         print(f"held: {exc}", flush=True)
+        Path(barrier, "lost").touch()
         return
     print("won", flush=True)
-    time.sleep(hold)  # the loser's claim has long ended by now
+    deadline = time.monotonic() + hold
+    while not Path(barrier, "lost").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # held until the loser's claim has ended
     leases.release("consumer_daily", ["redis://h:6379/0"])
 
 

@@ -35,7 +35,7 @@ def test_two_processes_claiming_at_once_get_one_lease(tmp_path):
     ledger = str(tmp_path / "ledger")
     env = {**os.environ, "SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}  # short-lived JVMs start faster
     racers = [
-        subprocess.Popen([sys.executable, "-m", "tests.lease_racer", ledger, str(barrier), name, "6"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-m", "tests.lease_racer", ledger, str(barrier), name, "60"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name in ("a", "b")
     ]  # fmt: skip
     outs = [r.communicate(timeout=240) for r in racers]
