@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -50,6 +51,25 @@ class Definitions:
     """sha256 of the definition files' contents: identifies this set of definitions."""
     services: dict[str, FeatureServiceDef] = field(default_factory=dict)
     """Named feature sets for readers (``feature_services:`` files)."""
+    extra_expectations: tuple = ()
+    """(``file:line: source 'S': expectations[I] TYPE``, the expectation) of every source's own
+    expectation whose column and values passed the load's checks: what :meth:`check_expectations`
+    asks great-expectations about."""
+
+    def check_expectations(self) -> None:
+        """The sources' own expectations against great-expectations itself (a class of that
+        name, arguments it accepts): a DefinitionError naming file and line.
+
+        Loading does not do this: importing great-expectations takes seconds and memory that
+        the reader, the feature server and most commands never need. Whatever runs
+        expectations (a run with the gate's expectations on, ``validate``, ``defs``) calls it
+        first, before anything is written."""
+        if self._expectation_problems:
+            raise DefinitionError(list(self._expectation_problems))
+
+    @cached_property
+    def _expectation_problems(self) -> tuple[str, ...]:
+        return tuple(f"{where}: {problem}" for where, extra in self.extra_expectations if (problem := _great_expectations_problem(extra)))
 
     def source(self, name: str) -> SourceDef:
         try:
@@ -130,11 +150,14 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
         except ValidationError as exc:
             problems.extend(describe_validation_error(exc, path, node))
 
-    problems.extend(_cross_checks(entities, sources, where, lines, nodes))
+    extra_expectations: list = []
+    problems.extend(_cross_checks(entities, sources, where, lines, nodes, extra_expectations))
     problems.extend(_service_problems(services, sources, _Places(where, lines, nodes)))
     if problems:
         raise DefinitionError(problems)
-    return Definitions(entities=entities, sources=sources, files=where, digest=digest.hexdigest(), services=services)
+    return Definitions(
+        entities=entities, sources=sources, files=where, digest=digest.hexdigest(), services=services, extra_expectations=tuple(extra_expectations)
+    )
 
 
 def _service_problems(services, sources, places) -> list[str]:
@@ -166,21 +189,27 @@ def _extra_expectation_values(extra) -> list[tuple[tuple, object]]:
 
 
 def _extra_expectation_problem(extra, columns: dict[str, str]) -> str | None:
-    """Is this a great-expectations expectation, built from these kwargs, on a known column?"""
+    """Is this expectation on one known column, with only its own arguments? (What
+    great-expectations makes of it: :meth:`Definitions.check_expectations`.)"""
     column = extra.kwargs.get("column")
     if column is not None and not isinstance(column, str):
         return f"kwargs.column: expected one column name, found a {type(column).__name__}: write one expectation per column"
     if column is not None and column not in columns:
         return f"column {column!r} is not a feature or key of this source"
-    import great_expectations.expectations as gxe  # only when a source declares extra checks (slow import)
+    reserved = {"meta", "notes"} & set(extra.kwargs)
+    if reserved:
+        return f"kwargs {sorted(reserved)} are set by the job (name and severity), not in the definition"
+    return None
+
+
+def _great_expectations_problem(extra) -> str | None:
+    """Is this a great-expectations expectation, built from these kwargs?"""
+    import great_expectations.expectations as gxe  # slow: only when something runs expectations
     from pydantic import ValidationError as GxValidationError
 
     cls = getattr(gxe, extra.class_name, None)
     if cls is None:
         return f"not a great-expectations expectation (no class {extra.class_name})"
-    reserved = {"meta", "notes"} & set(extra.kwargs)
-    if reserved:
-        return f"kwargs {sorted(reserved)} are set by the job (name and severity), not in the definition"
     try:
         cls(**extra.kwargs)
     except (GxValidationError, TypeError, ValueError) as exc:
@@ -203,7 +232,7 @@ class _Places:
         return f"{path}:{line}" if line else str(path)
 
 
-def _cross_checks(entities, sources, where, lines, nodes) -> list[str]:
+def _cross_checks(entities, sources, where, lines, nodes, extra_expectations: list) -> list[str]:
     places = _Places(where, lines, nodes)
     problems = []
     for source in sources.values():
@@ -213,7 +242,7 @@ def _cross_checks(entities, sources, where, lines, nodes) -> list[str]:
             problems.append(f"{places.at(f'source:{source.name}')}: source {source.name!r}: unknown entity {source.entity!r} (defined: {defined})")
             continue
         problems += _key_column_problems(source, entity, places)
-        problems += _expectation_problems(source, entity, places)
+        problems += _expectation_problems(source, entity, places, extra_expectations)
         problems += _feature_name_problems(source, places)
     problems += _prefix_problems(entities, places)
     for entity in entities.values():
@@ -230,8 +259,9 @@ def _key_column_problems(source, entity, places: _Places) -> list[str]:
     ]
 
 
-def _expectation_problems(source, entity, places: _Places) -> list[str]:
-    """Extra expectations: values of the column's type, and a known great-expectations class."""
+def _expectation_problems(source, entity, places: _Places, extra_expectations: list) -> list[str]:
+    """Extra expectations: one known column, values of its type. Those that pass join
+    ``extra_expectations``, for great-expectations' own check later."""
     skey, problems = f"source:{source.name}", []
     # column -> type of its values, for the checks' arguments
     columns = dict(zip(source.key_columns or [k.name for k in entity.keys], [k.type for k in entity.keys]))
@@ -249,9 +279,14 @@ def _expectation_problems(source, entity, places: _Places) -> list[str]:
                     f"kwargs.{'.'.join(map(str, place))}: {wrong}"
                 )
                 wrong_values += 1
-        problem = None if wrong_values else _extra_expectation_problem(extra, columns)
+        if wrong_values:
+            continue
+        where = f"{places.at(f'{skey}:expectations:{i}')}: source {source.name!r}: expectations[{i}] {extra.type}"
+        problem = _extra_expectation_problem(extra, columns)
         if problem:
-            problems.append(f"{places.at(f'{skey}:expectations:{i}')}: source {source.name!r}: expectations[{i}] {extra.type}: {problem}")
+            problems.append(f"{where}: {problem}")
+        else:
+            extra_expectations.append((where, extra))
     return problems
 
 

@@ -237,7 +237,9 @@ def _defs_command(sub) -> None:
     defs.add_argument("--source", help="only this source")
 
 
-def _load(args):
+def _load(args, *, expectations: bool | None = False):
+    """The conf and the definitions; with ``expectations`` (None: as the conf's gate says) the
+    sources' own expectations are checked against great-expectations too (a slow import)."""
     from feature_defs import load_definitions
     from jobs.config import load_config
 
@@ -256,11 +258,13 @@ def _load(args):
         overrides["lease"] = {"wait_seconds": args.wait_for_lease}
     conf = load_config(args.env, overrides)
     defs = load_definitions(conf.path(conf.definitions_dir))
+    if expectations or (expectations is None and conf.quality.expectations):
+        defs.check_expectations()
     return conf, defs
 
 
 def cmd_defs(args) -> int:
-    _, defs = _load(args)
+    _, defs = _load(args, expectations=True)
     from serializers import field_id_int, freshness_field_name
 
     for source in defs.sources.values():
@@ -288,7 +292,7 @@ def cmd_sample_data(args) -> int:
     return EXIT_OK
 
 
-def _each_source(args, action, report_name: str, setup=None) -> int:
+def _each_source(args, action, report_name: str, setup=None, expectations: bool | None = False) -> int:
     """Run ``action(spark, conf, defs, name)`` per source, ``parallel_sources`` at a time in one
     Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
     Each source's summary is printed when it ends, in the order they end."""
@@ -298,7 +302,7 @@ def _each_source(args, action, report_name: str, setup=None) -> int:
     from jobs.quality import QualityGateError
     from jobs.spark import build_spark
 
-    conf, defs = _load(args)
+    conf, defs = _load(args, expectations=expectations)
     names = args.source or conf.sources or list(defs.sources)
     for name in names:
         defs.source(name)  # unknown names fail before Spark starts
@@ -336,7 +340,7 @@ def cmd_run(args) -> int:
         return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
 
     # the ledger made before the sources run at once: two first appends would both create it
-    return _each_source(args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create())
+    return _each_source(args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create(), expectations=None)
 
 
 def cmd_verify(args) -> int:
@@ -392,7 +396,7 @@ def cmd_backfill(args) -> int:
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
-    conf, defs = _load(args)
+    conf, defs = _load(args, expectations=None)
     defs.source(args.source)
     spark = build_spark(conf.spark, conf.locations(defs))
     ledger = Ledger.of(spark, conf)
@@ -560,7 +564,7 @@ def cmd_doctor(args) -> int:
 def cmd_validate(args) -> int:
     from jobs.pipeline.run import validate_source
 
-    return _each_source(args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json")
+    return _each_source(args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json", expectations=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

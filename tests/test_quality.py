@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from feature_defs import DefinitionError
+from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
+from jobs.cli import main
 from jobs.config import QualityConf
 from sinks.sql.settings import SqlSettings
 from jobs.pipeline.report import report_dir
@@ -19,7 +20,7 @@ from jobs.pipeline.run import run_source, validate_source
 from jobs.quality import QualityGateError, VerificationError, derive_checks
 from serializers import field_id
 
-from .conftest import tiny_consumer_source
+from .conftest import TINY_SOURCE, env_conf, tiny_consumer_source
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, source_rows
 
 
@@ -174,17 +175,40 @@ def test_checks_are_derived_from_the_definitions():
     assert sum(n.startswith(f"{f.name} is ") for f in CONSUMER.features for n in names) == len(CONSUMER.features) == 28
 
 
-def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_path):
+def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_path, redis_server, redis_db, monkeypatch, capsys):
+    (tmp_path / "a").mkdir()
+    # a column the source does not have: found as the definitions load
+    with pytest.raises(DefinitionError) as info:
+        tiny_consumer_source(None, tmp_path / "a", "    - {name: score, type: float}\n", "", [],
+            "  expectations:\n    - {type: expect_column_values_to_be_between, kwargs: {column: scor, min_value: 0}}\n")  # fmt: skip
+    assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_between: column 'scor' is not a feature or key" in str(info.value)
+
+    # what only great-expectations knows (its names, its arguments): found before anything runs expectations
     extra = (
         "  expectations:\n"
         "    - {type: expect_column_values_to_be_nice, kwargs: {column: score}}\n"
-        "    - {type: expect_column_values_to_be_between, kwargs: {column: scor, min_value: 0}}\n"
+        "    - {type: expect_column_values_to_be_between, kwargs: {column: score, min_value: 0, mostly: 2}}\n"
     )
+    folder = tmp_path / "b" / "defs"
+    folder.mkdir(parents=True)
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "tiny.yaml").write_text(TINY_SOURCE + "    - {name: score, type: float}\n" + extra)
+    defs = load_definitions(folder)  # no table: nothing gets as far as reading it
     with pytest.raises(DefinitionError) as info:
-        tiny_consumer_source(None, tmp_path, "    - {name: score, type: float}\n", "", [], extra)
+        defs.check_expectations()
     text = str(info.value)
     assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations expectation" in text
-    assert "tiny.yaml:10: source 'tiny': expectations[1] expect_column_values_to_be_between: column 'scor' is not a feature or key" in text
+    assert "tiny.yaml:10: source 'tiny': expectations[1] expect_column_values_to_be_between: invalid kwargs: " in text and "mostly" in text
+    # the CLI: `defs` and a run with the gate's expectations say so and write nothing; `ready` needs no expectations
+    conf = env_conf(tmp_path / "conf", "ci",
+        f"data_root: {tmp_path / 'b'}\ndefinitions_dir: {tmp_path / 'b' / 'defs'}\nledger_root: {tmp_path / 'ledger'}\n"
+        f"reports_dir: {tmp_path / 'reports'}\nsinks: [redis]\nredis: {{url: '{redis_server.url}'}}\n"
+    )  # fmt: skip
+    monkeypatch.setenv("FM_CONF_DIR", str(conf))
+    for command in (["defs"], ["run", "--date", str(DAY2)], ["validate", "--date", str(DAY2)]):
+        assert main([*command, "--env", "ci"]) == 2, command
+        assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations" in capsys.readouterr().err
+    assert not (tmp_path / "ledger").exists() and not (tmp_path / "reports").exists() and redis_db.dbsize() == 0
 
 
 TIERS = "    - {name: tier, type: string, allowed_values: [gold, silver], severity: warning}\n    - {name: visits, type: int, min_value: 0, max_value: 10}\n"

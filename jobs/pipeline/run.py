@@ -48,6 +48,8 @@ def run_source(
     (for integrations that want to act on a written snapshot, and for tests).
     """
     source = defs.source(source_name)
+    if conf.quality.expectations:
+        defs.check_expectations()  # before anything is written (once per definitions)
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url)
     summary = new_summary(ctx, conf.env)
     if conf.quality.expectations:
@@ -136,6 +138,7 @@ def _write_stores(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> N
 def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
     """The checks of a run without any write: status 'passed' or 'failed', report in validation.json."""
     source = defs.source(source_name)
+    defs.check_expectations()
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date)
     summary = new_summary(ctx, conf.env)
     with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed", conf.files) as step:
