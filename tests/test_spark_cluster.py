@@ -36,6 +36,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from bench.local_cluster import start_cluster
+from jobs import class_archive
 from serializers import encode, field_id
 
 from .conftest import DAY2_STR, env_conf
@@ -49,11 +50,17 @@ DELTA_JARS = [ROOT / "jars" / j for j in ("delta-spark_4.2_2.13-4.4.0.jar", "del
 AS_OF = int(dt.datetime(2026, 11, 21, tzinfo=dt.UTC).timestamp())  # end of DAY2, UTC
 
 
+# The cluster's JVMs (master, worker, drivers, executors) each live for a test: the quick JIT,
+# the serial collector and the class archive the set-up made (Spark's own classpath: every
+# one of them can use it) start them faster. A suite choice, like SPARK_SUBMIT_OPTS in conftest.py.
+JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {class_archive.java_options()}".strip()
+
+
 def _env(**extra: str) -> dict[str, str]:
     """This process's environment without anything that could put the project or another
     Python environment in front of an executor's interpreter."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYSPARK_DRIVER_PYTHON") and not k.startswith("PEX_")}
-    return {**env, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", **extra}
+    return {**env, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -232,8 +239,8 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
             "--conf", f"spark.executorEnv.PEX_ROOT={pex_root}",
             "--conf", "spark.sql.shuffle.partitions=2",
             "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-            "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+            "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
+            "--driver-java-options", JVM_OPTIONS,
             str(ROOT / "jobs" / "materialize.py"), "--env", "cluster", "--date", DAY2_STR, "--source", "consumer_daily",
             "--sink", "all", "--sql-dsn", pg_server.dsn,  # the flags reach the job through spark-submit
         ],
@@ -333,8 +340,8 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
     sizing = [
         "--driver-memory", "1g", "--executor-memory", "512m", "--total-executor-cores", "2",
         "--conf", f"spark.executorEnv.PEX_ROOT={pex_root}",
-        "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "--driver-java-options", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS}",
+        "--driver-java-options", JVM_OPTIONS,
     ]  # fmt: skip
     submit = ["bash", str(ROOT / "scripts" / "submit-cluster.sh")]  # spark-submit, with the driver's outcome as exit status
     submit_env = _env(PEX_ROOT=str(pex_root), SPARK_SUBMIT=str(BIN / "spark-submit"))
