@@ -25,6 +25,14 @@ REDIS_POOL = os.environ.get("FM_REDIS_POOL", "fm_redis_writes")
 OWNER = "ml-platform"
 TAGS = ["feature-materializer"]
 DELTA_JARS = [PROJECT_DIR / "jars" / "delta-spark_4.2_2.13-4.4.0.jar", PROJECT_DIR / "jars" / "delta-storage-4.4.0.jar"]
+SPARK_CONF = {
+    # as jobs/spark.py's HUGE_METHODS gives local runs: Spark's generated code for a
+    # 50-feature snapshot passes HotSpot's size limit for JIT compilation (the checks and
+    # the gate ran 2-6x slower interpreted; sinks/README.md)
+    "spark.driver.extraJavaOptions": "-XX:-DontCompileHugeMethods",
+    "spark.executor.extraJavaOptions": "-XX:-DontCompileHugeMethods",
+}
+"""What the materialize task's spark-submit adds to the connection's settings."""
 
 # Schedule groups named in feature_defs and their cron; any other group name is used as
 # the schedule itself (a preset like "@daily" or a cron expression).

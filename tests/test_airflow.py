@@ -22,6 +22,7 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parent.p
 os.environ["AIRFLOW_CONN_FM_SPARK"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
 
 from jobs.operations.ledger import Ledger  # noqa: E402
+from jobs.spark import HUGE_METHODS  # noqa: E402
 from serializers import decode, field_id  # noqa: E402
 
 from .conftest import SAMPLE_DATES, env_conf  # noqa: E402
@@ -80,6 +81,8 @@ def test_dag_files_load_and_follow_the_policy():
         sensor = nightly.get_task(f"{source}.wait_for_partition")
         assert sensor.mode == "reschedule" and sensor.timeout
     assert nightly.get_task("consumer_daily.materialize").application_args[:4] == ["--env", "local", "--date", "{{ macros.ds_add(ds, -1) }}"]
+    for side in ("driver", "executor"):  # Spark's big generated methods JIT-compiled, as in local runs (jobs/spark.py)
+        assert nightly.get_task("consumer_daily.materialize").conf[f"spark.{side}.extraJavaOptions"] == HUGE_METHODS
     for t in nightly.tasks:  # no secrets in the (serialized) DAG: tasks add only these to the worker's env
         env = getattr(t, "env", None) or getattr(t, "_env_vars", None) or getattr(t, "env_vars", None) or {}
         assert set(env) <= {"FM_ENV", "PATH"}, (t.task_id, sorted(env))

@@ -58,6 +58,7 @@ def _source_tasks(source: str) -> None:
             application=str(fm.PROJECT_DIR / "jobs" / "materialize.py"),
             application_args=["--env", fm.ENV, "--date", fm.SNAPSHOT_DATE, "--source", source],
             jars=",".join(str(j) for j in fm.DELTA_JARS),
+            conf=fm.SPARK_CONF,
             env_vars=fm.task_env(),
             name=f"materialize-{source}",
             pool=fm.REDIS_POOL,
