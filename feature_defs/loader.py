@@ -204,6 +204,7 @@ def _extra_expectation_problem(extra, columns: dict[str, str]) -> str | None:
 
 def _great_expectations_problem(extra) -> str | None:
     """Is this a great-expectations expectation, built from these kwargs?"""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # as jobs/quality.py: no network calls
     import great_expectations.expectations as gxe  # slow: only when something runs expectations
     from pydantic import ValidationError as GxValidationError
 

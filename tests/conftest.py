@@ -80,9 +80,16 @@ def spark(spark_events):
     # small job each: the quick JIT alone starts them several seconds faster.
     # spark-submit's JVMs (Airflow's task, the cluster tests' drivers) start from the class
     # archive too; the CLI's own add it themselves (jobs/spark.py).
-    os.environ.setdefault("SPARK_SUBMIT_OPTS", f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {class_archive.java_options()}".strip())
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", short_lived_jvm_options())
     yield session
     session.stop()
+
+
+def short_lived_jvm_options() -> str:
+    """For a JVM that runs one small job: the quick JIT, the serial collector, the class archive."""
+    from jobs import class_archive
+
+    return f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {class_archive.java_options()}".strip()
 
 
 @pytest.fixture(scope="session")

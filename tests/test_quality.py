@@ -199,7 +199,7 @@ def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_
     text = str(info.value)
     assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations expectation" in text
     assert "tiny.yaml:10: source 'tiny': expectations[1] expect_column_values_to_be_between: invalid kwargs: " in text and "mostly" in text
-    # the CLI: `defs` and a run with the gate's expectations say so and write nothing; `ready` needs no expectations
+    # the CLI: `defs`, `validate` and a run with the gate's expectations say so before Spark starts, and write nothing
     conf = env_conf(tmp_path / "conf", "ci",
         f"data_root: {tmp_path / 'b'}\ndefinitions_dir: {tmp_path / 'b' / 'defs'}\nledger_root: {tmp_path / 'ledger'}\n"
         f"reports_dir: {tmp_path / 'reports'}\nsinks: [redis]\nredis: {{url: '{redis_server.url}'}}\n"

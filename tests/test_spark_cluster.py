@@ -36,10 +36,9 @@ import pytest
 from redis.cluster import RedisCluster
 
 from bench.local_cluster import start_cluster
-from jobs import class_archive
 from serializers import encode, field_id
 
-from .conftest import DAY2_STR, env_conf
+from .conftest import DAY2_STR, env_conf, short_lived_jvm_options
 from .test_redis_job import CONSUMER, is_null
 from .test_sql_job import check_consumer_rows
 
@@ -50,10 +49,9 @@ DELTA_JARS = [ROOT / "jars" / j for j in ("delta-spark_4.2_2.13-4.4.0.jar", "del
 AS_OF = int(dt.datetime(2026, 11, 21, tzinfo=dt.UTC).timestamp())  # end of DAY2, UTC
 
 
-# The cluster's JVMs (master, worker, drivers, executors) each live for a test: the quick JIT,
-# the serial collector and the class archive the set-up made (Spark's own classpath: every
-# one of them can use it) start them faster. A suite choice, like SPARK_SUBMIT_OPTS in conftest.py.
-JVM_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {class_archive.java_options()}".strip()
+# The cluster's JVMs (master, worker, drivers, executors) each live for a test: started as the
+# suite's other short-lived JVMs (the class archive too: they run on Spark's own classpath).
+JVM_OPTIONS = short_lived_jvm_options()
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -50,10 +50,9 @@ def run_source(
     source = defs.source(source_name)
     if conf.quality.expectations:
         defs.check_expectations()  # before anything is written (once per definitions)
+        quality.prefetch()
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url)
     summary = new_summary(ctx, conf.env)
-    if conf.quality.expectations:
-        quality.prefetch()
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
