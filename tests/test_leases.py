@@ -20,7 +20,7 @@ from jobs.operations.backfill import plan_backfill, recorded_run, run_backfill
 from jobs.operations.lease import LeaseHeld, Leases
 from jobs.operations.ledger import Ledger, sink_targets
 
-from .conftest import SAMPLE_DATES, env_conf
+from .conftest import SAMPLE_DATES, env_conf, short_lived_jvm_options
 
 DEFS = load_definitions()
 SOURCE = "consumer_daily"
@@ -33,7 +33,7 @@ def test_two_processes_claiming_at_once_get_one_lease(tmp_path):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     ledger = str(tmp_path / "ledger")
-    env = {**os.environ, "SPARK_SUBMIT_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}  # short-lived JVMs start faster
+    env = {**os.environ, "SPARK_SUBMIT_OPTS": short_lived_jvm_options()}
     racers = [
         subprocess.Popen([sys.executable, "-m", "tests.lease_racer", ledger, str(barrier), name, "60"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name in ("a", "b")
