@@ -7,7 +7,8 @@ The job writes the standard table (bench/standard.py) into a throwaway Redis;
 database of the same server. Each server runs as one process pinned to CPU 0; vegeta
 (pinned, from the Go module proxy) runs on CPU 1 beside Redis. Every step is a fixed rate
 for ``--seconds``; rates rise (100, 200, 500, 1,000, 2,000, ...) until p99 passes 50 ms or
-a request fails. Shapes: 1 entity x 50 features and 100 x 50; our server with its L1
+a request fails, then the gap between the last rate sustained and that one is halved three
+times (to an eighth of it: the highest sustained rate, not the last rung below it). Shapes: 1 entity x 50 features and 100 x 50; our server with its L1
 cache off (keys uniform over the table: every request reads Redis) and on (keys drawn
 from a Zipf distribution, s = 1.1); Feast reads Redis on every request (its server has no
 cache) with the cache-off bodies. Both servers get the same request bodies, and answer
@@ -34,6 +35,8 @@ from jobs.config import PROJECT_ROOT
 RATES = (100, 200, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000)
 LOWEST = 10
 """Where a server that fails the first rate is tried down to."""
+REFINE = 3
+"""Halvings of the gap between the last rate sustained and the first that is not."""
 SHAPES = (1, 100)
 BODIES = 4000
 """Distinct request bodies per (shape, key distribution), sent round-robin."""
@@ -93,35 +96,62 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _ladder(name: str, process: subprocess.Popen, targets: Path, seconds: float, log) -> list[dict]:
-    """Rising fixed rates until p99 passes 50 ms or a request fails."""
-    from bench.vegeta import attack, cpu_seconds
+def _sustained(step: dict) -> bool:
+    return step["p99_ms"] <= 50 and step["success"] >= 1
+
+
+def _ladder(name: str, process: subprocess.Popen, targets: Path, seconds: float, log, also: tuple[int, ...] = ()) -> list[dict]:
+    """Rising fixed rates until p99 passes 50 ms or a request fails; then the gap between
+    the last rate sustained and that one, halved ``REFINE`` times; then the rates in
+    ``also`` not measured yet (the peer's highest sustained rate, to compare p99 there)."""
+    from bench.vegeta import attack
 
     attack(targets, 200, WARM_UP, cpu=LOAD_CPU)  # warm-up (and, cache on, a cache filled as at 200/s)
     steps: list[dict] = []
     rates = list(RATES)
     while rates:
         rate = rates.pop(0)
-        _drain(process)
-        cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
-        rep = attack(targets, rate, seconds, cpu=LOAD_CPU)
-        cpu = (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - t0)
-        lat = rep["latencies"]
-        step = {
-            "rate": rate, "throughput": round(rep["throughput"], 1), "p50_ms": round(lat["50th"] / 1e6, 3),
-            "p99_ms": round(lat["99th"] / 1e6, 3), "p999_ms": None if rep["p999"] is None else round(rep["p999"] / 1e6, 3),
-            "max_ms": round(lat["max"] / 1e6, 3), "success": rep["success"], "status_codes": rep["status_codes"],
-            "errors": rep["errors"][:3], "server_cpu": round(cpu, 2),
-        }  # fmt: skip
+        step = _step(name, process, targets, rate, seconds, log)
         steps.append(step)
-        log(f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}")
-        if step["p99_ms"] > 50 or step["success"] < 1:
+        if not _sustained(step):
             if rate > RATES[0] or rate <= LOWEST:
                 break
             rates = [r for r in (50, 20, LOWEST) if r < rate]  # the first rate is too much: step down to find what it sustains
         elif rate < RATES[0]:
             break  # the highest rate under the first one it sustains
+    good = [s["rate"] for s in steps if _sustained(s)]
+    bad = [s["rate"] for s in steps if not _sustained(s) and good and s["rate"] > max(good)]
+    if good and bad:
+        low, high = max(good), min(bad)
+        for _ in range(REFINE):
+            rate = int(round((low + high) / 2, -1))  # to 10/s
+            if rate in (low, high):
+                break
+            step = _step(name, process, targets, rate, seconds, log)
+            steps.append(step)
+            low, high = (rate, high) if _sustained(step) else (low, rate)
+    for rate in sorted(set(also) - {s["rate"] for s in steps}):
+        steps.append(_step(name, process, targets, rate, seconds, log))
     return sorted(steps, key=lambda s: s["rate"])
+
+
+def _step(name: str, process: subprocess.Popen, targets: Path, rate: int, seconds: float, log) -> dict:
+    """One fixed rate for ``seconds``, once the server has worked off what the last step left queued."""
+    from bench.vegeta import attack, cpu_seconds
+
+    _drain(process)
+    cpu0, t0 = cpu_seconds(process.pid), time.perf_counter()
+    rep = attack(targets, rate, seconds, cpu=LOAD_CPU)
+    cpu = (cpu_seconds(process.pid) - cpu0) / (time.perf_counter() - t0)
+    lat = rep["latencies"]
+    step = {
+        "rate": rate, "throughput": round(rep["throughput"], 1), "p50_ms": round(lat["50th"] / 1e6, 3),
+        "p99_ms": round(lat["99th"] / 1e6, 3), "p999_ms": None if rep["p999"] is None else round(rep["p999"] / 1e6, 3),
+        "max_ms": round(lat["max"] / 1e6, 3), "success": rep["success"], "status_codes": rep["status_codes"],
+        "errors": rep["errors"][:3], "server_cpu": round(cpu, 2),
+    }  # fmt: skip
+    log(f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}")
+    return step
 
 
 def _drain(process: subprocess.Popen, idle: float = 0.05, limit: float = 180) -> None:
@@ -172,8 +202,9 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
         if feast:
             log("Feast 0.67: feast materialize of the same table")
             results["feast_materialize"] = feast_peer.materialize(entities, redis.url, workdir)
-            servers.append(("feast serve", None))
+            servers.insert(0, ("feast serve", None))  # first: ours is also measured at Feast's highest sustained rate
         answers: dict[str, dict] = {}
+        peer_top: dict[int, int] = {}
         for (name, cache), shape in itertools.product(servers, SHAPES):  # a fresh server process per run
             port = free_port()
             url = f"http://127.0.0.1:{port}"
@@ -192,7 +223,10 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
                 # by name: Feast orders its columns its own way (the request's order is ours)
                 answers[key] = {n: r["values"] for n, r in zip(answer["metadata"]["feature_names"], answer["results"])}
                 targets = write_targets(workdir / f"targets-{shape}-{int(zipf)}.json", f"{url}/get-online-features", bodies[(shape, zipf)])
-                results["runs"][key] = _ladder(key, process, targets, seconds, log)
+                also = (peer_top[shape],) if cache is False and peer_top.get(shape) else ()
+                results["runs"][key] = _ladder(key, process, targets, seconds, log, also)
+                if cache is None:
+                    peer_top[shape] = _best(results["runs"][key], 50)
             finally:
                 _stop(process)
         results["sample_answer"] = {n: v[:2] for n, v in list(answers["ours, cache off, 1 x 50"].items())[:4]}
