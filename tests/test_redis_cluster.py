@@ -9,6 +9,7 @@ import re
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -28,9 +29,43 @@ from .test_redis_sink import SPECS, expected_hash, sink_config, things
 STAMP = 1700000000
 
 
+class _Prefetched:
+    """A fresh cluster per test, the next one started while a test runs: a new cluster takes
+    about 2 s to start, nearly all of it Redis holding a new primary unwritable (its writable
+    delay), which would otherwise be waited out once per test."""
+
+    def __init__(self, folders, *args):
+        self.folders, self.args = folders, args
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="next-cluster")
+        self.spare: Future | None = None
+
+    def _start(self) -> LocalCluster:
+        return start_cluster(self.folders.mktemp("cluster"), *self.args)
+
+    def take(self) -> LocalCluster:
+        spare, self.spare = self.spare, self.pool.submit(self._start)
+        if spare is None:
+            return self._start()
+        made = spare.result()
+        made.wait_ok()  # as it was made: every node up, one slot map
+        return made
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.result().stop()
+        self.pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory):
+    made = _Prefetched(tmp_path_factory, 3, 1)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def cluster(tmp_path):
-    c = start_cluster(tmp_path / "cluster", primaries=3, replicas=1)
+def cluster(clusters):
+    c = clusters.take()
     yield c
     c.stop()
 
@@ -281,10 +316,17 @@ def test_every_primary_has_a_pipeline_in_flight_at_once(cluster):
     assert_all_exact(cluster, batch, n)
 
 
+@pytest.fixture(scope="module")
+def partial_clusters(tmp_path_factory):
+    made = _Prefetched(tmp_path_factory, 3, 0, "--cluster-require-full-coverage", "no", "--maxmemory", "64mb")
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def partial_cluster(tmp_path):
+def partial_cluster(partial_clusters):
     """3 primaries, no replicas; the others keep serving while one is down (full coverage off)."""
-    c = start_cluster(tmp_path / "partial", 3, 0, "--cluster-require-full-coverage", "no", "--maxmemory", "64mb")
+    c = partial_clusters.take()
     yield c
     c.stop()
 
