@@ -36,6 +36,7 @@ class _Prefetched:
 
     def __init__(self, folders, *args):
         self.folders, self.args = folders, args
+        folders.getbasetemp()  # made here: two threads making it at once could make two
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="next-cluster")
         self.spare: Future | None = None
 
@@ -47,13 +48,19 @@ class _Prefetched:
         if spare is None:
             return self._start()
         made = spare.result()
-        made.wait_ok()  # as it was made: every node up, one slot map
+        try:
+            made.wait_ok()  # still every node up and one slot map after waiting its turn
+        except BaseException:
+            made.stop()
+            raise
         return made
 
     def close(self) -> None:
-        if self.spare is not None:
-            self.spare.result().stop()
-        self.pool.shutdown()
+        try:
+            if self.spare is not None and self.spare.exception() is None:  # a spare that failed to start is no test's error
+                self.spare.result().stop()
+        finally:
+            self.pool.shutdown()
 
 
 @pytest.fixture(scope="module")
