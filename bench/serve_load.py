@@ -8,8 +8,10 @@ database of the same server. Each server runs as one process pinned to CPU 0; ve
 (pinned, from the Go module proxy) runs on CPU 1 beside Redis. Every step is a fixed rate
 for ``--seconds``; rates rise (100, 200, 500, 1,000, 2,000, ...) until p99 passes 50 ms or
 a request fails, then the gap between the last rate sustained and that one is halved three
-times (to an eighth of it: the highest sustained rate, not the last rung below it). Shapes: 1 entity x 50 features and 100 x 50; our server with its L1
-cache off (keys uniform over the table: every request reads Redis) and on (keys drawn
+times, one step per rate (p99 near a knee is noisy: the rate found is the highest one
+sustained in its own step). Feast runs first; ours is also run at Feast's highest
+sustained rate, to compare p99 there. Shapes: 1 entity x 50 features and 100 x 50; our
+server with its L1 cache off (keys uniform over the table: every request reads Redis) and on (keys drawn
 from a Zipf distribution, s = 1.1); Feast reads Redis on every request (its server has no
 cache) with the cache-off bodies. Both servers get the same request bodies, and answer
 the same values (checked before the load). Results: JSON and a chart of p99 against rate.
