@@ -21,6 +21,7 @@ from redis.retry import Retry
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import BAD, ColumnDecoder
 from feature_reader.errors import ReadTimeout, StoreError
+from feature_reader.redis_pipe import RedisPipe
 from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
@@ -289,7 +290,10 @@ class RedisReads(_Reads):
 
 
 class AsyncRedisReads(_Reads):
-    """asyncio reads, as RedisReads; Redis Cluster: one pipeline per primary, at once."""
+    """asyncio reads. On one server the reader's concurrent reads share one connection
+    (feature_reader/redis_pipe.py): the HMGETs of the reads of one event-loop turn go out
+    in one write, and each read's replies are decoded a chunk at a time as they arrive.
+    Redis Cluster: redis-py's cluster pipeline, one per primary, at once."""
 
     def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32):
         super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
@@ -301,69 +305,39 @@ class AsyncRedisReads(_Reads):
             pool = aioredis.ConnectionPool.from_url(config.url, max_connections=connections, retry=Retry(NoBackoff(), 0), **options)
             self.client = aioredis.Redis(connection_pool=pool)
         self._slots = asyncio.Semaphore(connections)
+        self._pipe: RedisPipe | None = None
+        self._opening = asyncio.Lock()
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         plan = _Plan(self, units, features)
         try:
-            async with asyncio.timeout(self.timeout):
-                if self.cluster:
+            if self.cluster:
+                async with asyncio.timeout(self.timeout):
                     return plan.rows(await self._pipeline(plan).execute(), 0, as_list)
-                return await self._stream(plan, as_list)
+            return await self._stream(plan, as_list)  # its deadline: the shared connection's (RedisPipe)
         except (redis.RedisError, TimeoutError) as exc:
             raise self._error(exc) from exc
 
     async def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
-        async with self._slots:  # at most ``connections`` at once; the other callers wait
-            try:
-                conn = self._idle.pop()
-            except IndexError:
-                conn = await self.client.connection_pool.get_connection()
-            ok = False
-            try:
-                out = await self._replies(conn, plan, as_list)
-                ok = True
-                return out
-            finally:
-                if ok:
-                    self._idle.append(conn)
-                else:  # a timeout or a cancelled caller too: replies may be left unread on it
-                    await conn.disconnect()
-                    await self.client.connection_pool.release(conn)
+        async with self._slots:  # at most ``connections`` reads at once; the other callers wait
+            pipe = self._pipe
+            if pipe is None or pipe.closed is not None:
+                pipe = await self._open()
+            await pipe.writable()
+            replies = _Replies(plan, as_list)
+            await pipe.send(plan.wire(), len(plan.keys), replies)
+            return replies.rows()
 
-    async def _replies(self, conn, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
-        writer = getattr(conn, "_writer", None) if conn.is_connected else None
-        for first in range(0, len(plan.keys), CHUNK):
-            if writer is None:  # connects (and checks health) first
-                await conn.send_packed_command([plan.wire(first, first + CHUNK)])
-                writer = getattr(conn, "_writer", None)
-                continue
-            # the connection's stream straight: send_packed_command wraps each send in
-            # asyncio.wait_for (a task per send); the batch has one deadline, in read()
-            try:
-                writer.write(plan.wire(first, first + CHUNK))
-                await writer.drain()
-            except OSError as exc:
-                raise redis.ConnectionError(f"Error writing to Redis at {getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}: {exc}") from None
-        replies = _Replies(plan, as_list)
-        # the parser straight, as in RedisReads._stream: Connection.read_response opens a
-        # timeout per reply (the batch has one, in read()) and maps errors it cannot meet here
-        read = getattr(getattr(conn, "_parser", None), "read_response", None) or conn.read_response
-        for _ in plan.keys:
-            try:
-                reply = await read()
-            except redis.ResponseError as exc:
-                replies.refuse(exc)
-                continue
-            if isinstance(reply, redis.ResponseError):
-                replies.refuse(reply)
-            else:
-                replies.add(reply)
-        return replies.rows()
+    async def _open(self) -> RedisPipe:
+        async with self._opening:  # one connect at a time: the reads waiting meanwhile share it
+            if self._pipe is None or self._pipe.closed is not None:
+                self._pipe = await RedisPipe.open(self.client.connection_pool, self.where, self.timeout)
+            return self._pipe
 
     async def ping(self) -> None:
         await self.client.ping()
 
     async def close(self) -> None:
-        while self._idle:
-            await self.client.connection_pool.release(self._idle.pop())
+        if self._pipe is not None:
+            self._pipe.close(redis.ConnectionError("the reader was closed"))
         await self.client.aclose()

@@ -77,36 +77,32 @@ class OnlineFeatures:
 
     def to_feast(self) -> dict[str, Any]:
         """Feast's get-online-features response body: ``results`` (join keys first, each
-        with values, statuses and event_timestamps) then ``metadata.feature_names``. Lists
-        may be shared between entries (a source's as-of times): read them, do not change them."""
+        with values, statuses and event_timestamps) then ``metadata.feature_names``; the
+        body of ``to_feast_json()`` as Python objects."""
+        return orjson.loads(self.to_feast_json())
+
+    def to_feast_json(self) -> bytes:
+        """Feast's response body as compact UTF-8 JSON (the server's body, and `materialize get`'s output)."""
         self._ready()
         rows = len(next(iter(self.join_keys.values()), []))
         present, epochs = [PRESENT] * rows, [EPOCH] * rows
-        results = [{"values": list(v), "statuses": present, "event_timestamps": epochs} for v in self.join_keys.values()]
-        stamps_of: dict[int, list[str]] = {}  # a source's columns share one list of as-of times: formatted once
-        last, formatted = None, []
-        append, ndarray = results.append, np.ndarray
-        for values, statuses, stamps in zip(self._values, self._statuses, self._stamps):
-            if stamps is not last:  # a source's columns come together: one look-up per source
-                formatted = stamps_of.get(id(stamps))
-                if formatted is None:
-                    formatted = stamps_of[id(stamps)] = [_timestamp(t) for t in stamps]
-                last = stamps
-            first = values[0] if values else None
-            if first is None:
-                first = next((v for v in values if v is not None), None)
-            if isinstance(first, ndarray):  # embeddings
-                values = [_native(v) for v in values]
-            append({"values": values, "statuses": present if statuses is None else statuses, "event_timestamps": formatted})
-        return {"results": results, "metadata": {"feature_names": [*self.join_keys, *self.names]}}
-
-    def to_feast_json(self) -> bytes:
-        """``to_feast()`` as compact UTF-8 JSON (the server's body, and `materialize get`'s output)."""
-        return orjson.dumps(self.to_feast())
+        results = [{"values": v, "statuses": present, "event_timestamps": epochs} for v in self.join_keys.values()]
+        # a source's columns share one list of as-of times: each formatted once
+        formatted = {id(s): s for s in self._stamps}
+        formatted = {k: [_timestamp(t) for t in s] for k, s in formatted.items()}
+        results += [
+            {"values": v, "statuses": present if st is None else st, "event_timestamps": formatted[id(ts)]}
+            for v, st, ts in zip(self._values, self._statuses, self._stamps)
+        ]  # fmt: skip
+        # embeddings are numpy arrays: orjson hands them to _native (its own numpy option
+        # writes float32 in their shortest form, not widened to float64 as Feast writes them)
+        return orjson.dumps({"results": results, "metadata": {"feature_names": [*self.join_keys, *self.names]}}, default=_native)
 
 
 def _native(value: Any) -> Any:
-    return value.tolist() if isinstance(value, np.ndarray) else value
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
 @functools.lru_cache(maxsize=4096)  # a source's rows share a few as-of times

@@ -41,7 +41,8 @@ class ReaderSettings(Settings):
     max_entities: int = Field(1000, ge=1)
     """Entities in one request; more is a RequestError."""
     redis_connections: int = Field(32, ge=1)
-    """Connections to Redis held by one asyncio reader (per node in a cluster); callers wait for a free one."""
+    """Reads one asyncio reader sends to Redis at once (they share one connection; in a
+    cluster, connections per node); more callers wait."""
     sql_connections: int = Field(4, ge=1)
     """Connections to the SQL store held by one reader."""
     embeddings: Literal["numpy", "list"] = "numpy"

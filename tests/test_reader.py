@@ -408,6 +408,99 @@ def test_a_key_that_is_not_a_hash_fails_its_batch_and_leaves_the_connection_clea
     assert asyncio.run(read_async()) == [None, 7]
 
 
+def _reader_clients(server) -> list[dict]:
+    """The server's connections whose last command was HMGET: the reader's (CLIENT LIST, parsed)."""
+    rows = server.client().execute_command("CLIENT", "LIST")
+    rows = rows.decode() if isinstance(rows, bytes) else rows
+    clients = [dict(f.split("=", 1) for f in line.split(" ") if "=" in f) for line in rows.splitlines() if line]
+    return [c for c in clients if c.get("cmd") == "hmget"]
+
+
+@pytest.fixture
+def numbered(tmp_path):
+    """A Redis of its own holding consumers 0..299 of consumer_daily, orders_7d = the id."""
+    server = start_redis(tmp_path / "n")
+    client = server.client()
+    for i in range(300):
+        client.hset(f"c:{i}".encode(), mapping={freshness_field("consumer_daily"): str(AS_OF).encode(), field_id("orders_7d"): encode("int", i)})
+    yield server
+    server.stop()
+
+
+def test_concurrent_async_reads_share_one_connection_each_getting_its_own_replies(numbered, sample_defs):
+    async def burst():
+        async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+            ids = [[i] for i in range(300)] + [[299 - i, i, 7] for i in range(100)]  # single reads and batches, interleaved
+            results = await asyncio.gather(*[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": e}) for e in ids])
+            return ids, results, _reader_clients(numbered)
+
+    ids, results, clients = asyncio.run(burst())
+    assert [r.column("orders_7d").values for r in results] == ids
+    assert len(clients) == 1  # the reader's one connection: 400 reads went over it
+    assert int(numbered.client().info("commandstats")["cmdstat_hmget"]["calls"]) == 300  # a key read by reads at once: once
+
+
+def test_a_read_given_up_leaves_the_connection_in_step(numbered, sample_defs):
+    """A caller cancelled after its HMGET went out: its replies arrive later and are dropped;
+    the next read on the same connection gets its own."""
+
+    async def run():
+        async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+            await reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [0]})  # connected
+            first = _reader_clients(numbered)
+            numbered.client().execute_command("CLIENT", "PAUSE", "200", "ALL")
+            given_up = asyncio.create_task(reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1, 2, 3]}))
+            await asyncio.sleep(0.05)  # sent, its replies held by the pause
+            given_up.cancel()
+            after = await reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [250, 9]})
+            return first, after.column("orders_7d").values, _reader_clients(numbered), given_up.cancelled()
+
+    first, values, clients, cancelled = asyncio.run(run())
+    assert cancelled and values == [250, 9]
+    assert [c["id"] for c in clients] == [c["id"] for c in first]  # the same connection, not a new one
+
+
+def test_a_read_past_its_deadline_fails_and_the_next_one_reconnects(numbered, sample_defs):
+    """Redis sends nothing for the whole timeout: the reads waiting fail with ReadTimeout, the
+    connection is dropped (replies may still be due on it), the next read opens another."""
+    conf = _conf(numbered.url)
+    conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": 150})})
+
+    async def run():
+        async with AsyncFeatureReader(conf, sample_defs, cache=False) as reader:
+            ask = lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})  # noqa: E731
+            await ask([0])
+            first = _reader_clients(numbered)
+            numbered.client().execute_command("CLIENT", "PAUSE", "400", "ALL")
+            started = time.monotonic()
+            outcomes = await asyncio.gather(ask([1]), ask([2, 3]), return_exceptions=True)
+            waited = time.monotonic() - started
+            await asyncio.sleep(0.4)  # the pause ends
+            after = await ask([4, 5])
+            return first, outcomes, waited, after.column("orders_7d").values, _reader_clients(numbered)
+
+    first, outcomes, waited, values, clients = asyncio.run(run())
+    assert all(isinstance(o, StoreError) and "did not answer in 150 ms" in str(o) for o in outcomes), outcomes
+    assert 0.14 <= waited < 0.35
+    assert values == [4, 5] and len(clients) == 1 and clients[0]["id"] != first[0]["id"]
+
+
+def test_a_connection_killed_between_reads_is_replaced_unnoticed(numbered, sample_defs):
+    async def run():
+        async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+            ask = lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})  # noqa: E731
+            await ask([0])
+            (first,) = _reader_clients(numbered)
+            killed = numbered.client().execute_command("CLIENT", "KILL", "ID", first["id"])
+            await asyncio.sleep(0.05)  # the loop sees the connection close
+            values = (await ask([6, 7])).column("orders_7d").values
+            return killed, values, first, _reader_clients(numbered), reader.stats["errors"]
+
+    killed, values, first, clients, errors = asyncio.run(run())
+    assert killed == 1 and values == [6, 7] and errors == 0
+    assert len(clients) == 1 and clients[0]["id"] != first["id"]
+
+
 @pytest.mark.parametrize(
     "kind, options, raws",
     [

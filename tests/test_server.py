@@ -229,3 +229,48 @@ def _parent(pid: str) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_a_response_goes_out_in_one_write_and_pipelined_requests_are_answered_in_order(served):
+    """uvicorn writes a response's head and body apart: they leave together, after the
+    turn of the event loop that wrote them, and a close still sends what was written."""
+    import asyncio
+    import socket
+
+    from feature_reader.one_write import _OneWrite
+
+    async def direct() -> list:
+        ours, peer = socket.socketpair()
+        peer.setblocking(False)
+        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(asyncio.Protocol, ours)
+        wrapped = _OneWrite(transport, asyncio.get_running_loop())
+        seen = []
+        wrapped.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        wrapped.write(b"{}")
+        try:
+            peer.recv(100)
+        except BlockingIOError:
+            seen.append(None)  # nothing sent within the turn
+        await asyncio.sleep(0.01)
+        seen.append(peer.recv(100))
+        wrapped.write(b"last")
+        wrapped.close()
+        await asyncio.sleep(0.01)
+        seen += [peer.recv(100), peer.recv(100)]  # the bytes, then the end of the stream
+        peer.close()
+        return seen
+
+    assert asyncio.run(direct()) == [None, b"HTTP/1.1 200 OK\r\n\r\n{}", b"last", b""]
+    # the real server: two requests in one packet, two answers in order on the connection
+    body = json.dumps({"features": ["every_type:n"], "entities": {"consumer_id": [1]}}).encode()
+    other = json.dumps({"features": ["every_type:n"], "entities": {"consumer_id": [3, 1]}}).encode()
+    one = b"POST /get-online-features HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as conn:
+        conn.sendall(one % (len(body), body) + one % (len(other), other))
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 2 or not received.endswith(b"}}"):
+            chunk = conn.recv(65536)
+            assert chunk, received
+            received += chunk
+    first, second = [json.loads(part.split(b"\r\n\r\n", 1)[1]) for part in received.split(b"HTTP/1.1 ")[1:]]
+    assert first["results"][1]["values"] == [BIG] and second["results"][1]["values"] == [-5, BIG]

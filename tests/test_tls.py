@@ -327,6 +327,33 @@ def test_redis_tls_cannot_be_weakened_or_misconfigured(tls_redis, tls_redis_db, 
     assert tls_redis_db.dbsize() == 0
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])  # the server runs on uvloop, whose TLS transport is its own
+def test_async_reader_reads_over_verified_tls(tls_redis, tls_redis_db, certs, loop):
+    """The asyncio reader's shared connection: redis-py opens it (TLS verified), then the
+    reads go over it; long replies span several TLS records."""
+    import asyncio
+
+    import uvloop
+
+    from feature_reader import AsyncFeatureReader
+    from serializers import freshness_field
+
+    history = [list(range(i, i + 300)) for i in range(40)]
+    for i, values in enumerate(history):
+        tls_redis_db.hset(f"c:{i}", mapping={freshness_field("consumer_daily"): b"1700000000", field_id("recent_store_ids"): encode("int_list", values)})
+    settings = RedisSettings(url=tls_redis.url(), password_env=None, mode="standalone", tls_ca_file=str(certs.ca))
+    conf = RunConf(env="test", sinks=["redis"], redis=settings)
+
+    async def read():
+        async with AsyncFeatureReader(conf, load_definitions(DEFAULT_DIR), cache=False) as reader:
+            ask = lambda ids: reader.get_online_features(["consumer_daily:recent_store_ids"], {"consumer_id": ids})  # noqa: E731
+            results = await asyncio.gather(ask(list(range(40))), *[ask([i]) for i in range(40)])
+            return [r.column("recent_store_ids").values for r in results]
+
+    got = asyncio.run(read()) if loop == "asyncio" else uvloop.run(read())
+    assert got == [history] + [[h] for h in history]
+
+
 def test_cleanup_writer_deletes_over_verified_tls(tls_redis, tls_redis_db, certs):
     for i in range(30):
         tls_redis_db.hset(f"tls:e{i}", mapping={b"gone": b"1", b"kept": b"2"})
