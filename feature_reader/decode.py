@@ -85,13 +85,17 @@ def _embeddings(raws: list, dimension: int, as_list: bool) -> list | None:
         return list(raws)
     if any(len(r) != width or not r.startswith(head) for r in present):
         return None
-    if len(present) <= SMALL:  # numpy's fixed costs outweigh a few values
+    if len(present) <= SMALL:  # numpy's fixed costs outweigh a few values: checked as Python floats
         out = []
         for r in raws:
-            values = None if r is None else np.frombuffer(r, "<f4", dimension, len(head))
-            if values is not None and not np.isfinite(values).all():
+            if r is None:
+                out.append(None)
+                continue
+            values = np.frombuffer(r, "<f4", dimension, len(head))  # read-only: a view of the stored bytes
+            listed = values.tolist()
+            if not all(map(math.isfinite, listed)):
                 return None
-            out.append(None if values is None else values.tolist() if as_list else _frozen(values.copy()))
+            out.append(listed if as_list else values)
         return out
     matrix = np.frombuffer(b"".join(present), np.uint8).reshape(len(present), width)
     values = matrix[:, len(head) :].copy().view("<f4")

@@ -88,10 +88,10 @@ class OnlineFeatures:
         present, epochs = [PRESENT] * rows, [EPOCH] * rows
         results = [{"values": v, "statuses": present, "event_timestamps": epochs} for v in self.join_keys.values()]
         # a source's columns share one list of as-of times: each formatted once
-        formatted = {id(s): s for s in self._stamps}
-        formatted = {k: [_timestamp(t) for t in s] for k, s in formatted.items()}
+        formatted: dict[int, list[str]] = {}
         results += [
-            {"values": v, "statuses": present if st is None else st, "event_timestamps": formatted[id(ts)]}
+            {"values": v, "statuses": present if st is None else st,
+             "event_timestamps": formatted[k] if (k := id(ts)) in formatted else formatted.setdefault(k, [_timestamp(t) for t in ts])}
             for v, st, ts in zip(self._values, self._statuses, self._stamps)
         ]  # fmt: skip
         # embeddings are numpy arrays: orjson hands them to _native (its own numpy option

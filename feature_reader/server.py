@@ -77,7 +77,9 @@ class FeatureServer:
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, overrides: dict | None = None) -> FeatureServer:
-        return cls(AsyncFeatureReader.from_conf(env, overrides=overrides))
+        from jobs.config import load_config
+
+        return cls(_reader(load_config(env, overrides)))
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -201,14 +203,16 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
         os.environ["FM_SERVE_ENV"] = conf.env
         uvicorn.run("feature_reader.server:_app_from_env", factory=True, workers=workers, **options)
     else:
-        uvicorn.run(FeatureServer(AsyncFeatureReader(conf, _definitions(conf))), **options)
+        uvicorn.run(FeatureServer(_reader(conf)), **options)
     print("[serve] stopped", flush=True)
 
 
-def _definitions(conf):
+def _reader(conf) -> AsyncFeatureReader:
+    """The server's reader: embeddings decoded straight to lists (the body is JSON)."""
     from feature_defs import load_definitions
 
-    return load_definitions(conf.path(conf.definitions_dir))
+    conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"embeddings": "list"})})
+    return AsyncFeatureReader(conf, load_definitions(conf.path(conf.definitions_dir)))
 
 
 def _app_from_env() -> FeatureServer:

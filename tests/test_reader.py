@@ -86,6 +86,7 @@ def assert_expected(result, store: str) -> None:
         for got, want in zip(col.values, values):
             if name == "e" and want is not None:
                 assert isinstance(got, np.ndarray) and got.dtype == np.float32, (store, name)
+                assert not got.flags.writeable, (store, name)  # the cache hands the same array to every caller
                 assert np.array_equal(got, np.asarray(want, np.float32)), (store, name)
             elif name == "f32" and want is not None:
                 assert np.float32(got) == np.float32(want), (store, name)
