@@ -5,7 +5,7 @@
 The job writes the standard table (bench/standard.py) into a throwaway Redis;
 `feast materialize` (Feast 0.67, its own venv) writes the same table into the next
 database of the same server. Each server runs as one process pinned to CPU 0; vegeta
-(pinned, from the Go module proxy) runs on CPU 1 beside Redis. Every step is a fixed rate
+(from the Go module proxy) and Redis are pinned to CPU 1. Every step is a fixed rate
 for ``--seconds``; rates rise (100, 200, 500, 1,000, 2,000, ...) until p99 passes 50 ms or
 a request fails, then the gap between the last rate sustained and that one is halved three
 times, one step per rate (p99 near a knee is noisy: the rate found is the highest one
@@ -190,6 +190,8 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
     workdir.mkdir(parents=True, exist_ok=True)
     vegeta_bin()
     redis = start_redis(workdir / "serve-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "serve-redis.log"))
+    # beside vegeta, so the server under test has its core to itself
+    subprocess.run(["taskset", "-p", "-c", LOAD_CPU, str(redis.process.pid)], check=True, stdout=subprocess.DEVNULL)
     results: dict = {"entities": entities, "seconds_per_step": seconds, "vegeta": MODULE, "server_cpu": SERVER_CPU, "load_cpu": LOAD_CPU, "runs": {}}
     try:
         log(f"writing {entities:,} entities of the standard shape with the job")
