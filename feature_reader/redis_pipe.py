@@ -134,6 +134,7 @@ class RedisPipe(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed is None:
             self.closed = redis.ConnectionError(f"Redis at {self.where} closed the connection" + (f": {exc}" if exc else ""))
+        self.conn._close()  # redis-py's side of it: no longer open (it would warn when collected)
         self._fail(self.closed)
 
     def pause_writing(self) -> None:
@@ -151,7 +152,7 @@ class RedisPipe(asyncio.Protocol):
             self._timer = None
         if self.closed is None:
             self.closed = error
-            self.transport.close()
+            self.conn._close()  # the transport, and redis-py's record of it
         self._fail(error)
 
     def _fail(self, error: Exception) -> None:
