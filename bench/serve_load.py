@@ -7,8 +7,8 @@ The job writes the standard table (bench/standard.py) into a throwaway Redis;
 database of the same server. Each server runs as one process pinned to CPU 0; vegeta
 (from the Go module proxy) and Redis are pinned to CPU 1. Every step is a fixed rate
 for ``--seconds``; rates rise (100, 200, 500, 1,000, 2,000, ...) until p99 passes 50 ms or
-a request fails, then the gap between the last rate sustained and that one is halved three
-times, one step per rate (p99 near a knee is noisy: the rate found is the highest one
+a request fails, then the gap between the last rate sustained and that one is halved up to
+five times (to 10/s), one step per rate (p99 near a knee is noisy: the rate found is the highest one
 sustained in its own step). Feast runs first; ours is also run at Feast's highest
 sustained rate, to compare p99 there. Shapes: 1 entity x 50 features and 100 x 50; our
 server with its L1 cache off (keys uniform over the table: every request reads Redis) and on (keys drawn
@@ -37,7 +37,7 @@ from jobs.config import PROJECT_ROOT
 RATES = (100, 200, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000)
 LOWEST = 10
 """Where a server that fails the first rate is tried down to."""
-REFINE = 3
+REFINE = 5
 """Halvings of the gap between the last rate sustained and the first that is not."""
 SHAPES = (1, 100)
 BODIES = 4000
