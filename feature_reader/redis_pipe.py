@@ -11,8 +11,9 @@ Deadlines are the connection's, not a timer per read: every read has the same ti
 so the oldest waits longest, and one timer set for it is enough. A read past its deadline
 fails with a timeout, and one whose caller gave up (its own deadline, a cancelled task)
 is dropped; either way its replies are still read and dropped as they come, so the
-connection stays in step. A connection that sent nothing since its oldest read went out,
-for as long as the timeout, is taken for dead and closed, failing every read on it.
+connection stays in step. A connection silent for as long as the timeout while a read
+waits on it (since that read went out, or since the last bytes came, whichever is later)
+is taken for dead and closed, failing every read on it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ import redis
 
 SLACK = 0.002
 """A deadline this close is taken as passed (the loop's clock and timers have millisecond steps)."""
+STEP = 0.001
+"""The deadline timer's shortest wait (a shorter one would spin on a millisecond clock)."""
+PUSH = getattr(hiredis, "PushNotification", ())
+"""RESP3 pushes (a redis:// URL may ask for protocol 3): not replies to anything sent."""
 
 
 class Replies(Protocol):
@@ -60,7 +65,11 @@ class RedisPipe(asyncio.Protocol):
     async def open(cls, pool, where: str, timeout: float) -> RedisPipe:
         """A connection made by redis-py's pool (its URL's TLS, credentials and database), taken over."""
         conn = pool.make_connection()
-        await conn.connect()
+        try:
+            await conn.connect()
+        except BaseException:  # a refusal, or the caller's deadline mid-handshake: no socket left open
+            conn._close()
+            raise
         return cls(conn, where, timeout)
 
     def send(self, wire: bytes, count: int, replies: Replies) -> asyncio.Future:
@@ -70,6 +79,9 @@ class RedisPipe(asyncio.Protocol):
         if self.closed is not None:
             raise _copy(self.closed)
         done = self.loop.create_future()
+        if count == 0:  # nothing to wait for (an entry with no replies due would take another read's)
+            done.set_result(None)
+            return done
         now = self.loop.time()
         self.waiting.append(_Waiting(replies, count, done, now))
         if self._timer is None:
@@ -84,6 +96,10 @@ class RedisPipe(asyncio.Protocol):
             self.transport.write(b"".join(self.queued) if len(self.queued) > 1 else self.queued[0])
         self.queued.clear()
 
+    @property
+    def paused(self) -> bool:
+        return self._writable is not None
+
     async def writable(self) -> None:
         """Wait while the transport's buffer is over its high-water mark (a slow Redis)."""
         if self._writable is not None:
@@ -94,19 +110,19 @@ class RedisPipe(asyncio.Protocol):
         self._timer = None
         if not self.waiting or self.closed is not None:
             return
-        now = self.loop.time()
-        if self.last_data < self.waiting[0].sent and now - self.waiting[0].sent >= self.timeout:
+        now, slack = self.loop.time(), min(SLACK, self.timeout / 2)
+        silent_since = max(self.last_data, self.waiting[0].sent)
+        if now - silent_since >= self.timeout - slack:
             self.close(redis.TimeoutError(f"Redis at {self.where} sent nothing for {self.timeout * 1000:.0f} ms"))
             return
-        after = None
+        after = silent_since + self.timeout  # the next look for a dead connection
         for waiting in self.waiting:  # in the order sent: the oldest first
-            if now - waiting.sent < self.timeout - SLACK:
-                after = waiting.sent + self.timeout
+            if now - waiting.sent < self.timeout - slack:
+                after = min(after, waiting.sent + self.timeout)
                 break
             if not waiting.done.done():
                 waiting.done.set_exception(redis.TimeoutError())
-        # all past their deadline, replies still due: checked again for a dead connection
-        self._timer = self.loop.call_at(after if after is not None else now + self.timeout, self._expire)
+        self._timer = self.loop.call_at(max(after, now + STEP), self._expire)
 
     # asyncio.Protocol
     def data_received(self, data: bytes) -> None:
@@ -114,6 +130,8 @@ class RedisPipe(asyncio.Protocol):
         self.reader.feed(data)
         try:
             while (reply := self.reader.gets()) is not False:
+                if isinstance(reply, PUSH):
+                    continue
                 head = self.waiting[0]
                 if not head.done.done():  # a read that gave up: its replies are read and dropped
                     try:

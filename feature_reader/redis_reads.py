@@ -307,6 +307,7 @@ class AsyncRedisReads(_Reads):
         self._slots = asyncio.Semaphore(connections)
         self._pipe: RedisPipe | None = None
         self._opening = asyncio.Lock()
+        self._closed = False
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         plan = _Plan(self, units, features)
@@ -314,30 +315,48 @@ class AsyncRedisReads(_Reads):
             if self.cluster:
                 async with asyncio.timeout(self.timeout):
                     return plan.rows(await self._pipeline(plan).execute(), 0, as_list)
-            return await self._stream(plan, as_list)  # its deadline: the shared connection's (RedisPipe)
+            return await self._stream(plan, as_list)
         except (redis.RedisError, TimeoutError) as exc:
             raise self._error(exc) from exc
 
     async def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
-        async with self._slots:  # at most ``connections`` reads at once; the other callers wait
-            pipe = self._pipe
-            if pipe is None or pipe.closed is not None:
-                pipe = await self._open()
-            await pipe.writable()
+        pipe = self._pipe
+        if self._slots.locked() or pipe is None or pipe.closed is not None or pipe.paused:
+            # a wait for a slot, a connection or room to write: within the read's deadline
+            # (the usual case waits for none of them and pays no timer)
+            async with asyncio.timeout(self.timeout):
+                await self._slots.acquire()
+                try:
+                    pipe = await self._ready()
+                except BaseException:
+                    self._slots.release()
+                    raise
+        else:
+            await self._slots.acquire()  # free: taken at once
+        try:  # at most ``connections`` reads at once; the other callers wait
             replies = _Replies(plan, as_list)
-            await pipe.send(plan.wire(), len(plan.keys), replies)
+            await pipe.send(plan.wire(), len(plan.keys), replies)  # its deadline: the connection's
             return replies.rows()
+        finally:
+            self._slots.release()
 
-    async def _open(self) -> RedisPipe:
-        async with self._opening:  # one connect at a time: the reads waiting meanwhile share it
-            if self._pipe is None or self._pipe.closed is not None:
-                self._pipe = await RedisPipe.open(self.client.connection_pool, self.where, self.timeout)
-            return self._pipe
+    async def _ready(self) -> RedisPipe:
+        pipe = self._pipe
+        if pipe is None or pipe.closed is not None:
+            async with self._opening:  # one connect at a time: the reads waiting meanwhile share it
+                if self._closed:
+                    raise redis.ConnectionError("the reader was closed")
+                if self._pipe is None or self._pipe.closed is not None:
+                    self._pipe = await RedisPipe.open(self.client.connection_pool, self.where, self.timeout)
+                pipe = self._pipe
+        await pipe.writable()
+        return pipe
 
     async def ping(self) -> None:
         await self.client.ping()
 
     async def close(self) -> None:
+        self._closed = True
         if self._pipe is not None:
             self._pipe.close(redis.ConnectionError("the reader was closed"))
         await self.client.aclose()

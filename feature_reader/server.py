@@ -196,7 +196,7 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
     # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
-    options: dict[str, Any] = dict(host=host, port=port, loop="uvloop", http=OneWriteProtocol, access_log=False, proxy_headers=False, lifespan="on", log_level="warning", timeout_graceful_shutdown=30)
+    options: dict[str, Any] = dict(host=host, port=port, loop="uvloop", http=OneWriteProtocol, ws="none", access_log=False, proxy_headers=False, lifespan="on", log_level="warning", timeout_graceful_shutdown=30)
     print(f"[serve] Feast's feature-server API on http://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}): "
           f"POST /get-online-features, GET /health, GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
     if workers > 1:

@@ -486,6 +486,50 @@ def test_a_read_past_its_deadline_fails_and_the_next_one_reconnects(numbered, sa
     assert values == [4, 5] and len(clients) == 1 and clients[0]["id"] != first[0]["id"]
 
 
+def test_a_connection_gone_silent_after_replies_is_dropped_and_a_connect_is_bounded(numbered, sample_defs):
+    """Redis stops (SIGSTOP) after answering one read while another, sent later, waits: the
+    bytes that came after that read went out do not keep the connection alive; and a new
+    connection to the stopped server (its handshake unanswered) fails within the timeout,
+    not the 1 s connect timeout."""
+    import os
+    import signal
+
+    conf = _conf(numbered.url)
+    conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": 150})})
+
+    async def run():
+        async with AsyncFeatureReader(conf, sample_defs, cache=False) as reader:
+            ask = lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})  # noqa: E731
+            await ask([0])
+            (first,) = _reader_clients(numbered)
+            answered = asyncio.create_task(ask([1]))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # its HMGET written
+            time.sleep(0.05)  # the loop held: Redis answers it; the reply waits in the socket
+            os.kill(numbered.process.pid, signal.SIGSTOP)
+            try:
+                unanswered = asyncio.create_task(ask([2]))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # written to a stopped server; then the first reply is read
+                got = (await answered).column("orders_7d").values
+                with pytest.raises(StoreError, match="did not answer in 150 ms"):
+                    await unanswered
+                await asyncio.sleep(0.2)  # silent for the timeout since the last bytes: dropped
+                started = time.monotonic()
+                with pytest.raises(StoreError, match="did not answer in 150 ms"):
+                    await ask([3])  # a new connection: the kernel accepts it, Redis never answers
+                waited = time.monotonic() - started
+            finally:
+                os.kill(numbered.process.pid, signal.SIGCONT)
+            after = (await ask([4, 5])).column("orders_7d").values
+            return got, waited, first, after, _reader_clients(numbered)
+
+    got, waited, first, after, clients = asyncio.run(run())
+    assert got == [1] and after == [4, 5]
+    assert waited < 0.5  # the read's 150 ms, not the connect timeout's 1 s
+    assert first["id"] not in {c["id"] for c in clients}  # the silent connection was closed
+
+
 def test_a_connection_killed_between_reads_is_replaced_unnoticed(numbered, sample_defs):
     async def run():
         async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
