@@ -428,6 +428,16 @@ def numbered(tmp_path):
     server.stop()
 
 
+def _timeout_conf(url: str, ms: float) -> RunConf:
+    conf = _conf(url)
+    return conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": ms})})
+
+
+def _orders(reader):
+    """orders_7d of the consumer ids given, read by ``reader`` (a coroutine per call)."""
+    return lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})
+
+
 def test_concurrent_async_reads_share_one_connection_each_getting_its_own_replies(numbered, sample_defs):
     async def burst():
         async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
@@ -464,12 +474,11 @@ def test_a_read_given_up_leaves_the_connection_in_step(numbered, sample_defs):
 def test_a_read_past_its_deadline_fails_and_the_next_one_reconnects(numbered, sample_defs):
     """Redis sends nothing for the whole timeout: the reads waiting fail with ReadTimeout, the
     connection is dropped (replies may still be due on it), the next read opens another."""
-    conf = _conf(numbered.url)
-    conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": 150})})
+    conf = _timeout_conf(numbered.url, 150)
 
     async def run():
         async with AsyncFeatureReader(conf, sample_defs, cache=False) as reader:
-            ask = lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})  # noqa: E731
+            ask = _orders(reader)
             await ask([0])
             first = _reader_clients(numbered)
             numbered.client().execute_command("CLIENT", "PAUSE", "400", "ALL")
@@ -494,12 +503,11 @@ def test_a_connection_gone_silent_after_replies_is_dropped_and_a_connect_is_boun
     import os
     import signal
 
-    conf = _conf(numbered.url)
-    conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": 150})})
+    conf = _timeout_conf(numbered.url, 150)
 
     async def run():
         async with AsyncFeatureReader(conf, sample_defs, cache=False) as reader:
-            ask = lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})  # noqa: E731
+            ask = _orders(reader)
             await ask([0])
             (first,) = _reader_clients(numbered)
             answered = asyncio.create_task(ask([1]))
@@ -533,7 +541,7 @@ def test_a_connection_gone_silent_after_replies_is_dropped_and_a_connect_is_boun
 def test_a_connection_killed_between_reads_is_replaced_unnoticed(numbered, sample_defs):
     async def run():
         async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
-            ask = lambda ids: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": ids})  # noqa: E731
+            ask = _orders(reader)
             await ask([0])
             (first,) = _reader_clients(numbered)
             killed = numbered.client().execute_command("CLIENT", "KILL", "ID", first["id"])
