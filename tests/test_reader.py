@@ -428,9 +428,9 @@ def numbered(tmp_path):
     server.stop()
 
 
-def _timeout_conf(url: str, ms: float) -> RunConf:
+def _timeout_conf(url: str, ms: float, **reader) -> RunConf:
     conf = _conf(url)
-    return conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": ms})})
+    return conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": ms, **reader})})
 
 
 def _orders(reader):
@@ -495,11 +495,9 @@ def test_a_read_past_its_deadline_fails_and_the_next_one_reconnects(numbered, sa
     assert values == [4, 5] and len(clients) == 1 and clients[0]["id"] != first[0]["id"]
 
 
-def test_a_connection_gone_silent_after_replies_is_dropped_and_a_connect_is_bounded(numbered, sample_defs):
+def test_a_connection_gone_silent_after_replies_is_dropped(numbered, sample_defs):
     """Redis stops (SIGSTOP) after answering one read while another, sent later, waits: the
-    bytes that came after that read went out do not keep the connection alive; and a new
-    connection to the stopped server (its handshake unanswered) fails within the timeout,
-    not the 1 s connect timeout."""
+    bytes that came after that read went out do not keep the connection alive."""
     import os
     import signal
 
@@ -523,19 +521,37 @@ def test_a_connection_gone_silent_after_replies_is_dropped_and_a_connect_is_boun
                 with pytest.raises(StoreError, match="did not answer in 150 ms"):
                     await unanswered
                 await asyncio.sleep(0.2)  # silent for the timeout since the last bytes: dropped
-                started = time.monotonic()
-                with pytest.raises(StoreError, match="did not answer in 150 ms"):
-                    await ask([3])  # a new connection: the kernel accepts it, Redis never answers
-                waited = time.monotonic() - started
             finally:
                 os.kill(numbered.process.pid, signal.SIGCONT)
             after = (await ask([4, 5])).column("orders_7d").values
-            return got, waited, first, after, _reader_clients(numbered)
+            return got, first, after, _reader_clients(numbered)
 
-    got, waited, first, after, clients = asyncio.run(run())
+    got, first, after, clients = asyncio.run(run())
     assert got == [1] and after == [4, 5]
-    assert waited < 0.5  # the read's 150 ms, not the connect timeout's 1 s
     assert first["id"] not in {c["id"] for c in clients}  # the silent connection was closed
+
+
+def test_a_read_waiting_for_a_slot_waits_within_its_timeout(numbered, sample_defs):
+    """One read at a time (reader.redis_connections 1), Redis paused: the second read fails
+    at its own timeout while it waits for the slot, not once the first has failed and it
+    has tried a connection of its own (a timeout more)."""
+
+    async def run():
+        async with AsyncFeatureReader(_timeout_conf(numbered.url, 300, redis_connections=1), sample_defs, cache=False) as reader:
+            ask = _orders(reader)
+            await ask([0])
+            numbered.client().execute_command("CLIENT", "PAUSE", "1500", "ALL")
+            first = asyncio.create_task(ask([1]))
+            await asyncio.sleep(0)  # it holds the slot
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="did not answer in 300 ms"):
+                await ask([2])
+            waited = time.monotonic() - started
+            with pytest.raises(StoreError):
+                await first
+            return waited
+
+    assert 0.28 <= asyncio.run(run()) < 0.45
 
 
 def test_a_connection_killed_between_reads_is_replaced_unnoticed(numbered, sample_defs):
