@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from bench.servers import free_ports  # noqa: F401 (the cluster tests take ports from here)
+from bench.servers import PORT_ATTEMPTS, free_ports, port_was_taken
 
 
 @dataclass
@@ -94,10 +96,27 @@ class LocalCluster:
 
 
 def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: str, node_timeout_ms: int = 1000) -> LocalCluster:
-    """Start and join a cluster; the caller stops it (``LocalCluster.stop``)."""
+    """Start and join a cluster; the caller stops it (``LocalCluster.stop``).
+
+    Ports found free can be taken before a node binds them (an outgoing connection's source
+    port, a cluster started at the same time): then the whole cluster starts again on others."""
     binary = shutil.which("redis-server")
     if not binary:
         raise RuntimeError("redis-server is not installed: run `make setup` (scripts/setup.sh installs it)")
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return _start_cluster(binary, workdir, primaries, replicas, extra, node_timeout_ms)
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _start_cluster(binary: str, workdir: Path, primaries: int, replicas: int, extra: tuple[str, ...], node_timeout_ms: int) -> LocalCluster:
     shutil.rmtree(workdir, ignore_errors=True)  # no nodes.conf of an earlier cluster
     workdir.mkdir(parents=True)
     cluster = LocalCluster(workdir, free_ports(primaries * (1 + replicas)))
@@ -147,11 +166,16 @@ def _join(cluster: LocalCluster, primaries: int, replicas: int) -> None:
 def _wait_ping(cluster: LocalCluster, port: int) -> None:
     deadline = time.monotonic() + 10
     while True:
+        probe = cluster.client(port)
+        probe.set_retry(Retry(NoBackoff(), 0))  # this loop retries; redis-py's backoff would wait seconds on a node that exited
         try:
-            cluster.client(port).ping()
+            probe.ping()
             return
         except redis.ConnectionError:
             if cluster.processes[port].poll() is not None or time.monotonic() > deadline:
+                log = cluster.workdir / str(port) / "redis.log"
+                if cluster.processes[port].poll() is not None and port_was_taken(log):
+                    raise _PortTaken(f"port {port} or its cluster bus port {port + 10000} was taken first (see {log})") from None
                 raise RuntimeError(f"redis-server on port {port} did not start (see {cluster.workdir / str(port) / 'redis.log'})") from None
             time.sleep(0.05)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psycopg
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 def free_port() -> int:
@@ -46,19 +48,42 @@ class RedisServer:
 
 def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
     """A real redis-server on a free loopback port (no automatic saves; a dump.rdb in
-    ``tmp`` is loaded at start, so a server shut down with SAVE can come back)."""
+    ``tmp`` is loaded at start, so a server shut down with SAVE can come back).
+
+    A port found free can be taken before the server binds it (any outgoing connection may
+    get it as its source port): then the server is started again on another, unless the
+    caller asked for this very port."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed: run `make setup` (scripts/setup.sh installs it)"
-    port = port or free_port()
     tmp.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    server = RedisServer(port, process)
-    wait_for_redis(process, server.client, f"redis-server on port {port}")
-    return server
+    log = Path(args[args.index("--logfile") + 1]) if "--logfile" in args else tmp / "redis.out"
+    for attempt in range(PORT_ATTEMPTS):
+        chosen = port or free_port()
+        with open(tmp / "redis.out", "wb") as out:
+            process = subprocess.Popen(
+                [binary, "--port", str(chosen), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        server = RedisServer(chosen, process)
+        try:
+            wait_for_redis(process, server.client, f"redis-server on port {chosen}")
+            return server
+        except RuntimeError as failed:
+            if port or attempt == PORT_ATTEMPTS - 1 or not port_was_taken(log):
+                raise RuntimeError(f"{failed}: see {log}") from None
+    raise AssertionError("unreachable")
+
+
+PORT_ATTEMPTS = 5
+
+
+def port_was_taken(log: Path) -> bool:
+    """Whether a server's log says it could not bind its port (redis-server, PostgreSQL alike)."""
+    try:
+        return "Address already in use" in log.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
 
 
 def free_ports(n: int) -> list[int]:
@@ -81,8 +106,10 @@ def wait_for_redis(process: subprocess.Popen, client: Callable[[], redis.Redis],
     """Until the server answers a PING (or asks for a password); kill it if it never does."""
     deadline = time.monotonic() + 10
     while True:
+        probe = client()
+        probe.set_retry(Retry(NoBackoff(), 0))  # this loop retries; redis-py's own backoff would wait seconds on a server that exited
         try:
-            client().ping()
+            probe.ping()
             return
         except (redis.AuthenticationError, redis.ResponseError):
             return  # up, and asks for a password (--requirepass)
@@ -134,9 +161,13 @@ def start_postgres(prepare: Callable[[Path], str] | None = None) -> PostgresServ
         shutil.chown(root, "postgres", "postgres")
     out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
     assert out.returncode == 0, f"initdb failed: {out.stderr}"
-    port = free_port()
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40 {prepare(root) if prepare else ''}"
-    out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
+    options = prepare(root) if prepare else ""
+    for attempt in range(PORT_ATTEMPTS):  # a port found free can be taken before the server binds it
+        port = free_port()
+        opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40 {options}"
+        out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
+        if out.returncode == 0 or attempt == PORT_ATTEMPTS - 1 or not port_was_taken(data / "server.log"):
+            break
     assert out.returncode == 0, f"PostgreSQL did not start on port {port}: {out.stdout} {out.stderr}"
     server = PostgresServer(port, data, bin_dir)
     # over the Unix socket: pg_hba may refuse plain TCP (a TLS-only server)
