@@ -79,9 +79,9 @@ PORT_ATTEMPTS = 5
 
 
 def port_was_taken(log: Path) -> bool:
-    """Whether a server's log says it could not bind its port (redis-server, PostgreSQL alike)."""
+    """Whether a server's log says it could not bind its port (redis-server, PostgreSQL, uvicorn)."""
     try:
-        return "Address already in use" in log.read_text(errors="replace")
+        return "address already in use" in log.read_text(errors="replace").lower()
     except FileNotFoundError:
         return False
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,3 +231,23 @@ def pytest_unconfigure(config):
     # Airflow's dag.test() installs log handlers on the streams pytest captured; py4j then
     # logs from a __del__ at interpreter exit, after pytest closed them: not an error of ours.
     logging.raiseExceptions = False
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port held by a socket bound, not listening: a server cannot bind it, a
+    connection there is refused (as with a port some outgoing connection uses as its source)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
+def first_then_real(first, real):
+    """A stand-in for a port picker: ``first`` on its first call, then what ``real`` picks; and the calls."""
+    calls = []
+
+    def pick(*args):
+        calls.append(args)
+        return first if len(calls) == 1 else real(*args)
+
+    return pick, calls

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.servers import free_port, start_redis
+from bench.servers import PORT_ATTEMPTS, free_port, port_was_taken, start_redis
 from sinks.redis.settings import RedisSettings
 
-from .conftest import env_conf
+from .conftest import env_conf, first_then_real
 from .test_reader import BIG, write_sample
 
 MATERIALIZE = str(Path(sys.executable).parent / "materialize")
@@ -53,23 +53,25 @@ class Served:
 def serve(tmp: Path, env: str, settings: dict, password: str | None = None, workers: int = 1) -> Served:
     """`materialize serve` in a process of its own, on a conf folder of its own; returned once /health answers."""
     folder = env_conf(tmp / f"conf-{env}", env, json.dumps(settings))
-    port = free_port()
     log = tmp / f"serve-{env}.log"
     environ = {**os.environ, "FM_CONF_DIR": str(folder)}
     if password:
         environ["TEST_REDIS_PASSWORD"] = password
-    run = [MATERIALIZE, "serve", "--env", env, "--port", str(port), "--workers", str(workers)]
-    process = subprocess.Popen(run, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
-    served = Served(port, process, log)
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, f"the server exited: {log.read_text()}"
-        try:
-            served.request("GET", "/health", timeout=2)
-            return served
-        except OSError:
-            assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
-            time.sleep(0.2)
+    for attempt in range(PORT_ATTEMPTS):  # a port found free can be taken before the server binds it: then another
+        port = free_port()
+        run = [MATERIALIZE, "serve", "--env", env, "--port", str(port), "--workers", str(workers)]
+        process = subprocess.Popen(run, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
+        served = Served(port, process, log)
+        deadline = time.monotonic() + 60
+        while process.poll() is None:
+            try:
+                served.request("GET", "/health", timeout=2)
+                return served
+            except OSError:
+                assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
+                time.sleep(0.2)
+        assert attempt < PORT_ATTEMPTS - 1 and port_was_taken(log), f"the server exited: {log.read_text()}"
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +222,19 @@ def test_workers_each_answer_from_the_envs_conf(written, tmp_path, served):
         children = [d for d in os.listdir("/proc") if d.isdigit() and _parent(d) == server.process.pid]
         workers = [d for d in children if b"spawn_main" in Path(f"/proc/{d}/cmdline").read_bytes()]
         assert len(workers) == 2, server.log.read_text()  # uvicorn's supervisor spawned two workers
+    finally:
+        server.stop()
+
+
+def test_a_server_whose_port_was_taken_starts_on_another(written, tmp_path, monkeypatch, taken_port):
+    """The suite's own start-up: uvicorn that cannot bind exits, and serve() starts it again elsewhere."""
+    conf, _ = written
+    pick, calls = first_then_real(taken_port, free_port)
+    monkeypatch.setattr(sys.modules[__name__], "free_port", pick)
+    server = serve(tmp_path, "taken", _settings(conf))
+    try:
+        assert len(calls) == 2 and server.port != taken_port
+        assert server.request("GET", "/health", timeout=5)[0] == 200
     finally:
         server.stop()
 

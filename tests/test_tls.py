@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bench.servers import free_port, start_postgres, wait_for_redis
+from bench.servers import PORT_ATTEMPTS, free_port, port_was_taken, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
 from jobs.config import PROJECT_ROOT, RunConf
 from sinks.redis.settings import RedisSettings
@@ -48,7 +49,7 @@ from sinks.sql.config import SqlSinkConfig
 from sinks.sql.client import connect
 from sinks.sql.preflight import ensure_schema
 
-from .conftest import TINY_SOURCE
+from .conftest import TINY_SOURCE, first_then_real
 from .test_redis_job import DAY2
 from .test_sql_job import AS_OF_DAY2, table_rows
 
@@ -166,14 +167,22 @@ class TlsRedis:
 
 def start_tls_redis(folder: Path, cert: Path, key: Path, ca: Path, *extra: str, check_hostname: bool = True) -> TlsRedis:
     """A redis-server with no plain port (--port 0): every client that gets an answer spoke TLS."""
-    port = free_port()
     folder.mkdir(parents=True, exist_ok=True)
-    args = ["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder),
-            "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", *extra]  # fmt: skip
-    process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    server = TlsRedis(port, process, ca, check_hostname)
-    wait_for_redis(process, server.client, f"TLS redis-server on port {port}")
-    return server
+    log = folder / "redis.out"
+    for attempt in range(PORT_ATTEMPTS):  # a port found free can be taken before the server binds it: then another
+        port = free_port()
+        args = ["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder),
+                "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", *extra]  # fmt: skip
+        with log.open("wb") as out:
+            process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=out, stderr=subprocess.STDOUT)
+        server = TlsRedis(port, process, ca, check_hostname)
+        try:
+            wait_for_redis(process, server.client, f"TLS redis-server on port {port}")
+            return server
+        except RuntimeError:
+            if attempt == PORT_ATTEMPTS - 1 or not port_was_taken(log):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -274,6 +283,17 @@ def redis_config(url: str, tls: RedisTls | None, **overrides) -> RedisSinkConfig
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate's IP and DNS names
+def test_tls_redis_starts_on_another_port_when_its_port_was_taken(certs, tmp_path, monkeypatch, taken_port):
+    pick, calls = first_then_real(taken_port, free_port)
+    monkeypatch.setattr(sys.modules[__name__], "free_port", pick)
+    server = start_tls_redis(tmp_path / "t", certs.server_cert, certs.server_key, certs.ca)
+    try:
+        assert len(calls) == 2 and server.port != taken_port
+        assert server.client().ping() is True
+    finally:
+        _stop(server.process)
+
+
 def test_redis_sink_writes_over_verified_tls(tls_redis, tls_redis_db, certs, host):
     batch = history_batch(150)
     with RedisSink(redis_config(tls_redis.url(host), RedisTls(ca_file=str(certs.ca)))) as sink:
