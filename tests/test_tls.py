@@ -282,7 +282,6 @@ def redis_config(url: str, tls: RedisTls | None, **overrides) -> RedisSinkConfig
     return RedisSinkConfig(**{**base, **overrides})
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate's IP and DNS names
 def test_tls_redis_starts_on_another_port_when_its_port_was_taken(certs, tmp_path, monkeypatch, taken_port):
     pick, calls = first_then_real(taken_port, free_port)
     monkeypatch.setattr(sys.modules[__name__], "free_port", pick)
@@ -294,6 +293,7 @@ def test_tls_redis_starts_on_another_port_when_its_port_was_taken(certs, tmp_pat
         _stop(server.process)
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate's IP and DNS names
 def test_redis_sink_writes_over_verified_tls(tls_redis, tls_redis_db, certs, host):
     batch = history_batch(150)
     with RedisSink(redis_config(tls_redis.url(host), RedisTls(ca_file=str(certs.ca)))) as sink:
