@@ -17,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.servers import PORT_ATTEMPTS, free_ports, port_was_taken
+from bench.servers import again_if_port_taken, free_ports, start_failed
 
 
 @dataclass
@@ -103,17 +103,7 @@ def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: 
     binary = shutil.which("redis-server")
     if not binary:
         raise RuntimeError("redis-server is not installed: run `make setup` (scripts/setup.sh installs it)")
-    for attempt in range(PORT_ATTEMPTS):
-        try:
-            return _start_cluster(binary, workdir, primaries, replicas, extra, node_timeout_ms)
-        except _PortTaken:
-            if attempt == PORT_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-class _PortTaken(RuntimeError):
-    pass
+    return again_if_port_taken(lambda: _start_cluster(binary, workdir, primaries, replicas, extra, node_timeout_ms))
 
 
 def _start_cluster(binary: str, workdir: Path, primaries: int, replicas: int, extra: tuple[str, ...], node_timeout_ms: int) -> LocalCluster:
@@ -173,10 +163,8 @@ def _wait_ping(cluster: LocalCluster, port: int) -> None:
             return
         except redis.ConnectionError:
             if cluster.processes[port].poll() is not None or time.monotonic() > deadline:
-                log = cluster.workdir / str(port) / "redis.log"
-                if cluster.processes[port].poll() is not None and port_was_taken(log):
-                    raise _PortTaken(f"port {port} or its cluster bus port {port + 10000} was taken first (see {log})") from None
-                raise RuntimeError(f"redis-server on port {port} did not start (see {cluster.workdir / str(port) / 'redis.log'})") from None
+                # a port taken: this one, or its cluster bus port (port + 10000)
+                raise start_failed(f"redis-server on port {port} did not start", cluster.workdir / str(port) / "redis.log") from None
             time.sleep(0.05)
 
 

@@ -16,11 +16,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -47,18 +50,14 @@ class RedisServer:
 
 
 def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
-    """A real redis-server on a free loopback port (no automatic saves; a dump.rdb in
-    ``tmp`` is loaded at start, so a server shut down with SAVE can come back).
-
-    A port found free can be taken before the server binds it (any outgoing connection may
-    get it as its source port): then the server is started again on another, unless the
-    caller asked for this very port."""
+    """A real redis-server on a free loopback port, or on ``port`` (no automatic saves; a
+    dump.rdb in ``tmp`` is loaded at start, so a server shut down with SAVE can come back)."""
     binary = shutil.which("redis-server")
     assert binary, "redis-server is not installed: run `make setup` (scripts/setup.sh installs it)"
     tmp.mkdir(parents=True, exist_ok=True)
     log = Path(args[args.index("--logfile") + 1]) if "--logfile" in args else tmp / "redis.out"
-    for attempt in range(PORT_ATTEMPTS):
-        chosen = port or free_port()
+
+    def start(chosen: int) -> RedisServer:
         with open(tmp / "redis.out", "wb") as out:
             process = subprocess.Popen(
                 [binary, "--port", str(chosen), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp), *args],
@@ -66,24 +65,41 @@ def start_redis(tmp: Path, *args: str, port: int | None = None) -> RedisServer:
                 stderr=subprocess.STDOUT,
             )
         server = RedisServer(chosen, process)
-        try:
-            wait_for_redis(process, server.client, f"redis-server on port {chosen}")
-            return server
-        except RuntimeError as failed:
-            if port or attempt == PORT_ATTEMPTS - 1 or not port_was_taken(log):
-                raise RuntimeError(f"{failed}: see {log}") from None
-    raise AssertionError("unreachable")
+        wait_for_redis(process, server.client, f"redis-server on port {chosen}", log)
+        return server
+
+    if port:  # asked for: no other will do
+        return start(port)
+    return again_if_port_taken(lambda: start(free_port()))
 
 
 PORT_ATTEMPTS = 5
 
 
-def port_was_taken(log: Path) -> bool:
-    """Whether a server's log says it could not bind its port (redis-server, PostgreSQL, uvicorn)."""
+class PortTaken(RuntimeError):
+    """A server could not bind a port found free: something took it in between (the kernel
+    hands the same range to outgoing connections as source ports)."""
+
+
+def again_if_port_taken(start: Callable[[], T]) -> T:
+    """``start()``, which picks its ports; again, on others, while it raises PortTaken."""
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return start()
+        except PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_failed(what: str, log: Path) -> RuntimeError:
+    """The error for a server that did not start: PortTaken when its log says its address
+    is in use (redis-server, PostgreSQL and uvicorn all say so)."""
     try:
-        return "address already in use" in log.read_text(errors="replace").lower()
+        taken = "address already in use" in log.read_text(errors="replace").lower()
     except FileNotFoundError:
-        return False
+        taken = False
+    return (PortTaken if taken else RuntimeError)(f"{what}: see {log}")
 
 
 def free_ports(n: int) -> list[int]:
@@ -102,7 +118,7 @@ def free_ports(n: int) -> list[int]:
     return found
 
 
-def wait_for_redis(process: subprocess.Popen, client: Callable[[], redis.Redis], what: str) -> None:
+def wait_for_redis(process: subprocess.Popen, client: Callable[[], redis.Redis], what: str, log: Path) -> None:
     """Until the server answers a PING (or asks for a password); kill it if it never does."""
     deadline = time.monotonic() + 10
     while True:
@@ -116,7 +132,7 @@ def wait_for_redis(process: subprocess.Popen, client: Callable[[], redis.Redis],
         except redis.ConnectionError:
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
-                raise RuntimeError(f"{what} did not start (exit {process.poll()})") from None
+                raise start_failed(f"{what} did not start (exit {process.poll()})", log) from None
             time.sleep(0.05)
 
 
@@ -162,13 +178,18 @@ def start_postgres(prepare: Callable[[Path], str] | None = None) -> PostgresServ
     out = _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C.UTF-8"])
     assert out.returncode == 0, f"initdb failed: {out.stderr}"
     options = prepare(root) if prepare else ""
-    for attempt in range(PORT_ATTEMPTS):  # a port found free can be taken before the server binds it
+    log = data / "server.log"
+
+    def start() -> int:
         port = free_port()
+        log.unlink(missing_ok=True)  # pg_ctl appends: an earlier attempt's lines are not this one's
         opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=40 {options}"
-        out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-o", opts, "-w", "start"])
-        if out.returncode == 0 or attempt == PORT_ATTEMPTS - 1 or not port_was_taken(data / "server.log"):
-            break
-    assert out.returncode == 0, f"PostgreSQL did not start on port {port}: {out.stdout} {out.stderr}"
+        out = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "start"])
+        if out.returncode != 0:
+            raise start_failed(f"PostgreSQL did not start on port {port}: {out.stdout} {out.stderr}", log)
+        return port
+
+    port = again_if_port_taken(start)
     server = PostgresServer(port, data, bin_dir)
     # over the Unix socket: pg_hba may refuse plain TCP (a TLS-only server)
     with psycopg.connect(host=str(root), port=port, user="postgres", dbname="postgres", autocommit=True) as conn:

@@ -198,7 +198,6 @@ class _Reads:
         self.defs, self.namespace, self.cluster, self.timeout = defs, namespace, cluster, timeout
         self.where = server_address(config.url)
         self._fields: dict[tuple, _Fields] = {}
-        self._idle: list = []  # connections of this reader, free (a list: pop and append are atomic)
 
     def fields(self, source: str, feats: list[FeatureDef]) -> _Fields:
         # keyed by the list's identity: the reader hands over the same lists again (a
@@ -232,6 +231,7 @@ class RedisReads(_Reads):
 
     def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
         super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
+        self._idle: list = []  # connections of this reader, free (a list: pop and append are atomic)
         if cluster:
             tls = {k: v for k, v in _tls_options(config.url, config.tls).items() if k != "connection_class"}
             # its own retry stays: it is what follows MOVED and ASK

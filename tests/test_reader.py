@@ -442,7 +442,7 @@ def test_concurrent_async_reads_share_one_connection_each_getting_its_own_replie
     async def burst():
         async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
             ids = [[i] for i in range(300)] + [[299 - i, i, 7] for i in range(100)]  # single reads and batches, interleaved
-            results = await asyncio.gather(*[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": e}) for e in ids])
+            results = await asyncio.gather(*map(_orders(reader), ids))
             return ids, results, _reader_clients(numbered)
 
     ids, results, clients = asyncio.run(burst())
@@ -457,13 +457,14 @@ def test_a_read_given_up_leaves_the_connection_in_step(numbered, sample_defs):
 
     async def run():
         async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
-            await reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [0]})  # connected
+            ask = _orders(reader)
+            await ask([0])  # connected
             first = _reader_clients(numbered)
             numbered.client().execute_command("CLIENT", "PAUSE", "200", "ALL")
-            given_up = asyncio.create_task(reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1, 2, 3]}))
+            given_up = asyncio.create_task(ask([1, 2, 3]))
             await asyncio.sleep(0.05)  # sent, its replies held by the pause
             given_up.cancel()
-            after = await reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [250, 9]})
+            after = await ask([250, 9])
             return first, after.column("orders_7d").values, _reader_clients(numbered), given_up.cancelled()
 
     first, values, clients, cancelled = asyncio.run(run())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.servers import PORT_ATTEMPTS, free_port, port_was_taken, start_redis
+from bench.servers import again_if_port_taken, free_port, start_failed, start_redis
 from sinks.redis.settings import RedisSettings
 
 from .conftest import env_conf, first_then_real
@@ -57,8 +57,8 @@ def serve(tmp: Path, env: str, settings: dict, password: str | None = None, work
     environ = {**os.environ, "FM_CONF_DIR": str(folder)}
     if password:
         environ["TEST_REDIS_PASSWORD"] = password
-    for attempt in range(PORT_ATTEMPTS):  # a port found free can be taken before the server binds it: then another
-        port = free_port()
+
+    def start(port: int) -> Served:
         run = [MATERIALIZE, "serve", "--env", env, "--port", str(port), "--workers", str(workers)]
         process = subprocess.Popen(run, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
         served = Served(port, process, log)
@@ -70,8 +70,9 @@ def serve(tmp: Path, env: str, settings: dict, password: str | None = None, work
             except OSError:
                 assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
                 time.sleep(0.2)
-        assert attempt < PORT_ATTEMPTS - 1 and port_was_taken(log), f"the server exited: {log.read_text()}"
-    raise AssertionError("unreachable")
+        raise start_failed(f"the server exited: {log.read_text()}", log)
+
+    return again_if_port_taken(lambda: start(free_port()))
 
 
 @pytest.fixture(scope="module")

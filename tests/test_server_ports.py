@@ -56,3 +56,12 @@ def test_postgres_starts_on_another_port_when_its_port_is_taken(monkeypatch, tak
             assert conn.execute("SELECT current_setting('port')").fetchone()[0] == str(server.port)
     finally:
         server.stop()
+
+
+def test_a_start_that_fails_for_another_reason_is_not_tried_again(tmp_path, monkeypatch):
+    real, calls = bench.servers.free_port, []
+    monkeypatch.setattr(bench.servers, "free_port", lambda: calls.append(1) or real())
+    with pytest.raises(RuntimeError, match="did not start") as failed:
+        start_redis(tmp_path / "r", "--no-such-option", "yes")
+    assert not isinstance(failed.value, bench.servers.PortTaken) and len(calls) == 1
+    assert "no-such-option" in (tmp_path / "r" / "redis.out").read_text()  # the log it names says why

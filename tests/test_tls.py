@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bench.servers import PORT_ATTEMPTS, free_port, port_was_taken, start_postgres, wait_for_redis
+from bench.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
 from jobs.config import PROJECT_ROOT, RunConf
 from sinks.redis.settings import RedisSettings
@@ -169,20 +169,17 @@ def start_tls_redis(folder: Path, cert: Path, key: Path, ca: Path, *extra: str, 
     """A redis-server with no plain port (--port 0): every client that gets an answer spoke TLS."""
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / "redis.out"
-    for attempt in range(PORT_ATTEMPTS):  # a port found free can be taken before the server binds it: then another
-        port = free_port()
+
+    def start(port: int) -> TlsRedis:
         args = ["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder),
                 "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", *extra]  # fmt: skip
         with log.open("wb") as out:
             process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=out, stderr=subprocess.STDOUT)
         server = TlsRedis(port, process, ca, check_hostname)
-        try:
-            wait_for_redis(process, server.client, f"TLS redis-server on port {port}")
-            return server
-        except RuntimeError:
-            if attempt == PORT_ATTEMPTS - 1 or not port_was_taken(log):
-                raise
-    raise AssertionError("unreachable")
+        wait_for_redis(process, server.client, f"TLS redis-server on port {port}", log)
+        return server
+
+    return again_if_port_taken(lambda: start(free_port()))
 
 
 def _stop(process: subprocess.Popen) -> None:
