@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 PREFIX = "b:"
 
@@ -34,7 +34,7 @@ def _make_data(path: Path, entities: int) -> None:
     from pyspark.sql import functions as F
 
     from bench.standard import standard_frame
-    from jobs.config import SparkConf
+    from fm_config import SparkConf
     from jobs.spark import build_spark
 
     spark = build_spark(SparkConf(master="local[2]", app_name="bench-cluster"))

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 CLIENT = r"""
 import json, sys

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 FEAST = "feast[redis]==0.67.0"
 VENV = PROJECT_ROOT / ".run" / "feast-venv"
@@ -49,7 +49,7 @@ def export_parquet(entities: int, workdir: Path) -> Path:
 
     from bench.standard import SOURCE
     from jobs.spark import build_spark
-    from jobs.config import load_config
+    from fm_config import load_config
 
     out = workdir / "feast" / f"standard-{entities}.parquet"
     table = workdir / "data" / str(entities) / SOURCE

@@ -38,7 +38,7 @@ import hiredis
 import redis
 
 from bench.report import print_targets
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 BATCHES = (1, 100, 1000)
 VALUES = 50
@@ -53,7 +53,7 @@ def _load(workdir: Path, entities: int, redis_url: str) -> None:
 
 
 def _reader_conf(redis_url: str, defs: Path, sinks: tuple[str, ...] = ("redis",), **reader):
-    from jobs.config import load_config
+    from fm_config import load_config
 
     return load_config(
         "local",

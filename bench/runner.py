@@ -27,7 +27,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from bench.servers import start_redis
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
+from sinks.redis.config import redis_sink_config
+from sinks.sql.config import sql_sink_config
 
 FEAST_VALUES_PER_S = 74_000
 """`feast materialize` into Redis on this kind of machine (measured once, see bench/README.md)."""
@@ -58,7 +60,7 @@ def _jvm_peak_rss() -> int:
 
 
 def _bench_conf(env: str, workdir: Path, entities: int, redis_url: str, with_sql: bool):
-    from jobs.config import load_config
+    from fm_config import load_config
 
     return load_config(
         env,
@@ -100,13 +102,13 @@ def _profile_summary(profiler: cProfile.Profile, top: int = 15) -> list[dict]:
 
 
 def _sql_sink_rate(conf, source, entity, keys: list[str], docs: list[str], per_transaction: int) -> float:
-    from sinks.sql.client import connect
+    from stores.sql import connect
     from sinks.sql.preflight import ensure_schema
     from sinks.sql.upserts import SqlSink
 
     from bench.standard import DATE
 
-    sink_conf = replace(conf.sql_sink(source, entity, DATE), table="bench_sink_sweep", statements_per_transaction=per_transaction)
+    sink_conf = replace(sql_sink_config(conf, source, entity, DATE), table="bench_sink_sweep", statements_per_transaction=per_transaction)
     with connect(sink_conf) as conn:
         conn.execute("DROP TABLE IF EXISTS bench_sink_sweep")
         ensure_schema(conn, sink_conf)
@@ -139,7 +141,7 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
     batches = _sample(spark, conf, source, SAMPLE_ENTITIES)
     entities = sum(b.num_rows for b in batches)
     values = entities * len(specs)
-    sink = conf.redis_sink(source, entity, DATE)
+    sink = redis_sink_config(conf, source, entity, DATE)
     prefix = sink.key_prefix.encode()
     out: dict = {"sample_entities": entities}
 

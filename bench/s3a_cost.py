@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.servers import start_redis, start_s3
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 DAYS = ("2026-11-19", "2026-11-20")
 
@@ -65,7 +65,7 @@ def _flow(conf_dir: Path) -> dict[str, float]:
 
 def _session_start(s3a: bool) -> float:
     code = (
-        "import time; t=time.perf_counter(); from jobs.config import SparkConf; from jobs.spark import build_spark; "
+        "import time; t=time.perf_counter(); from fm_config import SparkConf; from jobs.spark import build_spark; "
         f"s=build_spark(SparkConf(master='local[2]'), {['s3a://x/y'] if s3a else []!r}); s.range(1).count(); print(time.perf_counter()-t)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=True)

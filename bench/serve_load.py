@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.report import print_targets
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 RATES = (100, 200, 500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000)
 LOWEST = 10

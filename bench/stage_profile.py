@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 LONG_SOURCE = "bench_long"
 NUMBERS = 48  # the standard shape's 44 floats and 4 ints
@@ -61,7 +61,7 @@ def write_long_table(spark, path: Path, entities: int) -> None:
 
 
 def _conf(env: str, workdir: Path, defs: Path, entities: int, redis_url: str, sinks: list[str], event_log: Path, extra: dict):
-    from jobs.config import load_config
+    from fm_config import load_config
 
     return load_config(
         env,

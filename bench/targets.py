@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 HERE = Path(__file__).parent
 

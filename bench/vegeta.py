@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 
 MODULE = "github.com/tsenart/vegeta/v12@v12.13.0"
 BIN = PROJECT_ROOT / ".run" / "bin"

@@ -21,7 +21,7 @@ from serializers import freshness_field_name
 
 DEFAULT_DIR = Path(__file__).resolve().parent
 if os.environ.get("FM_PROJECT_ROOT") or not DEFAULT_DIR.is_dir():
-    # as jobs.config's PROJECT_ROOT: FM_PROJECT_ROOT, else (imported from the --py-files
+    # as fm_config's PROJECT_ROOT: FM_PROJECT_ROOT, else (imported from the --py-files
     # zip) the working directory's checkout
     DEFAULT_DIR = Path(os.environ.get("FM_PROJECT_ROOT") or Path.cwd()).resolve() / "feature_defs"
 
@@ -204,7 +204,7 @@ def _extra_expectation_problem(extra, columns: dict[str, str]) -> str | None:
 
 def _great_expectations_problem(extra) -> str | None:
     """Is this a great-expectations expectation, built from these kwargs?"""
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # as jobs/quality.py: no network calls
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # as jobs/pipeline/gate/checks.py: no network calls
     import great_expectations.expectations as gxe  # slow: only when something runs expectations
     from pydantic import ValidationError as GxValidationError
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
-from feature_reader.settings import CacheSettings
+from fm_config.reader import CacheSettings
 
 
 @dataclass(slots=True)

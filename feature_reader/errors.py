@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import difflib
 
-from sinks.errors import TerminalSinkError, TransientSinkError
+from stores.errors import TerminalError, TransientError
 
 
-class RequestError(TerminalSinkError, ValueError):
+class RequestError(TerminalError, ValueError):
     """The request cannot be served as asked (an HTTP server answers 4xx)."""
 
 
@@ -27,7 +27,7 @@ class EntityKeyError(RequestError):
     """Missing, unknown or mistyped entity key columns."""
 
 
-class StoreError(TransientSinkError):
+class StoreError(TransientError):
     """A store did not answer as it should (connection lost, refused, down)."""
 
 

@@ -16,9 +16,10 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from feature_defs import Definitions, FeatureDef, load_definitions
+from fm_config import RunConf, load_config
 from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
 from feature_reader.errors import ReadTimeout, RequestError, StoreError
@@ -29,9 +30,7 @@ from feature_reader.response import STALE as STALE_STATUS
 from feature_reader.rows import SourceRow, Unit
 from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
-
-if TYPE_CHECKING:  # jobs.config reads this package's settings: imported when used
-    from jobs.config import RunConf
+from stores.redis import connect, is_cluster
 
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 """--store names (and the conf's sink names) -> sink name."""
@@ -246,18 +245,16 @@ class _Base:
         timeout = conf.reader.timeout_ms / 1000
         self._stores: dict[str, Any] = {}
         if self._core.uses("redis"):
-            rconf = conf.redis_sink(url=redis_url)
+            rconf = conf.redis_connection(redis_url)
             cluster = self._is_cluster(rconf) if cluster is None else cluster
             extra = {"connections": conf.reader.redis_connections} if redis_reads is AsyncRedisReads else {}
             self._stores["redis"] = redis_reads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout, **extra)
         if self._core.uses("cockroach"):
-            self._stores["cockroach"] = sql_reads(conf.sql_sink(), defs, timeout=timeout, connections=conf.reader.sql_connections)
+            self._stores["cockroach"] = sql_reads(conf.sql_connection(), defs, timeout=timeout, connections=conf.reader.sql_connections)
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, definitions: str | None = None, overrides: dict | None = None, **kwargs):
         """The reader of a conf environment (``conf/base`` + ``conf/<env>``) and its definitions."""
-        from jobs.config import load_config
-
         conf = load_config(env, overrides)
         return cls(conf, load_definitions(conf.path(definitions or conf.definitions_dir)), **kwargs)
 
@@ -286,9 +283,6 @@ class _Base:
         """redis.mode, or (auto) whether the server says it runs in cluster mode."""
         if self.conf.redis.mode != "auto":
             return self.conf.redis.mode == "cluster"
-        from sinks.redis.client import connect
-        from sinks.redis.router import is_cluster
-
         client = connect(rconf, socket_timeout=5.0)
         try:
             return is_cluster(client)

@@ -14,9 +14,6 @@ import asyncio
 from collections.abc import Sequence
 
 import redis
-import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import BAD, ColumnDecoder
@@ -25,8 +22,8 @@ from feature_reader.redis_pipe import RedisPipe
 from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
-from sinks.redis.client import _tls_options, connect_url, server_address
-from sinks.redis.config import RedisSinkConfig
+from fm_config.redis import RedisConnection
+from stores.redis import connect, connect_async, connect_cluster, connect_cluster_async, server_address
 
 PER_VALUE_BYTES = 48
 """Cache size estimate per value beyond its stored bytes (Python objects)."""
@@ -189,12 +186,13 @@ class _Replies:
         return self.out
 
 
-def _client_options(config: RedisSinkConfig, timeout: float) -> dict:
-    return dict(password=config.auth_password(), username=config.username, socket_timeout=timeout, socket_connect_timeout=max(timeout, 1.0))
+def _connect_timeout(timeout: float) -> float:
+    # a new connection's connect (and TLS handshake) gets at least a second, not a read's deadline
+    return max(timeout, 1.0)
 
 
 class _Reads:
-    def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
+    def __init__(self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
         self.defs, self.namespace, self.cluster, self.timeout = defs, namespace, cluster, timeout
         self.where = server_address(config.url)
         self._fields: dict[tuple, _Fields] = {}
@@ -229,15 +227,13 @@ class RedisReads(_Reads):
     packs each command's arguments again, which costs more than the server's work
     (bench/README.md, "Reads"). Redis Cluster: redis-py's cluster pipeline."""
 
-    def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
+    def __init__(self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
         super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
         self._idle: list = []  # connections of this reader, free (a list: pop and append are atomic)
         if cluster:
-            tls = {k: v for k, v in _tls_options(config.url, config.tls).items() if k != "connection_class"}
-            # its own retry stays: it is what follows MOVED and ASK
-            self.client = redis.RedisCluster.from_url(config.url, **_client_options(config, timeout), **tls)
+            self.client = connect_cluster(config, socket_timeout=timeout, connect_timeout=_connect_timeout(timeout))
         else:
-            self.client = connect_url(config.url, password=config.auth_password(), username=config.username, socket_timeout=timeout, tls=config.tls)
+            self.client = connect(config, socket_timeout=timeout, connect_timeout=_connect_timeout(timeout))
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         plan = _Plan(self, units, features)
@@ -295,15 +291,10 @@ class AsyncRedisReads(_Reads):
     in one write, and each read's replies are decoded a chunk at a time as they arrive.
     Redis Cluster: redis-py's cluster pipeline, one per primary, at once."""
 
-    def __init__(self, config: RedisSinkConfig, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32):
+    def __init__(self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32):
         super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
-        tls = {k: v for k, v in _tls_options(config.url, config.tls).items() if k != "connection_class"}
-        options = {**_client_options(config, timeout), **tls}
-        if cluster:
-            self.client = aioredis.RedisCluster.from_url(config.url, max_connections=connections, **options)
-        else:
-            pool = aioredis.ConnectionPool.from_url(config.url, max_connections=connections, retry=Retry(NoBackoff(), 0), **options)
-            self.client = aioredis.Redis(connection_pool=pool)
+        timeouts = dict(socket_timeout=timeout, connect_timeout=_connect_timeout(timeout), max_connections=connections)
+        self.client = connect_cluster_async(config, **timeouts) if cluster else connect_async(config, **timeouts)
         self._slots = asyncio.Semaphore(connections)
         self._pipe: RedisPipe | None = None
         self._opening = asyncio.Lock()

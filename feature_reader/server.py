@@ -26,9 +26,11 @@ import orjson
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
+from feature_defs import load_definitions
 from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
 from feature_reader.feast_request import parse_body
 from feature_reader.reader import COUNTERS, AsyncFeatureReader
+from fm_config import load_config
 
 log = logging.getLogger("feature_reader.server")
 
@@ -77,8 +79,6 @@ class FeatureServer:
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, overrides: dict | None = None) -> FeatureServer:
-        from jobs.config import load_config
-
         return cls(_reader(load_config(env, overrides)))
 
     async def __call__(self, scope: dict, receive, send) -> None:
@@ -180,8 +180,6 @@ class FeatureServer:
 
 def serve(env: str | None, host: str | None, port: int | None, workers: int = 1) -> None:
     """Run the server until SIGTERM or Ctrl-C (in-flight requests finish first)."""
-    from jobs.config import load_config
-
     serve_conf(load_config(env), host, port, workers)
 
 
@@ -209,8 +207,6 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
 
 def _reader(conf) -> AsyncFeatureReader:
     """The server's reader: embeddings decoded straight to lists (the body is JSON)."""
-    from feature_defs import load_definitions
-
     conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"embeddings": "list"})})
     return AsyncFeatureReader(conf, load_definitions(conf.path(conf.definitions_dir)))
 

@@ -1,35 +1,28 @@
 """Reads from the SQL store (CockroachDB; PostgreSQL on the same wire): one query per
 entity table per batch, ``entity_key = ANY(...)`` for the sources involved, the JSON maps
-parsed with exact ints and turned back into the declared types."""
+parsed with exact ints and turned back into the declared types. Connections come from
+psycopg_pool's pools (stores/sql.py), made on demand and kept for the next read."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import queue
-import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import PoolTimeout
 
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import BAD, from_json
 from feature_reader.errors import ReadTimeout, StoreError
 from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
-from sinks.sql.client import connect, is_transient
-from sinks.sql.config import SqlSinkConfig
-from sinks.sql.statements import table_identifier
+from fm_config.sql import SqlConnection
+from stores.sql import async_pool, is_transient, pool, server_address, table_identifier
 
 QUERY = "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::bigint FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
-
-
-def _where(config: SqlSinkConfig) -> str:
-    parts = conninfo_to_dict(config.dsn)  # the dsn holds no password (SqlSettings refuses one)
-    return f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
 
 
 def _statements(defs: Definitions, schema: str | None, units: Sequence[Unit]) -> list[tuple[sql.Composed, list[str], list[str]]]:
@@ -72,100 +65,93 @@ def _store_error(where: str, timeout_ms: int, exc: psycopg.Error) -> StoreError:
     return StoreError(f"SQL store at {where} ({kind}): {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
 
-class SqlReads:
-    """Synchronous reads over a few pooled connections (thread-safe)."""
+def _no_connection(where: str, exc: PoolTimeout) -> StoreError:
+    # the pool goes on trying in the background (and logs why, logger psycopg.pool)
+    return StoreError(f"SQL store at {where}: no connection ({str(exc).strip().splitlines()[0]})")
 
-    def __init__(self, config: SqlSinkConfig, defs: Definitions, *, timeout: float, connections: int):
-        self.config = replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1))
-        self.defs, self.where = defs, _where(config)
-        self._idle: queue.LifoQueue = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(connections)
+
+def _reader_connection(config: SqlConnection, timeout: float) -> SqlConnection:
+    # the server's statement timeout is a read's deadline; a connect gets a little more
+    return replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1), application_name=config.application_name + "-reader")
+
+
+def _found(rows, found: dict) -> None:
+    for key, source, text, as_of in rows:
+        found[Unit(source, key)] = (text, as_of)
+
+
+class SqlReads:
+    """Synchronous reads over a pool of up to ``connections`` connections (thread-safe)."""
+
+    def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int):
+        self.config = _reader_connection(config, timeout)
+        self.defs, self.where = defs, server_address(config)
+        self._pool = pool(self.config, max_size=connections, name="feature-reader")
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
-        self._slots.acquire()
-        conn = None
         try:
-            try:
-                conn = self._idle.get_nowait()
-            except queue.Empty:
-                conn = connect(self.config)
-            for query, keys, sources in _statements(self.defs, self.config.schema, units):
-                try:
-                    rows = conn.execute(query, (keys, sources)).fetchall()
-                except psycopg.errors.UndefinedTable:
-                    rows = []  # nothing written to this table yet: every entity NOT_FOUND
-                for key, source, text, as_of in rows:
-                    found[Unit(source, key)] = (text, as_of)
-            self._idle.put(conn)
-            conn = None
+            with self._pool.connection() as conn:  # a connection that failed is not put back
+                for query, keys, sources in _statements(self.defs, self.config.schema, units):
+                    try:
+                        rows = conn.execute(query, (keys, sources)).fetchall()
+                    except psycopg.errors.UndefinedTable:
+                        rows = []  # nothing written to this table yet: every entity NOT_FOUND
+                    _found(rows, found)
+        except PoolTimeout as exc:
+            raise _no_connection(self.where, exc) from exc
         except psycopg.Error as exc:
             raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
-        finally:
-            if conn is not None:
-                conn.close()
-            self._slots.release()
         return _rows(units, found, features, as_list)
 
     def ping(self) -> None:
-        with connect(self.config) as conn:
+        with self._pool.connection() as conn:
             conn.execute("SELECT 1")
 
     def close(self) -> None:
-        while not self._idle.empty():
-            self._idle.get_nowait().close()
+        self._pool.close()
 
 
 class AsyncSqlReads:
-    """asyncio reads over a few pooled async connections."""
+    """asyncio reads over a pool of up to ``connections`` async connections (opened in the
+    event loop of the first read)."""
 
-    def __init__(self, config: SqlSinkConfig, defs: Definitions, *, timeout: float, connections: int):
-        self.config = replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1))
-        self.defs, self.where, self.timeout = defs, _where(config), timeout
-        self._idle: list[psycopg.AsyncConnection] = []
-        self._slots = asyncio.Semaphore(connections)
+    def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int):
+        self.config = _reader_connection(config, timeout)
+        self.defs, self.where, self.timeout = defs, server_address(config), timeout
+        self._pool = async_pool(self.config, max_size=connections, name="feature-reader")
+        self._opened = False
 
-    async def _connect(self) -> psycopg.AsyncConnection:
-        c = self.config
-        conn = await psycopg.AsyncConnection.connect(
-            c.dsn, password=c.auth_password(), autocommit=True, application_name=c.application_name + "-reader", connect_timeout=c.connect_timeout
-        )
-        await conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(c.statement_timeout_ms)))
-        return conn
+    async def _open(self) -> None:
+        if not self._opened:  # open() takes a lock each time: once is enough
+            await self._pool.open()
+            self._opened = True
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
-        async with self._slots:
-            conn = None
-            try:
-                async with asyncio.timeout(self.timeout * 2 + 1):  # the server's statement_timeout is the deadline; this bounds a lost peer
-                    conn = self._idle.pop() if self._idle else await self._connect()
+        try:
+            await self._open()
+            async with asyncio.timeout(self.timeout * 2 + 1):  # the server's statement_timeout is the deadline; this bounds a lost peer
+                async with self._pool.connection() as conn:
                     for query, keys, sources in _statements(self.defs, self.config.schema, units):
                         try:
                             cur = await conn.execute(query, (keys, sources))
                             rows = await cur.fetchall()
                         except psycopg.errors.UndefinedTable:
                             rows = []
-                        for key, source, text, as_of in rows:
-                            found[Unit(source, key)] = (text, as_of)
-                self._idle.append(conn)
-                conn = None
-            except TimeoutError as exc:
-                raise ReadTimeout(f"SQL store at {self.where} did not answer in time") from exc
-            except psycopg.Error as exc:
-                raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
-            finally:
-                if conn is not None:
-                    await conn.close()
+                        _found(rows, found)
+        except TimeoutError as exc:
+            raise ReadTimeout(f"SQL store at {self.where} did not answer in time") from exc
+        except PoolTimeout as exc:
+            raise _no_connection(self.where, exc) from exc
+        except psycopg.Error as exc:
+            raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
         return _rows(units, found, features, as_list)
 
     async def ping(self) -> None:
-        conn = await self._connect()
-        try:
+        await self._open()
+        async with self._pool.connection() as conn:
             await conn.execute("SELECT 1")
-        finally:
-            await conn.close()
 
     async def close(self) -> None:
-        while self._idle:
-            await self._idle.pop().close()
+        await self._pool.close()

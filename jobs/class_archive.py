@@ -22,31 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ARCHIVE_NAME = "spark-classes.jsa"
-QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-"""A JVM that cannot use the archive (another JDK or classpath) says so on every start: not news."""
-
-
-def archive_path() -> Path:
-    from jobs.spark import jars_dir
-
-    return jars_dir() / ARCHIVE_NAME
-
-
-def java_options() -> str:
-    """What a driver's JVM options add for the archive: nothing when there is none (or its
-    path has a space, which Spark's option splitting would break)."""
-    path = archive_path()
-    if not path.is_file() or " " in str(path):
-        return ""
-    return f"-XX:SharedArchiveFile={path} {QUIET}"
-
+from jobs.jars import archive_path, delta_jars
 
 def inputs_digest() -> str:
     """The JDK build and the classpath (with its folder) the archive was made for: a change means a new one."""
     import pyspark
 
-    from jobs.spark import delta_jars
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     spark_jars = Path(pyspark.__file__).resolve().parent / "jars"  # the archive names it: a moved .venv needs a new one
@@ -58,7 +39,7 @@ def inputs_digest() -> str:
 def _workload(spark, folder: Path) -> None:
     """A small run's worth of Spark, Delta and great-expectations work (no store is written)."""
     from feature_defs import load_definitions
-    from jobs.config import QualityConf, RunConf
+    from fm_config import QualityConf, RunConf
     from jobs.operations.ledger import Entry, Ledger
     from jobs.pipeline.run import validate_source
     from jobs.sample_data import sample_dates, write_sample_tables
@@ -83,7 +64,7 @@ def _workload(spark, folder: Path) -> None:
 def build(path: Path) -> None:
     from pyspark import SparkContext
 
-    from jobs.config import SparkConf
+    from fm_config import SparkConf
     from jobs.spark import HUGE_METHODS, build_spark
 
     partial = path.with_name(path.name + ".tmp")

@@ -241,7 +241,7 @@ def _load(args, *, expectations: bool | None = False):
     """The conf and the definitions; with ``expectations`` (None: as the conf's gate says) the
     sources' own expectations are checked against great-expectations too (a slow import)."""
     from feature_defs import load_definitions
-    from jobs.config import load_config
+    from fm_config import load_config
 
     overrides: dict = {"data_root": args.data_root} if getattr(args, "data_root", None) else {}
     if getattr(args, "sink", "all") != "all":
@@ -297,9 +297,9 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
     Each source's summary is printed when it ends, in the order they end."""
     from jobs.operations.lease import LeaseHeld
-    from jobs.pipeline.report import report_dir
+    from jobs.pipeline.report.stage import report_dir
     from jobs.pipeline.run import for_each_source
-    from jobs.quality import QualityGateError
+    from jobs.pipeline.gate.checks import QualityGateError
     from jobs.spark import build_spark
 
     conf, defs = _load(args, expectations=expectations)
@@ -366,8 +366,8 @@ def cmd_ready(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from jobs.pipeline.report import report_path
-    from jobs.summary import RunSummary, SummaryError
+    from jobs.pipeline.report.stage import report_path
+    from jobs.pipeline.report.summary import RunSummary, SummaryError
 
     conf, defs = _load(args)
     defs.source(args.source)
@@ -489,13 +489,13 @@ def cmd_schema(args) -> int:
     import psycopg
 
     from jobs.operations.schema import ensure_tables
-    from sinks.errors import SinkError
+    from stores.errors import MaterializerError
 
     conf, defs = _load(args)
     names = args.source or conf.sources or list(defs.sources)
     try:
         done = ensure_tables(conf, defs, names)
-    except SinkError as exc:
+    except MaterializerError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # libpq puts its hints on lines of their own
         return EXIT_FAILED
     except psycopg.Error as exc:  # after connecting: the server went away, a timeout, a lock
@@ -575,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from feature_defs import DefinitionError
     from feature_defs.loader import UnknownNameError
-    from jobs.config import ConfigError
+    from fm_config import ConfigError
 
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}

@@ -7,42 +7,14 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from jobs import class_archive
+from jobs.jars import S3A_SCHEMES, class_archive_options, delta_jars, jars_dir, s3a_jars  # noqa: F401  (jars_dir: named here by the set-up's callers)
 from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
-from jobs.config import PROJECT_ROOT, SparkConf
+from fm_config import PROJECT_ROOT, SparkConf
 
-DELTA_JARS = ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
 HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 """A snapshot of 50 features makes Spark generate methods past HotSpot's 8,000-byte limit for
 JIT compilation; left interpreted, the gate's scan and the checks ran 2-6x slower
 (bench/README.md). On a cluster, put it in spark.executor.extraJavaOptions too."""
-
-
-def jars_dir() -> Path:
-    """What the set-up fetched and made for the JVM: jars, the class archive (FM_JARS_DIR, else jars/)."""
-    return Path(os.environ.get("FM_JARS_DIR") or PROJECT_ROOT / "jars")
-
-
-def delta_jars() -> list[Path]:
-    """The Delta jars fetched by the set-up (no Ivy download at run time)."""
-    folder = jars_dir()
-    jars = [folder / name for name in DELTA_JARS]
-    missing = [str(j) for j in jars if not j.is_file()]
-    if missing:
-        raise FileNotFoundError(f"Delta jars missing: {', '.join(missing)}; run `make setup` (scripts/setup.sh) to fetch them")
-    return jars
-
-
-S3A_SCHEMES = ("s3a://", "s3://", "s3n://")
-
-
-def s3a_jars() -> list[Path]:
-    """Spark's S3A connector (hadoop-aws and the AWS SDK modules it calls), fetched by the set-up."""
-    folder = jars_dir() / "s3a"
-    jars = sorted(folder.glob("*.jar"))
-    if not jars:
-        raise FileNotFoundError(f"S3A jars missing in {folder}; run `make setup` (scripts/setup.sh) to fetch them")
-    return jars
 
 
 def needs_s3a(conf: SparkConf, locations: Iterable[str]) -> bool:
@@ -67,7 +39,7 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         builder = builder.config("spark.driver.memory", conf.driver_memory)
         if "spark.driver.extraJavaOptions" not in conf.extra:
             # the class archive (jobs/class_archive.py), when the set-up made one: a faster start
-            builder = builder.config("spark.driver.extraJavaOptions", f"{HUGE_METHODS} {class_archive.java_options()}".strip())
+            builder = builder.config("spark.driver.extraJavaOptions", f"{HUGE_METHODS} {class_archive_options()}".strip())
     settings = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import EntityDef, FeatureDef, SourceDef
-from jobs.sql_text import ident, literal
+from jobs.pipeline.gate.sql_text import ident, literal
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
 from serializers.keys import KEY_SEPARATOR
@@ -127,7 +127,7 @@ def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) 
 
 def _reason(condition: Column | str, text: str) -> Column:
     """``text`` where ``condition`` holds, else null. A condition given as SQL text costs one
-    call to the JVM, where a Column costs one per operator (jobs/sql_text.py)."""
+    call to the JVM, where a Column costs one per operator (jobs/pipeline/gate/sql_text.py)."""
     if isinstance(condition, str):
         return F.expr(f"CASE WHEN {condition} THEN {literal(text)} END")
     return F.when(condition, F.lit(text))

@@ -1,6 +1,8 @@
-"""Online feature format v1: field ids, value encoding and decoding (FORMAT.md)."""
+"""Online feature format v1: field ids, value encoding and decoding (FORMAT.md).
 
-from serializers.columnar import encode_column
+The column-wise encoder the writers use (over Arrow) is ``serializers.columnar``: not
+imported here, so a reader decodes without pyarrow."""
+
 from serializers.scalar import (
     FEATURE_TYPES,
     BadValue,
@@ -23,7 +25,6 @@ __all__ = [
     "DecodeError",
     "decode",
     "encode",
-    "encode_column",
     "field_id",
     "field_id_int",
     "freshness_field_name",

@@ -16,9 +16,9 @@ import redis
 from psycopg import sql
 
 from bench.servers import PostgresServer, RedisServer, start_postgres, start_redis
-from jobs.config import QualityConf, RunConf, SparkConf
-from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
+from fm_config import QualityConf, RunConf, SparkConf
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 from jobs.sample_data import sample_dates, write_sample_tables
 
 SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
@@ -66,7 +66,7 @@ def spark_events(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(spark_events):
-    from jobs import class_archive
+    from jobs.jars import class_archive_options
     from jobs.spark import HUGE_METHODS, build_spark
 
     # local[2,2]: a failed task gets a second attempt, as on a cluster (local[N] never retries)
@@ -74,7 +74,7 @@ def spark(spark_events):
         "spark.eventLog.enabled": "true", "spark.eventLog.dir": spark_events.as_uri(), "spark.eventLog.compress": "false",  # plain text: searchable
         # the throughput collector: the suite's small jobs in one JVM ran 4-13% faster than
         # with the default G1 on 2 cores (tests/README.md)
-        "spark.driver.extraJavaOptions": f"{HUGE_METHODS} {class_archive.java_options()} -XX:+UseParallelGC",
+        "spark.driver.extraJavaOptions": f"{HUGE_METHODS} {class_archive_options()} -XX:+UseParallelGC",
     }  # fmt: skip
     session = build_spark(SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests", extra=extra))
     # The JVMs the tests start later (CLI runs, Airflow tasks, spark-submit) live for one
@@ -92,9 +92,9 @@ def short_lived_jvm_options() -> str:
     C1 alone reserves 48 MB for compiled code, not tiered's 240: a run of both sample
     sources filled it in 23 s, the JVM stopped compiling, then failed to link method handles
     and took the SparkContext down mid-run. Hence the tiered size."""
-    from jobs import class_archive
+    from jobs.jars import class_archive_options
 
-    return f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC {class_archive.java_options()}".strip()
+    return f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC {class_archive_options()}".strip()
 
 
 @pytest.fixture(scope="session")

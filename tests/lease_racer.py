@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.config import SparkConf
+from fm_config import SparkConf
 from jobs.operations.lease import LeaseHeld, Leases
 from jobs.spark import build_spark
 

@@ -204,7 +204,7 @@ def test_a_backfill_before_written_dates_applies_them_again_in_order(spark, conf
 def test_previous_run_for_the_row_count_band_is_a_single_date(tmp_path):
     import json
 
-    from jobs.quality import previous_success
+    from jobs.pipeline.gate.checks import previous_success
 
     for folder, entities in (("2026-11-18", 100), ("2026-11-16_2026-11-20", 500), ("2026-11-21", 90)):
         (tmp_path / "src" / folder).mkdir(parents=True)

@@ -66,7 +66,7 @@ def test_the_installed_job_never_imports_bench(capsys):
     assert capsys.readouterr().err.startswith("error: the benchmarks moved out of the installed job: run `python -m bench --entities 100000`")
     # importing every product module loads no bench module
     code = ("import sys, pkgutil, importlib\n"
-            "for pkg in ('jobs', 'feature_defs', 'serializers', 'sinks'):\n"
+            "for pkg in ('fm_config', 'stores', 'jobs', 'feature_defs', 'feature_reader', 'serializers', 'sinks'):\n"
             "    for m in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
             "        importlib.import_module(m.name)\n"
             "print(sorted(n for n in sys.modules if n == 'bench' or n.startswith('bench.')))")  # fmt: skip
@@ -81,7 +81,7 @@ def test_the_wheel_holds_every_product_package_and_no_bench():
 
     root = Path(__file__).resolve().parent.parent
     listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    found = sorted(".".join(p.parent.relative_to(root).parts) for top in ("jobs", "feature_defs", "feature_reader", "serializers", "sinks") for p in (root / top).rglob("__init__.py"))
+    found = sorted(".".join(p.parent.relative_to(root).parts) for top in ("fm_config", "stores", "jobs", "feature_defs", "feature_reader", "serializers", "sinks") for p in (root / top).rglob("__init__.py"))
     assert sorted(listed) == found
     assert not any(name == "bench" or name.startswith("bench.") or name.startswith("tests") for name in listed)
 

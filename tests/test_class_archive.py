@@ -8,12 +8,12 @@ import os
 import subprocess
 import sys
 
-from jobs import class_archive
-from jobs.config import PROJECT_ROOT
+from jobs.jars import archive_path
+from fm_config import PROJECT_ROOT
 
 CODE = """
 import sys
-from jobs.config import SparkConf
+from fm_config import SparkConf
 from jobs.spark import HUGE_METHODS, build_spark
 spark = build_spark(SparkConf(master="local[1]", extra={"spark.driver.extraJavaOptions": f"{HUGE_METHODS} -XX:SharedArchiveFile={sys.argv[1]} -Xshare:on"}))
 print(spark.range(3).selectExpr("id * 2 AS x").count())
@@ -25,7 +25,7 @@ def jvm_arguments(spark) -> list[str]:
 
 
 def test_a_driver_starts_from_the_archive_the_set_up_made(spark):
-    archive = class_archive.archive_path()
+    archive = archive_path()
     assert archive.is_file(), "no class archive: scripts/setup.sh makes it"
     assert f"-XX:SharedArchiveFile={archive}" in jvm_arguments(spark)  # the session fixture's options are build_spark's
     env = {k: v for k, v in os.environ.items() if k != "SPARK_SUBMIT_OPTS"}  # the suite's names the archive too

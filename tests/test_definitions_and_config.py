@@ -15,7 +15,7 @@ import pytest
 import xxhash
 
 from feature_defs import DefinitionError, load_definitions
-from jobs.config import ConfigError, load_config
+from fm_config import ConfigError, load_config
 
 from .conftest import env_conf
 

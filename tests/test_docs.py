@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from jobs.cli import build_parser
-from jobs.config import RunConf
+from fm_config import RunConf
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DOC = ROOT / "conf" / "README.md"
@@ -312,7 +312,7 @@ def test_every_flag_shown_with_a_command_is_an_option_of_it():
 
 def test_every_config_key_in_the_reference_exists_in_the_config_model():
     unknown, _ = key_problems(documented_keys())
-    assert not unknown, "config keys documented but not in jobs/config.py:\n  " + "\n  ".join(unknown)
+    assert not unknown, "config keys documented but not in fm_config/run.py:\n  " + "\n  ".join(unknown)
 
 
 def test_every_key_of_the_config_model_is_documented():

@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 from bench.servers import free_port
-from jobs.config import SparkConf
+from fm_config import SparkConf
 from jobs.operations.doctor import run_checks
 from serializers.resp import WRITE_SCRIPT_SHA
-from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 
 from .conftest import env_conf, tiny_consumer_source
 from .test_cli import BIN, run
@@ -118,7 +118,7 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
 
 
 def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():
-    from jobs.config import RunConf
+    from fm_config import RunConf
     from jobs.operations.doctor import check_log_store
 
     [check] = check_log_store(RunConf(ledger_root="s3a://lake/_ledger"))

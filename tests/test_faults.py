@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from bench.servers import _as_postgres, start_redis
-from sinks.sql.settings import SqlSettings
+from fm_config.sql import SqlSettings
 from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger import Ledger
 from jobs.pipeline.run import run_source
@@ -27,6 +27,7 @@ from sinks.sql.preflight import ensure_schema
 from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .test_redis_job import CONSUMER, DEFS, expected_consumers
 from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
+from sinks.sql.config import sql_sink_config
 
 DAY2 = SAMPLE_DATES[1]
 N = 10_000
@@ -207,7 +208,7 @@ def test_spark_task_killed_and_retried_ends_like_a_clean_run(spark, run_conf, fa
 def test_postgres_restarted_mid_write_is_retried_and_the_table_is_complete(spark, sample_root, sql_conf, pg_server, pg_db):
     sql = sql_conf.sql.model_copy(update={"retries": 10, "retry_base_delay": 0.2, "retry_max_delay": 2.0})
     conf = sql_conf.model_copy(update={"sql": sql})
-    ensure_schema(pg_db, conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
+    ensure_schema(pg_db, sql_sink_config(conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
     install_stall_trigger(pg_db)
     restarted: list[str] = []
 
@@ -238,7 +239,7 @@ def test_postgres_restarted_mid_write_is_retried_and_the_table_is_complete(spark
 def test_lock_held_by_another_session_times_out_boundedly_then_completes_once_released(spark, sample_root, sql_conf, pg_server, pg_db):
     sql = SqlSettings(dsn=pg_server.dsn, password_env=None, statement_timeout_ms=300, retries=2, retry_base_delay=0.05, retry_max_delay=0.1)
     conf = sql_conf.model_copy(update={"sql": sql})
-    ensure_schema(pg_db, conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
+    ensure_schema(pg_db, sql_sink_config(conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
     with pg_server.connect() as holder:
         holder.execute("BEGIN")
         holder.execute("LOCK TABLE consumer_features IN SHARE MODE")  # readers pass, writers wait

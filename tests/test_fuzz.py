@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from feature_defs import DefinitionError, Definitions, load_definitions
-from jobs.config import ConfigError, RunConf, load_config
+from fm_config import ConfigError, RunConf, load_config
 from serializers import DecodeError, decode, encode
 
 FUZZ = settings(max_examples=200, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

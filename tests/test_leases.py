@@ -15,7 +15,7 @@ import pytest
 
 from feature_defs import load_definitions
 from jobs.cli import EXIT_LEASE_HELD, main
-from jobs.config import PROJECT_ROOT
+from fm_config import PROJECT_ROOT
 from jobs.operations.backfill import plan_backfill, recorded_run, run_backfill
 from jobs.operations.lease import LeaseHeld, Leases
 from jobs.operations.ledger import Ledger, sink_targets

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 import redis
 
-from jobs.config import ConfigError
-from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
+from fm_config import ConfigError
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 from jobs.operations.cleanup import SourceCleanup, run_cleanup
 from jobs.operations.schema import ensure_tables
 from jobs.pipeline.run import run_source

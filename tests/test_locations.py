@@ -11,12 +11,12 @@ import pytest
 
 from feature_defs import load_definitions
 from jobs.cli import main
-from jobs.config import RunConf
-from jobs.locations import Location, resolve
+from fm_config import RunConf
+from fm_config.locations import Location, resolve
 from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger import Ledger, canonical_target
 from jobs.pipeline.read import source_path
-from jobs.quality import previous_success
+from jobs.pipeline.gate.checks import previous_success
 
 from .conftest import SAMPLE_DATES, env_conf
 

@@ -15,15 +15,15 @@ import sinks.sql.preflight
 from bench.servers import free_port
 from feature_defs import load_definitions
 from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
-from jobs.config import RunConf
-from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
+from fm_config import RunConf
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 from jobs.pipeline.context import RunContext
-from jobs.summary import RunSummary
-from sinks.errors import TerminalSinkError
+from jobs.pipeline.report.summary import RunSummary
+from stores.errors import TerminalError
 from sinks.sql.upserts import SqlSink
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.client import connect as real_connect
+from stores.sql import connect as real_connect
 
 from .conftest import env_conf
 
@@ -142,7 +142,7 @@ def test_a_missing_role_or_database_is_terminal_at_once(pg_server, monkeypatch, 
 
     # the writers' sink: 5 retries allowed, none taken
     sink = SqlSink(SqlSinkConfig(dsn=dsn, table="t", source="s", as_of=0, dialect="postgres", retries=5, retry_base_delay=0.01, retry_max_delay=0.01))
-    with pytest.raises(TerminalSinkError) as info:
+    with pytest.raises(TerminalError) as info:
         sink.open()
     assert str(info.value).startswith(expected), str(info.value)
     assert sink.stats.retries == 0
@@ -159,7 +159,7 @@ def test_a_missing_role_or_database_is_terminal_at_once(pg_server, monkeypatch, 
     defs = load_definitions(tiny_defs(tmp_path))
     source = defs.source("src")
     summary = RunSummary(source=source.name, entity=source.entity, date=DAY, env="test", as_of=0)
-    with pytest.raises(TerminalSinkError) as info:
+    with pytest.raises(TerminalError) as info:
         jobs.pipeline.write_sql.prepare_sql(RunContext(None, conf, source, defs.entity_of(source), dt.date.fromisoformat(DAY)), summary)
     assert str(info.value).startswith(expected), str(info.value)
     assert attempts == [dsn]

@@ -13,11 +13,11 @@ from pyspark.sql import functions as F
 
 from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
 from jobs.cli import main
-from jobs.config import QualityConf
-from sinks.sql.settings import SqlSettings
-from jobs.pipeline.report import report_dir
+from fm_config import QualityConf
+from fm_config.sql import SqlSettings
+from jobs.pipeline.report.stage import report_dir
 from jobs.pipeline.run import run_source, validate_source
-from jobs.quality import QualityGateError, VerificationError, derive_checks
+from jobs.pipeline.gate.checks import QualityGateError, VerificationError, derive_checks
 from serializers import field_id
 
 from .conftest import TINY_SOURCE, env_conf, tiny_consumer_source

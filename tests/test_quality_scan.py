@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.quality import Check, _gx_context, _run_with_gx, run_gate
-from jobs.quality_scan import SCANNED, scan, scanned
+from jobs.pipeline.gate.checks import Check, _gx_context, _run_with_gx, run_gate
+from jobs.pipeline.gate.scan import SCANNED, scan, scanned
 
 FIGURES = ("element_count", "unexpected_count", "unexpected_percent", "missing_count", "missing_percent",
            "unexpected_percent_total", "unexpected_percent_nonmissing", "observed_value")  # fmt: skip

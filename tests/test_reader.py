@@ -17,12 +17,12 @@ import pytest
 from bench.servers import start_redis
 from feature_defs import DEFAULT_DIR, Definitions, load_definitions
 from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
-from feature_reader.settings import CacheSettings, ReaderSettings
-from jobs.config import QualityConf, RunConf
+from fm_config.reader import CacheSettings, ReaderSettings
+from fm_config import QualityConf, RunConf
 from serializers import encode, field_id, freshness_field
 from serializers.keys import as_of_epoch
-from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 
 from .conftest import SAMPLE_DATES
 

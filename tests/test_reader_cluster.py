@@ -13,9 +13,9 @@ import redis
 
 from bench.local_cluster import LocalCluster, start_cluster
 from feature_reader import AsyncFeatureReader, FeatureReader
-from jobs.config import RunConf
+from fm_config import RunConf
 from serializers import field_id
-from sinks.redis.settings import RedisSettings
+from fm_config.redis import RedisSettings
 
 from .test_reader import BIG, CONSUMERS, assert_expected, write_sample
 

@@ -12,7 +12,7 @@ import pytest
 
 from bench.servers import start_redis
 from feature_defs import load_definitions
-from jobs.pipeline.gate import BadInputError
+from jobs.pipeline.gate.stage import BadInputError
 from jobs.pipeline.run import run_source
 from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id

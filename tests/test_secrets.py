@@ -14,9 +14,10 @@ from pyspark.sql.classic.dataframe import DataFrame
 
 from bench.servers import start_redis
 from jobs.cli import main
-from jobs.config import ConfigError, load_config
+from fm_config import ConfigError, load_config
 
 from .conftest import DAY2_STR, env_conf
+from sinks.redis.config import redis_sink_config
 
 REDIS_SECRET = "r3dis-S3cret-7f1c0e"
 SQL_SECRET = "pg-S3cret-91ab44"
@@ -161,12 +162,12 @@ def test_executors_read_the_env_var_themselves(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from jobs.config import PROJECT_ROOT
+    from fm_config import PROJECT_ROOT
 
     folder = env_conf(tmp_path / "conf", "envsec", "redis: {url: 'redis://127.0.0.1:1/0', password_env: FM_TEST_EXECUTOR_PASSWORD}\n")
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     monkeypatch.setenv("FM_TEST_EXECUTOR_PASSWORD", REDIS_SECRET)
-    plan = pickle.dumps(load_config("envsec").redis_sink())
+    plan = pickle.dumps(redis_sink_config(load_config("envsec")))
     assert REDIS_SECRET.encode() not in plan and b"FM_TEST_EXECUTOR_PASSWORD" in plan
     (tmp_path / "plan").write_bytes(plan)
     read = "import pickle, sys; print(pickle.loads(open(sys.argv[1], 'rb').read()).auth_password())"

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from serializers import BadValue, DecodeError, decode, encode, encode_column, field_id, field_id_int
+from serializers import BadValue, DecodeError, decode, encode, field_id, field_id_int
+from serializers.columnar import encode_column
 
 
 def test_field_id_matches_published_xxh32_vectors():

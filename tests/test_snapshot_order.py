@@ -18,6 +18,7 @@ from sinks.redis.capacity import read_memory_info
 from sinks.redis.node import KeysEvicted, RedisRestarted
 
 from .conftest import SAMPLE_DATES
+from sinks.redis.config import redis_sink_config
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES
@@ -84,7 +85,7 @@ def test_an_allowed_policy_writes_with_a_warning_and_evictions_fail_the_check_af
         assert any("allkeys-lru" in w and "redis.eviction: warn" in w for w in summary.warnings)
         # The check after the last write compares with the baselines the driver took before
         # any write: keys evicted in between (here, by squeezing maxmemory) fail the run.
-        sink_conf = conf.redis_sink(DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2)
+        sink_conf = redis_sink_config(conf, DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2)
         before = {f"127.0.0.1:{server.port}": read_memory_info(client)}
         client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) - 100_000))
         client.set("one-more", b"x" * 1000)  # a write makes Redis evict down to maxmemory
@@ -99,7 +100,7 @@ def test_a_restart_without_persistence_is_caught_by_the_check_after_the_write(sp
     restarted = None
     try:
         conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": server.url})})
-        sink_conf = conf.redis_sink(DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2)
+        sink_conf = redis_sink_config(conf, DEFS.sources["consumer_daily"], DEFS.entities["consumer"], DAY2)
         before = {f"127.0.0.1:{server.port}": read_memory_info(server.client(), 512, 64)}
         server.process.kill()  # after the writers' last chunk, before the driver looks again
         server.process.wait()

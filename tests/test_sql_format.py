@@ -10,7 +10,7 @@ import pytest
 
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
-from sinks.sql.client import is_transient
+from stores.sql import is_transient
 from sinks.sql.statements import create_table, dialect_from_version, quantile_keys, split_at, table_identifier, upsert
 
 SPECS = [

@@ -15,18 +15,19 @@ import pyarrow as pa
 import pytest
 
 from feature_defs import load_definitions
-from sinks.sql.settings import SqlSettings
-from jobs.pipeline.gate import BadInputError
+from fm_config.sql import SqlSettings
+from jobs.pipeline.gate.stage import BadInputError
 from jobs.pipeline.run import run_source
 from jobs.pipeline.write_sql import split_keys
 from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
 from serializers import decode, field_id
 from sinks.errors import SinkError, TerminalSinkError, TransientSinkError
 from sinks.sql.upserts import SqlSink
-from sinks.sql.client import connect
+from stores.sql import connect
 from sinks.sql.preflight import ensure_schema
 
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, is_null, source_rows
+from sinks.sql.config import sql_sink_config
 
 AS_OF_DAY2 = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
 
@@ -141,7 +142,7 @@ def install_stall_trigger(conn) -> None:
 
 
 def test_backend_killed_mid_write_is_retried_and_table_is_complete(spark, sample_root, sql_conf, pg_server, pg_db):
-    conf = sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
+    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     ensure_schema(pg_db, conf)
     install_stall_trigger(pg_db)
     killed: list[int] = []
@@ -185,7 +186,7 @@ def install_failing_trigger(conn, key: str, sqlstate: str) -> None:
 )
 def test_failing_batch_is_retried_boundedly_then_fails_typed(spark, sql_conf, pg_db, sqlstate, attempts, wording, kind):
     conf = sql_conf.model_copy(update={"sql": sql_conf.sql.model_copy(update={"retries": 2})})
-    ensure_schema(pg_db, conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
+    ensure_schema(pg_db, sql_sink_config(conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2))
     install_failing_trigger(pg_db, "42", sqlstate)
     with pytest.raises(SinkError) as info:
         run_source(spark, conf, DEFS, "consumer_daily", DAY2)
@@ -272,7 +273,7 @@ def test_unreachable_sql_store_is_a_clear_error(spark, sql_conf):
 
 def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
     pg_db.execute("CREATE TABLE consumer_features (entity_key text PRIMARY KEY, payload jsonb)")
-    conf = sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
+    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     with connect(conf) as conn, pytest.raises(TerminalSinkError, match="without the column.s. source, features, as_of"):
         ensure_schema(conn, conf)
 
@@ -281,7 +282,7 @@ def test_existing_table_with_another_layout_is_refused(sql_conf, pg_db):
 @pytest.mark.parametrize(("per_transaction", "transactions"), [(20, 1), (2, 2), (1, 3)])
 def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_transaction, transactions, sizes):
     conf = replace(
-        sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2), batch_rows=2, statements_per_transaction=per_transaction
+        sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2), batch_rows=2, statements_per_transaction=per_transaction
     )
     ensure_schema(pg_db, conf)
     rows = [("a", '{"n":1}'), ("b", '{"n":2}'), ("b", '{"n":3}'), ("c", "{}"), ("d", '{"s":"x"}'), ("e", '{"n":5}')]
@@ -322,7 +323,7 @@ def test_hostile_keys_and_values_are_data_not_sql(spark, sql_conf, pg_db, redis_
 
 def test_rows_of_a_range_carry_their_own_as_of(sql_conf, pg_db):
     """Range runs send each row's as-of epoch with it (a backfill's latest date per entity)."""
-    conf = sql_conf.sql_sink(CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
+    conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     ensure_schema(pg_db, conf)
     with SqlSink(conf) as sink:
         sink.write_batch(pa.array(["x", "y", "y"]), pa.array(['{"n":1}', '{"n":2}', '{"n":3}']), pa.array([1795132800, 1795219200, 1795219200]))

@@ -18,7 +18,8 @@ from bench.local_cluster import start_cluster
 from serializers.json_map import encode_json_maps
 from serializers.scalar import encode
 from sinks.base import Outcome
-from sinks.errors import TerminalSinkError, TransientSinkError, from_wire
+from sinks.errors import from_wire
+from stores.errors import TerminalError, TransientError
 from sinks.partition import partition_schema, write_partition
 from sinks.redis.writer import RedisWritePlan
 from sinks.sql.config import SqlSinkConfig
@@ -177,14 +178,14 @@ def test_an_empty_partition_reports_zeros(store):
 def test_an_unreachable_store_is_a_transient_error_in_the_stats_row(store):
     row = _run(store.unreachable(), [store.rows(things(3))])
     error = from_wire(row["error_kind"], row["error"])
-    assert isinstance(error, TransientSinkError), row  # Spark's task succeeded; the driver fails the run, retryable
+    assert isinstance(error, TransientError), row  # Spark's task succeeded; the driver fails the run, retryable
     assert row[store.written] == 0 and "127.0.0.1" in row["error"]
 
 
 def test_refused_credentials_are_a_terminal_error_in_the_stats_row(store):
     row = _run(store.refused(), [store.rows(things(3))])
     error = from_wire(row["error_kind"], row["error"])
-    assert isinstance(error, TerminalSinkError) and not isinstance(error, TransientSinkError), row
+    assert isinstance(error, TerminalError) and not isinstance(error, TransientError), row
     assert PASSWORD not in row["error"]  # never the password
 
 

@@ -26,32 +26,36 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from bench.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
-from jobs.config import PROJECT_ROOT, RunConf
-from sinks.redis.settings import RedisSettings
-from sinks.sql.settings import SqlSettings
+from fm_config import PROJECT_ROOT, RunConf
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 from jobs.operations.cleanup import CleanupWriter, cleanup_partition
 from sinks.partition import write_partition
 from sinks.redis.writer import RedisWritePlan
 from sinks.sql.writer import SqlWritePlan
 from jobs.pipeline.verify import verify_redis, verify_sql
-from sinks.redis.config import tls_files
+from fm_config.redis import tls_files
 from jobs.transforms import feature_specs
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
-from sinks.errors import SinkError, TerminalSinkError
+from sinks.errors import SinkError
+from stores.errors import TerminalError
 from sinks.redis.capacity import read_memory_info
 from sinks.redis.node import RedisSink
-from sinks.redis.config import RedisSinkConfig, RedisTls
-from sinks.redis.client import TlsVerificationError
-from sinks.redis.client import connect_url as redis_connect
+from fm_config.redis import RedisTls
+from sinks.redis.config import RedisSinkConfig
+from stores.redis import TlsVerificationError
+from stores.redis import connect_url as redis_connect
 from sinks.sql.upserts import SqlSink
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.client import connect
+from stores.sql import connect
 from sinks.sql.preflight import ensure_schema
 
 from .conftest import TINY_SOURCE, first_then_real
 from .test_redis_job import DAY2
 from .test_sql_job import AS_OF_DAY2, table_rows
+from sinks.redis.config import redis_sink_config
+from sinks.sql.config import sql_sink_config
 
 SECRET = "never-in-a-message-7f3a"
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("history", "int_list")]
@@ -339,7 +343,7 @@ def test_plain_redis_url_to_the_tls_port_is_refused(tls_redis, tls_redis_db):
 )
 def test_redis_tls_cannot_be_weakened_or_misconfigured(tls_redis, tls_redis_db, certs, url, tls, wording):
     ca = {"other": certs.other_ca, "ours": certs.ca, "missing": certs.ca.with_name("absent.pem")}[tls]
-    with pytest.raises(TerminalSinkError, match=wording):
+    with pytest.raises(TerminalError, match=wording):
         write_one_batch(RedisSink(redis_config(url.format(port=tls_redis.port), RedisTls(ca_file=str(ca)))))
     assert tls_redis_db.dbsize() == 0
 
@@ -420,7 +424,7 @@ def test_sql_server_refuses_plain_connections(tls_pg):
 
 def test_sql_wrong_ca_is_a_clear_terminal_error(tls_pg, tls_pg_db, certs):
     sink = SqlSink(sql_config(tls_pg.dsn(ca=certs.other_ca)))
-    with pytest.raises(TerminalSinkError, match=rf"SQL store at 127\.0\.0\.1:{tls_pg.port}: TLS certificate verification failed") as info:
+    with pytest.raises(TerminalError, match=rf"SQL store at 127\.0\.0\.1:{tls_pg.port}: TLS certificate verification failed") as info:
         sink.open()
     assert sink.stats.retries == 0  # terminal: retrying cannot help
     assert SECRET not in str(info.value)
@@ -447,7 +451,7 @@ def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redi
     batch = history_batch(40)
     rows = batch.to_pylist()
     stamp = int(AS_OF_DAY2.timestamp())
-    redis_conf = conf.redis_sink(source, entity, DAY2)
+    redis_conf = redis_sink_config(conf, source, entity, DAY2)
     # the driver's capacity check reads the server's limits over the same verified connection
     with redis_connect(redis_conf.url, password=redis_conf.auth_password(), tls=redis_conf.tls) as client:
         assert read_memory_info(client).capacity(None) == 64 << 20  # the server's --maxmemory
@@ -456,7 +460,7 @@ def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redi
         want = {k: v for k, v in expected_hash(batch, i).items() if k != FRESH}
         assert tls_redis_db.hgetall(f"c:{row['_id']}") == {**want, field_id("_ts:tiny"): str(stamp).encode()}
 
-    sql_conf = conf.sql_sink(source, entity, DAY2)
+    sql_conf = sql_sink_config(conf, source, entity, DAY2)
     with connect(sql_conf) as conn:
         ensure_schema(conn, sql_conf)
     docs = [json.dumps({k: v for k, v in r.items() if k != "_id" and v is not None}) for r in rows]

@@ -20,11 +20,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from feature_defs import Definitions
-from jobs.config import RunConf
+from fm_config import RunConf
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.pipeline.read import read_source
 from jobs.pipeline.run import run_source
-from jobs.summary import RunSummary
+from jobs.pipeline.report.summary import RunSummary
 
 Mode = Literal["latest", "replay"]
 log = logging.getLogger(__name__)

@@ -28,14 +28,15 @@ from pyspark.sql import functions as F
 
 from feature_defs import Definitions, EntityDef, SourceDef
 from jobs import transforms as tf
-from jobs.config import RunConf
-from jobs.locations import Location
+from fm_config import RunConf
+from fm_config.locations import Location
 from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
 from serializers import field_id, freshness_field_name
 from serializers.keys import redis_key
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.preflight import detect_cluster
 from sinks.redis.router import KeyRouter
+from sinks.redis.config import redis_sink_config
 
 CLEANUP_STATS = "keys long, fields_removed long, round_trips long"
 
@@ -233,7 +234,7 @@ def plan_cleanup(
 
 def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan | SourceCleanup, keys: DataFrame, redis_url: str | None = None) -> dict:
     """Delete the plan's fields from its keys; returns counts and Redis memory before/after."""
-    redis = conf.redis_sink(entity=entity, url=redis_url)
+    redis = redis_sink_config(conf, entity=entity, url=redis_url)
     redis = replace(redis, cluster=detect_cluster(conf.redis, redis))
     writer = CleanupWriter(redis, fields=tuple(field_id(name) for name in plan.fields), keys_per_second=conf.redis.cleanup_keys_per_second)
     servers = KeyRouter(redis, redis.cluster)

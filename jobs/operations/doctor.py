@@ -22,8 +22,10 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from feature_defs import Definitions, SourceDef
-from jobs.config import RunConf
-from jobs.locations import Location
+from fm_config import RunConf
+from fm_config.locations import Location
+from sinks.redis.config import redis_sink_config
+from sinks.sql.config import sql_sink_config
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -232,11 +234,11 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
     from serializers.keys import key_prefix
     from sinks.errors import CapacityError
     from sinks.redis.capacity import read_memory_info
-    from sinks.redis.client import connect, server_address
+    from stores.redis import connect, server_address
     from sinks.redis.router import ClusterTopology, is_cluster
 
     settings = conf.redis
-    config = conf.redis_sink()  # a missing password fails here, naming where it was looked for
+    config = redis_sink_config(conf)  # a missing password fails here, naming where it was looked for
     where = server_address(config.url)
     client = connect(config, socket_timeout=5.0)
     nodes: list[tuple[str, object]] = []
@@ -395,12 +397,13 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from sinks.sql.client import connect, detect_dialect
+    from stores.sql import connect
+    from sinks.sql.preflight import detect_dialect
     from sinks.sql.preflight import SCHEMA_STEP, is_loopback, missing_privileges, table_columns
     from sinks.sql.statements import COLUMNS
 
     settings = conf.sql
-    base = conf.sql_sink()
+    base = sql_sink_config(conf)
     info = conninfo_to_dict(settings.dsn)
     where = f"{info.get('user', '?')}@{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '?')}"
     try:
@@ -422,7 +425,7 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
             if entity.name in seen:
                 continue
             seen.add(entity.name)
-            config = conf.sql_sink(source, entity, None, found)
+            config = sql_sink_config(conf, source, entity, None, found)
             label = f"sql table {config.table}"
             columns = table_columns(conn, config)
             if not columns and _may_create(conn, config):

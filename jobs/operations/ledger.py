@@ -32,8 +32,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import EntityDef, SourceDef
-from jobs.config import PROJECT_ROOT, RunConf
-from jobs.locations import Location
+from fm_config import PROJECT_ROOT, RunConf
+from fm_config.locations import Location
 from jobs.pipeline.read import source_path
 from jobs.transforms import key_columns
 from serializers import freshness_field_name

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 import psycopg
 
 from feature_defs import Definitions, SourceDef
-from jobs.config import RunConf
+from fm_config import RunConf
 from sinks.errors import TerminalSinkError
-from sinks.sql.client import connect
+from stores.sql import connect
 from sinks.sql.preflight import dialect_of, ensure_schema
+from sinks.sql.config import sql_sink_config
 
 
 def table_sources(defs: Definitions, source_names: Sequence[str]) -> dict[str, SourceDef]:
@@ -33,13 +34,13 @@ def ensure_tables(conf: RunConf, defs: Definitions, source_names: Sequence[str])
     if not sources:
         return {}
     try:
-        conn = connect(conf.sql_sink())  # DSN, credentials and timeouts
+        conn = connect(sql_sink_config(conf))  # DSN, credentials and timeouts
     except psycopg.Error as exc:
         raise TerminalSinkError(f"cannot connect to the SQL store ({conf.sql.dsn}): {str(exc).strip()}") from exc
     done: dict[str, str] = {}
     with conn:
         dialect = dialect_of(conf.sql, conn)
         for source in sources.values():
-            sink_conf = conf.sql_sink(source, defs.entity_of(source), dialect=dialect)
+            sink_conf = sql_sink_config(conf, source, defs.entity_of(source), dialect=dialect)
             done[sink_conf.table_name] = "created" if ensure_schema(conn, sink_conf) else "exists"
     return done

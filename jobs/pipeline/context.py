@@ -10,10 +10,12 @@ import datetime as dt
 from pyspark.sql import SparkSession
 
 from feature_defs import EntityDef, SourceDef
-from jobs.config import RunConf
+from fm_config import RunConf
 from serializers.keys import as_of_epoch
 from sinks.redis.config import RedisSinkConfig
 from sinks.sql.config import SqlSinkConfig
+from sinks.redis.config import redis_sink_config
+from sinks.sql.config import sql_sink_config
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,11 @@ class RunContext:
 
     def redis_config(self) -> RedisSinkConfig:
         """The Redis writer's config for this source and date (before the preflight)."""
-        return self.conf.redis_sink(self.source, self.entity, self.date, url=self.redis_url)
+        return redis_sink_config(self.conf, self.source, self.entity, self.date, url=self.redis_url)
 
     def sql_config(self) -> SqlSinkConfig:
         """The SQL writer's config for this source and date (before the preflight)."""
-        return self.conf.sql_sink(self.source, self.entity, self.date)
+        return sql_sink_config(self.conf, self.source, self.entity, self.date)
 
     @contextmanager
     def stage(self, summary, name: str) -> Iterator[None]:

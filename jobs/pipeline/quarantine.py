@@ -8,7 +8,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from jobs.locations import Location
+from fm_config.locations import Location
 from jobs.pipeline.context import RunContext
 
 

@@ -10,8 +10,8 @@ from pyspark.sql import functions as F
 
 from feature_defs import SourceDef
 from jobs import transforms as tf
-from jobs.config import RunConf
-from jobs.locations import Location, is_uri
+from fm_config import RunConf
+from fm_config.locations import Location, is_uri
 from jobs.pipeline.context import RunContext
 
 

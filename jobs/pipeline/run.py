@@ -12,20 +12,20 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from feature_defs import Definitions
-from jobs import quality
-from jobs.config import RunConf
+from jobs.pipeline.gate import checks as quality
+from fm_config import RunConf
 from jobs.pipeline.context import RunContext
-from jobs.pipeline.gate import check_quality, docs_rendered
+from jobs.pipeline.gate.stage import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
 from jobs.pipeline.quarantine import reason_counts, write_quarantine
 from jobs.pipeline.read import read
-from jobs.pipeline.report import RecordedStep, new_summary, report_dir
+from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.verify import verify_writes
 from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
 from jobs.progress import progress
-from jobs.summary import RunSummary
-from sinks.sql.client import connect as sql_connect
+from jobs.pipeline.report.summary import RunSummary
+from stores.sql import connect as sql_connect
 from sinks.sql.preflight import dialect_of
 
 

@@ -14,16 +14,17 @@ from pyspark.sql import DataFrame
 
 from feature_defs import FeatureDef, SourceDef
 from jobs.pipeline.context import RunContext
-from jobs.quality import VerificationError
-from jobs.summary import RunSummary
+from jobs.pipeline.gate.checks import VerificationError
+from jobs.pipeline.report.summary import RunSummary
 from serializers import decode, field_id
 from serializers.keys import freshness_field_name, redis_key
 from serializers.scalar import DecodeError
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.preflight import detect_cluster
 from sinks.redis.router import KeyRouter
-from sinks.sql.client import connect as sql_connect
+from stores.sql import connect as sql_connect
 from sinks.sql.config import SqlSinkConfig
+from sinks.sql.config import sql_sink_config
 
 
 MAX_LISTED = 50
@@ -171,7 +172,7 @@ def verify_writes(ctx: RunContext, good: DataFrame, summary: RunSummary) -> None
         sink_conf = ctx.redis_config()
         found.append(verify_redis(replace(sink_conf, cluster=detect_cluster(conf.redis, sink_conf)), source, rows))
     if "cockroach" in summary.sinks:
-        found.append(verify_sql(conf.sql_sink(source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
+        found.append(verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
     for m in found:
         summary.verification[m.sink] = {"checked": len(rows), "newer": m.newer, "mismatches": m.count, "listed": m.listed}
     wrong = [m for m in found if m.count]

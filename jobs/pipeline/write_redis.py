@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.progress import progress
-from jobs.summary import RunSummary
+from jobs.pipeline.report.summary import RunSummary
 from sinks.errors import CapacityError, from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
 from sinks.redis.preflight import check_after_write, preflight

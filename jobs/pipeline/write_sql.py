@@ -14,10 +14,10 @@ from pyspark.sql import DataFrame
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.progress import progress
-from jobs.summary import RunSummary
+from jobs.pipeline.report.summary import RunSummary
 from sinks.errors import from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
-from sinks.sql.client import connect
+from stores.sql import connect
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.preflight import pre_split, preflight
 from sinks.sql.statements import quantile_keys

@@ -36,7 +36,8 @@ from serializers.batch import EncodedBatch
 from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT
 from sinks.base import RedisWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
-from sinks.redis.client import TRANSIENT, connect, node_url, server_address
+from stores.errors import TransientError
+from stores.redis import TRANSIENT, connect, node_url, server_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisRestarted, RedisSink, entity_commands, entity_ttls
 from sinks.redis.router import ClusterTopology, key_slots
@@ -116,12 +117,12 @@ class RedisClusterSink:
             raise TerminalSinkError(f"Redis Cluster has database 0 only: {server_address(c.url)} names another")
         self.topology = call_with_retries(
             lambda: ClusterTopology.discover(c),
-            is_transient=lambda e: isinstance(e, TransientSinkError), retries=c.retries,
+            is_transient=lambda e: isinstance(e, TransientError), retries=c.retries,
         )
         for address in self.topology.primaries:  # every primary's ceiling is checked before the first write
             try:
                 self._node(address)
-            except TransientSinkError as exc:  # down: the others are written, its slots wait for a failover
+            except TransientError as exc:  # down: the others are written, its slots wait for a failover
                 log.warning("Redis Cluster primary %s does not answer (%s); the other primaries are written", address, exc)
 
     def flush(self) -> None:
@@ -277,7 +278,7 @@ class RedisClusterSink:
                 outcome.lost[address] = self._waited.get(address)
             elif isinstance(exc, RedisRestarted):
                 fatal = fatal or exc  # what it had acknowledged is gone: no resend brings it back
-            elif isinstance(exc, TransientSinkError):  # could not even connect (open) to it
+            elif isinstance(exc, TransientError):  # could not even connect (open) to it
                 log.warning("Redis Cluster primary %s: %s", address, exc)
                 outcome.retry.append(share)
                 outcome.last_error = str(exc)
@@ -367,7 +368,7 @@ class RedisClusterSink:
                 still = [a for a in lost if self.topology.slots_of(a) and not self._answers(a)]
                 if not still and not self.topology.unserved():
                     break
-            except TransientSinkError as exc:
+            except TransientError as exc:
                 still = [str(exc)]
             if time.monotonic() > deadline:
                 if any(a not in self.topology.primaries for a in still):  # no node answered at all

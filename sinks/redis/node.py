@@ -29,7 +29,7 @@ from serializers.batch import EncodedBatch
 from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
 from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
-from sinks.redis.client import TRANSIENT, connect, is_transient, node_address, server_address
+from stores.redis import TRANSIENT, connect, is_transient, node_address, server_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.retry import call_with_retries
 

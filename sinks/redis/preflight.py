@@ -14,11 +14,11 @@ from feature_defs import EntityDef
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.errors import CapacityError
 from sinks.redis.capacity import MemoryInfo, Projection, project_growth, read_memory_info
-from sinks.redis.client import TRANSIENT, connect, is_transient, node_address
+from stores.redis import TRANSIENT, connect, is_transient, node_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import KeysEvicted, RedisRestarted
 from sinks.redis.router import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots
-from sinks.redis.settings import RedisSettings
+from fm_config.redis import RedisSettings
 from sinks.redis.writer import RedisWritePlan
 from sinks.retry import call_with_retries
 

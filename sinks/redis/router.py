@@ -16,7 +16,7 @@ import redis
 from redis.crc import key_slot
 
 from sinks.errors import TerminalSinkError, TransientSinkError
-from sinks.redis.client import TRANSIENT, connect
+from stores.redis import TRANSIENT, connect
 from sinks.redis.config import RedisSinkConfig
 
 SLOTS = 16384

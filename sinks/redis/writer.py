@@ -17,7 +17,7 @@ import redis
 
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.base import RedisWriteStats
-from sinks.errors import SinkError
+from stores.errors import MaterializerError
 from sinks.redis.cluster import RedisClusterSink
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import CeilingReached, RedisSink
@@ -41,7 +41,7 @@ class RedisWritePlan:
 
 class RedisWriter:
     stops = (CeilingReached,)
-    errors = (SinkError, redis.RedisError, hiredis.ProtocolError)
+    errors = (MaterializerError, redis.RedisError, hiredis.ProtocolError)
 
     def __init__(self, plan: RedisWritePlan):
         self.plan = plan

@@ -16,9 +16,9 @@ from psycopg.conninfo import conninfo_to_dict
 from sinks.errors import TerminalSinkError
 from sinks.retry import call_with_retries
 from sinks.sql import statements as stmts
-from sinks.sql.client import connect, detect_dialect, is_transient
+from fm_config.sql import SqlSettings
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.settings import SqlSettings
+from stores.sql import connect, is_transient
 from sinks.sql.statements import Dialect
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,11 @@ def preflight(settings: SqlSettings, config: SqlSinkConfig, warnings: list[str])
 def is_loopback(dsn: str) -> bool:
     host = conninfo_to_dict(dsn).get("host") or "localhost"
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("/")
+
+
+def detect_dialect(conn: psycopg.Connection) -> Dialect:
+    row = conn.execute("SELECT version()").fetchone()
+    return stmts.dialect_from_version(row[0] if row else "")
 
 
 def dialect_of(settings: SqlSettings, conn: psycopg.Connection) -> Dialect:

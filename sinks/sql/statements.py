@@ -9,28 +9,21 @@ snapshot with an older one, so both take ``INSERT ... ON CONFLICT ... DO UPDATE 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Sequence
 from typing import Literal
 
 from psycopg import sql
 
+from stores.sql import table_identifier  # noqa: F401  (the statements' callers name tables with it)
+
 Dialect = Literal["postgres", "cockroach"]
 DIALECTS: tuple[str, ...] = ("postgres", "cockroach")
 COLUMNS = ("entity_key", "source", "features", "as_of")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 def dialect_from_version(version: str) -> Dialect:
     """``SELECT version()`` says "CockroachDB CCL v24.1..." on CockroachDB."""
     return "cockroach" if "cockroachdb" in version.lower() else "postgres"
-
-
-def table_identifier(table: str, schema: str | None = None) -> sql.Identifier:
-    for name in (schema, table):
-        if name is not None and not _IDENTIFIER.match(name):
-            raise ValueError(f"not a valid SQL identifier: {name!r} (letters, digits and _, at most 63)")
-    return sql.Identifier(schema, table) if schema else sql.Identifier(table)
 
 
 def create_table(table: sql.Identifier, dialect: Dialect) -> sql.Composed:

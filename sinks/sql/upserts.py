@@ -28,7 +28,7 @@ from sinks.base import SqlWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
 from sinks.sql import statements as stmts
-from sinks.sql.client import connect, is_transient
+from stores.sql import connect, is_transient
 from sinks.sql.config import SqlSinkConfig
 
 log = logging.getLogger(__name__)

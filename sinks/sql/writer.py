@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.base import SqlWriteStats
-from sinks.errors import SinkError
+from stores.errors import MaterializerError
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.upserts import SqlSink
 
@@ -40,7 +40,7 @@ class SqlWritePlan:
 
 class SqlWriter:
     stops = ()
-    errors = (SinkError,)
+    errors = (MaterializerError,)
 
     def __init__(self, plan: SqlWritePlan):
         self.plan = plan

@@ -4,7 +4,7 @@ No suite is written by hand: :func:`derive_checks` turns a source's definition (
 types, embedding dimensions, null limits, declared ranges and allowed values, extra
 expectations from its YAML) and the previous successful run's size into expectations.
 :func:`run_gate` validates the snapshot: the derived checks and the profile in one Spark
-job (jobs/quality_scan.py, great-expectations' semantics), a definition's expectations of
+job (jobs/pipeline/gate/scan.py, great-expectations' semantics), a definition's expectations of
 other kinds with great-expectations 1.x itself; great-expectations renders the HTML data
 docs from the results. :func:`profile` is the profile alone.
 """
@@ -29,10 +29,10 @@ from pyspark.sql import DataFrame
 
 from feature_defs import EntityDef, SourceDef
 from feature_defs.models import expectation_class_name
-from jobs.config import QualityConf
-from jobs.locations import Files, Location
-from jobs.quality_scan import scan, unexpected_examples
-from jobs.sql_text import ident
+from fm_config import QualityConf
+from fm_config.locations import Files, Location
+from jobs.pipeline.gate.scan import scan, unexpected_examples
+from jobs.pipeline.gate.sql_text import ident
 from jobs.transforms import CONFLICTS, finite_sql, key_columns, spark_type
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
         else:
             columns.append(c)
     dims = [f"CASE WHEN {ident(f.name)} IS NOT NULL THEN size({ident(f.name)}) END AS {ident(DIM_PREFIX + f.name)}" for f in source.features if f.type == "embedding"]
-    return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/sql_text.py)
+    return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
 
 
 def previous_success(reports_path: str, source: str, date: dt.date, files: Files | None = None) -> tuple[str, int] | None:
@@ -203,7 +203,7 @@ def previous_success(reports_path: str, source: str, date: dt.date, files: Files
 
 def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_name: str, run_name: str, docs_dir: str | None, files: Files | None = None) -> GateResult:
     """Validate ``df`` against ``checks`` and profile it: the checks the scan knows and the
-    profile in one Spark job (jobs/quality_scan.py), any other expectation with
+    profile in one Spark job (jobs/pipeline/gate/scan.py), any other expectation with
     great-expectations; the HTML data docs rendered from the results by great-expectations
     (no Spark work) into ``docs_dir``, in the background (see :attr:`GateResult.docs`)."""
     found, profile = scan(df, checks, source)

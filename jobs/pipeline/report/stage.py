@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from jobs.config import RunConf
-from jobs.locations import Files, Location
+from fm_config import RunConf
+from fm_config.locations import Files, Location
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.prepare import Prepared
-from jobs.summary import RunSummary
+from jobs.pipeline.report.summary import RunSummary
 
 
 class RecordedStep:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sinks.settings import Settings
+from fm_config.base import Settings
 
 Store = Literal["redis", "cockroach"]
 

@@ -1,8 +1,9 @@
 """What every section of the run configuration shares: strict, frozen, no secrets in it.
 
-Each store's section lives beside the store (``sinks/<store>/settings.py``); the run
-configuration (``jobs/config.py``) assembles them. A secret is never a value in these
-files: a section names the environment variable or the file that holds it.
+Each section has its module here (``redis.py``, ``sql.py``, ``reader.py``); the run
+configuration (``run.py``) assembles them and ``load.py`` reads them from ``conf/``. A
+secret is never a value in these files: a section names the environment variable or the
+file that holds it.
 """
 
 from __future__ import annotations

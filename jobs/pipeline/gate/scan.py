@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from feature_defs import SourceDef
-from jobs.sql_text import ident, literal
+from jobs.pipeline.gate.sql_text import ident, literal
 
 NUMERIC = ("float", "int")
 LISTS = ("embedding", "int_list", "string_list")
@@ -114,7 +114,7 @@ def scan(df: DataFrame, checks: list, source: SourceDef) -> tuple[dict[int, tupl
         bad = _unexpected(check)
         if bad is not None:
             aggs.append(f"sum(CAST({bad} AS BIGINT)) AS {ident(f'c|{i}|bad')}")
-    row = df.selectExpr(*aggs).first().asDict()  # SQL text: one call to the JVM (jobs/sql_text.py)
+    row = df.selectExpr(*aggs).first().asDict()  # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
     rows = row["rows"]
     types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}
     out = {i: _result(check, row, i, rows, types) for i, check in enumerate(checks) if scanned(check)}

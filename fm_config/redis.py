@@ -1,15 +1,18 @@
-"""The ``redis:`` section of the run configuration (conf/README.md documents every key)."""
+"""The ``redis:`` section of the run configuration (conf/README.md documents every key),
+and what a connection to that server is made from (:class:`RedisConnection`: frozen and
+picklable, the writers' configs extend it; ``stores/redis.py`` makes the clients)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
 from feature_defs.yamlio import KeyProblem
-from sinks.settings import Settings, read_secret
+from fm_config.base import SecretRef, Settings, read_secret
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
@@ -84,3 +87,50 @@ class RedisSettings(Settings):
     def password(self, resolve: Callable[[str], Path]) -> SecretStr | None:
         """The password from password_env or password_file (``resolve`` places a relative file)."""
         return read_secret("redis", self.password_env, resolve(self.password_file) if self.password_file else None)
+
+
+@dataclass(frozen=True)
+class RedisTls:
+    """Client side of rediss://. The server's certificate is always verified, hostname
+    included: there is no setting that turns verification off."""
+
+    ca_file: str | None = None
+    """PEM CA bundle trusted on top of the system trust store; None: the system store alone."""
+    cert_file: str | None = None
+    """Client certificate (PEM), for servers that ask for one."""
+    key_file: str | None = None
+    """Unencrypted PEM key of cert_file, when the key is not in that file."""
+
+    def files(self) -> dict[str, str]:
+        return {name: path for name, path in (("tls_ca_file", self.ca_file), ("tls_cert_file", self.cert_file), ("tls_key_file", self.key_file)) if path}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisConnection:
+    """How to reach one Redis deployment: what readers and writers connect with.
+
+    The password is not carried here: ``secret`` names where it is (env var or mounted
+    file), read wherever the connection is made (``auth_password()``)."""
+
+    url: str
+    """redis:// or rediss:// URL (no password in it: see password)."""
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    """A literal password (programs that build a config themselves); the conf's is ``secret``."""
+    secret: SecretRef | None = None
+    """Where the password is (env var or mounted file), read where the connection is made."""
+    tls: RedisTls | None = None
+    """rediss:// only: what the server's certificate is verified with (None: system trust store)."""
+    socket_timeout: float = 30.0
+
+    def auth_password(self) -> str | None:
+        """The password to connect with: the literal one, else the secret's, read here (an
+        executor reads its own environment or mounted file)."""
+        return self.password if self.password is not None else self.secret.value() if self.secret else None
+
+
+def tls_files(settings: RedisSettings, resolve: Callable[[str], Path]) -> RedisTls:
+    """The redis.tls_* files, relative ones placed by ``resolve`` (under the project root:
+    executors may run elsewhere)."""
+    ca, cert, key = (str(resolve(v)) if v else None for v in (settings.tls_ca_file, settings.tls_cert_file, settings.tls_key_file))
+    return RedisTls(ca_file=ca, cert_file=cert, key_file=key)

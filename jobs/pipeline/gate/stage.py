@@ -1,16 +1,16 @@
-"""Stage 4, gate: profile, expectations (jobs/quality.py) and the bad-row limit; a failure writes nothing."""
+"""Stage 4, gate: profile, expectations (jobs/pipeline/gate/checks.py) and the bad-row limit; a failure writes nothing."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 
-from jobs import quality
+from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.prepare import Prepared
-from jobs.pipeline.report import report_dir
+from jobs.pipeline.report.stage import report_dir
 from jobs.progress import progress
-from jobs.quality import QualityGateError
-from jobs.summary import RunSummary
+from jobs.pipeline.gate.checks import QualityGateError
+from jobs.pipeline.report.summary import RunSummary
 
 
 class BadInputError(QualityGateError, ValueError):

@@ -1,28 +1,23 @@
-"""Run configuration: ``conf/base/*.yaml`` overlaid by ``conf/<env>/*.yaml``.
+"""The run configuration: every section in one frozen model (load.py reads it from
+``conf/base/*.yaml`` overlaid by ``conf/<env>/*.yaml``).
 
-The env comes from ``--env``, else ``FM_ENV``, else ``local``. Secrets never live in
-these files: a config names the environment variable that holds one (``password_env``).
+Secrets never live in it: a section names the environment variable or the file that holds
+one (``password_env``, ``password_file``).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr
 
-from feature_defs.models import EntityDef, SourceDef
-from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml
-from feature_reader.settings import ReaderSettings, ServerSettings
-from jobs.locations import Files, Location, resolve
-from sinks.redis import config as redis_config
-from sinks.redis.settings import RedisSettings
-from sinks.settings import ConfigError, SecretRef, Settings
-from sinks.sql import config as sql_config
-from sinks.sql.settings import SqlSettings
-from sinks.sql.statements import Dialect
+from fm_config.base import SecretRef, Settings
+from fm_config.locations import Files, Location, resolve
+from fm_config.reader import ReaderSettings, ServerSettings
+from fm_config.redis import RedisConnection, RedisSettings, tls_files
+from fm_config.sql import SqlConnection, SqlSettings
 
 
 def _project_root() -> Path:
@@ -35,8 +30,6 @@ def _project_root() -> Path:
 
 
 PROJECT_ROOT = _project_root()
-ENV_VAR = "FM_ENV"
-CONF_DIR_VAR = "FM_CONF_DIR"
 DEFAULT_ENV = "local"
 
 
@@ -166,90 +159,24 @@ class RunConf(Settings):
     def sql_password(self) -> SecretStr | None:
         return self.sql.password(self.path)
 
-    def redis_sink(
-        self, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, *, url: str | None = None
-    ) -> redis_config.RedisSinkConfig:
-        """The Redis writer's config for a source and date; without them, a connection's
-        that writes nothing (verify, cleanup, the reader). ``url``: instead of redis.url.
-        It names where the password is; the password is read (here first, so a missing one
-        fails before Spark starts) wherever a connection is made."""
+    def redis_connection(self, url: str | None = None) -> RedisConnection:
+        """How to reach redis.url (``url``: another server). It names where the password is;
+        the password is read here first (a missing one fails before anything starts) and
+        again wherever a connection is made."""
         self.redis_password()
-        return redis_config.sink_config(self.redis, source, entity, date, secret=self._secret("redis", self.redis), resolve=self.path, url=url)
+        r = self.redis
+        tls = tls_files(r, self.path)
+        return RedisConnection(url=url or r.url, username=r.username, secret=self._secret("redis", r), tls=tls, socket_timeout=r.socket_timeout)
 
-    def sql_sink(
-        self, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, dialect: Dialect = "postgres"
-    ) -> sql_config.SqlSinkConfig:
-        """The SQL writer's config for a source and date (``dialect``: as the preflight found it); its password as redis_sink's."""
+    def sql_connection(self) -> SqlConnection:
+        """How to reach sql.dsn; its password as redis_connection's."""
         self.sql_password()
-        return sql_config.sink_config(self.sql, source, entity, date, dialect, secret=self._secret("sql", self.sql))
+        s = self.sql
+        return SqlConnection(
+            dsn=s.dsn, schema=s.db_schema, statement_timeout_ms=s.statement_timeout_ms, connect_timeout=s.connect_timeout, secret=self._secret("sql", s)
+        )
 
     def _secret(self, section: str, settings) -> SecretRef | None:
         if not (settings.password_env or settings.password_file):
             return None
         return SecretRef(section, settings.password_env, str(self.path(settings.password_file)) if settings.password_file else None)
-
-
-def _deep_merge(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _merge_layer(merged: dict, layer: dict) -> dict:
-    """Overlay one layer. A layer that names where a password is (env var or file) replaces
-    the other way a lower layer named: conf/prod's password_file wins over base's password_env."""
-    out = _deep_merge(merged, layer)
-    ways = {"password_env", "password_file"}
-    for section in ("redis", "sql"):
-        part = layer.get(section)
-        named = ways & set(part) if isinstance(part, dict) else set()
-        if len(named) == 1 and isinstance(out.get(section), dict):
-            out[section] = {**out[section], (ways - named).pop(): None}
-    return out
-
-
-def conf_dir() -> Path:
-    return Path(os.environ.get(CONF_DIR_VAR) or PROJECT_ROOT / "conf")
-
-
-def load_config(env: str | None = None, overrides: dict | None = None) -> RunConf:
-    """Read base + env config; ``overrides`` (from CLI flags) win over both."""
-    env = env or os.environ.get(ENV_VAR) or DEFAULT_ENV
-    root = conf_dir()
-    folders = [root / "base", root / env]
-    if not (root / env).is_dir():
-        known = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "base") if root.is_dir() else []
-        raise ConfigError(f"unknown env {env!r}: no folder {root / env} (envs: {', '.join(known) or 'none'})")
-    merged: dict = {}
-    read: list[Path] = []
-    problems: list[str] = []
-    for folder in folders:
-        for path in sorted(folder.glob("*.yaml")):
-            try:
-                data, node = load_yaml(path)
-            except YamlFileError as exc:
-                problems.append(str(exc))
-                continue
-            if not isinstance(data, dict):
-                problems.append(f"{path}:{line_of(node, [])}: expected a mapping at the top level")
-                continue
-            try:
-                RunConf.model_validate({k: v for k, v in data.items()})  # per-file check for line numbers
-            except ValidationError as exc:
-                problems.extend(m for m in describe_validation_error(exc, path, node) if "required" not in m)
-            merged = _merge_layer(merged, data)
-            read.append(path)
-    if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
-    merged = _merge_layer(merged, {"env": env, **(overrides or {})})
-    try:
-        return RunConf.model_validate(merged)
-    except ValidationError as exc:
-        where = ", ".join(str(p) for p in read) or f"{root}/base and {root}/{env} (no files)"
-        # Never echo input values: a flag or file may hold a secret where it does not belong.
-        problems = [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors(include_url=False, include_input=False)]
-        raise ConfigError(f"invalid configuration (read {where}):\n  " + "\n  ".join(problems)) from None

@@ -10,7 +10,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from jobs.locations import Files
+from fm_config.locations import Files
 
 
 class SummaryError(ValueError):

@@ -1,0 +1,139 @@
+"""The product's imports run one way: every import of every module (module level or inside a
+function, read from the source) forms a graph with no cycle, and no package imports one
+above it. The read side and the configuration load without Spark or Arrow."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LAYERS = ["serializers", "feature_defs", "fm_config", "stores", "sinks", "feature_reader", "jobs"]
+"""Bottom first: a package may import those before it, never one after it. The writers and
+the readers stand side by side: neither imports the other."""
+SIDE_BY_SIDE = {("sinks", "feature_reader"), ("feature_reader", "sinks")}
+
+HEAVY = ("pyspark", "delta", "great_expectations", "airflow", "pandas", "pyarrow", "py4j", "scipy")
+"""What a model service or the feature server must not need (the [spark] extra)."""
+
+
+def product_modules() -> dict[str, Path]:
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert sorted({p.split(".")[0] for p in packages}) == sorted(LAYERS), "a new top-level package needs its place in LAYERS"
+    mods = {}
+    for package in packages:
+        folder = ROOT / package.replace(".", "/")
+        for path in folder.glob("*.py"):
+            mods[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return mods
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the product modules it imports. ``from pkg import name`` is an edge to
+    ``pkg.name`` when that is a module, else to ``pkg`` (its __init__)."""
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [t for t in subs if t in mods] + ([node.module] if any(t not in mods for t in subs) else [])
+            else:
+                continue
+            edges[module] |= {t for t in map(owner, targets) if t and t != module}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each in import order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_product_has_no_import_cycle():
+    edges = import_graph(product_modules())
+    assert sum(map(len, edges.values())) > 100  # the walk saw the product's imports
+    assert cycles(edges) == []
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        for target in targets
+        if (a := module.split(".")[0]) != (b := target.split(".")[0]) and (rank[b] > rank[a] or (a, b) in SIDE_BY_SIDE)
+    )
+
+
+def test_no_package_imports_one_above_it():
+    assert upward(import_graph(product_modules())) == []
+
+
+def test_the_checks_find_a_cycle_and_an_upward_edge():
+    # the checks above on graphs that have both: they are not vacuous
+    assert cycles({"jobs.x": {"jobs.y"}, "jobs.y": {"jobs.z"}, "jobs.z": {"jobs.x"}, "sinks": set()}) == [["jobs.x", "jobs.y", "jobs.z"]]
+    assert upward({"fm_config.run": {"sinks.redis.config"}, "feature_reader.reader": {"sinks", "stores"}, "jobs": {"fm_config"}}) == [
+        "feature_reader.reader imports sinks", "fm_config.run imports sinks.redis.config"
+    ]
+    edges = import_graph(product_modules())  # the walk sees module-level and in-function imports
+    assert {"fm_config", "stores.redis"} <= edges["feature_reader.reader"] and "stores.redis" in edges["sinks.redis.node"]
+    assert "jobs.pipeline.run" in edges["jobs.cli"]  # imported inside a function there
+
+
+def test_configuration_and_read_side_import_nothing_heavy():
+    # in a fresh interpreter, as a model service or the feature server starts
+    code = (
+        "import sys, feature_reader, feature_reader.server, fm_config, stores.redis, stores.sql\n"
+        "from feature_reader import FeatureReader\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+    # and nowhere in their source, not even inside a function
+    mods = product_modules()
+    for module, path in mods.items():
+        if module.split(".")[0] in ("fm_config", "stores", "feature_reader"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                # the one exception: the driver's report files (Files) go through pyarrow's filesystems, imported when used
+                heavy = [n for n in names if n.split(".")[0] in HEAVY and not (module == "fm_config.locations" and n == "pyarrow")]
+                assert not heavy, f"{module} imports {heavy}"
