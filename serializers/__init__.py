@@ -1,6 +1,5 @@
 """Online feature format v1: field ids, value encoding and decoding (FORMAT.md)."""
 
-from serializers.columnar import encode_column
 from serializers.scalar import (
     FEATURE_TYPES,
     BadValue,
@@ -28,3 +27,13 @@ __all__ = [
     "field_id_int",
     "freshness_field_name",
 ]
+
+
+def __getattr__(name: str):
+    # encode_column is the writer's (Arrow columns): imported on first use, so that reading
+    # (feature_reader, feature_defs) does not need pyarrow, which only the [spark] extra installs.
+    if name == "encode_column":
+        from serializers.columnar import encode_column
+
+        return encode_column
+    raise AttributeError(f"module 'serializers' has no attribute {name!r}")

@@ -13,10 +13,12 @@ tiny or huge magnitudes, negative zero, non-finite) through the scalar path.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 # Python's repr switches to exponent form outside [1e-4, 1e16).
 _POSITIONAL_LOW = 1e-4
@@ -79,6 +81,10 @@ def format_float_array(arr: pa.Array, float32: bool = False) -> tuple[pa.Array, 
     Arrow's text, tiny or huge magnitudes, negative zero and NaN/inf are fixed up, and
     the common case costs one cast and a few numpy passes.
     """
+    # Arrow here, not at the top: the scalar path (the reader's) must import without pyarrow.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     target = pa.float32() if float32 else pa.float64()
     if arr.type != target:
         # A float64 column declared float32 is rounded to float32 first, as the scalar does.
