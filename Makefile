@@ -35,8 +35,8 @@ test:                       ## set up (with the S3 test server) and run the whol
 	bash scripts/setup.sh --test
 	$(BIN)/python -m pytest
 
-test-fast: setup            ## the tests without Spark (about a minute): formats, sinks, clusters, CLI, config, docs
-	$(BIN)/python -m pytest -m "not spark"
+test-fast: setup            ## the tests without Spark or a venv of their own (about a minute): formats, sinks, clusters, CLI, config, docs
+	$(BIN)/python -m pytest -m "not spark and not install"
 
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)

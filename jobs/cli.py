@@ -585,6 +585,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ModuleNotFoundError as exc:
+        # the base install reads features; Spark commands need [spark], `serve` needs [server]
+        from jobs.extras import TITLES, install_hint, missing_extra
+
+        missing = missing_extra(exc)
+        if missing is None:
+            raise  # not an extra's module: a broken install or a bug, its traceback is wanted
+        module, extra = missing
+        print(f"materialize {args.command} needs the {TITLES[extra]} extra ({module} is not installed): {install_hint(extra)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

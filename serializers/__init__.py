@@ -29,3 +29,4 @@ __all__ = [
     "field_id_int",
     "freshness_field_name",
 ]
+

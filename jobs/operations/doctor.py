@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from feature_defs import Definitions, SourceDef
 from fm_config import RunConf
 from fm_config.locations import Location
+from jobs.extras import TITLES, install_hint, missing_extra
 from sinks.redis.config import redis_sink_config
 from sinks.sql.config import sql_sink_config
 
@@ -56,6 +57,9 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
         try:
             yield from step()
         except Exception as exc:  # noqa: BLE001 (a check that could not finish is a finding, not a crash)
+            if missing := missing_extra(exc):  # e.g. doctor run where only the reader is installed
+                yield Check("fail", name, f"could not check: {missing[0]} is not installed", f"{install_hint(missing[1])} (the {TITLES[missing[1]]} extra)")
+                continue
             yield Check("fail", name, f"could not check: {type(exc).__name__}: {str(exc).strip() or 'no message'}")
 
 
