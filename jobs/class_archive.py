@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.jars import archive_path, delta_jars
+from jobs.jars import QUIET, archive_path, delta_jars
 
 def inputs_digest() -> str:
     """The JDK build and the classpath (with its folder) the archive was made for: a change means a new one."""

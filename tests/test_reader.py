@@ -159,6 +159,50 @@ def test_async_reader_returns_the_sync_readers_body(written):
     assert n["event_timestamps"][0] == f"{DAY + dt.timedelta(days=1)}T00:00:00Z"
 
 
+def _reader_sessions(pg_server) -> int:
+    with pg_server.connect() as admin:
+        return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'feature-materializer-reader'").fetchone()[0]
+
+
+def _pooled_settings(conn) -> tuple[str, str]:
+    return conn.info.get_parameters().get("keepalives"), conn.execute("SHOW statement_timeout").fetchone()[0]
+
+
+def test_sql_reads_share_a_pool_of_connections_made_as_every_store_connection(written, pg_server):
+    # sync and asyncio alike: at most reader.sql_connections sessions however many callers,
+    # each with the statement timeout (the read's deadline) and TCP keepalives, closed with the reader
+    conf, defs = written
+    conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"sql_connections": 2, "single_flight": False})})
+    with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:
+        results: list = []
+        threads = [threading.Thread(target=lambda: results.append(reader.get_online_features(["every_type"], CONSUMERS, store="sql"))) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 16 and reader.stats["store_reads"] == 16
+        for result in results:
+            assert_expected(result, "sql")
+        assert 1 <= _reader_sessions(pg_server) <= 2
+        with reader._stores["cockroach"]._pool.connection() as conn:
+            assert _pooled_settings(conn) == ("1", "5s")
+    assert _reader_sessions(pg_server) == 0
+
+    async def concurrent() -> tuple:
+        async with AsyncFeatureReader(conf, defs, cache=False) as reader:
+            results = await asyncio.gather(*(reader.get_online_features(["every_type"], CONSUMERS, store="sql") for _ in range(16)))
+            sessions = _reader_sessions(pg_server)
+            async with reader._stores["cockroach"]._pool.connection() as conn:
+                params = conn.info.get_parameters().get("keepalives"), (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
+            return results, sessions, params
+
+    results, sessions, params = asyncio.run(concurrent())
+    for result in results:
+        assert_expected(result, "sql")
+    assert 1 <= sessions <= 2 and params == ("1", "5s")
+    assert _reader_sessions(pg_server) == 0
+
+
 def test_a_redis_miss_is_read_from_sql_for_the_missed_entities_only(written, redis_server):
     conf, defs = written
     redis_server.client(3).delete(b"c:1")
