@@ -28,12 +28,13 @@ BUNDLE="${FM_BUNDLE_OUT:-$DIST/feature_materializer-$VERSION-job.jar}"
 # --- 1. the project's packages, for --py-files ------------------------------------------
 # Deterministic: sorted entries, fixed timestamps and modes, so equal inputs give equal bytes.
 "$PY" - "$ZIP" <<'EOF'
-import hashlib, os, sys, time, zipfile
+import hashlib, os, sys, time, tomllib, zipfile
 from pathlib import Path
 
 zip_path = Path(sys.argv[1])
-LAYOUT = "1"  # bump when the selection or layout below changes: rebuilds the zip
-PACKAGES = ("jobs", "feature_defs", "serializers", "sinks")  # not tests, not bench
+LAYOUT = "2"  # bump when the selection or layout below changes: rebuilds the zip
+# the wheel's top-level packages (pyproject.toml): not tests, bench or throwaway
+PACKAGES = tuple(sorted({p.split(".")[0] for p in tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["packages"]}))
 SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
 files = sorted(
     p for pkg in PACKAGES for p in Path(pkg).rglob("*")
@@ -151,12 +152,12 @@ import great_expectations, pandas, delta.tables, orjson, tqdm" requirements-exec
 # never in it) unpacked by the driver, and the --py-files zip it sends the executors.
 # FM_BUNDLE_OUT writes it elsewhere (the suite bundles its own conf).
 "$PY" - "$BUNDLE" "$RUNTIME" "$ZIP" "${FM_CONF_DIR:-$ROOT/conf}" <<'EOF'
-import hashlib, os, sys, time, zipfile
+import hashlib, os, sys, time, tomllib, zipfile
 from pathlib import Path
 
 bundle, runtime, project_zip, conf = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-LAYOUT = "1"  # bump when the selection or layout below changes
-PACKAGES = ("jobs", "feature_defs", "serializers", "sinks", "feature_reader")
+LAYOUT = "2"  # bump when the selection or layout below changes
+PACKAGES = tuple(sorted({p.split(".")[0] for p in tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["packages"]}))
 SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
 if not (conf / "base").is_dir():
     sys.exit(f"{conf}: not a conf folder (no base/ in it)")

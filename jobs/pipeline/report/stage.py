@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from typing import TYPE_CHECKING
 
 from fm_config import RunConf
 from fm_config.locations import Files, Location
-from jobs.pipeline.context import RunContext
-from jobs.pipeline.prepare import Prepared
 from jobs.pipeline.report.summary import RunSummary
+
+if TYPE_CHECKING:  # `materialize report` reads a summary without Spark
+    from jobs.pipeline.context import RunContext
+    from jobs.pipeline.prepare import Prepared
 
 
 class RecordedStep:
