@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup demo test bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve check-feast-client
+.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve check-feast-client
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
@@ -31,11 +31,17 @@ submit: services-start      ## the same job under spark-submit
 package: setup              ## build dist/: the project zip (--py-files), the PEX of driver and executors (spark.pyspark.python) and the job bundle
 	bash scripts/package.sh
 
-test:                       ## set up (with the S3 test server) and run the whole suite (real Redis, PostgreSQL, S3 API servers, local Spark)
+lint:                       ## ruff: lint and format check (pyproject.toml [tool.ruff]); `$(BIN)/ruff format .` and `--fix` mend most
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test:                       ## set up (with the S3 test server), lint, and run the whole suite (real Redis, PostgreSQL, S3 API servers, local Spark)
 	bash scripts/setup.sh --test
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest
 
-test-fast: setup            ## the tests without Spark or a venv of their own (about a minute): formats, sinks, clusters, CLI, config, docs
+test-fast: setup            ## lint, then the tests without Spark or a venv of their own (about two minutes): formats, sinks, clusters, CLI, config, docs
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -m "not spark and not install"
 
 BENCH_ENTITIES ?= 100000,1000000
