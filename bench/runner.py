@@ -26,8 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from bench.servers import start_redis
 from jobs.config import PROJECT_ROOT
+from throwaway.servers import start_redis
 
 FEAST_VALUES_PER_S = 74_000
 """`feast materialize` into Redis on this kind of machine (measured once, see bench/README.md)."""

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.servers import start_redis, start_s3
 from jobs.config import PROJECT_ROOT
+from throwaway.servers import start_redis, start_s3
 
 DAYS = ("2026-11-19", "2026-11-20")
 

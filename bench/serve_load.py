@@ -183,9 +183,9 @@ def _serve_child(spec: str) -> None:
 def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print) -> dict:
     from bench import feast_peer
     from bench.reads import _load
-    from bench.servers import free_port, start_redis
     from bench.standard import SOURCE, write_definitions
     from bench.vegeta import MODULE, vegeta_bin, write_targets
+    from throwaway.servers import free_port, start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)
     vegeta_bin()

@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url, extra)))
         return 0
 
-    from bench.servers import start_redis
+    from throwaway.servers import start_redis
 
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)

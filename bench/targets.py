@@ -48,8 +48,8 @@ def _row(name: str, measured: float, unit: str, goal: str, ok: bool, ratio: str 
 
 def measure(sizes: list[int], sources: int, feast: bool, workdir: Path) -> dict:
     from bench.feast_peer import materialize
-    from bench.servers import start_redis
     from bench.standard import VALUES_PER_ENTITY
+    from throwaway.servers import start_redis
 
     # a server of its own (the profiles start theirs) for the ceiling and Feast
     server = start_redis(workdir / "targets-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "targets-redis" / "redis.log"))

@@ -29,10 +29,10 @@ import pyarrow.compute as pc
 import redis
 
 from bench.baselines import raw_load
-from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.resp import EntityCommands, entity_commands
 from serializers.scalar import field_id
+from throwaway.servers import start_redis
 
 FLOATS, INTS, DIMENSION = 44, 4, 32
 TTL = 2_592_000

@@ -33,7 +33,7 @@ from pathlib import Path
 
 zip_path = Path(sys.argv[1])
 LAYOUT = "1"  # bump when the selection or layout below changes: rebuilds the zip
-PACKAGES = ("jobs", "feature_defs", "serializers", "sinks")  # not tests, not bench
+PACKAGES = ("jobs", "feature_defs", "serializers", "sinks")  # not tests, not bench, not throwaway
 SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
 files = sorted(
     p for pkg in PACKAGES for p in Path(pkg).rglob("*")

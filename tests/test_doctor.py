@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench.servers import free_port
 from jobs.config import SparkConf
 from jobs.operations.doctor import run_checks
 from serializers.resp import WRITE_SCRIPT_SHA
 from sinks.redis.settings import RedisSettings
 from sinks.sql.settings import SqlSettings
+from throwaway.servers import free_port
 
 from .conftest import env_conf, tiny_consumer_source
 from .test_cli import BIN, run

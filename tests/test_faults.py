@@ -14,7 +14,6 @@ import psutil
 import pytest
 import redis
 
-from bench.servers import _as_postgres, start_redis
 from sinks.sql.settings import SqlSettings
 from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger import Ledger
@@ -23,6 +22,7 @@ from serializers import encode, field_id
 from serializers.keys import as_of_epoch
 from sinks.errors import TransientSinkError
 from sinks.sql.preflight import ensure_schema
+from throwaway.servers import _as_postgres, start_redis
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .test_redis_job import CONSUMER, DEFS, expected_consumers

@@ -14,13 +14,13 @@ from dataclasses import replace
 
 import pytest
 
-from bench.servers import start_redis
-from bench.local_cluster import LocalCluster, start_cluster
 from serializers.batch import encode_batch
 from sinks.redis.cluster import FailedOverUnreplicated, RedisClusterSink
 from sinks.errors import TransientSinkError
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisSink
 from sinks.redis.router import ClusterTopology
+from throwaway.cluster import LocalCluster, start_cluster
+from throwaway.servers import start_redis
 
 
 

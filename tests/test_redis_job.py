@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.pipeline.gate import BadInputError
 from jobs.pipeline.run import run_source
@@ -18,6 +17,7 @@ from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
 from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
+from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
 

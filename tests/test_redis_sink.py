@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
 from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
 from sinks.redis.config import RedisSinkConfig
+from throwaway.servers import start_redis
 
 
 

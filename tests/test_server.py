@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.servers import again_if_port_taken, free_port, start_failed, start_redis
 from sinks.redis.settings import RedisSettings
+from throwaway.servers import again_if_port_taken, free_port, start_failed, start_redis
 
 from .conftest import env_conf, first_then_real
 from .test_reader import BIG, write_sample

@@ -35,8 +35,8 @@ import pyspark
 import pytest
 from redis.cluster import RedisCluster
 
-from bench.local_cluster import start_cluster
 from serializers import encode, field_id
+from throwaway.cluster import start_cluster
 
 from .conftest import DAY2_STR, env_conf, short_lived_jvm_options
 from .test_redis_job import CONSUMER, is_null

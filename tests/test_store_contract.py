@@ -14,7 +14,6 @@ from dataclasses import dataclass, fields, replace
 import pyarrow as pa
 import pytest
 
-from bench.local_cluster import start_cluster
 from serializers.json_map import encode_json_maps
 from serializers.scalar import encode
 from sinks.base import Outcome
@@ -24,6 +23,7 @@ from sinks.redis.writer import RedisWritePlan
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.preflight import ensure_schema
 from sinks.sql.writer import SqlWritePlan
+from throwaway.cluster import start_cluster
 
 from .test_redis_sink import FRESH, SPECS, sink_config, things
 

@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bench.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
 from jobs.config import PROJECT_ROOT, RunConf
 from sinks.redis.settings import RedisSettings
@@ -48,6 +47,7 @@ from sinks.sql.upserts import SqlSink
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.client import connect
 from sinks.sql.preflight import ensure_schema
+from throwaway.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 
 from .conftest import TINY_SOURCE, first_then_real
 from .test_redis_job import DAY2
