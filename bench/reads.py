@@ -1,6 +1,6 @@
 """The read side against its ceiling and its peer, in one run: `python -m bench.reads`.
 
-    python -m bench.reads [--entities 100000] [--no-feast] [--output bench/reads_results.json]
+    python -m bench.reads [--entities 100000] [--no-feast] [--output bench/results/reads_results.json]
 
 The standard table (bench/standard.py) is written by the real job into a throwaway
 redis-server, and by `feast materialize` (Feast 0.67, its own venv: bench/feast_peer.py)

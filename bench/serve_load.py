@@ -1,6 +1,6 @@
 """The feature server under open-loop load, beside `feast serve` (make bench-serve).
 
-    python -m bench.serve_load [--entities 100000] [--seconds 30] [--output bench/serve_results.json]
+    python -m bench.serve_load [--entities 100000] [--seconds 30] [--output bench/results/serve_results.json]
 
 The job writes the standard table (bench/standard.py) into a throwaway Redis;
 `feast materialize` (Feast 0.67, its own venv) writes the same table into the next

@@ -10,7 +10,7 @@ the same process, so the ratio is the server's cost of the guard alone:
 - new keys, and the nightly case of overwriting every key with a newer snapshot;
 - an older snapshot sent over the newer one (every entity skipped by the script).
 
-    .venv/bin/python -m bench.write_guard --entities 200000 --output bench/write_guard_results.json
+    .venv/bin/python -m bench.write_guard --entities 200000 --output bench/results/write_guard_results.json
 """
 
 from __future__ import annotations
