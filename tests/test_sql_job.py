@@ -26,7 +26,8 @@ from sinks.sql.upserts import SqlSink
 from sinks.sql.client import connect
 from sinks.sql.preflight import ensure_schema
 
-from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, is_null, source_rows
+from .expected import is_null
+from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, source_rows
 
 AS_OF_DAY2 = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
 
