@@ -1,6 +1,6 @@
 """What the Airflow DAG files share; light on purpose (parsed by the scheduler often).
 
-Only the standard library and PyYAML: no Spark, no network, no database. The only
+Only the standard library, PyYAML and jobs/exit_codes.py: no Spark, no network, no database. The only
 parse-time work is reading the small YAML files of ``feature_defs`` to learn the sources
 and their schedule groups. Everything else happens when a task runs, through the
 ``materialize`` CLI of the project's virtualenv.
@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 
 import yaml
+
+from jobs.exit_codes import EXIT_GATE_FAILED, EXIT_NOT_READY, EXIT_OK  # the DAG files read them from here
 
 PROJECT_DIR = Path(os.environ.get("FM_PROJECT_DIR") or Path(__file__).resolve().parent.parent)
 BIN_DIR = Path(os.environ.get("FM_BIN_DIR") or PROJECT_DIR / ".venv" / "bin")
@@ -41,8 +43,6 @@ SCHEDULES = {"nightly": "0 2 * * *"}
 # Airflow 3 cron schedules trigger at the cron time and make that the logical date: the
 # 02:00 run on D+1 has ds = D+1 and materializes D, the day that just ended.
 SNAPSHOT_DATE = "{{ macros.ds_add(ds, -1) }}"
-EXIT_GATE_FAILED = 4
-"""`materialize validate/run` exit code when only the data-quality gate failed."""
 
 DEFAULT_ARGS = {
     "owner": OWNER,
