@@ -25,7 +25,7 @@ demo: services-start        ## set up, write sample data once, run the nightly j
 	$(BIN)/materialize run --env $(ENV) --date $(DATE)
 
 submit: services-start      ## the same job under spark-submit
-	$(BIN)/spark-submit --master 'local[2]' --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \
+	$(BIN)/spark-submit --master 'local[2]' --jars "$$($(BIN)/python -m jobs.delta_jars --jars jars)" \
 	  jobs/materialize.py --env $(ENV) --date $(DATE)
 
 package: setup              ## build dist/: the project zip (--py-files), the PEX of driver and executors (spark.pyspark.python) and the job bundle

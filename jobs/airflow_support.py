@@ -1,6 +1,7 @@
 """What the Airflow DAG files share; light on purpose (parsed by the scheduler often).
 
-Only the standard library, PyYAML and jobs/exit_codes.py: no Spark, no network, no database. The only
+Only the standard library, PyYAML and the stdlib-only jobs/exit_codes.py and jobs/delta_jars.py:
+no Spark, no network, no database. The only
 parse-time work is reading the small YAML files of ``feature_defs`` to learn the sources
 and their schedule groups. Everything else happens when a task runs, through the
 ``materialize`` CLI of the project's virtualenv.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from jobs import delta_jars
 from jobs.exit_codes import EXIT_GATE_FAILED, EXIT_NOT_READY, EXIT_OK  # the DAG files read them from here
 
 PROJECT_DIR = Path(os.environ.get("FM_PROJECT_DIR") or Path(__file__).resolve().parent.parent)
@@ -26,7 +28,7 @@ REDIS_POOL = os.environ.get("FM_REDIS_POOL", "fm_redis_writes")
 """Airflow pool (1 slot) of every task that writes to the Redis cluster: one heavy upload at a time."""
 OWNER = "ml-platform"
 TAGS = ["feature-materializer"]
-DELTA_JARS = [PROJECT_DIR / "jars" / "delta-spark_4.2_2.13-4.4.0.jar", PROJECT_DIR / "jars" / "delta-storage-4.4.0.jar"]
+DELTA_JARS = [PROJECT_DIR / "jars" / name for name in delta_jars.DELTA_JARS]
 SPARK_CONF = {
     # as jobs/spark.py's HUGE_METHODS gives local runs: Spark's generated code for a
     # 50-feature snapshot passes HotSpot's size limit for JIT compilation (the checks and

@@ -10,8 +10,8 @@ from pathlib import Path
 from jobs import class_archive
 from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
 from jobs.config import PROJECT_ROOT, SparkConf
+from jobs.delta_jars import DELTA_JARS
 
-DELTA_JARS = ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
 HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 """A snapshot of 50 features makes Spark generate methods past HotSpot's 8,000-byte limit for
 JIT compilation; left interpreted, the gate's scan and the checks ran 2-6x slower

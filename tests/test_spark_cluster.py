@@ -35,6 +35,7 @@ import pyspark
 import pytest
 from redis.cluster import RedisCluster
 
+from jobs import delta_jars
 from serializers import field_id
 from throwaway.cluster import start_cluster
 
@@ -46,7 +47,7 @@ from .test_sql_job import check_consumer_rows
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
-DELTA_JARS = [ROOT / "jars" / j for j in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")]
+DELTA_JARS = [ROOT / "jars" / name for name in delta_jars.DELTA_JARS]
 AS_OF = int(dt.datetime(2026, 11, 21, tzinfo=dt.UTC).timestamp())  # end of DAY2, UTC
 
 
