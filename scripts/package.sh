@@ -32,8 +32,8 @@ import hashlib, os, sys, time, zipfile
 from pathlib import Path
 
 zip_path = Path(sys.argv[1])
-LAYOUT = "1"  # bump when the selection or layout below changes: rebuilds the zip
-PACKAGES = ("jobs", "feature_defs", "serializers", "sinks")  # not tests, not bench, not throwaway
+LAYOUT = "2"  # bump when the selection or layout below changes: rebuilds the zip
+PACKAGES = ("jobs", "feature_defs", "serializers", "sinks", "feature_reader")  # not tests, not bench, not throwaway
 SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
 files = sorted(
     p for pkg in PACKAGES for p in Path(pkg).rglob("*")
