@@ -25,7 +25,7 @@ demo: services-start        ## set up, write sample data once, run the nightly j
 	$(BIN)/materialize run --env $(ENV) --date $(DATE)
 
 submit: services-start      ## the same job under spark-submit
-	$(BIN)/spark-submit --master 'local[2]' --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \
+	$(BIN)/spark-submit --master 'local[2]' --jars "$$($(BIN)/python -m jobs.jars --jars jars)" \
 	  jobs/materialize.py --env $(ENV) --date $(DATE)
 
 package: setup              ## build dist/: the project zip (--py-files), the PEX of driver and executors (spark.pyspark.python) and the job bundle
@@ -46,16 +46,16 @@ test-fast: setup            ## lint, then the tests without Spark or a venv of t
 
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)
-	$(BIN)/python -m bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results.json
+	$(BIN)/python -m bench --env $(ENV) --entities $(BENCH_ENTITIES) --output bench/results/results.json
 
 bench-targets: services-start  ## the fast-end-to-end targets in one run, beside the Redis ceiling and feast materialize (about 25 minutes)
-	$(BIN)/python -m bench.targets --output bench/targets.json
+	$(BIN)/python -m bench.targets --output bench/results/targets.json
 
 bench-reads: services-start  ## the reader against the raw HMGET ceiling and Feast's get_online_features, and the stampede (about 4 minutes)
-	$(BIN)/python -m bench.reads --output bench/reads_results.json
+	$(BIN)/python -m bench.reads --output bench/results/reads_results.json
 
 bench-cluster: setup        ## Redis write throughput and CPU per entity at 1, 2, 3 primaries and 1, 2 writers (sinks/README.md "Sizing")
-	$(BIN)/python -m bench.cluster_scaling --output bench/cluster_results.json
+	$(BIN)/python -m bench.cluster_scaling --output bench/results/cluster_results.json
 
 airflow-nightly: services-start  ## run the nightly DAG once for DATE with `airflow dags test` (Airflow in .run/airflow)
 	test -d data/consumer_daily/_delta_log -a -d data/store_features_long/_delta_log || $(BIN)/materialize sample-data --env $(ENV)
@@ -69,7 +69,7 @@ clean:
 
 bench-serve: services-start  ## the feature server under open-loop load (vegeta) beside feast serve: JSON, chart and targets (about 35 minutes)
 	$(BIN)/pip install -q -r bench/requirements.txt
-	$(BIN)/python -m bench.serve_load --output bench/serve_results.json
+	$(BIN)/python -m bench.serve_load --output bench/results/serve_results.json
 
 check-feast-client: services-start  ## Feast's own HTTP client (remote online store, its own venv) reads the same values from our server as from feast serve
 	$(BIN)/python -m bench.feast_client

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         "encoding alone, bytes per value (with default settings too), raw psycopg upserts from two processes, peak "
         "RSS per size, and a profile of the write path. Prints a table with the targets; --output writes JSON.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Examples:\n  python -m bench\n  python -m bench --entities 100000,1000000,5000000 --output bench/results.json",
+        epilog="Examples:\n  python -m bench\n  python -m bench --entities 100000,1000000,5000000 --output bench/results/results.json",
     )
     bench.add_argument("--env", help="config env (default: $FM_ENV or local); its sql.dsn is the SQL store measured")
     bench.add_argument("--entities", default="100000", help="comma-separated sizes, each run in a fresh process (default: 100000)")

@@ -120,8 +120,8 @@ def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int
 
 
 def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: Path | None, many: int = 8) -> dict:
-    from bench.local_cluster import start_cluster
-    from bench.servers import start_redis
+    from throwaway.cluster import start_cluster
+    from throwaway.servers import start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)
     data = workdir / f"standard-{entities}.arrow"

@@ -46,9 +46,9 @@ def check(entities: int, workdir: Path, log=print) -> dict:
     from bench import feast_peer
     from bench.reads import _load
     from bench.serve_load import FEAST_FLAGS, _stop, _wait_http
-    from bench.servers import free_port, start_redis
     from bench.standard import SOURCE, write_definitions
     from feature_defs import load_definitions
+    from throwaway.servers import free_port, start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)
     redis = start_redis(workdir / "client-redis", "--logfile", str(workdir / "client-redis.log"))

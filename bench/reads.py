@@ -1,6 +1,6 @@
 """The read side against its ceiling and its peer, in one run: `python -m bench.reads`.
 
-    python -m bench.reads [--entities 100000] [--no-feast] [--output bench/reads_results.json]
+    python -m bench.reads [--entities 100000] [--no-feast] [--output bench/results/reads_results.json]
 
 The standard table (bench/standard.py) is written by the real job into a throwaway
 redis-server, and by `feast materialize` (Feast 0.67, its own venv: bench/feast_peer.py)
@@ -213,7 +213,6 @@ async def _stampede(conf, defs, source: str, entities: int, clients: int, second
 
 
 def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
-    from bench.servers import start_redis
     from bench.standard import SOURCE, write_definitions
     from feature_defs import load_definitions
     from feature_reader import FeatureReader
@@ -221,6 +220,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
     from feature_reader.rows import Unit
     from serializers import field_id
     from serializers.keys import freshness_field, key_prefix, redis_key
+    from throwaway.servers import start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)
     server = start_redis(workdir / "reads-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "reads-redis.log"))

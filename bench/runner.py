@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from bench.servers import start_redis
+from throwaway.servers import start_redis
 from fm_config import PROJECT_ROOT
 from sinks.redis.config import redis_sink_config
 from sinks.sql.config import sql_sink_config

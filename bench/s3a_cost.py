@@ -2,7 +2,7 @@
 loopback, through Spark's S3A connector), in one script, per command and in total; and a
 Spark session's start with and without the S3A jars on its classpath.
 
-    python -m bench.s3a_cost [--output bench/s3a_results.json]
+    python -m bench.s3a_cost [--output bench/results/s3a_results.json]
 
 Needs the S3 test server (`bash scripts/setup.sh --test`) and a Redis (started here).
 Loopback S3 measures the connector's and Delta's own work per request, not a network:
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.servers import start_redis, start_s3
+from throwaway.servers import start_redis, start_s3
 from fm_config import PROJECT_ROOT
 
 DAYS = ("2026-11-19", "2026-11-20")

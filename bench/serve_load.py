@@ -1,6 +1,6 @@
 """The feature server under open-loop load, beside `feast serve` (make bench-serve).
 
-    python -m bench.serve_load [--entities 100000] [--seconds 30] [--output bench/serve_results.json]
+    python -m bench.serve_load [--entities 100000] [--seconds 30] [--output bench/results/serve_results.json]
 
 The job writes the standard table (bench/standard.py) into a throwaway Redis;
 `feast materialize` (Feast 0.67, its own venv) writes the same table into the next
@@ -183,9 +183,9 @@ def _serve_child(spec: str) -> None:
 def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print) -> dict:
     from bench import feast_peer
     from bench.reads import _load
-    from bench.servers import free_port, start_redis
     from bench.standard import SOURCE, write_definitions
     from bench.vegeta import MODULE, vegeta_bin, write_targets
+    from throwaway.servers import free_port, start_redis
 
     workdir.mkdir(parents=True, exist_ok=True)
     vegeta_bin()

@@ -15,7 +15,7 @@ Python writers (their own seconds are shown apart); elsewhere the work is the JV
     python -m bench.stage_profile --entities 100000,1000000 --layout wide,long [--sinks redis|both]
 
 Each (size, layout, sinks) runs in a fresh process (its own JVM); results go to
-bench/stage_profile.json (``--output``).
+bench/results/stage_profile.json (``--output``).
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", default="wide", help="wide, long or wide,long (default wide)")
     p.add_argument("--sinks", choices=["redis", "both"], default="redis")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
-    p.add_argument("--output", type=Path, default=Path(__file__).parent / "stage_profile.json")
+    p.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "stage_profile.json")
     p.add_argument("--sources", type=int, help="instead: N sources of --entities each in one session, against one alone")
     p.add_argument("--parallel", type=int, help="with --sources: sources at once (default: the env's parallel_sources)")
     p.add_argument("--spark", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting for the run (experiments)")
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url, extra)))
         return 0
 
-    from bench.servers import start_redis
+    from throwaway.servers import start_redis
 
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)

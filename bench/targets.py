@@ -7,7 +7,7 @@ only, then both stores at the largest size), the Redis server's ceiling on the s
 data (pre-built commands from one process, bench/runner.py), and `feast materialize` on
 the same data into the same server (bench/feast_peer.py, Feast in its own venv). Then N
 small sources in one run against one alone. Prints each target with its measured value
-and ratio; results in bench/targets.json.
+and ratio; results in bench/results/targets.json.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _row(name: str, measured: float, unit: str, goal: str, ok: bool, ratio: str 
 
 def measure(sizes: list[int], sources: int, feast: bool, workdir: Path) -> dict:
     from bench.feast_peer import materialize
-    from bench.servers import start_redis
     from bench.standard import VALUES_PER_ENTITY
+    from throwaway.servers import start_redis
 
     # a server of its own (the profiles start theirs) for the ceiling and Feast
     server = start_redis(workdir / "targets-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "targets-redis" / "redis.log"))
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sources", type=int, default=10, help="small sources of 10,000 entities in one run (0: skip)")
     p.add_argument("--no-feast", action="store_true", help="skip the peer (its ratios are then missing)")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
-    p.add_argument("--output", type=Path, default=HERE / "targets.json")
+    p.add_argument("--output", type=Path, default=HERE / "results" / "targets.json")
     args = p.parse_args(argv)
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)

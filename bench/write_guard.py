@@ -10,7 +10,7 @@ the same process, so the ratio is the server's cost of the guard alone:
 - new keys, and the nightly case of overwriting every key with a newer snapshot;
 - an older snapshot sent over the newer one (every entity skipped by the script).
 
-    .venv/bin/python -m bench.write_guard --entities 200000 --output bench/write_guard_results.json
+    .venv/bin/python -m bench.write_guard --entities 200000 --output bench/results/write_guard_results.json
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import pyarrow.compute as pc
 import redis
 
 from bench.baselines import raw_load
-from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.resp import EntityCommands, entity_commands
 from serializers.scalar import field_id
+from throwaway.servers import start_redis
 
 FLOATS, INTS, DIMENSION = 44, 4, 32
 TTL = 2_592_000

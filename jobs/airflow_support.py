@@ -1,6 +1,7 @@
 """What the Airflow DAG files share; light on purpose (parsed by the scheduler often).
 
-Only the standard library and PyYAML: no Spark, no network, no database. The only
+Only the standard library, PyYAML and the stdlib-only jobs/exit_codes.py and jobs/jars.py:
+no Spark, no network, no database. The only
 parse-time work is reading the small YAML files of ``feature_defs`` to learn the sources
 and their schedule groups. Everything else happens when a task runs, through the
 ``materialize`` CLI of the project's virtualenv.
@@ -15,6 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from jobs import jars as delta_jars
+from jobs.exit_codes import EXIT_GATE_FAILED, EXIT_NOT_READY, EXIT_OK  # the DAG files read them from here
+
 PROJECT_DIR = Path(os.environ.get("FM_PROJECT_DIR") or Path(__file__).resolve().parent.parent)
 BIN_DIR = Path(os.environ.get("FM_BIN_DIR") or PROJECT_DIR / ".venv" / "bin")
 DEFINITIONS_DIR = Path(os.environ.get("FM_DEFINITIONS_DIR") or PROJECT_DIR / "feature_defs")
@@ -24,7 +28,7 @@ REDIS_POOL = os.environ.get("FM_REDIS_POOL", "fm_redis_writes")
 """Airflow pool (1 slot) of every task that writes to the Redis cluster: one heavy upload at a time."""
 OWNER = "ml-platform"
 TAGS = ["feature-materializer"]
-DELTA_JARS = [PROJECT_DIR / "jars" / "delta-spark_4.2_2.13-4.4.0.jar", PROJECT_DIR / "jars" / "delta-storage-4.4.0.jar"]
+DELTA_JARS = [PROJECT_DIR / "jars" / name for name in delta_jars.DELTA_JARS]
 SPARK_CONF = {
     # as jobs/spark.py's HUGE_METHODS gives local runs: Spark's generated code for a
     # 50-feature snapshot passes HotSpot's size limit for JIT compilation (the checks and
@@ -41,8 +45,6 @@ SCHEDULES = {"nightly": "0 2 * * *"}
 # Airflow 3 cron schedules trigger at the cron time and make that the logical date: the
 # 02:00 run on D+1 has ds = D+1 and materializes D, the day that just ended.
 SNAPSHOT_DATE = "{{ macros.ds_add(ds, -1) }}"
-EXIT_GATE_FAILED = 4
-"""`materialize validate/run` exit code when only the data-quality gate failed."""
 
 DEFAULT_ARGS = {
     "owner": OWNER,

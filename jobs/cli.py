@@ -9,11 +9,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-EXIT_GATE_FAILED = 4
-EXIT_LEASE_HELD = 5
-"""Another run holds the source's lease on a store (nothing was written)."""
-"""Every failure was the data-quality gate (nothing written): retrying the same data cannot help."""
+from jobs.exit_codes import EXIT_FAILED, EXIT_GATE_FAILED, EXIT_LEASE_HELD, EXIT_NOT_READY, EXIT_OK, EXIT_USAGE
 
 
 def _date(text: str) -> dt.date:
@@ -347,9 +343,6 @@ def cmd_verify(args) -> int:
     from jobs.pipeline.run import verify_source
 
     return _each_source(args, lambda spark, conf, defs, name: verify_source(spark, conf, defs, name, args.date, redis_url=args.redis_url), "verification.json")
-
-
-EXIT_NOT_READY = 3
 
 
 def cmd_ready(args) -> int:

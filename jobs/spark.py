@@ -11,6 +11,7 @@ from jobs.jars import S3A_SCHEMES, class_archive_options, delta_jars, jars_dir, 
 from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
 from fm_config import PROJECT_ROOT, SparkConf
 
+
 HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 """A snapshot of 50 features makes Spark generate methods past HotSpot's 8,000-byte limit for
 JIT compilation; left interpreted, the gate's scan and the checks ran 2-6x slower

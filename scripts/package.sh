@@ -206,6 +206,7 @@ FM_RUNTIME_PEX=$RUNTIME
 FM_JOB_BUNDLE=$BUNDLE
 EOF
 
+DELTA_JARS=$("$PY" -m jobs.jars --jars jars)
 size() { numfmt --to=iec-i --suffix=B "$(stat -c %s "$1")"; }
 log "dist/$(basename "$ZIP")  $(size "$ZIP")  the project's packages (--py-files)"
 log "dist/$(basename "$RUNTIME")  $(size "$RUNTIME")  the Python 3.11 environment of driver and executors (no pyspark, no project code)"
@@ -219,7 +220,7 @@ cat <<EOF
     --files dist/$(basename "$RUNTIME") \\
     --conf spark.pyspark.python=./$(basename "$RUNTIME") \\
     --conf spark.pyspark.driver.python=\$PWD/.venv/bin/python \\
-    --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \\
+    --jars $DELTA_JARS \\
     jobs/materialize.py --env ENV --date YYYY-MM-DD
 [package] cluster mode: the driver runs on a worker from the bundle alone (sinks/README.md "Cluster deploy mode");
 [package] scripts/submit-cluster.sh is spark-submit exiting 1 when the driver failed (spark-submit itself exits 0).
@@ -227,6 +228,6 @@ cat <<EOF
     --class org.apache.spark.deploy.PythonRunner \\
     --conf spark.pyspark.driver.python=python3.11 \\
     --conf spark.standalone.submit.waitAppCompletion=true \\
-    --jars jars/delta-spark_4.2_2.13-4.4.0.jar,jars/delta-storage-4.4.0.jar \\
+    --jars $DELTA_JARS \\
     $(realpath --relative-to="$ROOT" "$BUNDLE") $(basename "$BUNDLE") "" run --env ENV --date YYYY-MM-DD
 EOF

@@ -10,8 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${FM_VENV:-$ROOT/.venv}"
 JARS="$ROOT/jars"
-DELTA_VERSION=4.4.0
-DELTA_ARTIFACTS=("io.delta:delta-spark_4.2_2.13:$DELTA_VERSION" "io.delta:delta-storage:$DELTA_VERSION")
+# The Delta version and jars come from jobs/jars.py (standard library only): `python -m jobs.jars`,
+# with the system python3 before the venv exists and the venv's after.
 HADOOP_VERSION=3.5.0  # pyspark's own Hadoop (its hadoop-client-api jar): hadoop-aws must match it
 WITH_TEST_TOOLS=0
 [ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
@@ -29,7 +29,8 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then missing
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
-command -v mvn >/dev/null 2>&1 || { [ -f "$JARS/.complete-$DELTA_VERSION" ] && [ -f "$JARS/s3a/.complete-$HADOOP_VERSION" ]; } || missing+=(maven)
+# (no python3 yet on a bare machine: then no jars either)
+command -v mvn >/dev/null 2>&1 || { command -v python3 >/dev/null 2>&1 && [ -f "$JARS/.complete-$(python3 -m jobs.jars --version)" ] && [ -f "$JARS/s3a/.complete-$HADOOP_VERSION" ]; } || missing+=(maven)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 
 if [ ${#missing[@]} -gt 0 ]; then
@@ -63,10 +64,12 @@ else
 fi
 
 # --- Delta jars (no Ivy download at run time) -------------------------------------------
+DELTA_VERSION=$("$VENV/bin/python" -m jobs.jars --version)
+DELTA_ARTIFACTS=$("$VENV/bin/python" -m jobs.jars --artifacts)  # Maven coordinates, space-separated
 if [ ! -f "$JARS/.complete-$DELTA_VERSION" ]; then
   log "fetching Delta $DELTA_VERSION jars with Maven"
   mkdir -p "$JARS"
-  for a in "${DELTA_ARTIFACTS[@]}"; do
+  for a in $DELTA_ARTIFACTS; do
     mvn -q -B -C dependency:copy -Dartifact="$a" -DoutputDirectory="$JARS"  # -C: a checksum mismatch fails
   done
   touch "$JARS/.complete-$DELTA_VERSION"

@@ -15,11 +15,12 @@ import pytest
 import redis
 from psycopg import sql
 
-from bench.servers import PostgresServer, RedisServer, start_postgres, start_redis
+from throwaway.servers import PostgresServer, RedisServer, start_postgres, start_redis
 from fm_config import QualityConf, RunConf, SparkConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.sample_data import sample_dates, write_sample_tables
+from throwaway.servers import PostgresServer, RedisServer, start_postgres, start_redis
 
 SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
 DAY2_STR = SAMPLE_DATES[1].isoformat()

@@ -7,7 +7,6 @@ import datetime as dt
 import pytest
 import redis
 
-from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.cli import main
 from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run, run_backfill
@@ -15,6 +14,7 @@ from jobs.operations.cleanup import clean, plan_cleanup
 from jobs.operations.ledger import Entry, Ledger
 from jobs.sample_data import sample_dates, write_sample_tables
 from serializers import field_id
+from throwaway.servers import start_redis
 
 from .conftest import env_conf
 

@@ -56,7 +56,7 @@ def test_bench_refuses_bad_sizes_before_starting_anything(capsys):
 
 
 def test_the_installed_job_never_imports_bench(capsys):
-    """bench/ is development tooling, outside the wheel: the CLI points to it instead."""
+    """bench/ and throwaway/ are development tooling, outside the wheel: the CLI points to bench instead."""
     import subprocess
     import sys
 
@@ -64,18 +64,18 @@ def test_the_installed_job_never_imports_bench(capsys):
 
     assert main(["bench", "--entities", "100000"]) == EXIT_USAGE
     assert capsys.readouterr().err.startswith("error: the benchmarks moved out of the installed job: run `python -m bench --entities 100000`")
-    # importing every product module loads no bench module
+    # importing every product module loads no bench or throwaway module
     code = ("import sys, pkgutil, importlib\n"
             "for pkg in ('fm_config', 'stores', 'jobs', 'feature_defs', 'feature_reader', 'serializers', 'sinks'):\n"
             "    for m in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
             "        importlib.import_module(m.name)\n"
-            "print(sorted(n for n in sys.modules if n == 'bench' or n.startswith('bench.')))")  # fmt: skip
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('bench', 'throwaway')))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
 
-def test_the_wheel_holds_every_product_package_and_no_bench():
+def test_the_wheel_holds_every_product_package_and_no_development_tooling():
     import tomllib
     from pathlib import Path
 
@@ -83,7 +83,21 @@ def test_the_wheel_holds_every_product_package_and_no_bench():
     listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     found = sorted(".".join(p.parent.relative_to(root).parts) for top in {name.split(".")[0] for name in listed} for p in (root / top).rglob("__init__.py"))
     assert sorted(listed) == found
-    assert not any(name == "bench" or name.startswith("bench.") or name.startswith("tests") for name in listed)
+    assert not any(name.split(".")[0] in ("bench", "throwaway", "tests") for name in listed)
+
+
+def test_the_suite_does_not_depend_on_the_benchmarks():
+    """The tests start their servers with throwaway/; only this module, which tests bench/, imports it."""
+    import ast
+    from pathlib import Path
+
+    importing = []
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name.split(".")[0] == "bench" for name in names):
+                importing.append(path.name)
+    assert sorted(set(importing)) == ["test_bench.py"]
 
 
 def test_read_targets_are_judged_on_ratios_within_the_run():

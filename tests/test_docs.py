@@ -332,6 +332,19 @@ def test_anchors_follow_githubs_rules():
     assert slug("Snapshot-order guard") == "snapshot-order-guard"
 
 
+def test_the_delta_jars_the_docs_show_are_the_ones_set_up():
+    """Docs show the Delta jars in example commands: each name and Maven coordinate is one of
+    jobs/jars.py's (which the set-up, the Makefile and the job use), as is the pinned Python package."""
+    from jobs.jars import ARTIFACTS, DELTA_JARS, DELTA_VERSION
+
+    shown = [(path.relative_to(ROOT), m) for path in doc_files() for m in re.findall(r"delta-(?:spark|storage)[\w.-]*?\.jar|io\.delta:[\w.-]+:[\w.-]*\w", path.read_text(encoding="utf-8"))]
+    assert len(shown) >= 8, shown
+    stale = [f"{where}: {name}" for where, name in shown if name not in {*DELTA_JARS, *ARTIFACTS}]
+    assert not stale, f"not jobs/jars.py's Delta jars ({', '.join(DELTA_JARS)}):\n  " + "\n  ".join(stale)
+    for pins in ("requirements.txt", "pyproject.toml"):
+        assert f"delta-spark=={DELTA_VERSION}" in (ROOT / pins).read_text(), pins
+
+
 def _submit_args(block: str) -> list[str]:
     """The arguments of the spark-submit command in a bash block (continuation lines joined)."""
     line = next(line for line in block.replace("\\\n", " ").splitlines() if "submit" in line and "make" not in line)

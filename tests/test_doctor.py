@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench.servers import free_port
+from throwaway.servers import free_port
 from fm_config import SparkConf
 from jobs.operations.doctor import run_checks
 from serializers.resp import WRITE_SCRIPT_SHA

@@ -14,40 +14,34 @@ import psutil
 import pytest
 import redis
 
-from bench.servers import _as_postgres, start_redis
+from throwaway.servers import _as_postgres, start_redis
 from fm_config.sql import SqlSettings
 from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger import Ledger
 from jobs.pipeline.run import run_source
-from serializers import encode, field_id
+from serializers import field_id
+from serializers.batch import FeatureSpec
 from serializers.keys import as_of_epoch
 from sinks.errors import TransientSinkError
 from sinks.sql.preflight import ensure_schema
+from throwaway.servers import _as_postgres, start_redis
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
+from .expected import expected_hash
 from .test_redis_job import CONSUMER, DEFS, expected_consumers
 from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
 from sinks.sql.config import sql_sink_config
 
 DAY2 = SAMPLE_DATES[1]
 N = 10_000
-FEATURES = "    - {name: score, type: float}\n    - {name: orders, type: int}\n    - {name: tag, type: string}\n    - {name: ids, type: int_list}\n"
+SPECS = [FeatureSpec("score", "float"), FeatureSpec("orders", "int"), FeatureSpec("tag", "string"), FeatureSpec("ids", "int_list")]
+FEATURES = "".join(f"    - {{name: {spec.name}, type: {spec.type}}}\n" for spec in SPECS)
 SCHEMA = "consumer_id long, score double, orders long, tag string, ids array<long>, ds date"
+COLUMNS = [column.split()[0] for column in SCHEMA.split(", ")]
 
 
 def row(i: int) -> tuple:
     return (i, None if i % 9 == 0 else i / 7, i % 1000, None if i % 5 == 0 else f"t{i % 13}", [i % 50, i % 7], DAY2)
-
-
-def expected_hash(i: int) -> dict[bytes, bytes]:
-    """From the scalar encoder (golden-tested), not the job's column-wise path."""
-    _, score, orders, tag, ids, _ = row(i)
-    want = {field_id("orders"): encode("int", orders), field_id("ids"): encode("int_list", ids), field_id("_ts:tiny"): str(as_of_epoch(DAY2)).encode()}
-    if score is not None:
-        want[field_id("score")] = encode("float", score)
-    if tag is not None:
-        want[field_id("tag")] = encode("string", tag)
-    return want
 
 
 def assert_all_hashes_exact(client: redis.Redis) -> None:
@@ -56,7 +50,7 @@ def assert_all_hashes_exact(client: redis.Redis) -> None:
     for i in range(1, N + 1):
         pipe.hgetall(f"c:{i}")
     for i, got in enumerate(pipe.execute(), start=1):
-        assert got == expected_hash(i), f"c:{i}"
+        assert got == expected_hash(SPECS, dict(zip(COLUMNS, row(i))), field_id("_ts:tiny"), as_of_epoch(DAY2)), f"c:{i}"
 
 
 @pytest.fixture(scope="module")

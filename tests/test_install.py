@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from bench.install_size import GOAL_MIB, MIB, PRODUCT_PACKAGES, ROOT, SPARK_ONLY, build_wheel, clean_env, disk_usage, fill_wheelhouse, make_venv, resolve
-from bench.servers import again_if_port_taken, free_port, start_failed
+from throwaway.venvs import GOAL_MIB, MIB, PRODUCT_PACKAGES, ROOT, SPARK_ONLY, build_wheel, clean_env, disk_usage, fill_wheelhouse, make_venv, resolve
+from throwaway.servers import again_if_port_taken, free_port, start_failed
 from feature_defs import load_definitions
 from fm_config.reader import ReaderSettings
 from fm_config import RunConf

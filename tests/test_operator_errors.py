@@ -12,7 +12,6 @@ import pytest
 
 import jobs.pipeline.write_sql
 import sinks.sql.preflight
-from bench.servers import free_port
 from feature_defs import load_definitions
 from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
 from fm_config import RunConf
@@ -24,6 +23,7 @@ from stores.errors import TerminalError
 from sinks.sql.upserts import SqlSink
 from sinks.sql.config import SqlSinkConfig
 from stores.sql import connect as real_connect
+from throwaway.servers import free_port
 
 from .conftest import env_conf
 

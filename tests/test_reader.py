@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.servers import start_redis
 from feature_defs import DEFAULT_DIR, Definitions, load_definitions
 from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
 from fm_config.reader import CacheSettings, ReaderSettings
@@ -23,6 +22,7 @@ from serializers import encode, field_id, freshness_field
 from serializers.keys import as_of_epoch
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
+from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES
 

@@ -11,11 +11,11 @@ import psycopg
 import pytest
 import redis
 
-from bench.local_cluster import LocalCluster, start_cluster
 from feature_reader import AsyncFeatureReader, FeatureReader
 from fm_config import RunConf
 from serializers import field_id
 from fm_config.redis import RedisSettings
+from throwaway.cluster import LocalCluster, start_cluster
 
 from .test_reader import BIG, CONSUMERS, assert_expected, write_sample
 

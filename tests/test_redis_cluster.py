@@ -14,17 +14,18 @@ from dataclasses import replace
 
 import pytest
 
-from bench.servers import start_redis
-from bench.local_cluster import LocalCluster, start_cluster
 from serializers.batch import encode_batch
 from sinks.redis.cluster import FailedOverUnreplicated, RedisClusterSink
 from sinks.errors import TransientSinkError
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisSink
 from sinks.redis.router import ClusterTopology
+from throwaway.cluster import LocalCluster, start_cluster
+from throwaway.servers import start_redis
 
 
 
-from .test_redis_sink import SPECS, expected_hash, sink_config, things
+from .expected import expected_hash, row_of
+from .test_redis_sink import FRESH, SPECS, sink_config, things
 
 STAMP = 1700000000
 
@@ -107,7 +108,7 @@ def assert_all_exact(c: LocalCluster, batch, n: int) -> None:
         for i in entities:
             pipe.hgetall(f"t:{i}")
         for i, stored in zip(entities, pipe.execute()):
-            assert stored == expected_hash(batch, i, STAMP, {}), f"t:{i} on {port}"
+            assert stored == expected_hash(SPECS, row_of(batch, i), FRESH, STAMP), f"t:{i} on {port}"
 
 
 def test_an_older_snapshot_is_left_on_every_primary(cluster):
@@ -365,7 +366,7 @@ def test_a_primary_down_at_start_costs_only_its_own_slots(partial_cluster):
         node = c.client(port)
         assert node.dbsize() == len(entities)
         for i in entities[:50]:
-            assert node.hgetall(f"t:{i}") == expected_hash(batch, i, STAMP, {})
+            assert node.hgetall(f"t:{i}") == expected_hash(SPECS, row_of(batch, i), FRESH, STAMP)
 
 
 def test_a_primary_down_at_start_is_written_through_the_replica_that_takes_over(cluster):

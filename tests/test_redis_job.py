@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.pipeline.gate.stage import BadInputError
 from jobs.pipeline.run import run_source
@@ -18,8 +17,10 @@ from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
 from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
+from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
+from .expected import is_null
 
 DEFS = load_definitions()
 CONSUMER = DEFS.sources["consumer_daily"]
@@ -52,10 +53,6 @@ def same_value(feature, decoded, source_value) -> bool:
     if feature.type in ("int_list", "string_list"):
         return list(decoded) == list(source_value)
     return decoded == source_value
-
-
-def is_null(value) -> bool:
-    return value is None or (not isinstance(value, (list, np.ndarray)) and pd.isna(value))
 
 
 def check_consumer_hashes(redis_db, expected: dict[int, dict], day) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from bench.servers import start_redis
 from serializers.batch import FeatureSpec, encode_batch
-from serializers.scalar import encode, field_id
+from serializers.scalar import field_id
 from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
 from sinks.redis.config import RedisSinkConfig
+from throwaway.servers import start_redis
 
+from .expected import expected_hash, row_of
 
 
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
@@ -32,17 +33,6 @@ def things(n: int, offset: int = 0) -> pa.RecordBatch:
     )
 
 
-def expected_hash(batch: pa.RecordBatch, row: int, stamp: int, untouched: dict) -> dict[bytes, bytes]:
-    """What the hash must hold, from the scalar encoder (not the column path under test)."""
-    out = dict(untouched)
-    for spec in SPECS:
-        value = batch.column(spec.name)[row].as_py()
-        if value is not None:
-            out[spec.field] = encode(spec.type, value)
-    out[FRESH] = str(stamp).encode()
-    return out
-
-
 def test_batch_writes_exact_hashes_deletes_nulls_and_sets_ttl(redis_db, redis_server):
     batch = things(10)
     # a stale value of a feature that is null now, and another source's field, on every key
@@ -55,7 +45,7 @@ def test_batch_writes_exact_hashes_deletes_nulls_and_sets_ttl(redis_db, redis_se
     assert (stats.entities, stats.values_set, stats.values_deleted) == (10, 30 - nulls, nulls)
     assert sink.stats.round_trips == 4  # 10 entities in chunks of 3
     for i in range(10):
-        assert redis_db.hgetall(f"t:{i}") == expected_hash(batch, i, 1700000000 + i, {b"othr": b"keep"})
+        assert redis_db.hgetall(f"t:{i}") == expected_hash(SPECS, row_of(batch, i), FRESH, 1700000000 + i, {b"othr": b"keep"})
         assert 1000 - 5 <= redis_db.ttl(f"t:{i}") <= 1100
 
 
@@ -71,7 +61,7 @@ def test_dropped_connection_is_resent_on_a_new_one(redis_db, redis_server):
     assert sink.stats.entities == 14
     for batch, offset in ((first, 0), (second, 100)):
         for i in range(7):
-            assert redis_db.hgetall(f"t:{offset + i}") == expected_hash(batch, i, 1700000000, {})
+            assert redis_db.hgetall(f"t:{offset + i}") == expected_hash(SPECS, row_of(batch, i), FRESH, 1700000000)
 
 
 def test_ceiling_is_rechecked_when_a_batch_is_one_chunk(redis_db, redis_server):
@@ -105,7 +95,7 @@ def test_redis_maxmemory_mid_write_stops_with_an_exact_report_and_whole_hashes(t
         # ... and every hash is whole: all of its entity's values, or no key at all
         for key in client.scan_iter():
             n = int(key.split(b":")[1])
-            assert client.hgetall(key) == expected_hash(batches[n // 1000], n % 1000, 1700000000, {})
+            assert client.hgetall(key) == expected_hash(SPECS, row_of(batches[n // 1000], n % 1000), FRESH, 1700000000)
     finally:
         server.stop()
 
@@ -146,7 +136,7 @@ def test_an_older_snapshot_never_replaces_a_newer_one(redis_db, redis_server):
         stats = sink.write_batch(encode_batch(older, SPECS), stamps)
     assert (stats.entities, stats.skipped_newer) == (5, 5)
     for i in range(10):
-        want = written[i] if i < 5 else expected_hash(older, i, 1700000500, {})
+        want = written[i] if i < 5 else expected_hash(SPECS, row_of(older, i), FRESH, 1700000500)
         assert redis_db.hgetall(f"t:{i}") == want
 
 

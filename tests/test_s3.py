@@ -16,7 +16,7 @@ import sys
 import pytest
 from pyarrow import fs
 
-from bench.servers import start_s3
+from throwaway.servers import start_s3
 
 from .conftest import DAY2_STR, SAMPLE_DATES, env_conf
 from .test_cli import ROOT

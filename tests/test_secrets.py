@@ -12,9 +12,9 @@ import redis
 from pyspark import cloudpickle
 from pyspark.sql.classic.dataframe import DataFrame
 
-from bench.servers import start_redis
 from jobs.cli import main
 from fm_config import ConfigError, load_config
+from throwaway.servers import start_redis
 
 from .conftest import DAY2_STR, env_conf
 from sinks.redis.config import redis_sink_config

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.servers import again_if_port_taken, free_port, start_failed, start_redis
+from throwaway.servers import again_if_port_taken, free_port, start_failed, start_redis
 from fm_config.redis import RedisSettings
 
 from .conftest import env_conf, first_then_real

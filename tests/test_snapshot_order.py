@@ -7,7 +7,6 @@ import datetime as dt
 
 import pytest
 
-from bench.servers import start_redis
 from feature_defs import load_definitions
 from jobs.pipeline.run import run_source
 from sinks.redis.preflight import check_after_write
@@ -16,6 +15,7 @@ from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
 from sinks.redis.capacity import read_memory_info
 from sinks.redis.node import KeysEvicted, RedisRestarted
+from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES
 from sinks.redis.config import redis_sink_config

@@ -35,17 +35,19 @@ import pyspark
 import pytest
 from redis.cluster import RedisCluster
 
-from bench.local_cluster import start_cluster
-from serializers import encode, field_id
+from jobs import jars as delta_jars
+from serializers import field_id
+from throwaway.cluster import start_cluster
 
 from .conftest import DAY2_STR, env_conf, short_lived_jvm_options
-from .test_redis_job import CONSUMER, is_null
+from .expected import expected_hash
+from .test_redis_job import CONSUMER
 from .test_sql_job import check_consumer_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
-DELTA_JARS = [ROOT / "jars" / j for j in ("delta-spark_4.2_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")]
+DELTA_JARS = [ROOT / "jars" / name for name in delta_jars.DELTA_JARS]
 AS_OF = int(dt.datetime(2026, 11, 21, tzinfo=dt.UTC).timestamp())  # end of DAY2, UTC
 
 
@@ -162,19 +164,9 @@ def expected_consumers(sample_root: Path) -> dict[int, pd.Series]:
     return {int(r["consumer_id"]): r for _, r in latest.iterrows()}
 
 
-def expected_hash(row) -> dict[bytes, bytes]:
+def expected_hash_of(row: pd.Series) -> dict[bytes, bytes]:
     """A consumer's Redis hash as the scalar reference encoder writes it, from the source row."""
-    fields = {field_id("_ts:consumer_daily"): str(AS_OF).encode()}
-    for feature in CONSUMER.features:
-        value = row[feature.name]
-        if is_null(value):
-            continue
-        if feature.type in ("embedding", "int_list", "string_list"):
-            value = list(value)
-        data = encode(feature.type, value, **feature.options)
-        if data is not None:  # NaN and ±inf are not written
-            fields[field_id(feature.name)] = data
-    return fields
+    return expected_hash(CONSUMER.features, row, field_id("_ts:consumer_daily"), AS_OF)
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +260,7 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
     reader = RedisCluster(host="127.0.0.1", port=primaries[0])
     for consumer_id, row in expected.items():
         key = f"c:{consumer_id}".encode()
-        assert reader.hgetall(key) == expected_hash(row), f"c:{consumer_id}"
+        assert reader.hgetall(key) == expected_hash_of(row), f"c:{consumer_id}"
         assert 2592000 * 0.99 <= reader.ttl(key) <= 2592000 * 1.1
     reader.close()
     redis_report = report["sinks"]["redis"]
@@ -367,7 +359,7 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
     client = server.client()
     assert client.dbsize() == len(expected)
     for consumer_id, row in expected.items():
-        assert client.hgetall(f"c:{consumer_id}") == expected_hash(row), f"c:{consumer_id}"
+        assert client.hgetall(f"c:{consumer_id}") == expected_hash_of(row), f"c:{consumer_id}"
     assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
     check_consumer_rows(pg_db, expected, dt.datetime.fromtimestamp(AS_OF, dt.UTC))
     assert report["entities"] == report["sinks"]["redis"]["entities"] == len(expected)

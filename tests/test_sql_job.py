@@ -28,6 +28,8 @@ from sinks.sql.preflight import ensure_schema
 
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, is_null, source_rows
 from sinks.sql.config import sql_sink_config
+from .expected import is_null
+from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, source_rows
 
 AS_OF_DAY2 = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
 

@@ -14,9 +14,7 @@ from dataclasses import dataclass, fields, replace
 import pyarrow as pa
 import pytest
 
-from bench.local_cluster import start_cluster
 from serializers.json_map import encode_json_maps
-from serializers.scalar import encode
 from sinks.base import Outcome
 from sinks.errors import from_wire
 from stores.errors import TerminalError, TransientError
@@ -25,7 +23,9 @@ from sinks.redis.writer import RedisWritePlan
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.preflight import ensure_schema
 from sinks.sql.writer import SqlWritePlan
+from throwaway.cluster import start_cluster
 
+from .expected import expected_hash, row_of
 from .test_redis_sink import FRESH, SPECS, sink_config, things
 
 T1, T2 = 1700000000, 1700086400
@@ -57,8 +57,7 @@ class Store:
 
 
 def _redis_expected(batch: pa.RecordBatch, row: int, as_of: int) -> dict:
-    out = {s.field: encode(s.type, batch.column(s.name)[row].as_py()) for s in SPECS if batch.column(s.name)[row].is_valid}
-    return {**out, FRESH: str(as_of).encode()}
+    return expected_hash(SPECS, row_of(batch, row), FRESH, as_of)
 
 
 def _redis_store(name: str, url: str, clients) -> Store:

@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from bench.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 from feature_defs import DEFAULT_DIR, load_definitions
 from fm_config import PROJECT_ROOT, RunConf
 from fm_config.redis import RedisSettings
@@ -50,8 +49,10 @@ from sinks.sql.upserts import SqlSink
 from sinks.sql.config import SqlSinkConfig
 from stores.sql import connect
 from sinks.sql.preflight import ensure_schema
+from throwaway.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 
 from .conftest import TINY_SOURCE, first_then_real
+from .expected import expected_hash, row_of
 from .test_redis_job import DAY2
 from .test_sql_job import AS_OF_DAY2, table_rows
 from sinks.redis.config import redis_sink_config
@@ -261,16 +262,6 @@ def history_batch(n: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"_id": [f"e{i}" for i in range(n)], "score": pa.array(scores, pa.float64()), "history": pa.array(lists, pa.list_(pa.int64()))})
 
 
-def expected_hash(batch: pa.RecordBatch, row: int) -> dict[bytes, bytes]:
-    """From the scalar encoder, not the column-wise path the sink uses."""
-    out = {FRESH: b"1700000000"}
-    for spec in SPECS:
-        value = batch.column(spec.name)[row].as_py()
-        if value is not None:
-            out[spec.field] = encode(spec.type, value)
-    return out
-
-
 def write_one_batch(sink: RedisSink) -> None:
     """Open the sink and write a batch: its first command is what connects."""
     with sink:
@@ -301,7 +292,7 @@ def test_redis_sink_writes_over_verified_tls(tls_redis, tls_redis_db, certs, hos
         sink.write_batch(encode_batch(batch, SPECS))
     assert tls_redis_db.dbsize() == 150
     for i in range(150):
-        assert tls_redis_db.hgetall(f"tls:e{i}") == expected_hash(batch, i)
+        assert tls_redis_db.hgetall(f"tls:e{i}") == expected_hash(SPECS, row_of(batch, i), FRESH, 1700000000)
 
 
 @pytest.mark.parametrize("ca", ["other", "none"], ids=["unrelated CA", "system trust store"])
@@ -456,9 +447,8 @@ def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redi
     with redis_connect(redis_conf.url, password=redis_conf.auth_password(), tls=redis_conf.tls) as client:
         assert read_memory_info(client).capacity(None) == 64 << 20  # the server's --maxmemory
     list(write_partition(RedisWritePlan(sink=redis_conf, features=feature_specs(source)), iter([batch])))
-    for i, row in enumerate(rows):
-        want = {k: v for k, v in expected_hash(batch, i).items() if k != FRESH}
-        assert tls_redis_db.hgetall(f"c:{row['_id']}") == {**want, field_id("_ts:tiny"): str(stamp).encode()}
+    for row in rows:
+        assert tls_redis_db.hgetall(f"c:{row['_id']}") == expected_hash(SPECS, row, field_id("_ts:tiny"), stamp)
 
     sql_conf = sql_sink_config(conf, source, entity, DAY2)
     with connect(sql_conf) as conn:

@@ -38,9 +38,9 @@ def _source_tasks(source: str) -> None:
         def wait_for_partition(logical_date=None) -> PokeReturnValue:
             day = (logical_date - dt.timedelta(days=1)).date().isoformat()
             done = _run_cli("ready", "--env", fm.ENV, "--source", source, "--date", day)
-            if done.returncode not in (0, 3):  # 3: no rows yet; anything else is an error
+            if done.returncode not in (fm.EXIT_OK, fm.EXIT_NOT_READY):  # not ready: no rows yet; anything else is an error
                 raise RuntimeError(f"`materialize ready` failed with exit code {done.returncode}")
-            return PokeReturnValue(is_done=done.returncode == 0)
+            return PokeReturnValue(is_done=done.returncode == fm.EXIT_OK)
 
         @task(task_id="validate")
         def validate(logical_date=None) -> None:

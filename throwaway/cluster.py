@@ -17,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.servers import again_if_port_taken, free_ports, start_failed
+from throwaway.servers import again_if_port_taken, free_ports, start_failed
 
 
 @dataclass

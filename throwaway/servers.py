@@ -1,5 +1,5 @@
 """Throwaway servers on free loopback ports, for the tests and the benchmarks alike:
-redis-server and PostgreSQL here, Redis Cluster in local_cluster.py. Development tooling:
+redis-server and PostgreSQL here, Redis Cluster in cluster.py. Development tooling:
 the product never imports it (it is not in the wheel).
 """
 

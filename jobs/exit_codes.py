@@ -1,0 +1,14 @@
+"""The exit codes of ``materialize``, in one place: the CLI returns them and the Airflow DAGs
+read them (through jobs/airflow_support.py). Standard library only, so the DAG files stay
+cheap to parse."""
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+"""Bad arguments, or a name that is not defined."""
+EXIT_NOT_READY = 3
+"""`materialize ready`: the date's partition has no rows yet."""
+EXIT_GATE_FAILED = 4
+"""Every failure was the data-quality gate (nothing written): retrying the same data cannot help."""
+EXIT_LEASE_HELD = 5
+"""Another run holds the source's lease on a store (nothing was written)."""
