@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--env", help="config env (default: $FM_ENV or local); its sql.dsn is the SQL store measured")
     bench.add_argument("--entities", default="100000", help="comma-separated sizes, each run in a fresh process (default: 100000)")
     bench.add_argument("--output", type=Path, help="write the results as JSON here")
-    bench.add_argument("--workdir", type=Path, help="tables and the throwaway Redis live here (default: .run/bench; tables are kept for the next bench)")
+    bench.add_argument(
+        "--workdir", type=Path, help="tables and the throwaway Redis live here (default: .run/bench; tables are kept for the next bench)"
+    )
     bench.add_argument("--no-sql", action="store_true", help="skip the SQL store (and its baseline)")
     return bench
 

@@ -89,7 +89,9 @@ def redis_py_load(url: str, keys: list[bytes], rows: list[dict[bytes, bytes]], p
 RAW_TABLE = "bench_raw_upsert"
 
 
-def _raw_upsert_worker(dsn: str, password: str | None, path: str, part: int, parts: int, batch_rows: int, commit_every: int | None, barrier, results) -> None:
+def _raw_upsert_worker(
+    dsn: str, password: str | None, path: str, part: int, parts: int, batch_rows: int, commit_every: int | None, barrier, results
+) -> None:
     table = ipc.open_file(path).read_all()
     rows = len(table)
     share = table.slice(part * rows // parts, (part + 1) * rows // parts - part * rows // parts)
@@ -117,7 +119,14 @@ def _raw_upsert_worker(dsn: str, password: str | None, path: str, part: int, par
 
 
 def raw_upsert(
-    dsn: str, password: str | None, keys: list[str], docs: list[str], workdir: Path, parts: int = 2, batch_rows: int = 25, commit_every: int | None = None
+    dsn: str,
+    password: str | None,
+    keys: list[str],
+    docs: list[str],
+    workdir: Path,
+    parts: int = 2,
+    batch_rows: int = 25,
+    commit_every: int | None = None,
 ) -> tuple[int, float]:
     """``parts`` processes upsert shares of the rows (sorted by key, as the job's writers
     send them) at the same time, committing every ``commit_every`` statements (None: once
@@ -136,7 +145,10 @@ def raw_upsert(
         writer.write_table(table.sort_by("key"))
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that runs a JVM gateway
     barrier, results = ctx.Barrier(parts + 1), ctx.Queue()
-    procs = [ctx.Process(target=_raw_upsert_worker, args=(dsn, password, str(path), i, parts, batch_rows, commit_every, barrier, results)) for i in range(parts)]
+    procs = [
+        ctx.Process(target=_raw_upsert_worker, args=(dsn, password, str(path), i, parts, batch_rows, commit_every, barrier, results))
+        for i in range(parts)
+    ]
     for p in procs:
         p.start()
     barrier.wait(timeout=300)

@@ -64,15 +64,21 @@ def _writer(data: str, part: int, parts: int, url: str, cluster: bool, wait_repl
     from serializers.batch import encode_batch
     from serializers.scalar import field_id
     from sinks.redis.cluster import RedisClusterSink
-    from sinks.redis.node import RedisSink
     from sinks.redis.config import RedisSinkConfig
+    from sinks.redis.node import RedisSink
 
     specs = _specs()
     reader = pa.ipc.open_file(pa.memory_map(data))
     batches = [reader.get_batch(i) for i in range(part, reader.num_record_batches, parts)]
     config = RedisSinkConfig(
-        url=url, key_prefix=PREFIX, fields=tuple(field_id(s.name) for s in specs), freshness_field=field_id("_ts:bench_standard"),
-        as_of=1_763_596_800, chunk_entities=500, cluster=cluster, wait_replicas=wait_replicas,
+        url=url,
+        key_prefix=PREFIX,
+        fields=tuple(field_id(s.name) for s in specs),
+        freshness_field=field_id("_ts:bench_standard"),
+        as_of=1_763_596_800,
+        chunk_entities=500,
+        cluster=cluster,
+        wait_replicas=wait_replicas,
     )
     start.wait()
     began, cpu = time.perf_counter(), time.process_time()
@@ -97,7 +103,10 @@ def _server_cpu(ports: list[int]) -> float:
 def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int, wait_replicas: int = 0, parallel: bool = True) -> dict:
     ctx = mp.get_context("spawn")
     start, results = ctx.Barrier(writers + 1), ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(str(data), i, writers, url, cluster, wait_replicas, parallel, start, results)) for i in range(writers)]
+    procs = [
+        ctx.Process(target=_writer, args=(str(data), i, writers, url, cluster, wait_replicas, parallel, start, results))
+        for i in range(writers)
+    ]
     for p in procs:
         p.start()
     server_cpu = _server_cpu(ports)
@@ -112,7 +121,9 @@ def _measure(data: Path, url: str, ports: list[int], cluster: bool, writers: int
             raise RuntimeError(f"a writer failed (exit {p.exitcode})")
     entities = sum(r["entities"] for r in out)
     return {
-        "seconds": seconds, "entities": entities, "entities_per_s": entities / seconds,
+        "seconds": seconds,
+        "entities": entities,
+        "entities_per_s": entities / seconds,
         # CPU per million entities: what sizing divides by (the cores each side needs)
         "writer_cpu_s_per_m": sum(r["cpu"] for r in out) / entities * 1e6,
         "redis_cpu_s_per_m": server_cpu / entities * 1e6,
@@ -128,7 +139,11 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
     if not data.exists():
         print(f"bench-cluster: making {entities:,} entities of the standard shape ...", flush=True)
         _make_data(data, entities)
-    settings = [("standalone", 1, 0, 0, True)] + [("cluster", n, 0, 0, True) for n in (1, 2, 3)] + [("cluster", 3, 1, 0, True), ("cluster", 3, 1, 1, True)]
+    settings = (
+        [("standalone", 1, 0, 0, True)]
+        + [("cluster", n, 0, 0, True) for n in (1, 2, 3)]
+        + [("cluster", 3, 1, 0, True), ("cluster", 3, 1, 1, True)]
+    )
     # many primaries: every share in flight at once (the writer's way) against one primary after another
     settings += [("cluster", many, 0, 0, False), ("cluster", many, 0, 0, True)]
     rows = []
@@ -141,7 +156,9 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
                     server = start_redis(workdir / "standalone", "--hash-max-listpack-value", "256")
                     url, ports, stop = server.url, [server.port], server.stop
                 else:
-                    cluster = start_cluster(workdir / f"cluster-{primaries}-{replicas}", primaries, replicas, "--hash-max-listpack-value", "256")
+                    cluster = start_cluster(
+                        workdir / f"cluster-{primaries}-{replicas}", primaries, replicas, "--hash-max-listpack-value", "256"
+                    )
                     url, ports, stop = cluster.url, cluster.ports, cluster.stop
                 try:
                     result = _measure(data, url, ports, kind == "cluster", w, wait, parallel)
@@ -149,8 +166,19 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
                     stop()
                 if best is None or result["entities_per_s"] > best["entities_per_s"]:
                     best = result
-            row = {"setting": kind, "primaries": primaries, "replicas_each": replicas, "wait_replicas": wait, "parallel": parallel, "writers": w, **best}
-            print(f"  {kind:10} primaries={primaries} replicas={replicas} wait={wait} {'parallel' if parallel else 'one by one'} writers={w}: {best['entities_per_s']:>9,.0f} entities/s", flush=True)
+            row = {
+                "setting": kind,
+                "primaries": primaries,
+                "replicas_each": replicas,
+                "wait_replicas": wait,
+                "parallel": parallel,
+                "writers": w,
+                **best,
+            }
+            print(
+                f"  {kind:10} primaries={primaries} replicas={replicas} wait={wait} {'parallel' if parallel else 'one by one'} writers={w}: {best['entities_per_s']:>9,.0f} entities/s",
+                flush=True,
+            )
             rows.append(row)
     base = next(r for r in rows if r["setting"] == "standalone" and r["writers"] == writers[0])
     for r in rows:
@@ -163,11 +191,17 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
         "baseline": f"standalone redis-server, {writers[0]} writer(s)",
         "results": rows,
     }
-    print(f"\n{'setting':<38} {'writers':>7} {'entities/s':>11} {'values/s':>11} {'x baseline':>10} {'writer CPU s/M':>14} {'Redis CPU s/M':>13}")
+    print(
+        f"\n{'setting':<38} {'writers':>7} {'entities/s':>11} {'values/s':>11} {'x baseline':>10} {'writer CPU s/M':>14} {'Redis CPU s/M':>13}"
+    )
     for r in rows:
-        name = "redis-server (standalone sink)" if r["setting"] == "standalone" else f"cluster {r['primaries']} primaries" + (
-            f" +{r['replicas_each']} replica" + (" WAIT 1" if r["wait_replicas"] else "") if r["replicas_each"] else ""
-        ) + ("" if r["parallel"] else ", one after another")
+        name = (
+            "redis-server (standalone sink)"
+            if r["setting"] == "standalone"
+            else f"cluster {r['primaries']} primaries"
+            + (f" +{r['replicas_each']} replica" + (" WAIT 1" if r["wait_replicas"] else "") if r["replicas_each"] else "")
+            + ("" if r["parallel"] else ", one after another")
+        )
         print(
             f"{name:<38} {r['writers']:>7} {r['entities_per_s']:>11,.0f} {r['entities_per_s'] * report['values_per_entity']:>11,.0f} "
             f"{r['ratio_to_baseline']:>10.2f} {r['writer_cpu_s_per_m']:>14.1f} {r['redis_cpu_s_per_m']:>13.1f}"

@@ -69,7 +69,9 @@ def check(entities: int, workdir: Path, log=print) -> dict:
                 run = [sys.executable, "-m", "bench.serve_load", "--serve-child", json.dumps([redis.url, str(defs), True, port])]
             else:
                 run = [str(feast_peer.feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
-            process = subprocess.Popen(run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"client-{label}.log", "w"), start_new_session=True)
+            process = subprocess.Popen(
+                run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"client-{label}.log", "w"), start_new_session=True
+            )
             processes.append(process)
             servers[label] = f"http://127.0.0.1:{port}"
             _wait_http(f"{servers[label]}/health", process, f"{label} server")
@@ -87,7 +89,13 @@ def check(entities: int, workdir: Path, log=print) -> dict:
         redis.stop()
     ours, theirs = answers["ours"], answers["feast"]
     complete = all(v is not None for n in names for v in ours[n][:-1]) and all(ours[n][-1] is None for n in names)
-    return {"features": len(names), "entities": ids, "equal": ours == theirs, "complete": complete, "ours_sample": {k: ours[k] for k in ("entity_id", names[0], names[-1])}}
+    return {
+        "features": len(names),
+        "entities": ids,
+        "equal": ours == theirs,
+        "complete": complete,
+        "ours_sample": {k: ours[k] for k in ("entity_id", names[0], names[-1])},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,8 @@ def export_parquet(entities: int, workdir: Path) -> Path:
     from pyspark.sql import functions as F
 
     from bench.standard import SOURCE
-    from jobs.spark import build_spark
     from fm_config import load_config
+    from jobs.spark import build_spark
 
     out = workdir / "feast" / f"standard-{entities}.parquet"
     table = workdir / "data" / str(entities) / SOURCE
@@ -79,7 +79,7 @@ def feature_repo(folder: Path, data: Path, redis_url: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "feature_store.yaml").write_text(
         "project: fm_bench\nregistry: registry.db\nprovider: local\nentity_key_serialization_version: 3\n"
-        f"online_store:\n  type: redis\n  connection_string: \"{url.hostname}:{url.port},db={db}\"\n"
+        f'online_store:\n  type: redis\n  connection_string: "{url.hostname}:{url.port},db={db}"\n'
         f"offline_store:\n  type: file\nmaterialization:\n  online_write_batch_size: {BATCH_ROWS}\n"
     )
     fields = [f'Field(name="f{j:02d}", dtype=Float64)' for j in range(FLOATS)] + [f'Field(name="n{j}", dtype=Int64)' for j in range(INTS)]

@@ -27,7 +27,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from throwaway.venvs import ROOT, WHEELHOUSE, CONSTRAINTS, PRODUCT_PACKAGES, SPARK_ONLY, GOAL_MIB, MIB, clean_env, build_wheel, requirement, fill_wheelhouse, resolve, make_venv, disk_usage, distribution_sizes  # noqa: F401
+from throwaway.venvs import (
+    GOAL_MIB,
+    MIB,
+    ROOT,
+    build_wheel,
+    disk_usage,
+    distribution_sizes,
+    fill_wheelhouse,
+    make_venv,
+)  # noqa: F401
 
 
 def _mib(n: int) -> float:
@@ -54,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.install_size", description=__doc__.split("\n\n")[0])
     parser.add_argument("--spark", action="store_true", help="also measure a venv of the [spark] extra (downloads about 700 MB once)")
     parser.add_argument("--baseline", default=str(ROOT / ".venv"), help="the venv measured as the baseline (default: .venv)")
-    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "install_size.json"), help="the JSON written (default: %(default)s)")
+    parser.add_argument(
+        "--output", default=str(ROOT / "bench" / "results" / "install_size.json"), help="the JSON written (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
 
     installs = {}
@@ -65,13 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         plan += [("spark", "spark", False)] if args.spark else []
         for name, extras, with_pip in plan:
             installs[name] = measure_install(name, wheel, extras, work, with_pip)
-            print(f"{name:<18} {installs[name]['mib']:>8.1f} MiB  {installs[name]['distributions']:>3} distributions  (installed in {installs[name]['install_seconds']} s)", flush=True)
+            print(
+                f"{name:<18} {installs[name]['mib']:>8.1f} MiB  {installs[name]['distributions']:>3} distributions  (installed in {installs[name]['install_seconds']} s)",
+                flush=True,
+            )
     baseline = Path(args.baseline).resolve()
     base_size = disk_usage(baseline)
     print(f"{'baseline':<18} {_mib(base_size):>8.1f} MiB  {baseline} (the development venv: requirements.txt)")
     server = installs["server"]["mib"]
     ratio = server / _mib(base_size)
-    print(f"server / baseline: {ratio:.3f} ({_mib(base_size) / server:.1f}x smaller); goal: server at most {GOAL_MIB} MiB: {'met' if server <= GOAL_MIB else 'NOT met'}")
+    print(
+        f"server / baseline: {ratio:.3f} ({_mib(base_size) / server:.1f}x smaller); goal: server at most {GOAL_MIB} MiB: {'met' if server <= GOAL_MIB else 'NOT met'}"
+    )
     out = {
         "python": sys.version.split()[0], "platform": sys.platform, "unit": "MiB of disk (du)", "goal_mib": GOAL_MIB,
         "installs": installs, "baseline": {"venv": "the development .venv (requirements.txt)", "mib": _mib(base_size), "bytes": base_size},

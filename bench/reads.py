@@ -247,7 +247,11 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
                 for b in ids:
                     reader.get_online_features([SOURCE], {"entity_id": b}).to_dict()  # as Feast's is timed
                 ours = sum(map(len, ids)) / (time.perf_counter() - start)
-                batches[size] = {"ours": round(ours), "ceiling": round(_ceiling(server.port, keys, fields)), "redis_py": round(_redis_py(server.port, keys, fields))}
+                batches[size] = {
+                    "ours": round(ours),
+                    "ceiling": round(_ceiling(server.port, keys, fields)),
+                    "redis_py": round(_redis_py(server.port, keys, fields)),
+                }
                 batches[size]["us_per_value"] = round(1e6 / ours / VALUES, 3)
                 print(f"  {size:>5} x {VALUES}: {batches[size]}", flush=True)
             # decode alone: the replies of 1,000 entities to rows of Python values
@@ -276,8 +280,11 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
             results["latency_hit"] = _latency(reader, SOURCE, [1] * 20000)
             results["latency_hit_call_alone"] = _latency(reader, SOURCE, [1] * 20000, to_dict=False)
         results["batches"] = batches
-        print(f"  decode {results['decode_ns_per_value']} ns/value (rows {results['rows_ns_per_value']}); one entity: miss {results['latency_miss']}, "
-              f"raw HMGET {results['latency_raw']}, hit {results['latency_hit']}", flush=True)
+        print(
+            f"  decode {results['decode_ns_per_value']} ns/value (rows {results['rows_ns_per_value']}); one entity: miss {results['latency_miss']}, "
+            f"raw HMGET {results['latency_raw']}, hit {results['latency_hit']}",
+            flush=True,
+        )
 
         # stampede, as in the report of the design: many clients, a few hot keys, a 50 ms TTL
         # without jitter or early refresh (every expiry a cold miss), single-flight off and
@@ -285,7 +292,14 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
         stampede: dict = {}
         for store, sinks, clients in (("redis", ("redis",), 500), ("redis", ("redis",), 64), ("sql", ("cockroach",), 64)):
             for label, sf in (("single-flight off", False), ("single-flight on", True)):
-                conf = _reader_conf(server.url, folder, sinks=sinks, single_flight=sf, timeout_ms=5000, cache={"ttl_seconds": 0.05, "jitter": 0, "early_refresh_beta": 0})
+                conf = _reader_conf(
+                    server.url,
+                    folder,
+                    sinks=sinks,
+                    single_flight=sf,
+                    timeout_ms=5000,
+                    cache={"ttl_seconds": 0.05, "jitter": 0, "early_refresh_beta": 0},
+                )
                 run = stampede.setdefault(f"{store}, {clients} clients", {})
                 run[label] = asyncio.run(_stampede(conf, defs, SOURCE, entities, clients=clients, seconds=5, hot=50))
                 print(f"  stampede, {store}, {clients} clients, {label}: {run[label]}", flush=True)
@@ -310,17 +324,36 @@ def targets(r: dict) -> list[dict]:
     rows = [
         ("1,000 x 50 batch / raw HMGET ceiling", b[1000]["ours"] / b[1000]["ceiling"], ">= 0.8x", lambda v: v >= 0.8),
         ("decode to Python values, ns per value", r["decode_ns_per_value"], "<= 150", lambda v: v <= 150),
-        (f"one entity, cache miss p99 (us; one raw HMGET: {r['latency_raw']['p99_us']})", r["latency_miss"]["p99_us"], "<= 250", lambda v: v <= 250),
+        (
+            f"one entity, cache miss p99 (us; one raw HMGET: {r['latency_raw']['p99_us']})",
+            r["latency_miss"]["p99_us"],
+            "<= 250",
+            lambda v: v <= 250,
+        ),
         ("one entity, cache hit p99 (us)", r["latency_hit"]["p99_us"], "<= 15", lambda v: v <= 15),
     ]
     for run, got in r["stampede"].items():
         on, off = got["single-flight on"], got["single-flight off"]
         rows.append((f"stampede p99, single-flight on / off ({run})", on["p99_us"] / off["p99_us"], "<= 0.2x", lambda v: v <= 0.2))
-        rows.append((f"stampede store reads per key per expiry, single-flight on ({run})", on["reads_per_key_per_expiry"], "<= 1", lambda v: v <= 1.0))
+        rows.append(
+            (
+                f"stampede store reads per key per expiry, single-flight on ({run})",
+                on["reads_per_key_per_expiry"],
+                "<= 1",
+                lambda v: v <= 1.0,
+            )
+        )
     if "feast" in r:
         for size in BATCHES:
             ratio = b[size]["ours"] / r["feast"][str(size)]
-            rows.append((f"{size:,} x 50 batch / Feast get_online_features (the raw ceiling: {b[size]['ceiling'] / r['feast'][str(size)]:.1f}x)", ratio, ">= 20x", lambda v: v >= 20))
+            rows.append(
+                (
+                    f"{size:,} x 50 batch / Feast get_online_features (the raw ceiling: {b[size]['ceiling'] / r['feast'][str(size)]:.1f}x)",
+                    ratio,
+                    ">= 20x",
+                    lambda v: v >= 20,
+                )
+            )
     return [{"target": name, "measured": round(v, 3), "goal": goal, "met": ok(v)} for name, v, goal, ok in rows]
 
 

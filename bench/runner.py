@@ -26,10 +26,10 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from throwaway.servers import start_redis
 from fm_config import PROJECT_ROOT
 from sinks.redis.config import redis_sink_config
 from sinks.sql.config import sql_sink_config
+from throwaway.servers import start_redis
 
 FEAST_VALUES_PER_S = 74_000
 """`feast materialize` into Redis on this kind of machine (measured once, see bench/README.md)."""
@@ -97,16 +97,23 @@ def _profile_summary(profiler: cProfile.Profile, top: int = 15) -> list[dict]:
     for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in rows:
         where = filename.replace(str(PROJECT_ROOT) + "/", "")
         where = where.split("site-packages/")[-1]
-        out.append({"function": f"{where}:{line}({name})", "calls": calls, "tottime_s": round(tottime, 4), "cumtime_s": round(cumtime, 4), "share": round(tottime / total, 3)})
+        out.append(
+            {
+                "function": f"{where}:{line}({name})",
+                "calls": calls,
+                "tottime_s": round(tottime, 4),
+                "cumtime_s": round(cumtime, 4),
+                "share": round(tottime / total, 3),
+            }
+        )
     return out
 
 
 def _sql_sink_rate(conf, source, entity, keys: list[str], docs: list[str], per_transaction: int) -> float:
-    from stores.sql import connect
+    from bench.standard import DATE
     from sinks.sql.preflight import ensure_schema
     from sinks.sql.upserts import SqlSink
-
-    from bench.standard import DATE
+    from stores.sql import connect
 
     sink_conf = replace(sql_sink_config(conf, source, entity, DATE), table="bench_sink_sweep", statements_per_transaction=per_transaction)
     with connect(sink_conf) as conn:
@@ -129,13 +136,13 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
     import redis
 
     from bench import baselines
+    from bench.standard import DATE
+    from jobs.transforms import feature_specs
+    from serializers.batch import encode_batch
+    from serializers.keys import as_of_epoch
+    from serializers.resp import entity_commands
     from sinks.partition import write_partition
     from sinks.redis.writer import RedisWritePlan
-    from serializers.keys import as_of_epoch
-    from jobs.transforms import feature_specs
-    from bench.standard import DATE
-    from serializers.batch import encode_batch
-    from serializers.resp import entity_commands
 
     specs = list(feature_specs(source))
     batches = _sample(spark, conf, source, SAMPLE_ENTITIES)
@@ -323,7 +330,9 @@ def _targets(sizes: list[dict]) -> list[dict]:
         if measured is None:
             return
         ok = measured >= goal if higher_is_better else measured <= goal
-        rows.append({"target": name, "measured": round(measured, 3), "goal": f"{'>=' if higher_is_better else '<='} {goal}{unit}", "ok": ok})
+        rows.append(
+            {"target": name, "measured": round(measured, 3), "goal": f"{'>=' if higher_is_better else '<='} {goal}{unit}", "ok": ok}
+        )
 
     # Throughput is judged at the largest size (steady state); every size's ratio is shown,
     # since small runs carry fixed Spark costs (starting the Python workers, scheduling).
@@ -331,33 +340,68 @@ def _targets(sizes: list[dict]) -> list[dict]:
     ceiling = base.get("ceiling_values_per_s")
     if ceiling and len(sizes) > 1:
         for s in sizes[:-1]:
-            rows.append({"target": f"Redis path / server ceiling at {s['entities']:,} entities (shown)", "measured": round(s["redis_values_per_s"] / ceiling, 3), "goal": "-", "ok": True})
+            rows.append(
+                {
+                    "target": f"Redis path / server ceiling at {s['entities']:,} entities (shown)",
+                    "measured": round(s["redis_values_per_s"] / ceiling, 3),
+                    "goal": "-",
+                    "ok": True,
+                }
+            )
     suffix = f" at {largest['entities']:,} entities"
     target("Redis path / server ceiling" + suffix, largest["redis_values_per_s"] / ceiling if ceiling else None, 0.5)
     target("Redis path / Feast (74k values/s)" + suffix, largest["redis_values_per_s"] / FEAST_VALUES_PER_S, 15)
     for s in sizes:
-        target(f"Redis bytes per value (listpack 256) at {s['entities']:,} entities", s["redis_bytes_per_value"], 16.5, higher_is_better=False, unit=" B")
-    target("encoding alone, values/s per core (M)", base["encode_values_per_s"] / 1e6 if base.get("encode_values_per_s") else None, 5, unit="M")
+        target(
+            f"Redis bytes per value (listpack 256) at {s['entities']:,} entities",
+            s["redis_bytes_per_value"],
+            16.5,
+            higher_is_better=False,
+            unit=" B",
+        )
+    target(
+        "encoding alone, values/s per core (M)", base["encode_values_per_s"] / 1e6 if base.get("encode_values_per_s") else None, 5, unit="M"
+    )
     for s in sizes:
         if "sql_baselines" not in s:
             continue
         sql_base, at = s["sql_baselines"], f" at {s['entities']:,} entities"
-        target("SQL path (2 partitions) / raw psycopg upserts (2 processes)" + at, s["sql_rows_per_s"] / sql_base["sql_raw_2_rows_per_s"], 0.8)
-        rows.append({"target": "SQL path (2 partitions) / raw psycopg upserts (1 connection, one commit; shown)" + at,
-                     "measured": round(s["sql_rows_per_s"] / sql_base["sql_raw_rows_per_s"], 3), "goal": "-", "ok": True})
+        target(
+            "SQL path (2 partitions) / raw psycopg upserts (2 processes)" + at, s["sql_rows_per_s"] / sql_base["sql_raw_2_rows_per_s"], 0.8
+        )
+        rows.append(
+            {
+                "target": "SQL path (2 partitions) / raw psycopg upserts (1 connection, one commit; shown)" + at,
+                "measured": round(s["sql_rows_per_s"] / sql_base["sql_raw_rows_per_s"], 3),
+                "goal": "-",
+                "ok": True,
+            }
+        )
     if len(sizes) > 1:
         small, large = sizes[0], sizes[-1]
         peak = lambda s: s["jvm_peak_rss"] + s["worker_peak_rss"]  # noqa: E731
-        target(f"peak executor RSS, {large['entities']:,} / {small['entities']:,} entities", peak(large) / peak(small), 1.25, higher_is_better=False)
+        target(
+            f"peak executor RSS, {large['entities']:,} / {small['entities']:,} entities",
+            peak(large) / peak(small),
+            1.25,
+            higher_is_better=False,
+        )
         per_value = lambda s: s["redis_write_seconds"] / s["values"]  # noqa: E731
-        target(f"write time per value, {large['entities']:,} / {small['entities']:,} entities", per_value(large) / per_value(small), 1.5, higher_is_better=False)
+        target(
+            f"write time per value, {large['entities']:,} / {small['entities']:,} entities",
+            per_value(large) / per_value(small),
+            1.5,
+            higher_is_better=False,
+        )
     return rows
 
 
 def _print_report(report: dict) -> None:
     mib = 1 << 20
     print(f"\nfeature-materializer bench ({report['machine']['cores']} cores, {report['machine']['python']})")
-    print(f"{'entities':>10} {'values':>12} {'run s':>7} {'redis s':>8} {'values/s':>11} {'B/value':>8} {'sql rows/s':>11} {'JVM peak':>9} {'worker peak':>11}")
+    print(
+        f"{'entities':>10} {'values':>12} {'run s':>7} {'redis s':>8} {'values/s':>11} {'B/value':>8} {'sql rows/s':>11} {'JVM peak':>9} {'worker peak':>11}"
+    )
     for s in report["sizes"]:
         sql_rate = f"{s['sql_rows_per_s']:>11,.0f}" if "sql_rows_per_s" in s else f"{'-':>11}"
         print(

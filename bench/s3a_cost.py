@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from throwaway.servers import start_redis, start_s3
 from fm_config import PROJECT_ROOT
+from throwaway.servers import start_redis, start_s3
 
 DAYS = ("2026-11-19", "2026-11-20")
 
@@ -55,7 +55,14 @@ def _flow(conf_dir: Path) -> dict[str, float]:
     ]
     env = {**os.environ, "FM_CONF_DIR": str(conf_dir), "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
     began = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "tests.cli_sequence", json.dumps(commands)], capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.cli_sequence", json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROJECT_ROOT,
+        timeout=900,
+    )
     total = time.perf_counter() - began
     if out.stdout.count("[exit 0]") != len(commands):
         raise RuntimeError(f"a command failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
@@ -76,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.s3a_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
-    starts = {"without S3A jars": min(_session_start(False) for _ in range(2)), "with S3A jars": min(_session_start(True) for _ in range(2))}
+    starts = {
+        "without S3A jars": min(_session_start(False) for _ in range(2)),
+        "with S3A jars": min(_session_start(True) for _ in range(2)),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         redis = start_redis(work / "redis", "--hash-max-listpack-value", "256", "--maxmemory", "256mb")

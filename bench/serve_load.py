@@ -152,7 +152,9 @@ def _step(name: str, process: subprocess.Popen, targets: Path, rate: int, second
         "max_ms": round(lat["max"] / 1e6, 3), "success": rep["success"], "status_codes": rep["status_codes"],
         "errors": rep["errors"][:3], "server_cpu": round(cpu, 2),
     }  # fmt: skip
-    log(f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}")
+    log(
+        f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}"
+    )
     return step
 
 
@@ -192,7 +194,14 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
     redis = start_redis(workdir / "serve-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "serve-redis.log"))
     # beside vegeta, so the server under test has its core to itself
     subprocess.run(["taskset", "-p", "-c", LOAD_CPU, str(redis.process.pid)], check=True, stdout=subprocess.DEVNULL)
-    results: dict = {"entities": entities, "seconds_per_step": seconds, "vegeta": MODULE, "server_cpu": SERVER_CPU, "load_cpu": LOAD_CPU, "runs": {}}
+    results: dict = {
+        "entities": entities,
+        "seconds_per_step": seconds,
+        "vegeta": MODULE,
+        "server_cpu": SERVER_CPU,
+        "load_cpu": LOAD_CPU,
+        "runs": {},
+    }
     try:
         log(f"writing {entities:,} entities of the standard shape with the job")
         _load(workdir, entities, redis.url)
@@ -201,7 +210,9 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
 
         names = [f.name for f in load_definitions(defs).source(SOURCE).features]
         features = [f"{SOURCE}:{n}" for n in names]
-        bodies = {(shape, zipf): _bodies(entities, shape, features, zipf, seed=shape * 2 + zipf) for shape in SHAPES for zipf in (False, True)}
+        bodies = {
+            (shape, zipf): _bodies(entities, shape, features, zipf, seed=shape * 2 + zipf) for shape in SHAPES for zipf in (False, True)
+        }
         servers = [(f"ours, cache {'on' if cache else 'off'}", cache) for cache in (False, True)]
         if feast:
             log("Feast 0.67: feast materialize of the same table")
@@ -218,7 +229,9 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             else:
                 spec = json.dumps([redis.url, str(defs), cache, port])
                 run = ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.serve_load", "--serve-child", spec]
-            process = subprocess.Popen(run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"serve-{port}.log", "w"), start_new_session=True)
+            process = subprocess.Popen(
+                run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"serve-{port}.log", "w"), start_new_session=True
+            )
             try:
                 _wait_http(f"{url}/health", process, name)
                 zipf = cache is True
@@ -235,7 +248,11 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
                 _stop(process)
         results["sample_answer"] = {n: v[:2] for n, v in list(answers["ours, cache off, 1 x 50"].items())[:4]}
         if feast:
-            results["same_values_as_feast"] = all(answers[f"{ours}, {s} x 50"] == answers[f"feast serve, {s} x 50"] for s in SHAPES for ours in ("ours, cache off", "ours, cache on"))
+            results["same_values_as_feast"] = all(
+                answers[f"{ours}, {s} x 50"] == answers[f"feast serve, {s} x 50"]
+                for s in SHAPES
+                for ours in ("ours, cache off", "ours, cache on")
+            )
     finally:
         redis.stop()
     return results
@@ -263,17 +280,45 @@ def targets(r: dict) -> list[dict]:
             ours, peer = runs[f"ours, cache off, {shape} x 50"], runs[f"feast serve, {shape} x 50"]
             top, mine = _best(peer, 50), _best(ours, 50)
             if top:
-                rows.append((f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({mine} / {top})", round(mine / top, 1), ">= 5x", lambda v: v >= 5))
+                rows.append(
+                    (
+                        f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({mine} / {top})",
+                        round(mine / top, 1),
+                        ">= 5x",
+                        lambda v: v >= 5,
+                    )
+                )
                 ratio = round(_at(peer, top) / _at(ours, top), 1) if _at(ours, top) else None
-                rows.append((f"{shape} x 50: p99 at Feast's highest sustained rate ({top}/s), Feast's / ours", ratio, ">= 10x", lambda v: v is not None and v >= 10))
+                rows.append(
+                    (
+                        f"{shape} x 50: p99 at Feast's highest sustained rate ({top}/s), Feast's / ours",
+                        ratio,
+                        ">= 10x",
+                        lambda v: v is not None and v >= 10,
+                    )
+                )
                 continue
             # Feast sustains no rate with p99 <= 50 ms: its lowest rate answered in full beside
             # our lowest (a higher rate, so the comparison favours Feast)
             low = min((s for s in peer if s["success"] >= 1), key=lambda s: s["rate"], default=None)
-            rows.append((f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({mine} / none)", "Feast: none" if mine else None, ">= 5x", lambda v: v is not None))
+            rows.append(
+                (
+                    f"{shape} x 50: highest sustained rate (p99 <= 50 ms), ours / Feast's ({mine} / none)",
+                    "Feast: none" if mine else None,
+                    ">= 5x",
+                    lambda v: v is not None,
+                )
+            )
             if low:
                 first = min(ours, key=lambda s: s["rate"])
-                rows.append((f"{shape} x 50: p99, Feast's at {low['rate']}/s / ours at {first['rate']}/s", round(low["p99_ms"] / first["p99_ms"], 1), ">= 10x", lambda v: v >= 10))
+                rows.append(
+                    (
+                        f"{shape} x 50: p99, Feast's at {low['rate']}/s / ours at {first['rate']}/s",
+                        round(low["p99_ms"] / first["p99_ms"], 1),
+                        ">= 10x",
+                        lambda v: v >= 10,
+                    )
+                )
     return [{"target": t, "measured": m, "goal": g, "met": bool(ok(m))} for t, m, g, ok in rows]
 
 
@@ -290,7 +335,12 @@ def chart(r: dict, path: Path) -> None:
                 ok = [s for s in steps if s["success"] >= 1]
                 ax.plot([s["rate"] for s in ok], [s["p99_ms"] for s in ok], marker="o", label=name.rsplit(",", 1)[0])
         ax.axhline(50, color="grey", linestyle=":", linewidth=1)
-        ax.set(xscale="log", yscale="log", xlabel="requests/s (open loop, fixed rate)", title=f"{shape} entit{'y' if shape == 1 else 'ies'} x 50 features")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="requests/s (open loop, fixed rate)",
+            title=f"{shape} entit{'y' if shape == 1 else 'ies'} x 50 features",
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("p99 latency (ms)")

@@ -71,11 +71,16 @@ def _conf(env: str, workdir: Path, defs: Path, entities: int, redis_url: str, si
             "definitions_dir": str(defs),
             "sinks": sinks,
             "redis": {"url": redis_url, "password_env": None, "capacity_bytes": 64 << 30, "namespace": None},
-            "spark": {"master": "local[2]", "extra": {
-                "spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri(),
-                "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",  # one plain JSON-lines file
-                **extra,
-            }},  # fmt: skip
+            "spark": {
+                "master": "local[2]",
+                "extra": {
+                    "spark.eventLog.enabled": "true",
+                    "spark.eventLog.dir": event_log.as_uri(),
+                    "spark.eventLog.compress": "false",
+                    "spark.eventLog.rolling.enabled": "false",  # one plain JSON-lines file
+                    **extra,
+                },
+            },  # fmt: skip
         },
     )
 
@@ -228,7 +233,10 @@ def stage_costs(event_log: Path) -> dict:
                     "executor_cpu_s": m.get("Executor CPU Time", 0) / 1e9,
                     "gc_s": m.get("JVM GC Time", 0) / 1000,
                     "shuffle_write_mb": (m.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0) / 2**20,
-                    "shuffle_read_mb": sum((m.get("Shuffle Read Metrics") or {}).get(k, 0) for k in ("Remote Bytes Read", "Local Bytes Read")) / 2**20,
+                    "shuffle_read_mb": sum(
+                        (m.get("Shuffle Read Metrics") or {}).get(k, 0) for k in ("Remote Bytes Read", "Local Bytes Read")
+                    )
+                    / 2**20,
                     "input_mb": (m.get("Input Metrics") or {}).get("Bytes Read", 0) / 2**20,
                 }
                 for k, v in values.items():
@@ -249,11 +257,27 @@ def stage_costs(event_log: Path) -> dict:
 def _print(result: dict) -> None:
     head = f"{result['entities']:,} entities, {result['layout']} layout, {'+'.join(result['sinks'])}: run {result['run_seconds']:.1f} s"
     print(f"\n{head}")
-    cols = ("wall_seconds", "job_wall_s", "jobs", "spark_stages", "tasks", "executor_run_s", "executor_cpu_s", "gc_s", "shuffle_write_mb", "shuffle_read_mb", "input_mb")
+    cols = (
+        "wall_seconds",
+        "job_wall_s",
+        "jobs",
+        "spark_stages",
+        "tasks",
+        "executor_run_s",
+        "executor_cpu_s",
+        "gc_s",
+        "shuffle_write_mb",
+        "shuffle_read_mb",
+        "input_mb",
+    )
     print("| stage | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
     for name, row in result["stages"].items():
-        print(f"| {name} | " + " | ".join(f"{row.get(c, 0):,.1f}" if isinstance(row.get(c, 0), float) else f"{row.get(c, 0):,}" for c in cols) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{row.get(c, 0):,.1f}" if isinstance(row.get(c, 0), float) else f"{row.get(c, 0):,}" for c in cols)
+            + " |"
+        )
     if result["untagged"]:
         print("| (no stage) | - | " + " | ".join(f"{result['untagged'].get(c, 0):,.1f}" for c in cols[1:]) + " |")
     print(f"writers' own seconds (Python): {result['writer_seconds']}")
@@ -295,7 +319,19 @@ def main(argv: list[str] | None = None) -> int:
             for label, count in (("one source", 1), (f"{args.sources} sources", args.sources)):
                 out = workdir / f"profile-{args.sources}-sources.json"
                 child = json.dumps([entities, server.url, count, str(out)])
-                cmd = [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--sources", str(args.sources), "--child", child]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.stage_profile",
+                    "--env",
+                    args.env,
+                    "--workdir",
+                    str(workdir),
+                    "--sources",
+                    str(args.sources),
+                    "--child",
+                    child,
+                ]
                 cmd += ["--parallel", str(args.parallel)] if args.parallel else []
                 subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
                 measured = json.loads(out.read_text())
@@ -303,10 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             many["ratio"] = round(many[f"{args.sources} sources"] / many["one source"], 2)
         finally:
             server.stop()
-        print(f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run, {many['parallel_sources']} at a time: {many[str(many['sources']) + ' sources']} s; "
-              f"one alone: {many['one source']} s; ratio {many['ratio']}x (target <= 2x)")
+        print(
+            f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run, {many['parallel_sources']} at a time: {many[str(many['sources']) + ' sources']} s; "
+            f"one alone: {many['one source']} s; ratio {many['ratio']}x (target <= 2x)"
+        )
         previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
-        previous.setdefault("many_sources", {})[f"{many['sources']} x {many['entities_per_source']}, {many['parallel_sources']} at a time"] = many
+        previous.setdefault("many_sources", {})[
+            f"{many['sources']} x {many['entities_per_source']}, {many['parallel_sources']} at a time"
+        ] = many
         args.output.write_text(json.dumps(previous, indent=1) + "\n")
         return 0
     try:
@@ -315,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
                 out = workdir / f"profile-{entities}-{layout}.json"
                 extra = dict(kv.split("=", 1) for kv in args.spark)
                 child = json.dumps([entities, layout, sinks, server.url, extra, str(out)])
-                subprocess.run([sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--child", child], check=True, cwd=PROJECT_ROOT)
+                subprocess.run(
+                    [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--child", child],
+                    check=True,
+                    cwd=PROJECT_ROOT,
+                )
                 results.append(json.loads(out.read_text()))
                 _print(results[-1])
     finally:
@@ -323,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(args.output.read_text()) if args.output.is_file() else {}
     previous.setdefault("runs", {})
     for r in results:
-        previous["runs"][" ".join([str(r["entities"]), r["layout"], "+".join(r["sinks"]), *(f"{k}={v}" for k, v in r["spark"].items())])] = r
+        previous["runs"][
+            " ".join([str(r["entities"]), r["layout"], "+".join(r["sinks"]), *(f"{k}={v}" for k, v in r["spark"].items())])
+        ] = r
     args.output.write_text(json.dumps(previous, indent=1) + "\n")
     print(f"\nwrote {args.output}")
     return 0

@@ -52,20 +52,30 @@ def measure(sizes: list[int], sources: int, feast: bool, workdir: Path) -> dict:
     from throwaway.servers import start_redis
 
     # a server of its own (the profiles start theirs) for the ceiling and Feast
-    server = start_redis(workdir / "targets-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "targets-redis" / "redis.log"))
+    server = start_redis(
+        workdir / "targets-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "targets-redis" / "redis.log")
+    )
     results: dict = {"sizes": {}}
     try:
         for n in sizes:
             run = _profile(n, "redis", workdir)
             write = run["stages"].get("write redis", {}).get("wall_seconds", 0.0)
-            size = {"run_seconds": run["run_seconds"], "write_seconds": write, "stages": {k: v["wall_seconds"] for k, v in run["stages"].items()}}
+            size = {
+                "run_seconds": run["run_seconds"],
+                "write_seconds": write,
+                "stages": {k: v["wall_seconds"] for k, v in run["stages"].items()},
+            }
             ceiling = _ceiling(n, workdir, server.url)
             size["redis_ceiling_seconds"] = n * VALUES_PER_ENTITY / ceiling["values_per_s"]
             if feast:
                 size["feast"] = materialize(n, server.url, workdir)
             results["sizes"][n] = size
         both = _profile(max(sizes), "both", workdir)
-        results["both_sinks"] = {"entities": max(sizes), "run_seconds": both["run_seconds"], "stages": {k: v["wall_seconds"] for k, v in both["stages"].items()}}
+        results["both_sinks"] = {
+            "entities": max(sizes),
+            "run_seconds": both["run_seconds"],
+            "stages": {k: v["wall_seconds"] for k, v in both["stages"].items()},
+        }
     finally:
         server.stop()
     if sources:
@@ -88,7 +98,16 @@ def targets(results: dict) -> list[dict]:
             rows.append(_row(f"{label}: whole run", seconds, "s", f"<= {limit} s", seconds <= limit, f"{seconds / limit:.2f}x the goal"))
         if "feast" in size and times:
             faster = size["feast"]["seconds"] / seconds
-            rows.append(_row(f"{label}: Feast's whole process / ours", faster, "x", f">= {times}x", faster >= times, f"Feast {size['feast']['seconds']:.1f} s"))
+            rows.append(
+                _row(
+                    f"{label}: Feast's whole process / ours",
+                    faster,
+                    "x",
+                    f">= {times}x",
+                    faster >= times,
+                    f"Feast {size['feast']['seconds']:.1f} s",
+                )
+            )
         if n >= 1_000_000:
             other = 1 - size["write_seconds"] / seconds
             rows.append(_row(f"{label}: stages other than the write", 100 * other, "%", "<= 25%", other <= 0.25))
@@ -96,7 +115,16 @@ def targets(results: dict) -> list[dict]:
                          f"ceiling {size['redis_ceiling_seconds']:.1f} s"))  # fmt: skip
     if "both_sinks" in results and results["both_sinks"]["entities"] >= 1_000_000:
         s = results["both_sinks"]["run_seconds"]
-        rows.append(_row(f"{results['both_sinks']['entities']:,} entities, both stores: whole run", s, "s", "<= 100 s", s <= 100, f"{s / 100:.2f}x the goal"))
+        rows.append(
+            _row(
+                f"{results['both_sinks']['entities']:,} entities, both stores: whole run",
+                s,
+                "s",
+                "<= 100 s",
+                s <= 100,
+                f"{s / 100:.2f}x the goal",
+            )
+        )
     if "many_sources" in results:
         m = results["many_sources"]
         rows.append(_row(f"{m['sources']} sources x {m['entities_per_source']:,} entities in one run / one alone", m["ratio"], "x", "<= 2x", m["ratio"] <= 2,

@@ -24,7 +24,9 @@ def vegeta_bin() -> Path:
         return exe
     go = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go", "/usr/lib/go/bin/go") if os.path.exists(p)), None)
     if go is None:
-        raise SystemExit("the load benchmark builds vegeta with Go: install Go (https://go.dev/dl, or apt-get install golang-go) and run again")
+        raise SystemExit(
+            "the load benchmark builds vegeta with Go: install Go (https://go.dev/dl, or apt-get install golang-go) and run again"
+        )
     print(f"installing {MODULE} into {BIN} (once)", flush=True)
     BIN.mkdir(parents=True, exist_ok=True)
     subprocess.run([go, "install", MODULE], check=True, env={**os.environ, "GOBIN": str(BIN), "CGO_ENABLED": "0"})
@@ -36,7 +38,12 @@ def write_targets(path: Path, url: str, bodies: list[bytes]) -> Path:
     """vegeta's JSON target format: one POST per body; vegeta sends them round-robin."""
     with path.open("w") as out:
         for body in bodies:
-            target = {"method": "POST", "url": url, "header": {"Content-Type": ["application/json"]}, "body": base64.b64encode(body).decode()}
+            target = {
+                "method": "POST",
+                "url": url,
+                "header": {"Content-Type": ["application/json"]},
+                "body": base64.b64encode(body).decode(),
+            }
             out.write(json.dumps(target) + "\n")
     return path
 
@@ -47,7 +54,18 @@ def attack(targets: Path, rate: int, seconds: float, cpu: str | None = None, tim
     exe = str(vegeta_bin())
     pin = ["taskset", "-c", cpu] if cpu is not None else []
     results = targets.with_suffix(".results.gob")
-    run = [*pin, exe, "attack", "-format=json", f"-targets={targets}", f"-rate={rate}", f"-duration={seconds}s", f"-timeout={timeout}", "-max-body=0", f"-output={results}"]
+    run = [
+        *pin,
+        exe,
+        "attack",
+        "-format=json",
+        f"-targets={targets}",
+        f"-rate={rate}",
+        f"-duration={seconds}s",
+        f"-timeout={timeout}",
+        "-max-body=0",
+        f"-output={results}",
+    ]
     subprocess.run(run, check=True)
     report = json.loads(subprocess.run([exe, "report", "-type=json", str(results)], capture_output=True, check=True).stdout)
     plot = subprocess.run([exe, "report", "-type=hdrplot", str(results)], capture_output=True, check=True, text=True).stdout

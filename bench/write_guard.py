@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     server = start_redis(workdir, "--hash-max-listpack-value", "256")
     url, client = server.url, server.client()
     try:
+
         def best(commands, fresh_server: bool) -> float:
             rates = []
             for _ in range(args.repeat):
@@ -121,7 +122,12 @@ def main(argv: list[str] | None = None) -> dict:
                 rates.append(args.entities / raw_load(url, commands))
             return max(rates)
 
-        out = {"entities": args.entities, "values_per_entity": len(SPECS), "redis": client.info("server")["redis_version"], "python": platform.python_version()}
+        out = {
+            "entities": args.entities,
+            "values_per_entity": len(SPECS),
+            "redis": client.info("server")["redis_version"],
+            "python": platform.python_version(),
+        }
         out["plain_new_keys_per_s"] = best(plain, True)
         raw_load(url, plain)  # keys exist: the nightly case
         out["plain_overwrite_keys_per_s"] = best(plain, False)

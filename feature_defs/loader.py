@@ -15,7 +15,16 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from feature_defs.models import EntitiesFile, EntityDef, FeatureServiceDef, FeatureServicesFile, SourceDef, SourceFile, value_type_problem, yaml_text
+from feature_defs.models import (
+    EntitiesFile,
+    EntityDef,
+    FeatureServiceDef,
+    FeatureServicesFile,
+    SourceDef,
+    SourceFile,
+    value_type_problem,
+    yaml_text,
+)
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml, read_file, written_at
 from serializers import freshness_field_name
 
@@ -119,7 +128,9 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
             problems.append(str(exc))
             continue
         if not isinstance(data, dict) or not ({"entities", "source", "feature_services"} & set(data)):
-            problems.append(f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list")
+            problems.append(
+                f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list"
+            )
             continue
         try:
             if "feature_services" in data or "entities" in data:  # lists of named items, each defined once
@@ -139,13 +150,15 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
                 source = SourceFile.model_validate(data).source
                 key = f"source:{source.name}"
                 if source.name in sources:
-                    problems.append(f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at {where[key]}:{lines[key]}")
+                    problems.append(
+                        f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at {where[key]}:{lines[key]}"
+                    )
                     continue
                 sources[source.name], where[key], nodes[key] = source, path, node
                 lines[key] = line_of(node, ["source"])
                 for i, feature in enumerate(source.features):
                     lines[f"{key}:{feature.name}"] = lines[f"{key}:features:{i}"] = line_of(node, ["source", "features", i])
-                for i, extra in enumerate(source.expectations):
+                for i in range(len(source.expectations)):
                     lines[f"{key}:expectations:{i}"] = line_of(node, ["source", "expectations", i])
         except ValidationError as exc:
             problems.extend(describe_validation_error(exc, path, node))
@@ -156,7 +169,12 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
     if problems:
         raise DefinitionError(problems)
     return Definitions(
-        entities=entities, sources=sources, files=where, digest=digest.hexdigest(), services=services, extra_expectations=tuple(extra_expectations)
+        entities=entities,
+        sources=sources,
+        files=where,
+        digest=digest.hexdigest(),
+        services=services,
+        extra_expectations=tuple(extra_expectations),
     )
 
 
@@ -168,9 +186,13 @@ def _service_problems(services, sources, places) -> list[str]:
             source_name, _, feature = ref.partition(":")
             source = sources.get(source_name)
             if source is None:
-                problems.append(f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: unknown source {source_name!r} in {ref!r}")
+                problems.append(
+                    f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: unknown source {source_name!r} in {ref!r}"
+                )
             elif feature and feature not in {f.name for f in source.features}:
-                problems.append(f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: source {source_name!r} has no feature {feature!r}")
+                problems.append(
+                    f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: source {source_name!r} has no feature {feature!r}"
+                )
     return problems
 
 
@@ -240,7 +262,9 @@ def _cross_checks(entities, sources, where, lines, nodes, extra_expectations: li
         entity = entities.get(source.entity)
         if entity is None:
             defined = ", ".join(sorted(entities)) or "none"
-            problems.append(f"{places.at(f'source:{source.name}')}: source {source.name!r}: unknown entity {source.entity!r} (defined: {defined})")
+            problems.append(
+                f"{places.at(f'source:{source.name}')}: source {source.name!r}: unknown entity {source.entity!r} (defined: {defined})"
+            )
             continue
         problems += _key_column_problems(source, entity, places)
         problems += _expectation_problems(source, entity, places, extra_expectations)
@@ -298,7 +322,9 @@ def _feature_name_problems(source, places: _Places) -> list[str]:
     by_column: dict[str, int] = {}
     for i, feature in enumerate(source.features):
         if feature.name in seen:
-            problems.append(f"{places.at(f'{skey}:features:{i}')}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}")
+            problems.append(
+                f"{places.at(f'{skey}:features:{i}')}: source {source.name!r}: feature #{i + 1}: duplicate feature name {feature.name!r}"
+            )
             continue
         seen.add(feature.name)
         first = by_column.setdefault(feature.source_column, i)

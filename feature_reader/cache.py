@@ -17,8 +17,9 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from fm_config.reader import CacheSettings
 

@@ -117,7 +117,13 @@ def _int_lists(raws: list, compressed: bool) -> list | None:
         # one length for the column (lists of one size): checked and read as one matrix
         size = len(present[0])
         m = np.frombuffer(b"".join(present), np.uint8).reshape(len(present), size)
-        if (m[:, 0] == size - 2).all() and (m[:, 1] == (size - 3) << 2).all() and (m[:, 2] == 0x0A).all() and (m[:, 3] == size - 4).all() and (m[:, 4:] < 0x80).all():
+        if (
+            (m[:, 0] == size - 2).all()
+            and (m[:, 1] == (size - 3) << 2).all()
+            and (m[:, 2] == 0x0A).all()
+            and (m[:, 3] == size - 4).all()
+            and (m[:, 4:] < 0x80).all()
+        ):
             rows = iter(m[:, 4:].tolist())
             return [None if r is None else next(rows) for r in raws]
     out = []

@@ -25,7 +25,9 @@ def parse_body(body: bytes | str) -> dict[str, Any]:
         raise RequestError("the request body must be a JSON object with 'features' (or 'feature_service') and 'entities'")
     unknown = sorted(set(data) - FEAST_FIELDS - IGNORED - OURS)
     if unknown:
-        raise RequestError(f"unknown field(s) in the request: {', '.join(unknown)} (expected: features or feature_service, entities, full_feature_names, max_age)")
+        raise RequestError(
+            f"unknown field(s) in the request: {', '.join(unknown)} (expected: features or feature_service, entities, full_feature_names, max_age)"
+        )
     features = data.get("features")
     if features is not None and not isinstance(features, list):  # its items: checked as the references resolve
         raise RequestError("'features' must be a list of strings like 'source:feature'")
@@ -37,4 +39,10 @@ def parse_body(body: bytes | str) -> dict[str, Any]:
         raise RequestError("'full_feature_names' must be true or false")
     if "entities" not in data:
         raise RequestError("the request has no 'entities' (key columns, e.g. {\"consumer_id\": [1, 2]})")
-    return {"features": features, "entities": data["entities"], "feature_service": service, "full_feature_names": full, "max_age": data.get("max_age")}
+    return {
+        "features": features,
+        "entities": data["entities"],
+        "feature_service": service,
+        "full_feature_names": full,
+        "max_age": data.get("max_age"),
+    }

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from feature_defs import Definitions, FeatureDef, load_definitions
-from fm_config import RunConf, load_config
 from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
 from feature_reader.errors import ReadTimeout, RequestError, StoreError
@@ -30,6 +29,7 @@ from feature_reader.response import STALE as STALE_STATUS
 from feature_reader.rows import SourceRow, Unit
 from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
+from fm_config import RunConf, load_config
 from stores.redis import connect, is_cluster
 
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
@@ -298,7 +298,16 @@ def _failure(exc: Exception) -> str:
 class FeatureReader(_Base):
     """Reads features for models, from any number of threads."""
 
-    def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, cluster: bool | None = None, clock=time.time):
+    def __init__(
+        self,
+        conf: RunConf,
+        defs: Definitions,
+        *,
+        cache: bool | None = None,
+        redis_url: str | None = None,
+        cluster: bool | None = None,
+        clock=time.time,
+    ):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (RedisReads, SqlReads))
         self._flights = ThreadFlights() if conf.reader.single_flight else NoFlights()
 
@@ -361,7 +370,16 @@ class FeatureReader(_Base):
 class AsyncFeatureReader(_Base):
     """Reads features for models, on one asyncio event loop."""
 
-    def __init__(self, conf: RunConf, defs: Definitions, *, cache: bool | None = None, redis_url: str | None = None, cluster: bool | None = None, clock=time.time):
+    def __init__(
+        self,
+        conf: RunConf,
+        defs: Definitions,
+        *,
+        cache: bool | None = None,
+        redis_url: str | None = None,
+        cluster: bool | None = None,
+        clock=time.time,
+    ):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (AsyncRedisReads, AsyncSqlReads))
         self._flights = AsyncFlights() if conf.reader.single_flight else NoFlights()
 

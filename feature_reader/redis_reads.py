@@ -20,9 +20,9 @@ from feature_reader.decode import BAD, ColumnDecoder
 from feature_reader.errors import ReadTimeout, StoreError
 from feature_reader.redis_pipe import RedisPipe
 from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
+from fm_config.redis import RedisConnection
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
-from fm_config.redis import RedisConnection
 from stores.redis import connect, connect_async, connect_cluster, connect_cluster_async, server_address
 
 PER_VALUE_BYTES = 48
@@ -291,7 +291,9 @@ class AsyncRedisReads(_Reads):
     in one write, and each read's replies are decoded a chunk at a time as they arrive.
     Redis Cluster: redis-py's cluster pipeline, one per primary, at once."""
 
-    def __init__(self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32):
+    def __init__(
+        self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32
+    ):
         super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
         timeouts = dict(socket_timeout=timeout, connect_timeout=_connect_timeout(timeout), max_connections=connections)
         self.client = connect_cluster_async(config, **timeouts) if cluster else connect_async(config, **timeouts)

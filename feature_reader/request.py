@@ -94,7 +94,9 @@ class ReadRequest:
 
     __slots__ = ("selection", "join_keys", "ids", "rows", "max_age_seconds")
 
-    def __init__(self, selection: Selection, join_keys: dict[str, list], ids: dict[str, list[str]], rows: int, max_age_seconds: float | None = None):
+    def __init__(
+        self, selection: Selection, join_keys: dict[str, list], ids: dict[str, list[str]], rows: int, max_age_seconds: float | None = None
+    ):
         self.selection = selection
         self.join_keys = join_keys
         """The request's entity columns, in its order (the response repeats them first)."""
@@ -172,7 +174,7 @@ def parse_request(
     bad part. ``memo`` keeps resolved feature references between calls."""
     selection = _selection(defs, features, feature_service, full_feature_names, memo)
     if not isinstance(entities, dict) or not entities:
-        raise EntityKeyError("entities must be a non-empty object of key columns, e.g. {\"consumer_id\": [1, 2]}")
+        raise EntityKeyError('entities must be a non-empty object of key columns, e.g. {"consumer_id": [1, 2]}')
     involved, needed = selection.entities, selection.needed
     if entities.keys() != needed.keys():
         unknown = [k for k in entities if k not in needed]
@@ -196,6 +198,8 @@ def parse_request(
     for entity in involved.values():
         cols = [_column(entity, k.name, k.type, entities[k.name]) for k in entity.keys]
         ids[entity.name] = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
-    if max_age_seconds is not None and (not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0):
+    if max_age_seconds is not None and (
+        not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0
+    ):
         raise RequestError("max_age must be a positive number of seconds")
     return ReadRequest(selection, {k: list(entities[k]) for k in entities}, ids, rows, max_age_seconds)

@@ -36,7 +36,9 @@ class OnlineFeatures:
 
     __slots__ = ("join_keys", "names", "_values", "_statuses", "_stamps", "_pending")
 
-    def __init__(self, join_keys: dict[str, list], names: list[str], values: list, statuses: list, stamps: list, pending: list | None = None):
+    def __init__(
+        self, join_keys: dict[str, list], names: list[str], values: list, statuses: list, stamps: list, pending: list | None = None
+    ):
         # statuses[i] None: every value PRESENT; stamps[i] may be shared by a source's columns
         # (copied when handed out); pending: (positions, value indexes or None for all in
         # order, row tuples, as-of times) of sources whose columns are the rows transposed
@@ -61,7 +63,9 @@ class OnlineFeatures:
         self._ready()
         statuses = self._statuses[at]
         values = self._values[at]
-        return FeatureColumn(self.names[at], values, [PRESENT] * len(values) if statuses is None else list(statuses), list(self._stamps[at]))
+        return FeatureColumn(
+            self.names[at], values, [PRESENT] * len(values) if statuses is None else list(statuses), list(self._stamps[at])
+        )
 
     @property
     def columns(self) -> list[FeatureColumn]:

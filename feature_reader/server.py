@@ -97,7 +97,9 @@ class FeatureServer:
         except Exception as exc:  # a bug: logged by type and first line, answered without details
             log.error("%s %s failed: %s: %s", scope["method"], path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             status, body, kind = 500, orjson.dumps({"error": "internal error (logged by the server)", "type": "InternalError"}), JSON
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body))]})
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body))]}
+        )
         await send({"type": "http.response.body", "body": body})
         series = self._series.get((route, status))
         if series is None:  # labels() takes a lock and builds the key each call: kept per (route, status)
@@ -147,7 +149,9 @@ class FeatureServer:
         limit = self.settings.max_body_bytes
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                raise _Refused(413, f"the request body is {int(value):,} bytes; the limit is {limit:,} (server.max_body_bytes)", "BodyTooLarge")
+                raise _Refused(
+                    413, f"the request body is {int(value):,} bytes; the limit is {limit:,} (server.max_body_bytes)", "BodyTooLarge"
+                )
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -194,7 +198,18 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
     # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
-    options: dict[str, Any] = dict(host=host, port=port, loop="uvloop", http=OneWriteProtocol, ws="none", access_log=False, proxy_headers=False, lifespan="on", log_level="warning", timeout_graceful_shutdown=30)
+    options: dict[str, Any] = dict(
+        host=host,
+        port=port,
+        loop="uvloop",
+        http=OneWriteProtocol,
+        ws="none",
+        access_log=False,
+        proxy_headers=False,
+        lifespan="on",
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+    )
     print(f"[serve] Feast's feature-server API on http://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}): "
           f"POST /get-online-features, GET /health, GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
     if workers > 1:

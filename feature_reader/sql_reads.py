@@ -22,7 +22,9 @@ from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
 from fm_config.sql import SqlConnection
 from stores.sql import async_pool, is_transient, pool, server_address, table_identifier
 
-QUERY = "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::bigint FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
+QUERY = (
+    "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::bigint FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
+)
 
 
 def _statements(defs: Definitions, schema: str | None, units: Sequence[Unit]) -> list[tuple[sql.Composed, list[str], list[str]]]:
@@ -72,7 +74,12 @@ def _no_connection(where: str, exc: PoolTimeout) -> StoreError:
 
 def _reader_connection(config: SqlConnection, timeout: float) -> SqlConnection:
     # the server's statement timeout is a read's deadline; a connect gets a little more
-    return replace(config, statement_timeout_ms=max(1, int(timeout * 1000)), connect_timeout=max(2, int(timeout) + 1), application_name=config.application_name + "-reader")
+    return replace(
+        config,
+        statement_timeout_ms=max(1, int(timeout * 1000)),
+        connect_timeout=max(2, int(timeout) + 1),
+        application_name=config.application_name + "-reader",
+    )
 
 
 def _found(rows, found: dict) -> None:
@@ -134,7 +141,10 @@ class AsyncSqlReads:
         found: dict[Unit, tuple[str, int]] = {}
         try:
             await self._open()
-            async with self._slots, asyncio.timeout(self.timeout * 2 + 1):  # the server's statement_timeout is the deadline; this bounds a lost peer
+            async with (
+                self._slots,
+                asyncio.timeout(self.timeout * 2 + 1),
+            ):  # the server's statement_timeout is the deadline; this bounds a lost peer
                 async with self._pool.connection() as conn:
                     for query, keys, sources in _statements(self.defs, self.config.schema, units):
                         try:

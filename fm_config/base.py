@@ -37,7 +37,8 @@ class Settings(BaseModel):
             for key in data:
                 if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith(("_env", "_file")):
                     raise KeyProblem(
-                        key, f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'"
+                        key,
+                        f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'",
                     )
         return data
 
@@ -75,5 +76,7 @@ def read_secret(section: str, env_name: str | None, file: Path | None) -> Secret
         try:
             return SecretStr(file.read_text(encoding="utf-8").rstrip("\r\n"))
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{section}.password_file {str(file)!r} cannot be read: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+            raise ConfigError(
+                f"{section}.password_file {str(file)!r} cannot be read: {getattr(exc, 'strerror', None) or type(exc).__name__}"
+            ) from None
     return None

@@ -82,5 +82,7 @@ def load_config(env: str | None = None, overrides: dict | None = None) -> RunCon
     except ValidationError as exc:
         where = ", ".join(str(p) for p in read) or f"{root}/base and {root}/{env} (no files)"
         # Never echo input values: a flag or file may hold a secret where it does not belong.
-        problems = [f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors(include_url=False, include_input=False)]
+        problems = [
+            f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors(include_url=False, include_input=False)
+        ]
         raise ConfigError(f"invalid configuration (read {where}):\n  " + "\n  ".join(problems)) from None

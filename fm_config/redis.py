@@ -35,8 +35,12 @@ class RedisSettings(Settings):
             raise KeyProblem("url", "url is not a valid redis:// or rediss:// URL") from None
         # redis-py also takes credentials from query arguments (?password=...)
         if secret or {"password", "username", "credential_provider"} & set(parse_qs(parts.query)):
-            raise KeyProblem("url", "url contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
+            raise KeyProblem(
+                "url",
+                "url contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'",
+            )
         return self
+
     username: str | None = None
     mode: Literal["auto", "standalone", "cluster"] = "auto"
     """cluster: the url is a seed node of a Redis Cluster; auto: ask the server (INFO cluster)."""
@@ -83,7 +87,6 @@ class RedisSettings(Settings):
     tls_key_file: str | None = None
     """Unencrypted PEM key of tls_cert_file, when the key is not in that file."""
 
-
     def password(self, resolve: Callable[[str], Path]) -> SecretStr | None:
         """The password from password_env or password_file (``resolve`` places a relative file)."""
         return read_secret("redis", self.password_env, resolve(self.password_file) if self.password_file else None)
@@ -102,7 +105,11 @@ class RedisTls:
     """Unencrypted PEM key of cert_file, when the key is not in that file."""
 
     def files(self) -> dict[str, str]:
-        return {name: path for name, path in (("tls_ca_file", self.ca_file), ("tls_cert_file", self.cert_file), ("tls_key_file", self.key_file)) if path}
+        return {
+            name: path
+            for name, path in (("tls_ca_file", self.ca_file), ("tls_cert_file", self.cert_file), ("tls_key_file", self.key_file))
+            if path
+        }
 
 
 @dataclass(frozen=True, kw_only=True)

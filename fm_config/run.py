@@ -166,14 +166,20 @@ class RunConf(Settings):
         self.redis_password()
         r = self.redis
         tls = tls_files(r, self.path)
-        return RedisConnection(url=url or r.url, username=r.username, secret=self._secret("redis", r), tls=tls, socket_timeout=r.socket_timeout)
+        return RedisConnection(
+            url=url or r.url, username=r.username, secret=self._secret("redis", r), tls=tls, socket_timeout=r.socket_timeout
+        )
 
     def sql_connection(self) -> SqlConnection:
         """How to reach sql.dsn; its password as redis_connection's."""
         self.sql_password()
         s = self.sql
         return SqlConnection(
-            dsn=s.dsn, schema=s.db_schema, statement_timeout_ms=s.statement_timeout_ms, connect_timeout=s.connect_timeout, secret=self._secret("sql", s)
+            dsn=s.dsn,
+            schema=s.db_schema,
+            statement_timeout_ms=s.statement_timeout_ms,
+            connect_timeout=s.connect_timeout,
+            secret=self._secret("sql", s),
         )
 
     def _secret(self, section: str, settings) -> SecretRef | None:

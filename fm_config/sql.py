@@ -57,7 +57,10 @@ class SqlSettings(Settings):
             # libpq quotes the offending token, which may be a secret: do not repeat it
             raise KeyProblem("dsn", "dsn is not a valid libpq connection string or postgresql:// URL") from None
         if any("password" in key and value for key, value in parts.items()):  # password, sslpassword
-            raise KeyProblem("dsn", "dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'")
+            raise KeyProblem(
+                "dsn",
+                "dsn contains a password: secrets are never read from config or flags; name the env var that holds it with 'password_env'",
+            )
         return self
 
     def password(self, resolve: Callable[[str], Path]) -> SecretStr | None:

@@ -24,15 +24,18 @@ from pathlib import Path
 
 from jobs.jars import QUIET, archive_path, delta_jars
 
+
 def inputs_digest() -> str:
     """The JDK build and the classpath (with its folder) the archive was made for: a change means a new one."""
     import pyspark
 
-
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     spark_jars = Path(pyspark.__file__).resolve().parent / "jars"  # the archive names it: a moved .venv needs a new one
     # with size and time: the JVM refuses an archive whose jars changed (a reinstalled .venv)
-    jars = [str(spark_jars), *(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*sorted(spark_jars.glob("*.jar")), *delta_jars()])]
+    jars = [
+        str(spark_jars),
+        *(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*sorted(spark_jars.glob("*.jar")), *delta_jars()]),
+    ]
     return hashlib.sha256("\n".join([java, pyspark.__version__, *jars]).encode()).hexdigest()[:16]
 
 
@@ -46,7 +49,12 @@ def _workload(spark, folder: Path) -> None:
 
     dates = sample_dates(2)
     write_sample_tables(spark, folder / "data", dates, consumers=100, stores=20)
-    conf = RunConf(env="archive", data_root=str(folder / "data"), reports_dir=str(folder / "reports"), quality=QualityConf(data_docs=False, max_bad_fraction=0.05))
+    conf = RunConf(
+        env="archive",
+        data_root=str(folder / "data"),
+        reports_dir=str(folder / "reports"),
+        quality=QualityConf(data_docs=False, max_bad_fraction=0.05),
+    )
     defs = load_definitions()
     ledger = Ledger(spark, folder / "ledger")
     entry = Entry(

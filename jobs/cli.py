@@ -32,7 +32,12 @@ def _lease_wait(p: argparse.ArgumentParser) -> None:
 
 
 def _parallel(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parallel", type=int, metavar="N", help="sources worked on at once in the one Spark session (overrides parallel_sources, default 2)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="sources worked on at once in the one Spark session (overrides parallel_sources, default 2)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,18 +50,33 @@ def build_parser() -> argparse.ArgumentParser:
         "  materialize backfill --env local --source consumer_daily --start 2026-11-16 --end 2026-11-20 --dry-run\n"
         "  materialize runs --last 10\n  materialize cleanup --env local --entity consumer --dry-run\n"
         "  materialize defs --source consumer_daily\n  materialize doctor --env prod\n"
-        "  echo '{\"features\": [\"consumer_daily:orders_7d\"], \"entities\": {\"consumer_id\": [1, 2]}}' | materialize get --env local",
+        '  echo \'{"features": ["consumer_daily:orders_7d"], "entities": {"consumer_id": [1, 2]}}\' | materialize get --env local',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = (_run_command, _validate_command, _backfill_command, _bench_command, _runs_command, _cleanup_command)
-    for add in (*commands, _verify_command, _get_command, _serve_command, _schema_command, _ready_command, _report_command, _doctor_command, _sample_data_command, _defs_command):
+    for add in (
+        *commands,
+        _verify_command,
+        _get_command,
+        _serve_command,
+        _schema_command,
+        _ready_command,
+        _report_command,
+        _doctor_command,
+        _sample_data_command,
+        _defs_command,
+    ):
         add(sub)  # in --help's order
     return parser
 
 
 def _run_command(sub) -> None:
-    run = sub.add_parser("run", help="materialize one date of one or all sources", description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.")
+    run = sub.add_parser(
+        "run",
+        help="materialize one date of one or all sources",
+        description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.",
+    )
     _common(run)
     run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
     run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
@@ -99,7 +119,9 @@ def _backfill_command(sub) -> None:
     back.add_argument("--source", required=True, help="the source (ETL table)")
     back.add_argument("--start", required=True, type=_date, help="first date, YYYY-MM-DD")
     back.add_argument("--end", required=True, type=_date, help="last date, YYYY-MM-DD (not in the future)")
-    back.add_argument("--sink", choices=["redis", "cockroach", "all"], default="all", help="store(s) to write (default: the configured sinks)")
+    back.add_argument(
+        "--sink", choices=["redis", "cockroach", "all"], default="all", help="store(s) to write (default: the configured sinks)"
+    )
     back.add_argument("--mode", choices=["latest", "replay"], default="latest", help="latest: one pass (default); replay: date by date")
     back.add_argument("--force", action="store_true", help="write dates the ledger shows as already written")
     back.add_argument("--dry-run", action="store_true", help="print the plan (dates, sinks, estimated rows and bytes); write nothing")
@@ -113,7 +135,9 @@ def _bench_command(sub) -> None:
 
 
 def _runs_command(sub) -> None:
-    runs = sub.add_parser("runs", help="list the run ledger", description="List runs, backfill steps and cleanups from the ledger, newest first.")
+    runs = sub.add_parser(
+        "runs", help="list the run ledger", description="List runs, backfill steps and cleanups from the ledger, newest first."
+    )
     _common(runs)
     runs.add_argument("--source", help="only this source")
     runs.add_argument("--last", type=int, default=20, help="how many (default 20)")
@@ -157,27 +181,41 @@ def _schema_command(sub) -> None:
         "(conf/README.md 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features --sql-password-env FM_SQL_SCHEMA_PASSWORD.",
     )
     _common(schema)
-    schema.add_argument("--source", action="append", help="source whose entity table to create; repeat for several (default: all configured)")
+    schema.add_argument(
+        "--source", action="append", help="source whose entity table to create; repeat for several (default: all configured)"
+    )
     schema.add_argument("--sql-dsn", help="connection string of the role that may create tables, overriding sql.dsn (no password in it)")
     schema.add_argument("--sql-password-env", help="env var holding that role's password, overriding sql.password_env")
 
 
 def _ready_command(sub) -> None:
-    ready = sub.add_parser("ready", help="exit 0 when a source has rows for a date (for sensors)", description="Exit 0 when the source table has rows for --date, 3 when it has none yet.")
+    ready = sub.add_parser(
+        "ready",
+        help="exit 0 when a source has rows for a date (for sensors)",
+        description="Exit 0 when the source table has rows for --date, 3 when it has none yet.",
+    )
     _common(ready)
     ready.add_argument("--date", required=True, type=_date)
     ready.add_argument("--source", required=True)
 
 
 def _report_command(sub) -> None:
-    rep = sub.add_parser("report", help="print a run's summary from its report", description="Print the summary table of reports/<source>/<date>/summary.json (no Spark needed).")
+    rep = sub.add_parser(
+        "report",
+        help="print a run's summary from its report",
+        description="Print the summary table of reports/<source>/<date>/summary.json (no Spark needed).",
+    )
     _common(rep)
     rep.add_argument("--date", required=True, type=_date)
     rep.add_argument("--source", required=True)
 
 
 def _sample_data_command(sub) -> None:
-    sample = sub.add_parser("sample-data", help="write the deterministic sample Delta tables", description="(Re)write the sample ETL tables consumer_daily and store_features_long.")
+    sample = sub.add_parser(
+        "sample-data",
+        help="write the deterministic sample Delta tables",
+        description="(Re)write the sample ETL tables consumer_daily and store_features_long.",
+    )
     _common(sample)
     sample.add_argument("--days", type=int, default=5, help="number of dates (default 5)")
     sample.add_argument("--end", type=_date, default=dt.date(2026, 11, 20), help="last date (default 2026-11-20)")
@@ -195,7 +233,9 @@ def _get_command(sub) -> None:
     )
     get.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
     get.add_argument("--request", metavar="FILE", help="the request body (default: stdin)")
-    get.add_argument("--store", choices=["redis", "sql"], help="read this store only (default: each source's stores from conf, Redis first)")
+    get.add_argument(
+        "--store", choices=["redis", "sql"], help="read this store only (default: each source's stores from conf, Redis first)"
+    )
     get.add_argument("--redis-url", help="another Redis than redis.url")
     get.add_argument("--pretty", action="store_true", help="indent the JSON (default: compact, as the server sends it)")
 
@@ -228,7 +268,11 @@ def _doctor_command(sub) -> None:
 
 
 def _defs_command(sub) -> None:
-    defs = sub.add_parser("defs", help="check the feature definitions and list field ids", description="Load and check feature_defs; print every feature with its type, options and field id.")
+    defs = sub.add_parser(
+        "defs",
+        help="check the feature definitions and list field ids",
+        description="Load and check feature_defs; print every feature with its type, options and field id.",
+    )
     _common(defs)
     defs.add_argument("--source", help="only this source")
 
@@ -267,7 +311,9 @@ def cmd_defs(args) -> int:
         if args.source and source.name != args.source:
             continue
         entity = defs.entity_of(source)
-        print(f"{source.name}  (entity {entity.name}, key {entity.prefix}:<{':'.join(k.name for k in entity.keys)}>, layout {source.layout})")
+        print(
+            f"{source.name}  (entity {entity.name}, key {entity.prefix}:<{':'.join(k.name for k in entity.keys)}>, layout {source.layout})"
+        )
         print(f"  {freshness_field_name(source.name):<34} {'freshness':<12} field id {field_id_int(freshness_field_name(source.name)):>10}")
         for f in source.features:
             opts = ", ".join(f"{k}={v}" for k, v in f.options.items())
@@ -293,9 +339,9 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
     Each source's summary is printed when it ends, in the order they end."""
     from jobs.operations.lease import LeaseHeld
+    from jobs.pipeline.gate.checks import QualityGateError
     from jobs.pipeline.report.stage import report_dir
     from jobs.pipeline.run import for_each_source
-    from jobs.pipeline.gate.checks import QualityGateError
     from jobs.spark import build_spark
 
     conf, defs = _load(args, expectations=expectations)
@@ -342,7 +388,11 @@ def cmd_run(args) -> int:
 def cmd_verify(args) -> int:
     from jobs.pipeline.run import verify_source
 
-    return _each_source(args, lambda spark, conf, defs, name: verify_source(spark, conf, defs, name, args.date, redis_url=args.redis_url), "verification.json")
+    return _each_source(
+        args,
+        lambda spark, conf, defs, name: verify_source(spark, conf, defs, name, args.date, redis_url=args.redis_url),
+        "verification.json",
+    )
 
 
 def cmd_ready(args) -> int:
@@ -424,8 +474,12 @@ def cmd_backfill(args) -> int:
 def bench_moved(rest: Sequence[str]) -> int:
     """The benchmarks are development tooling: not in the installed package, never imported by it."""
     command = " ".join(["python -m bench", *rest])
-    print(f"error: the benchmarks moved out of the installed job: run `{command}` (or `make bench`) from a checkout of the project", file=sys.stderr)
+    print(
+        f"error: the benchmarks moved out of the installed job: run `{command}` (or `make bench`) from a checkout of the project",
+        file=sys.stderr,
+    )
     return EXIT_USAGE
+
 
 def cmd_runs(args) -> int:
     from jobs.operations.ledger import Ledger
@@ -437,13 +491,17 @@ def cmd_runs(args) -> int:
     if not rows:
         print(f"no runs recorded in {conf.ledger_path}")
         return EXIT_OK
-    print(f"{'started (UTC)':<20} {'kind':<16} {'source':<22} {'dates':<23} {'sinks':<16} {'status':<10} {'entities':>9}  {'code':<13} error")
+    print(
+        f"{'started (UTC)':<20} {'kind':<16} {'source':<22} {'dates':<23} {'sinks':<16} {'status':<10} {'entities':>9}  {'code':<13} error"
+    )
     for r in rows:
         dates = str(r["start_date"]) + (f"..{r['end_date']}" if r["end_date"] != r["start_date"] else "")
         started = r["started_at"].strftime("%Y-%m-%d %H:%M:%S") if r["started_at"] else ""
         entities = f"{r['entities']:,}" if r["entities"] is not None else ""
         error = (r["error"] or "")[:80]
-        print(f"{started:<20} {r['kind']:<16} {r['source'] or '':<22} {dates:<23} {','.join(r['sinks'] or []):<16} {r['status']:<10} {entities:>9}  {r['code_version'] or '':<13} {error}")
+        print(
+            f"{started:<20} {r['kind']:<16} {r['source'] or '':<22} {dates:<23} {','.join(r['sinks'] or []):<16} {r['status']:<10} {entities:>9}  {r['code_version'] or '':<13} {error}"
+        )
     return EXIT_OK
 
 
@@ -474,7 +532,10 @@ def cmd_cleanup(args) -> int:
         print(f"removed {result.fields_removed:,} fields from {result.keys:,} keys in {result.seconds:.1f}s; "
               f"Redis memory {result.memory_before:,} -> {result.memory_after:,} B (freed {max(0, result.memory_before - result.memory_after):,} B)")  # fmt: skip
     for source, done in sorted(result.left.items()):
-        print(f"error: not cleaned: {source} ({', '.join(done['fields'])}): {done['reason']}; recorded as left for a later cleanup", file=sys.stderr)
+        print(
+            f"error: not cleaned: {source} ({', '.join(done['fields'])}): {done['reason']}; recorded as left for a later cleanup",
+            file=sys.stderr,
+        )
     return EXIT_FAILED if result.left else EXIT_OK
 
 
@@ -492,7 +553,10 @@ def cmd_schema(args) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)  # libpq puts its hints on lines of their own
         return EXIT_FAILED
     except psycopg.Error as exc:  # after connecting: the server went away, a timeout, a lock
-        print(f"error: schema step on the SQL store ({conf.sql.dsn}) failed: [{exc.sqlstate or 'no SQLSTATE'}] {' '.join(str(exc).split())}", file=sys.stderr)
+        print(
+            f"error: schema step on the SQL store ({conf.sql.dsn}) failed: [{exc.sqlstate or 'no SQLSTATE'}] {' '.join(str(exc).split())}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     for table, state in done.items():
         print(f"{table}: {state}" + ("" if state == "created" else " (columns checked)"))
@@ -557,7 +621,9 @@ def cmd_doctor(args) -> int:
 def cmd_validate(args) -> int:
     from jobs.pipeline.run import validate_source
 
-    return _each_source(args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json", expectations=True)
+    return _each_source(
+        args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json", expectations=True
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -586,7 +652,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing is None:
             raise  # not an extra's module: a broken install or a bug, its traceback is wanted
         module, extra = missing
-        print(f"materialize {args.command} needs the {TITLES[extra]} extra ({module} is not installed): {install_hint(extra)}", file=sys.stderr)
+        print(
+            f"materialize {args.command} needs the {TITLES[extra]} extra ({module} is not installed): {install_hint(extra)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
 

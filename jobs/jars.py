@@ -26,8 +26,6 @@ DELTA_JARS = tuple(f"{artifact.split(':')[1]}-{DELTA_VERSION}.jar" for artifact 
 """The jar files Maven copies: delta-spark_4.2_2.13-4.4.0.jar, delta-storage-4.4.0.jar."""
 
 
-
-
 def jars_dir() -> Path:
     """What the set-up fetched and made for the JVM: jars, the class archive (FM_JARS_DIR, else jars/)."""
     from fm_config import PROJECT_ROOT  # not at import: see the module's docstring

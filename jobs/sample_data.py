@@ -154,12 +154,6 @@ def write_sample_tables(spark, data_root: Path, dates: list[dt.date], consumers:
     ):
         pdf = pd.concat([make(day, size) for day in dates], ignore_index=True)
         df = spark.createDataFrame(pdf, schema=schema)
-        (
-            df.write.format("delta")
-            .mode("overwrite")
-            .option("overwriteSchema", "true")
-            .partitionBy("ds")
-            .save(str(data_root / name))
-        )
+        (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true").partitionBy("ds").save(str(data_root / name)))
         counts[name] = len(pdf)
     return counts

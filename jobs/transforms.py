@@ -40,7 +40,11 @@ _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
 # Long layout text values. Numbers: ASCII digits, optional fraction and exponent (Spark's own
 # cast would also take "1d", "0x1p3", Unicode digits). NaN/inf only spelled out.
 _NUMBER_TEXT = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
-_SPELLED = ((float("nan"), ("nan", "+nan", "-nan")), (float("inf"), ("inf", "+inf", "infinity", "+infinity")), (float("-inf"), ("-inf", "-infinity")))
+_SPELLED = (
+    (float("nan"), ("nan", "+nan", "-nan")),
+    (float("inf"), ("inf", "+inf", "infinity", "+infinity")),
+    (float("-inf"), ("-inf", "-infinity")),
+)
 _TRUE_TEXT = ("true", "1", "1.0")
 _FALSE_TEXT = ("false", "0", "0.0")
 _INT64_END = 2.0**63  # a double cast to long saturates here instead of failing
@@ -240,7 +244,9 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     for column, feature in by_column.items():
         picked = F.first(F.when(F.col(source.name_column) == column, value), ignorenulls=True)
         aggs.append(picked.alias(f"_raw_{feature.name}"))
-    pivoted = latest.groupBy(*keys).agg(*aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS), F.sum(CONFLICTS).cast("int").alias(CONFLICTS))
+    pivoted = latest.groupBy(*keys).agg(
+        *aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS), F.sum(CONFLICTS).cast("int").alias(CONFLICTS)
+    )
     cols = []
     for feature in by_column.values():
         typed, bad = _long_value(F.col(f"_raw_{feature.name}"), found, feature)
@@ -341,8 +347,12 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
         # here (3 s of a 1M-entity snapshot's embeddings). A NaN probe finds NaN, and null
         # elements (array_contains is null then); array_max/min find the infinities.
         if f.type == "embedding":
-            reasons.append(_reason(f"{c} IS NOT NULL AND size({c}) != {f.dimension}", f"{f.name}: embedding dimension is not {f.dimension}"))
-            non_finite = f"coalesce(array_contains({c}, CAST('NaN' AS FLOAT)), true) OR abs(array_max({c})) = {inf} OR abs(array_min({c})) = {inf}"
+            reasons.append(
+                _reason(f"{c} IS NOT NULL AND size({c}) != {f.dimension}", f"{f.name}: embedding dimension is not {f.dimension}")
+            )
+            non_finite = (
+                f"coalesce(array_contains({c}, CAST('NaN' AS FLOAT)), true) OR abs(array_max({c})) = {inf} OR abs(array_min({c})) = {inf}"
+            )
             reasons.append(_reason(f"{c} IS NOT NULL AND ({non_finite})", f"{f.name}: embedding element is null or not finite"))
         elif f.type in ("int_list", "string_list"):  # sorted, a null comes first
             reasons.append(_reason(f"size({c}) > 0 AND try_element_at(sort_array({c}), 1) IS NULL", f"{f.name}: null list element"))

@@ -3,6 +3,7 @@
 The column-wise encoder the writers use (over Arrow) is ``serializers.columnar``: not
 imported here, so a reader decodes without pyarrow."""
 
+from serializers.keys import as_of_epoch, entity_id, freshness_field, freshness_field_name, key_prefix, redis_key
 from serializers.scalar import (
     FEATURE_TYPES,
     BadValue,
@@ -12,7 +13,6 @@ from serializers.scalar import (
     field_id,
     field_id_int,
 )
-from serializers.keys import as_of_epoch, entity_id, freshness_field, freshness_field_name, key_prefix, redis_key
 
 __all__ = [
     "FEATURE_TYPES",
@@ -29,4 +29,3 @@ __all__ = [
     "field_id_int",
     "freshness_field_name",
 ]
-

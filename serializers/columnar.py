@@ -119,9 +119,7 @@ def _encode_int_list(arr: pa.ListArray) -> pa.Array:
     payload_len = np.bincount(elem_row, weights=elem_len, minlength=counts.size).astype(np.int64)
     nonempty = payload_len > 0
     size, size_len = varint_encode(payload_len[nonempty])
-    hdr_full, hdr_full_len = concat_rows(
-        np.full(size_len.size, _TAG_FIELD1_LEN, dtype=np.uint8), np.ones_like(size_len), size, size_len
-    )
+    hdr_full, hdr_full_len = concat_rows(np.full(size_len.size, _TAG_FIELD1_LEN, dtype=np.uint8), np.ones_like(size_len), size, size_len)
     hdr_len = np.zeros(counts.size, dtype=np.int64)
     hdr_len[nonempty] = hdr_full_len
     rows, row_len = concat_rows(hdr_full, hdr_len, payload, payload_len)

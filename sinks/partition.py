@@ -71,4 +71,3 @@ def sum_partition_stats(stats: dict, parts: list, keys: tuple[str, ...], seconds
     stats["slowest_writer_seconds"] = max((p["seconds"] for p in parts), default=0.0)
     stats["write_seconds"] = seconds
     stats[rate[0]] = stats[rate[1]] / seconds if seconds else 0.0
-

@@ -67,7 +67,9 @@ def tls_options(url: str, tls: RedisTls | None) -> dict:
     files = tls.files()
     if parts.scheme != "rediss":
         if files:
-            raise TerminalError(f"{', '.join(files)} set, but the Redis URL {server_address(url)} is not rediss://: refusing to connect without TLS")
+            raise TerminalError(
+                f"{', '.join(files)} set, but the Redis URL {server_address(url)} is not rediss://: refusing to connect without TLS"
+            )
         return {"connection_class": _PlainConnection} if parts.scheme == "redis" else {}
     missing = [f"{name} {path}" for name, path in files.items() if not os.path.isfile(path)]
     if missing:
@@ -85,7 +87,13 @@ def tls_options(url: str, tls: RedisTls | None) -> dict:
 
 
 def connect_url(
-    url: str, *, password: str | None = None, username: str | None = None, socket_timeout: float = 30.0, connect_timeout: float | None = None, tls: RedisTls | None = None
+    url: str,
+    *,
+    password: str | None = None,
+    username: str | None = None,
+    socket_timeout: float = 30.0,
+    connect_timeout: float | None = None,
+    tls: RedisTls | None = None,
 ) -> redis.Redis:
     """A client of one server. ``connect_timeout``: the connect and TLS handshake's own
     bound (default: the socket timeout, at most 10 s)."""
@@ -102,7 +110,9 @@ def connect_url(
 def _common(password: str | None, username: str | None, socket_timeout: float, connect_timeout: float) -> dict:
     # TCP keepalive: a server that vanished without a reset (a dead node, a partition) is
     # noticed by the kernel on an idle connection, not at the next read's timeout
-    return dict(password=password, username=username, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout, socket_keepalive=True)
+    return dict(
+        password=password, username=username, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout, socket_keepalive=True
+    )
 
 
 def node_address(url: str) -> str:
@@ -143,9 +153,13 @@ def connect_cluster(config: RedisConnection, *, socket_timeout: float, connect_t
     return redis.RedisCluster.from_url(config.url, **client_options(config, socket_timeout, connect_timeout))
 
 
-def connect_cluster_async(config: RedisConnection, *, socket_timeout: float, connect_timeout: float, max_connections: int) -> aioredis.RedisCluster:
+def connect_cluster_async(
+    config: RedisConnection, *, socket_timeout: float, connect_timeout: float, max_connections: int
+) -> aioredis.RedisCluster:
     """The asyncio Redis Cluster client: ``max_connections`` per node."""
-    return aioredis.RedisCluster.from_url(config.url, max_connections=max_connections, **client_options(config, socket_timeout, connect_timeout))
+    return aioredis.RedisCluster.from_url(
+        config.url, max_connections=max_connections, **client_options(config, socket_timeout, connect_timeout)
+    )
 
 
 def is_cluster(client: redis.Redis) -> bool:

@@ -53,7 +53,14 @@ def is_transient(exc: BaseException) -> bool:
 _TLS_VERIFY_FAILED = ("certificate verify failed", "does not match host name")
 # A refused login has no SQLSTATE either; retrying it only delays the error.
 _AUTH_FAILED = ("password authentication failed", "no pg_hba.conf entry", "password is required")
-_TLS_SETUP_FAILED = ("root certificate file", "server does not support SSL", "certificate file", "private key file", "tlsv1 alert", "sslv3 alert")
+_TLS_SETUP_FAILED = (
+    "root certificate file",
+    "server does not support SSL",
+    "certificate file",
+    "private key file",
+    "tlsv1 alert",
+    "sslv3 alert",
+)
 # PostgreSQL refuses the login the same way (no SQLSTATE) when the dsn's role or database
 # does not exist on that server (`FATAL:  role "x" does not exist`); no retry creates them.
 _MISSING = {
@@ -167,5 +174,12 @@ def async_pool(conf: SqlConnection, *, max_size: int, name: str) -> AsyncConnect
         await conn.execute(_statement_timeout(conf))
 
     return AsyncConnectionPool(
-        conf.dsn, kwargs=connect_options(conf), min_size=0, max_size=max_size, name=name, open=False, timeout=conf.connect_timeout, configure=configure
+        conf.dsn,
+        kwargs=connect_options(conf),
+        min_size=0,
+        max_size=max_size,
+        name=name,
+        open=False,
+        timeout=conf.connect_timeout,
+        configure=configure,
     )

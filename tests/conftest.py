@@ -15,7 +15,6 @@ import pytest
 import redis
 from psycopg import sql
 
-from throwaway.servers import PostgresServer, RedisServer, start_postgres, start_redis
 from fm_config import QualityConf, RunConf, SparkConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
@@ -175,7 +174,6 @@ def tiny_long_consumer_source(spark, tmp_path: Path, features_yaml: str, value_t
     schema = f"consumer_id long, feature_name string, value {value_type}, ds date"
     spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny_long"))
     return defs
-
 
 
 # -- least privilege: the documented Redis ACL and SQL grants, as written (conf/README.md) --

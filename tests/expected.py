@@ -25,7 +25,9 @@ def row_of(batch: pa.RecordBatch, row: int) -> dict:
     return {name: batch.column(name)[row].as_py() for name in batch.schema.names}
 
 
-def expected_hash(features: Iterable, values: Mapping, freshness_field: bytes, as_of: int, untouched: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+def expected_hash(
+    features: Iterable, values: Mapping, freshness_field: bytes, as_of: int, untouched: Mapping[bytes, bytes] | None = None
+) -> dict[bytes, bytes]:
     """The hash after a write of ``values`` (feature name -> source value, a dict or a pandas row)
     as of ``as_of``: every feature (anything with ``name``, ``type`` and ``options``: a
     FeatureSpec or a definition's feature) whose value is written, the freshness field, and

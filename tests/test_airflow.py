@@ -80,7 +80,12 @@ def test_dag_files_load_and_follow_the_policy():
             assert downstream in nightly.get_task(upstream).downstream_task_ids
         sensor = nightly.get_task(f"{source}.wait_for_partition")
         assert sensor.mode == "reschedule" and sensor.timeout
-    assert nightly.get_task("consumer_daily.materialize").application_args[:4] == ["--env", "local", "--date", "{{ macros.ds_add(ds, -1) }}"]
+    assert nightly.get_task("consumer_daily.materialize").application_args[:4] == [
+        "--env",
+        "local",
+        "--date",
+        "{{ macros.ds_add(ds, -1) }}",
+    ]
     for side in ("driver", "executor"):  # Spark's big generated methods JIT-compiled, as in local runs (jobs/spark.py)
         assert nightly.get_task("consumer_daily.materialize").conf[f"spark.{side}.extraJavaOptions"] == HUGE_METHODS
     for t in nightly.tasks:  # no secrets in the (serialized) DAG: tasks add only these to the worker's env
@@ -109,11 +114,13 @@ def dag_env(monkeypatch, sample_root, redis_server, pg_server, pg_db, redis_db, 
     defs.mkdir()
     for name in ("entities.yaml", "store_features_long.yaml"):
         (defs / name).write_text((ROOT / "feature_defs" / name).read_text())
-    conf = env_conf(tmp_path / "conf", "ci",
+    conf = env_conf(
+        tmp_path / "conf",
+        "ci",
         f"data_root: {sample_root}\ndefinitions_dir: {defs}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
         f"ledger_root: {tmp_path / 'ledger'}\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
         f"sql:\n  dsn: {pg_server.dsn}\n  password_env: null\nquality:\n  max_bad_fraction: 0.05\n  verify_sample: 1000\n"
-        "  expectations: false\n"  # the run's own gate: the DAG's validate task runs the checks anyway
+        "  expectations: false\n",  # the run's own gate: the DAG's validate task runs the checks anyway
     )
     env = {"FM_CONF_DIR": str(conf), "FM_ENV": "ci", "FM_DEFINITIONS_DIR": str(defs), "SPARK_LOCAL_IP": "127.0.0.1"}
     bag = load_dags(monkeypatch, **env)
@@ -132,7 +139,13 @@ def test_nightly_dag_materializes_a_sample_date(spark, airflow_db, dag_env, samp
     pdf = spark.read.format("delta").load(str(sample_root / "store_features_long")).where(f"ds = '{DAY2}'").toPandas()
     good = pdf[pdf["store_id"].notna() & ~pdf["store_id"].fillna("").str.contains(":")]
     latest = good.sort_values("event_ts").groupby(["store_id", "feature_name"]).tail(1)
-    kinds = {"avg_prep_minutes_7d": "float", "acceptance_rate_7d": "float", "rating_avg_30d": "float", "open_hours_week": "int", "is_open_late": "bool"}
+    kinds = {
+        "avg_prep_minutes_7d": "float",
+        "acceptance_rate_7d": "float",
+        "rating_avg_30d": "float",
+        "open_hours_week": "int",
+        "is_open_late": "bool",
+    }
     checked = 0
     for _, r in latest[latest["feature_name"].isin(list(kinds))].iterrows():
         kind = kinds[r["feature_name"]]
@@ -147,7 +160,9 @@ def test_nightly_dag_materializes_a_sample_date(spark, airflow_db, dag_env, samp
     report = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "summary.json").read_text())
     assert report["status"] == "succeeded"
     validation = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "validation.json").read_text())
-    assert validation["status"] == "passed" and len(validation["expectations"]) > 10 and all(e["success"] for e in validation["expectations"])
+    assert (
+        validation["status"] == "passed" and len(validation["expectations"]) > 10 and all(e["success"] for e in validation["expectations"])
+    )
     verification = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "verification.json").read_text())
     assert verification["status"] == "verified" and verification["verification"]["redis"]["mismatches"] == 0
 
@@ -167,7 +182,9 @@ def test_backfill_dag_params_reach_the_cli(spark, airflow_db, dag_env):
 def test_a_failed_quality_gate_fails_the_run_with_the_reason_in_the_log(spark, airflow_db, dag_env, redis_db, capfd):
     bag, tmp_path = dag_env
     conf = Path(os.environ["FM_CONF_DIR"]) / "ci" / "m.yaml"
-    conf.write_text(conf.read_text().replace("max_bad_fraction: 0.05", "max_bad_fraction: 0.0001"))  # the sample's 2 bad rows are too many now
+    conf.write_text(
+        conf.read_text().replace("max_bad_fraction: 0.05", "max_bad_fraction: 0.0001")
+    )  # the sample's 2 bad rows are too many now
     # the validate task on its own (the sensor and its Spark start are covered by the test above)
     dag = bag.dags["fm_nightly_nightly"].partial_subset(task_ids=["store_features_long.validate"], include_upstream=False)
     run = dag.test(logical_date=dt.datetime.combine(DAY2 + dt.timedelta(days=1), dt.time(2), tzinfo=dt.UTC))

@@ -31,7 +31,9 @@ def five_days(spark, tmp_path_factory):
 
 @pytest.fixture
 def conf(run_conf, five_days, tmp_path):
-    return run_conf.model_copy(update={"data_root": str(five_days), "ledger_root": str(tmp_path / "ledger"), "quarantine_root": str(tmp_path / "q")})
+    return run_conf.model_copy(
+        update={"data_root": str(five_days), "ledger_root": str(tmp_path / "ledger"), "quarantine_root": str(tmp_path / "q")}
+    )
 
 
 def state(client: redis.Redis) -> dict:
@@ -54,7 +56,9 @@ def test_latest_mode_leaves_the_state_of_replaying_the_dates_in_order(spark, con
     assert summary.earlier_dates > 0
 
     replay_conf = conf.model_copy(update={"ledger_root": str(tmp_path / "ledger2")})
-    replay_plan = plan_backfill(spark, replay_conf, DEFS, Ledger(spark, tmp_path / "ledger2"), source, dates[0], dates[-1], "replay", force=False)
+    replay_plan = plan_backfill(
+        spark, replay_conf, DEFS, Ledger(spark, tmp_path / "ledger2"), source, dates[0], dates[-1], "replay", force=False
+    )
     assert replay_plan.steps == [(d, None) for d in dates]
     run_backfill(spark, replay_conf, DEFS, Ledger(spark, tmp_path / "ledger2"), replay_plan, redis_url=redis_server.url[:-1] + "1")
     assert state(latest_db) == state(replay_db)
@@ -100,9 +104,11 @@ def test_interrupted_backfill_resumes_and_completes(spark, conf, tmp_path):
 @pytest.fixture
 def cli_conf(five_days, redis_server, tmp_path, monkeypatch):
     """A conf folder for in-process CLI calls (the session's Spark is reused)."""
-    folder = env_conf(tmp_path / "conf", "ci",
+    folder = env_conf(
+        tmp_path / "conf",
+        "ci",
         f"data_root: {five_days}\nledger_root: {tmp_path / 'ledger'}\nquarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
-        f"sinks: [redis]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\nquality:\n  max_bad_fraction: 0.05\n  expectations: false\n"
+        f"sinks: [redis]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\nquality:\n  max_bad_fraction: 0.05\n  expectations: false\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     return tmp_path
@@ -139,8 +145,17 @@ def test_future_end_date_is_refused(spark, cli_conf, capsys):
 def test_ledger_keeps_the_latest_state_and_shows_a_crashed_run(spark, tmp_path):
     ledger = Ledger(spark, tmp_path / "ledger")
     entry = Entry(
-        kind="run", source="s", entity="e", start_date=FIVE[0], end_date=FIVE[0], sinks=["redis"], definitions_hash="d", config_hash="c",
-        features=["a"], targets={"redis": "redis://h:1/0"}, dates=[FIVE[0]],
+        kind="run",
+        source="s",
+        entity="e",
+        start_date=FIVE[0],
+        end_date=FIVE[0],
+        sinks=["redis"],
+        definitions_hash="d",
+        config_hash="c",
+        features=["a"],
+        targets={"redis": "redis://h:1/0"},
+        dates=[FIVE[0]],
     )
     ledger.start(entry)
     ledger.record(entry)  # a repeated append of one event changes nothing
@@ -175,7 +190,13 @@ def test_cleanup_removes_exactly_the_dropped_features_fields(spark, conf, redis_
     plan, keys = plan_cleanup(spark, conf, reduced, ledger, "consumer")
     assert plan.removed_features == ["tip_rate_30d"] and plan.removed_sources == []
     # keys to visit: every consumer id in the table on the date the ledger says was written, not a SCAN of Redis
-    ids = spark.read.format("delta").load(str(conf.data_path / "consumer_daily")).where(f"ds = '{FIVE[-1]}'").select("consumer_id").toPandas()["consumer_id"]
+    ids = (
+        spark.read.format("delta")
+        .load(str(conf.data_path / "consumer_daily"))
+        .where(f"ds = '{FIVE[-1]}'")
+        .select("consumer_id")
+        .toPandas()["consumer_id"]
+    )
     assert plan.keys == ids.dropna().nunique() > sum(k.startswith(b"c:") for k in before)
     result = clean(conf, reduced.entities["consumer"], plan, keys)
     keys["consumer_daily"].unpersist()
@@ -197,7 +218,9 @@ def test_a_backfill_before_written_dates_applies_them_again_in_order(spark, conf
     assert replay.steps == [(d, None) for d in FIVE[2:]]  # the missed night, then the later ones again
     latest = plan_backfill(spark, conf, DEFS, ledger, "store_features_long", FIVE[0], FIVE[2], "latest", force=False)
     assert latest.to_write == FIVE[:3] and latest.steps == [(FIVE[0], FIVE[4])]  # no entity ends older than it was
-    elsewhere = plan_backfill(spark, conf, DEFS, ledger, "store_features_long", FIVE[0], FIVE[4], "latest", False, redis_server.url[:-1] + "3")
+    elsewhere = plan_backfill(
+        spark, conf, DEFS, ledger, "store_features_long", FIVE[0], FIVE[4], "latest", False, redis_server.url[:-1] + "3"
+    )
     assert elsewhere.to_write == FIVE and elsewhere.already_written == []  # written to db 0, not to db 3
 
 

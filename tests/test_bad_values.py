@@ -98,14 +98,21 @@ def check_stores(spark, summary, source, day, values: dict, reasons: dict, befor
     assert summary.bad_rows == len(reasons)
     assert summary.bad_reasons == Counter(r for rs in reasons.values() for r in rs)
     assert summary.entities == len(values)
-    non_finite = sum(1 for row in values.values() for f in source.features if f.type == "float" and row.get(f.name) is not None and not math.isfinite(row[f.name]))
+    non_finite = sum(
+        1
+        for row in values.values()
+        for f in source.features
+        if f.type == "float" and row.get(f.name) is not None and not math.isfinite(row[f.name])
+    )
     set_values = sum(1 for row in values.values() for f in source.features if written(f, row.get(f.name)))
     assert summary.sinks["redis"]["non_finite"] == summary.sinks["cockroach"]["non_finite"] == non_finite
     assert summary.sinks["redis"]["values_set"] == set_values
     assert summary.sinks["cockroach"]["rows_upserted"] == len(values)
     quarantined = spark.read.format("delta").load(summary.quarantine_table).where(f"ds = '{day}'").collect()
     assert {r["stage"] for r in quarantined} <= {"value"}
-    assert {json.loads(r["row"])["consumer_id"]: sorted(r["reasons"]) for r in quarantined} == {cid: sorted(rs) for cid, rs in reasons.items()}
+    assert {json.loads(r["row"])["consumer_id"]: sorted(r["reasons"]) for r in quarantined} == {
+        cid: sorted(rs) for cid, rs in reasons.items()
+    }
 
 
 def first_date(spark, sql_conf, tmp_path, defs, name: str, day1: dict, redis_db, pg_db):
@@ -144,7 +151,16 @@ WIDE_GOOD = {
 WIDE_BAD = {  # float64, int and bool columns hold nothing their feature cannot take
     "score32": [1e40, -1e39, 3.5e38, 1e300, FLT_EDGE, -FLT_EDGE],
     "label": ["123456789", "x" * 40, "a\x00b"],
-    "vec": [[1.0, 2.0], [1.0, 2.0, 3.0, 4.0], [], [math.nan, 0.0, 0.0], [0.0, math.inf, 0.0], [1e40, 0.0, 0.0], [None, 0.0, 0.0], [math.nan, 1.0]],
+    "vec": [
+        [1.0, 2.0],
+        [1.0, 2.0, 3.0, 4.0],
+        [],
+        [math.nan, 0.0, 0.0],
+        [0.0, math.inf, 0.0],
+        [1e40, 0.0, 0.0],
+        [None, 0.0, 0.0],
+        [math.nan, 1.0],
+    ],
     "ids": [[1, None], [None]],
     "tags": [["a", None], ["x\x00"], [None, "y\x00"]],
 }
@@ -174,7 +190,10 @@ def test_bad_values_of_a_wide_source_are_quarantined_and_stored_values_kept(spar
     entities = range(1, 201)
     day1 = {cid: {"score": cid / 8, "score32": cid / 16, "count": cid, "flag": cid % 2 == 0, "label": f"c{cid}",
                   "vec": [float(cid), -float(cid), 0.5], "ids": [cid, cid + 1], "tags": [f"t{cid}"]} for cid in entities}  # fmt: skip
-    day2 = {cid: {n: rng.choice(WIDE_BAD[n]) if n in WIDE_BAD and rng.random() < 0.1 else rng.choice(WIDE_GOOD[n]) for n in WIDE_NAMES} for cid in entities}
+    day2 = {
+        cid: {n: rng.choice(WIDE_BAD[n]) if n in WIDE_BAD and rng.random() < 0.1 else rng.choice(WIDE_GOOD[n]) for n in WIDE_NAMES}
+        for cid in entities
+    }
     rows = [(cid, *(v[n] for n in WIDE_NAMES), day) for day, values in ((DAY1, day1), (DAY2, day2)) for cid, v in values.items()]
     defs = tiny_consumer_source(spark, tmp_path, WIDE_FEATURES, WIDE_SCHEMA, rows)
     source, conf, before = first_date(spark, sql_conf, tmp_path, defs, "tiny", day1, redis_db, pg_db)
@@ -308,12 +327,26 @@ def run_long(spark, sql_conf, redis_db, pg_db, tmp_path, features_yaml, value_ty
 
 def test_bad_text_values_of_a_long_source_are_quarantined_and_stored_values_kept(spark, sql_conf, redis_db, pg_db, tmp_path):
     def day1_text(f, cid):
-        return {"score": f"{cid / 8}", "score32": f"{cid / 16}", "count": str(cid), "flag": "true" if cid % 2 else "false", "label": f"c{cid}"}[f.name]
+        return {
+            "score": f"{cid / 8}",
+            "score32": f"{cid / 16}",
+            "count": str(cid),
+            "flag": "true" if cid % 2 else "false",
+            "label": f"c{cid}",
+        }[f.name]
 
-    reasons = run_long(spark, sql_conf, redis_db, pg_db, tmp_path, LONG_FEATURES + LABEL, "string", good_text, TEXT_VALUES, from_text, day1_text, 20261121)
+    reasons = run_long(
+        spark, sql_conf, redis_db, pg_db, tmp_path, LONG_FEATURES + LABEL, "string", good_text, TEXT_VALUES, from_text, day1_text, 20261121
+    )
     seen = {r for rs in reasons.values() for r in rs}
-    assert {"score: not a number", "score: beyond float64 range", "score32: beyond float32 range", "count: not an integer within int64",
-            "flag: not a bool (true/false, 1/0)", "label: longer than 8 characters"} <= seen  # fmt: skip (NUL: the wide test)
+    assert {
+        "score: not a number",
+        "score: beyond float64 range",
+        "score32: beyond float32 range",
+        "count: not an integer within int64",
+        "flag: not a bool (true/false, 1/0)",
+        "label: longer than 8 characters",
+    } <= seen  # fmt: skip (NUL: the wide test)
 
 
 def test_bad_double_values_of_a_long_source_are_quarantined_and_stored_values_kept(spark, sql_conf, redis_db, pg_db, tmp_path):
@@ -323,7 +356,9 @@ def test_bad_double_values_of_a_long_source_are_quarantined_and_stored_values_ke
     def day1_double(f, cid):
         return {"score": cid / 8, "score32": cid / 16, "count": float(cid), "flag": float(cid % 2)}[f.name]
 
-    reasons = run_long(spark, sql_conf, redis_db, pg_db, tmp_path, LONG_FEATURES, "double", good_double, DOUBLE_VALUES, from_double, day1_double, 20261122)
+    reasons = run_long(
+        spark, sql_conf, redis_db, pg_db, tmp_path, LONG_FEATURES, "double", good_double, DOUBLE_VALUES, from_double, day1_double, 20261122
+    )
     seen = {r for rs in reasons.values() for r in rs}
     assert {"score32: beyond float32 range", "count: not an integer within int64", "flag: not a bool (true/false, 1/0)"} <= seen
 

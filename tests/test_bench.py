@@ -28,8 +28,14 @@ def test_standard_shape(spark):
 
 def test_targets_are_ratios_within_the_run():
     first = {
-        "entities": 100_000, "values": 5_000_000, "redis_values_per_s": 1_200_000, "redis_bytes_per_value": 16.4,
-        "redis_write_seconds": 4.0, "jvm_peak_rss": 1000, "worker_peak_rss": 300, "sql_rows_per_s": 30_000,
+        "entities": 100_000,
+        "values": 5_000_000,
+        "redis_values_per_s": 1_200_000,
+        "redis_bytes_per_value": 16.4,
+        "redis_write_seconds": 4.0,
+        "jvm_peak_rss": 1000,
+        "worker_peak_rss": 300,
+        "sql_rows_per_s": 30_000,
         "sql_baselines": {"sql_raw_2_rows_per_s": 40_000, "sql_raw_rows_per_s": 25_000},
         "baselines": {"ceiling_values_per_s": 2_000_000, "encode_values_per_s": 9e6},
     }
@@ -63,7 +69,9 @@ def test_the_installed_job_never_imports_bench(capsys):
     from jobs.cli import EXIT_USAGE, main
 
     assert main(["bench", "--entities", "100000"]) == EXIT_USAGE
-    assert capsys.readouterr().err.startswith("error: the benchmarks moved out of the installed job: run `python -m bench --entities 100000`")
+    assert capsys.readouterr().err.startswith(
+        "error: the benchmarks moved out of the installed job: run `python -m bench --entities 100000`"
+    )
     # importing every product module loads no bench or throwaway module
     code = ("import sys, pkgutil, importlib\n"
             "for pkg in ('fm_config', 'stores', 'jobs', 'feature_defs', 'feature_reader', 'serializers', 'sinks'):\n"
@@ -81,7 +89,11 @@ def test_the_wheel_holds_every_product_package_and_no_development_tooling():
 
     root = Path(__file__).resolve().parent.parent
     listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    found = sorted(".".join(p.parent.relative_to(root).parts) for top in {name.split(".")[0] for name in listed} for p in (root / top).rglob("__init__.py"))
+    found = sorted(
+        ".".join(p.parent.relative_to(root).parts)
+        for top in {name.split(".")[0] for name in listed}
+        for p in (root / top).rglob("__init__.py")
+    )
     assert sorted(listed) == found
     assert not any(name.split(".")[0] in ("bench", "throwaway", "tests") for name in listed)
 
@@ -94,7 +106,13 @@ def test_the_suite_does_not_depend_on_the_benchmarks():
     importing = []
     for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             if any(name.split(".")[0] == "bench" for name in names):
                 importing.append(path.name)
     assert sorted(set(importing)) == ["test_bench.py"]
@@ -109,4 +127,14 @@ def test_read_targets_are_judged_on_ratios_within_the_run():
                                               "single-flight off": {"p99_us": 100.0, "reads_per_key_per_expiry": 3.0}}},
            "feast": {"1": 10.0, "100": 40.0, "1000": 40.0}}  # fmt: skip
     verdicts = [(t["measured"], t["met"]) for t in targets(run)]
-    assert verdicts == [(0.85, True), (151, False), (240.0, True), (16.0, False), (0.1, True), (0.9, True), (10.0, False), (22.5, True), (21.25, True)]
+    assert verdicts == [
+        (0.85, True),
+        (151, False),
+        (240.0, True),
+        (16.0, False),
+        (0.1, True),
+        (0.9, True),
+        (10.0, False),
+        (22.5, True),
+        (21.25, True),
+    ]

@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-from jobs.jars import archive_path
 from fm_config import PROJECT_ROOT
+from jobs.jars import archive_path
 
 CODE = """
 import sys

@@ -63,9 +63,11 @@ def written(spark, run_conf, sample_root, redis_db, tmp_path, monkeypatch):
     ledger = Ledger(spark, conf.ledger_path)
     recorded_run(spark, conf, defs, ledger, "run", "consumer_daily", DAY2)
     recorded_run(spark, conf, defs, ledger, "backfill-latest", "tiny", DAY1, DAY2, dates=[DAY1, DAY2])
-    folder = env_conf(tmp_path / "conf", "ci",
+    folder = env_conf(
+        tmp_path / "conf",
+        "ci",
         f"data_root: {tmp_path}\nledger_root: {conf.ledger_path}\ndefinitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
-        f"sinks: [redis]\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n"
+        f"sinks: [redis]\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     return conf, ledger
@@ -88,7 +90,9 @@ def test_cleanup_removes_a_removed_sources_fields_from_every_key_it_wrote(spark,
     tiny_keys = {f"c:{i}".encode() for i in TINY_WRITTEN_IDS}
     assert {k for k, h in before.items() if field_id(freshness_field_name("tiny")) in h} == tiny_keys
     only_tiny = {k for k in tiny_keys if field_id(freshness_field_name("consumer_daily")) not in before[k]}
-    assert only_tiny >= {f"c:{i}".encode() for i in range(5001, 5007)} and tiny_keys - only_tiny  # keys no current table holds, and shared ones
+    assert (
+        only_tiny >= {f"c:{i}".encode() for i in range(5001, 5007)} and tiny_keys - only_tiny
+    )  # keys no current table holds, and shared ones
 
     (tmp_path / "defs" / "tiny.yaml").unlink()
     assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 0
@@ -101,7 +105,14 @@ def test_cleanup_removes_a_removed_sources_fields_from_every_key_it_wrote(spark,
     [done] = cleanups(ledger)
     assert done["status"] == "succeeded" and done["error"] is None and done["features"] == TINY_FIELDS
     assert done["cleanup"] == {
-        "cleaned": {"tiny": {"fields": TINY_FIELDS, "keys": len(TINY_WRITTEN_IDS), "fields_removed": fields_present(before, TINY_FIELDS), "steps": [step_id(ledger, "tiny")]}},
+        "cleaned": {
+            "tiny": {
+                "fields": TINY_FIELDS,
+                "keys": len(TINY_WRITTEN_IDS),
+                "fields_removed": fields_present(before, TINY_FIELDS),
+                "steps": [step_id(ledger, "tiny")],
+            }
+        },
         "left": {},
     }
     assert json.loads(done["targets"]) == {"redis": conf.redis.url}
@@ -188,8 +199,13 @@ def test_a_ledger_written_before_keys_were_recorded_is_read_and_not_trusted_blin
 
     ledger = Ledger(spark, conf.ledger_path)
     plan, keys = plan_cleanup(spark, conf, DEFS, ledger, "consumer")
-    assert [(p.source, p.fields, p.keys) for p in plan.parts] == [("consumer_daily", ["old_rate"], len(ids)), ("gone", ["gone_score", "_ts:gone"], 0)]
-    assert plan.parts[1].left == ["1 of its steps were recorded without the table their keys come from, and the source is no longer defined"]
+    assert [(p.source, p.fields, p.keys) for p in plan.parts] == [
+        ("consumer_daily", ["old_rate"], len(ids)),
+        ("gone", ["gone_score", "_ts:gone"], 0),
+    ]
+    assert plan.parts[1].left == [
+        "1 of its steps were recorded without the table their keys come from, and the source is no longer defined"
+    ]
     assert "note: cleanups of" in plan.describe() and "their fields are checked again" in plan.describe()
     result = recorded_cleanup(conf, DEFS, ledger, plan, keys)
     for frame in keys.values():

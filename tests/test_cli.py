@@ -32,7 +32,7 @@ def test_help_lists_subcommands():
 def test_defs_prints_field_ids():
     out = run(str(BIN / "materialize"), "defs", "--source", "consumer_daily")
     assert out.returncode == 0, out.stderr
-    line = next(l for l in out.stdout.splitlines() if l.strip().startswith("taste_embedding"))
+    line = next(text for text in out.stdout.splitlines() if text.strip().startswith("taste_embedding"))
     assert str(int.from_bytes(field_id("taste_embedding"), "little")) in line and "dimension=32" in line
 
 

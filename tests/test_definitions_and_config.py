@@ -170,11 +170,19 @@ MALFORMED = {
     "not UTF-8": (b"source:\n  name: a\n  entity: caf\xe9\n", "caf", "invalid YAML: not UTF-8 text"),
     "control character": ("source:\n  name: a\x07b\n", "name: a", "invalid YAML: character #x0007"),
     "deep nesting": ("source:\n  name: a\n  location: " + "[" * 300 + "]" * 300 + "\n", "location:", "invalid YAML: nested deeper than"),
-    "python tag": ("source:\n  name: !!python/object/apply:os.system ['true']\n", "os.system", "invalid YAML: could not determine a constructor"),
+    "python tag": (
+        "source:\n  name: !!python/object/apply:os.system ['true']\n",
+        "os.system",
+        "invalid YAML: could not determine a constructor",
+    ),
     "int beyond the digit limit": ("source:\n  name: a\n  location: " + "9" * 5000 + "\n", "location:", "invalid YAML: cannot read value"),
     "impossible date": ("source:\n  name: a\n  location: 2026-13-45\n", "2026-13-45", "invalid YAML: cannot read value"),
     "two documents": ("source: {}\n---\nsource: {}\n", "---", "invalid YAML"),
-    "not a mapping": ("# a comment first\n- source\n", "- source", "expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list"),
+    "not a mapping": (
+        "# a comment first\n- source\n",
+        "- source",
+        "expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list",
+    ),
 }
 
 
@@ -226,7 +234,9 @@ def test_duplicate_source_and_entity_across_files(tmp_path):
 def test_entity_prefix_collision_names_file_and_line(tmp_path):
     entities = ENTITIES + "  - name: courier\n    prefix: c\n    keys: [{name: courier_id, type: int}]\n    sql_table: courier_features\n"
     folder = write_defs(tmp_path, source("    - {name: a, type: float}\n"), entities=entities)
-    expected = f"{folder / 'entities.yaml'}:{line_with(entities, '- name: courier')}: entity 'courier' has key prefix 'c', like entity 'consumer'"
+    expected = (
+        f"{folder / 'entities.yaml'}:{line_with(entities, '- name: courier')}: entity 'courier' has key prefix 'c', like entity 'consumer'"
+    )
     assert expected in problems_of(folder)
 
 
@@ -268,8 +278,16 @@ def test_freshness_field_collision_exact_message(tmp_path):
 
 # Each case: an env config file, a fragment of the line the problem must be reported at, the message.
 BAD_CONFIG = {
-    "fill above 1": ("redis:\n  url: redis://h:1/0\n  max_fill: 2\n", "max_fill", "redis.max_fill: Input should be less than or equal to 1"),
-    "no shuffle partitions": ("spark:\n  master: local[1]\n  shuffle_partitions: 0\n", "shuffle_partitions", "spark.shuffle_partitions: Input should be greater than or equal to 1"),
+    "fill above 1": (
+        "redis:\n  url: redis://h:1/0\n  max_fill: 2\n",
+        "max_fill",
+        "redis.max_fill: Input should be less than or equal to 1",
+    ),
+    "no shuffle partitions": (
+        "spark:\n  master: local[1]\n  shuffle_partitions: 0\n",
+        "shuffle_partitions",
+        "spark.shuffle_partitions: Input should be greater than or equal to 1",
+    ),
     "unknown key": ("quality:\n  verify_sample: 10\n  colour: blue\n", "colour", "quality.colour: unknown key"),
     "wrong type": ("sql:\n  dialect: postgres\n  batch_rows: many\n", "batch_rows", "sql.batch_rows: Input should be a valid integer"),
     "unknown sink": ("sinks: [redis, mysql]\n", "sinks", "sinks.1: Input should be 'redis' or 'cockroach'"),
@@ -278,8 +296,16 @@ BAD_CONFIG = {
         "password:",
         "redis.password: Value error, 'password': secrets are never read from config files",
     ),
-    "literal token": ("data_root: d\napi_token: hunter2\n", "api_token", "api_token: Value error, 'api_token': secrets are never read from config files"),
-    "password in dsn": ("sql:\n  dialect: postgres\n  dsn: postgresql://u:hunter2@h/db\n", "dsn:", "sql.dsn: Value error, dsn contains a password"),
+    "literal token": (
+        "data_root: d\napi_token: hunter2\n",
+        "api_token",
+        "api_token: Value error, 'api_token': secrets are never read from config files",
+    ),
+    "password in dsn": (
+        "sql:\n  dialect: postgres\n  dsn: postgresql://u:hunter2@h/db\n",
+        "dsn:",
+        "sql.dsn: Value error, dsn contains a password",
+    ),
     "malformed": ("redis:\n  url: [x\n  pipeline_entities: 3\n", "pipeline_entities", "invalid YAML"),
     "not UTF-8": (b"redis:\n  url: redis://h\xff:1/0\n", "url:", "invalid YAML: not UTF-8 text"),
     "not a mapping": ("# overrides\n- redis\n", "- redis", "expected a mapping at the top level"),

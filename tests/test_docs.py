@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from jobs.cli import build_parser
 from fm_config import RunConf
+from jobs.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DOC = ROOT / "conf" / "README.md"
@@ -279,8 +279,15 @@ def key_problems(documented: dict[str, int], model: type[BaseModel] = RunConf, d
     """(keys documented but not in the model, keys of the model not documented)."""
     leaves, sections = model_keys(model)
     where = doc.relative_to(ROOT) if doc.is_relative_to(ROOT) else doc
-    unknown = [f"{where}:{line}: `{key}` is not a key of the config model ({model.__name__})" for key, line in sorted(documented.items()) if key not in leaves | sections]
-    missing = [f"{where}: config key `{key}` ({model.__name__}) is missing from the configuration table" for key in sorted(leaves - set(documented))]
+    unknown = [
+        f"{where}:{line}: `{key}` is not a key of the config model ({model.__name__})"
+        for key, line in sorted(documented.items())
+        if key not in leaves | sections
+    ]
+    missing = [
+        f"{where}: config key `{key}` ({model.__name__}) is missing from the configuration table"
+        for key in sorted(leaves - set(documented))
+    ]
     return unknown, missing
 
 
@@ -294,7 +301,9 @@ def test_the_checks_see_the_docs():
     assert {"README.md", "conf/README.md", "serializers/FORMAT.md"} <= named, f"docs found: {sorted(named)}"
     assert not any(part.startswith(".") or part in SKIPPED_DIRS for p in named for part in Path(p).parts[:-1])
     found = invocations(docs)
-    assert {"run", "backfill", "validate", "schema"} <= {i.command for i in found}, f"commands seen in the docs: {sorted({str(i.command) for i in found})}"
+    assert {"run", "backfill", "validate", "schema"} <= {i.command for i in found}, (
+        f"commands seen in the docs: {sorted({str(i.command) for i in found})}"
+    )
     assert "--redis-url" in {f for i in found for f in i.flags}, "the usage line's continuation was not joined"
     assert len(documented_keys()) >= 40, f"config keys read from {CONF_DOC.relative_to(ROOT)}: {sorted(documented_keys())}"
     assert sum(1 for p in docs for _ in links(p)) >= 20, "links found in the docs"
@@ -337,7 +346,11 @@ def test_the_delta_jars_the_docs_show_are_the_ones_set_up():
     jobs/jars.py's (which the set-up, the Makefile and the job use), as is the pinned Python package."""
     from jobs.jars import ARTIFACTS, DELTA_JARS, DELTA_VERSION
 
-    shown = [(path.relative_to(ROOT), m) for path in doc_files() for m in re.findall(r"delta-(?:spark|storage)[\w.-]*?\.jar|io\.delta:[\w.-]+:[\w.-]*\w", path.read_text(encoding="utf-8"))]
+    shown = [
+        (path.relative_to(ROOT), m)
+        for path in doc_files()
+        for m in re.findall(r"delta-(?:spark|storage)[\w.-]*?\.jar|io\.delta:[\w.-]+:[\w.-]*\w", path.read_text(encoding="utf-8"))
+    ]
     assert len(shown) >= 8, shown
     stale = [f"{where}: {name}" for where, name in shown if name not in {*DELTA_JARS, *ARTIFACTS}]
     assert not stale, f"not jobs/jars.py's Delta jars ({', '.join(DELTA_JARS)}):\n  " + "\n  ".join(stale)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from throwaway.servers import free_port
 from fm_config import SparkConf
-from jobs.operations.doctor import run_checks
-from serializers.resp import WRITE_SCRIPT_SHA
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
+from jobs.operations.doctor import run_checks
+from serializers.resp import WRITE_SCRIPT_SHA
+from throwaway.servers import free_port
 
 from .conftest import env_conf, tiny_consumer_source
 from .test_cli import BIN, run
@@ -26,7 +26,9 @@ def checks_of(conf, defs=DEFS, sources=SOURCES):
 
 def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_root, sql_conf, redis_db, pg_db, tmp_path):
     redis_db.script_flush()  # other tests loaded the write script: the check must not
-    conf = sql_conf.model_copy(update={"sinks": ["redis", "cockroach"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]")})
+    conf = sql_conf.model_copy(
+        update={"sinks": ["redis", "cockroach"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]")}
+    )
     checks = checks_of(conf)
     assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
         ["java", "delta jars", "source consumer_daily", "source store_features_long", "ledger", "leases", "quarantine", "reports",
@@ -48,7 +50,9 @@ def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_roo
 
 
 def test_a_table_that_drifted_from_its_definition_is_named_with_the_column(spark, run_conf, tmp_path):
-    defs = tiny_consumer_source(spark, tmp_path, "    - {name: orders_7d, type: int}\n", "consumer_id long, orders_8d int, ds date", [(1, 2, None)])
+    defs = tiny_consumer_source(
+        spark, tmp_path, "    - {name: orders_7d, type: int}\n", "consumer_id long, orders_8d int, ds date", [(1, 2, None)]
+    )
     conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
     check = checks_of(conf, defs, ["tiny"])["source tiny"]
     assert check.status == "fail" and "column 'orders_7d' is missing" in check.detail and "feature_defs" in check.fix
@@ -63,7 +67,11 @@ def test_redis_user_rights_memory_and_eviction_are_checked(sample_root, run_conf
     conf = run_conf.model_copy(update={"redis": user})
     checks = checks_of(conf)
     # the documented ACL (conf/base/redis-acl.txt) is enough; CONFIG GET is refused, the conf's values stand in
-    assert {n: checks[n].status for n in ("redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store")} == dict.fromkeys(("redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store"), "ok"), [c for c in checks.values() if c.status != "ok"]
+    assert {
+        n: checks[n].status for n in ("redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store")
+    } == dict.fromkeys(("redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store"), "ok"), [
+        c for c in checks.values() if c.status != "ok"
+    ]
 
     admin = server.client()
     # without MULTI: the commands that do nothing on a missing key are run, HSET and SCRIPT LOAD untried
@@ -92,7 +100,11 @@ def test_sql_tables_and_grants_are_checked_for_the_writer_role(sample_root, sql_
     writer = SqlSettings(dsn=sql_roles["fm_writer"], password_file=str(tmp_path / "fm_writer_password"))
     conf = sql_conf.model_copy(update={"sql": writer, "env": "prod"})
     table = checks_of(conf)["sql table store_features"]
-    assert table.status == "fail" and "missing (or this role holds no privilege" in table.detail and "materialize schema --env prod" in table.fix
+    assert (
+        table.status == "fail"
+        and "missing (or this role holds no privilege" in table.detail
+        and "materialize schema --env prod" in table.fix
+    )
     pg_db.execute("CREATE TABLE store_features (entity_key text, source text, features jsonb, as_of bigint, updated_at timestamptz)")
     pg_db.execute("GRANT SELECT ON store_features TO fm_writer")
     table = checks_of(conf)["sql table store_features"]

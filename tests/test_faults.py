@@ -14,7 +14,6 @@ import psutil
 import pytest
 import redis
 
-from throwaway.servers import _as_postgres, start_redis
 from fm_config.sql import SqlSettings
 from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger import Ledger
@@ -23,6 +22,7 @@ from serializers import field_id
 from serializers.batch import FeatureSpec
 from serializers.keys import as_of_epoch
 from sinks.errors import TransientSinkError
+from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from throwaway.servers import _as_postgres, start_redis
 
@@ -30,7 +30,6 @@ from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .expected import expected_hash
 from .test_redis_job import CONSUMER, DEFS, expected_consumers
 from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
-from sinks.sql.config import sql_sink_config
 
 DAY2 = SAMPLE_DATES[1]
 N = 10_000
@@ -210,12 +209,26 @@ def test_postgres_restarted_mid_write_is_retried_and_the_table_is_complete(spark
         with pg_server.connect() as conn:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                stalled = conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND application_name = 'feature-materializer'").fetchone()
+                stalled = conn.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND application_name = 'feature-materializer'"
+                ).fetchone()
                 if stalled:
                     break
                 time.sleep(0.05)
         # fast: sessions are cut, committed transactions are kept, the server comes back
-        out = _as_postgres([str(pg_server.bin_dir / "pg_ctl"), "-D", str(pg_server.data_dir), "-l", str(pg_server.data_dir / "server.log"), "-m", "fast", "-w", "restart"])
+        out = _as_postgres(
+            [
+                str(pg_server.bin_dir / "pg_ctl"),
+                "-D",
+                str(pg_server.data_dir),
+                "-l",
+                str(pg_server.data_dir / "server.log"),
+                "-m",
+                "fast",
+                "-w",
+                "restart",
+            ]
+        )
         restarted.append(out.stdout + out.stderr)
 
     thread = threading.Thread(target=restart_when_stalled, daemon=True)
@@ -260,7 +273,9 @@ def release_once_writers_wait(pg_server, holder) -> None:
     with pg_server.connect() as conn:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            waiting = conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'feature-materializer'").fetchone()
+            waiting = conn.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'feature-materializer'"
+            ).fetchone()
             if waiting:
                 time.sleep(0.8)  # past the 300 ms statement timeout: at least one retry
                 break

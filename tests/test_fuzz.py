@@ -54,8 +54,31 @@ VALID_CONF = {
 FEATURE_TYPES = ["float", "int", "bool", "string", "embedding", "int_list", "string_list"]
 
 # Text that looks like YAML often enough to reach past the scanner.
-YAML_CHARS = st.sampled_from(list("abcdefgsource:entities-[]{},&*!|>'\"#%@`?~0123456789._ \n\t\\") + ["\x00", "\x85", "\u2028", "é", "日", "\ufeff"])
-YAML_TOKENS = st.sampled_from(["source:", "entities:", "  ", "- ", "name: ", "features:", "type: ", "&a ", "*a", "<<: ", "!!python/object:os.system ", "!!binary ", "? ", "---\n", "...\n", "{", "[", "\n"])
+YAML_CHARS = st.sampled_from(
+    list("abcdefgsource:entities-[]{},&*!|>'\"#%@`?~0123456789._ \n\t\\") + ["\x00", "\x85", "\u2028", "é", "日", "\ufeff"]
+)
+YAML_TOKENS = st.sampled_from(
+    [
+        "source:",
+        "entities:",
+        "  ",
+        "- ",
+        "name: ",
+        "features:",
+        "type: ",
+        "&a ",
+        "*a",
+        "<<: ",
+        "!!python/object:os.system ",
+        "!!binary ",
+        "? ",
+        "---\n",
+        "...\n",
+        "{",
+        "[",
+        "\n",
+    ]
+)
 YAMLISH = st.lists(st.one_of(YAML_TOKENS, st.text(YAML_CHARS, max_size=8)), max_size=40).map("".join)
 
 scalars = st.one_of(
@@ -67,8 +90,14 @@ scalars = st.one_of(
     st.text(max_size=20),
     st.sampled_from(FEATURE_TYPES + ["decimal", "", "Float", "wide", "long", "snappy", "float32"]),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
-keys = st.one_of(st.text(max_size=12), st.sampled_from(["name", "type", "dimension", "precision", "compression", "layout", "features", "entity", "column"]), st.integers())
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8
+)
+keys = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["name", "type", "dimension", "precision", "compression", "layout", "features", "entity", "column"]),
+    st.integers(),
+)
 
 
 def problem_lines_ok(problems: list[str], files: list[Path]) -> None:
@@ -141,7 +170,16 @@ def mutated_sources(draw):
     doc = copy.deepcopy(VALID_SOURCE)
     features = doc["source"]["features"]
     for _ in range(draw(st.integers(0, 3))):  # random names and types, sometimes repeated
-        features.append({"name": draw(st.one_of(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), st.text(max_size=10), st.sampled_from(["total", "count"]))), "type": draw(st.one_of(st.sampled_from(FEATURE_TYPES), st.text(max_size=8)))})
+        features.append(
+            {
+                "name": draw(
+                    st.one_of(
+                        st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), st.text(max_size=10), st.sampled_from(["total", "count"])
+                    )
+                ),
+                "type": draw(st.one_of(st.sampled_from(FEATURE_TYPES), st.text(max_size=8))),
+            }
+        )
     for _ in range(draw(st.integers(1, 4))):
         mutate(draw, doc)
     return doc
@@ -173,7 +211,9 @@ def test_definitions_loader_reports_every_duplicate_at_its_line(names):
         with pytest.raises(DefinitionError) as info:
             load_definitions(folder)
     duplicates = [p for p in info.value.problems if "duplicate feature name" in p]
-    assert duplicates == [f"{folder / 'src.yaml'}:{line}: source 'orders': feature #{i}: duplicate feature name {n!r}" for line, i, n in expected]
+    assert duplicates == [
+        f"{folder / 'src.yaml'}:{line}: source 'orders': feature #{i}: duplicate feature name {n!r}" for line, i, n in expected
+    ]
 
 
 SECRET = "Sup3r-Secr3t-Value"
@@ -246,7 +286,11 @@ def valid_values(feature_type: str, options: dict):
         "int": INT64,
         "bool": st.booleans(),
         "string": st.text(max_size=options.get("max_length", 50)),
-        "embedding": st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=options.get("dimension", 0), max_size=options.get("dimension", 8)),
+        "embedding": st.lists(
+            st.floats(width=32, allow_nan=False, allow_infinity=False),
+            min_size=options.get("dimension", 0),
+            max_size=options.get("dimension", 8),
+        ),
         "int_list": st.lists(INT64, max_size=20),
         "string_list": st.lists(st.text(max_size=10), max_size=8),
     }[feature_type]
@@ -274,7 +318,9 @@ def corrupted(feature_type: str, options: dict):
     )
 
 
-@pytest.mark.parametrize("feature_type, options", DECODE_CASES, ids=[f"{t}-{'-'.join(map(str, o.values())) or 'default'}" for t, o in DECODE_CASES])
+@pytest.mark.parametrize(
+    "feature_type, options", DECODE_CASES, ids=[f"{t}-{'-'.join(map(str, o.values())) or 'default'}" for t, o in DECODE_CASES]
+)
 def test_decoders_reject_corrupt_bytes_with_decode_error(feature_type, options):
     @settings(FUZZ, max_examples=150)
     @given(corrupted(feature_type, options))
@@ -294,7 +340,9 @@ def test_decoders_reject_corrupt_bytes_with_decode_error(feature_type, options):
     check()
 
 
-@pytest.mark.parametrize("feature_type, options", DECODE_CASES, ids=[f"{t}-{'-'.join(map(str, o.values())) or 'default'}" for t, o in DECODE_CASES])
+@pytest.mark.parametrize(
+    "feature_type, options", DECODE_CASES, ids=[f"{t}-{'-'.join(map(str, o.values())) or 'default'}" for t, o in DECODE_CASES]
+)
 def test_decode_inverts_encode(feature_type, options):
     @settings(FUZZ, max_examples=100)
     @given(valid_values(feature_type, options))

@@ -111,7 +111,8 @@ def test_the_checks_find_a_cycle_and_an_upward_edge():
     # the checks above on graphs that have both: they are not vacuous
     assert cycles({"jobs.x": {"jobs.y"}, "jobs.y": {"jobs.z"}, "jobs.z": {"jobs.x"}, "sinks": set()}) == [["jobs.x", "jobs.y", "jobs.z"]]
     assert upward({"fm_config.run": {"sinks.redis.config"}, "feature_reader.reader": {"sinks", "stores"}, "jobs": {"fm_config"}}) == [
-        "feature_reader.reader imports sinks", "fm_config.run imports sinks.redis.config"
+        "feature_reader.reader imports sinks",
+        "fm_config.run imports sinks.redis.config",
     ]
     edges = import_graph(product_modules())  # the walk sees module-level and in-function imports
     assert {"fm_config", "stores.redis"} <= edges["feature_reader.reader"] and "stores.redis" in edges["sinks.redis.node"]
@@ -133,7 +134,13 @@ def test_configuration_and_read_side_import_nothing_heavy():
     for module, path in mods.items():
         if module.split(".")[0] in ("fm_config", "stores", "feature_reader"):
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    else []
+                )
                 # the one exception: the driver's report files (Files) go through pyarrow's filesystems, imported when used
                 heavy = [n for n in names if n.split(".")[0] in HEAVY and not (module == "fm_config.locations" and n == "pyarrow")]
                 assert not heavy, f"{module} imports {heavy}"

@@ -19,22 +19,34 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from throwaway.venvs import GOAL_MIB, MIB, PRODUCT_PACKAGES, ROOT, SPARK_ONLY, build_wheel, clean_env, disk_usage, fill_wheelhouse, make_venv, resolve
-from throwaway.servers import again_if_port_taken, free_port, start_failed
 from feature_defs import load_definitions
-from fm_config.reader import ReaderSettings
 from fm_config import RunConf
+from fm_config.reader import ReaderSettings
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
 from sinks.partition import write_partition
-from fm_config.redis import RedisSettings
 from sinks.redis.config import redis_sink_config
 from sinks.redis.writer import RedisWritePlan
-from stores.sql import connect
-from sinks.sql.preflight import ensure_schema
-from fm_config.sql import SqlSettings
 from sinks.sql.config import sql_sink_config
+from sinks.sql.preflight import ensure_schema
 from sinks.sql.writer import SqlWritePlan
+from stores.sql import connect
+from throwaway.servers import again_if_port_taken, free_port, start_failed
+from throwaway.venvs import (
+    GOAL_MIB,
+    MIB,
+    PRODUCT_PACKAGES,
+    ROOT,
+    SPARK_ONLY,
+    build_wheel,
+    clean_env,
+    disk_usage,
+    fill_wheelhouse,
+    make_venv,
+    resolve,
+)
 
 from .conftest import env_conf
 from .test_reader import BIG, DAY, ENTITIES, EVERY_TYPE, ROWS
@@ -52,19 +64,33 @@ REQUEST = {"features": ["every_type:f", "every_type:f32", "every_type:n", "every
 def _without(modules, *argv: str) -> subprocess.CompletedProcess:
     """``materialize ARGV`` in a Python where importing ``modules`` fails as when they are not installed."""
     code = f"import sys; sys.modules.update(dict.fromkeys({list(modules)!r})); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, timeout=120
+    )
 
 
 @pytest.mark.parametrize(
     "argv, modules, extra",
     [
-        (["run", "--env", "local", "--date", "2026-11-20"], SPARK_MODULES, "Spark extra (pyspark is not installed): pip install 'feature-materializer[spark]'"),
-        (["backfill", "--env", "local", "--source", "consumer_daily", "--start", "2026-11-19", "--end", "2026-11-20"], SPARK_MODULES, "[spark]"),
+        (
+            ["run", "--env", "local", "--date", "2026-11-20"],
+            SPARK_MODULES,
+            "Spark extra (pyspark is not installed): pip install 'feature-materializer[spark]'",
+        ),
+        (
+            ["backfill", "--env", "local", "--source", "consumer_daily", "--start", "2026-11-19", "--end", "2026-11-20"],
+            SPARK_MODULES,
+            "[spark]",
+        ),
         (["validate", "--env", "local", "--date", "2026-11-20"], SPARK_MODULES, "[spark]"),
         (["sample-data", "--env", "local"], ["pyspark"], "[spark]"),
         # the expectations' check imports great-expectations (no Spark started for defs)
         (["defs", "--env", "local"], ["great_expectations"], "Spark extra (great_expectations is not installed)"),
-        (["serve", "--env", "local"], SERVER_MODULES, "feature server extra (prometheus_client is not installed): pip install 'feature-materializer[server]'"),
+        (
+            ["serve", "--env", "local"],
+            SERVER_MODULES,
+            "feature server extra (prometheus_client is not installed): pip install 'feature-materializer[server]'",
+        ),
         (["serve", "--env", "local"], ["uvicorn"], "[server]"),
     ],
 )
@@ -76,9 +102,19 @@ def test_a_command_without_its_extra_exits_2_with_one_line_naming_it(argv, modul
 
 
 def test_doctor_without_the_spark_extra_says_which_checks_need_it(tmp_path):
-    folder = env_conf(tmp_path / "conf", "t", json.dumps({"data_root": str(tmp_path), "sinks": ["redis"], "redis": {"url": "redis://127.0.0.1:1/0", "password_env": None}}))
+    folder = env_conf(
+        tmp_path / "conf",
+        "t",
+        json.dumps({"data_root": str(tmp_path), "sinks": ["redis"], "redis": {"url": "redis://127.0.0.1:1/0", "password_env": None}}),
+    )
     code = f"import os, sys; os.environ['FM_CONF_DIR'] = {str(folder)!r}; sys.modules.update(dict.fromkeys({list(SPARK_MODULES)!r})); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
-    done = subprocess.run([sys.executable, "-c", code, "doctor", "--env", "t", "--source", "consumer_daily"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "doctor", "--env", "t", "--source", "consumer_daily"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     lines = done.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("FAIL  source consumer_daily"))
@@ -116,11 +152,20 @@ def test_the_wheel_holds_the_product_and_nothing_else(wheel):
     assert {n.split("/")[0] for n in names} == {*PRODUCT_PACKAGES, dist_info}
     for yaml in (ROOT / "feature_defs").glob("*.yaml"):
         assert f"feature_defs/{yaml.name}" in names
-    for module in ("feature_reader/reader.py", "feature_reader/server.py", "serializers/features.proto", "serializers/features_pb2.py", "jobs/cli.py", "sinks/redis/writer.py"):
+    for module in (
+        "feature_reader/reader.py",
+        "feature_reader/server.py",
+        "serializers/features.proto",
+        "serializers/features_pb2.py",
+        "jobs/cli.py",
+        "sinks/redis/writer.py",
+    ):
         assert module in names
     assert "materialize = jobs.cli:main" in entry_points
     base = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
-    assert base and not [line for line in base if any(heavy in line.lower() for heavy in ("pyspark", "delta", "great", "pandas", "pyarrow", "uvicorn"))]
+    assert base and not [
+        line for line in base if any(heavy in line.lower() for heavy in ("pyspark", "delta", "great", "pandas", "pyarrow", "uvicorn"))
+    ]
 
 
 @pytest.mark.install
@@ -130,7 +175,9 @@ def test_the_server_extra_resolves_without_spark_airflow_or_arrow(wheel, wheelho
     server, base = resolve(wheel, "server", wheelhouse), resolve(wheel, "", wheelhouse)
     for installed in (server, base):
         assert not set(SPARK_ONLY) & set(installed) and not [n for n in installed if n.startswith(("apache-airflow", "pyspark"))], installed
-        assert {"feature-materializer", "numpy", "redis", "hiredis", "psycopg", "psycopg-binary", "pydantic", "protobuf", "orjson"} <= set(installed)
+        assert {"feature-materializer", "numpy", "redis", "hiredis", "psycopg", "psycopg-binary", "pydantic", "protobuf", "orjson"} <= set(
+            installed
+        )
     assert {"uvicorn", "uvloop", "httptools", "prometheus-client"} <= set(server)
     assert not {"uvicorn", "uvloop", "httptools", "prometheus-client"} & set(base)
 
@@ -146,7 +193,16 @@ def server_venv(wheel, wheelhouse, tmp_path_factory) -> Path:
 def _batch(rows) -> pa.RecordBatch:
     """test_reader's every_type rows as the job hands them to its writers (``_id``: the entity id)."""
     columns = list(zip(*rows))
-    types = [pa.float64(), pa.float64(), pa.int64(), pa.bool_(), pa.string(), pa.list_(pa.float32()), pa.list_(pa.int64()), pa.list_(pa.string())]
+    types = [
+        pa.float64(),
+        pa.float64(),
+        pa.int64(),
+        pa.bool_(),
+        pa.string(),
+        pa.list_(pa.float32()),
+        pa.list_(pa.int64()),
+        pa.list_(pa.string()),
+    ]
     names = ["f", "f32", "n", "b", "s", "e", "il", "sl"]
     arrays = [pa.array([str(i) for i in columns[0]])] + [pa.array(list(values), t) for values, t in zip(columns[1:9], types)]
     return pa.RecordBatch.from_arrays(arrays, ["_id", *names])
@@ -178,7 +234,9 @@ def seeded(redis_server, pg_server, tmp_path_factory):
     sql_sink = sql_sink_config(conf, source, entity, DAY)
     with connect(sql_sink) as conn:
         ensure_schema(conn, sql_sink)
-    sql_batch = pa.RecordBatch.from_pydict({"_id": sql_rows.column("_id"), "_features_json": docs, "_non_finite": pa.array(non_finite, pa.int64())})
+    sql_batch = pa.RecordBatch.from_pydict(
+        {"_id": sql_rows.column("_id"), "_features_json": docs, "_non_finite": pa.array(non_finite, pa.int64())}
+    )
     stats += list(write_partition(SqlWritePlan(sink=sql_sink), iter([sql_batch])))
     assert [s.to_pylist()[0]["error"] for s in stats] == [None, None]
     settings = {"definitions_dir": str(root / "defs"), "sinks": ["redis", "cockroach"], "redis": {"url": redis_url, "password_env": None, "mode": "standalone"},
@@ -191,7 +249,13 @@ def _serve(venv: Path, conf_dir: Path, log: Path) -> Served:
     environ = {**clean_env(), "FM_CONF_DIR": str(conf_dir)}
 
     def start(port: int) -> Served:
-        process = subprocess.Popen([str(venv / "bin" / "materialize"), "serve", "--env", "t", "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ, cwd=log.parent)
+        process = subprocess.Popen(
+            [str(venv / "bin" / "materialize"), "serve", "--env", "t", "--port", str(port)],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=environ,
+            cwd=log.parent,
+        )
         served = Served(port, process, log)
         deadline = time.monotonic() + 60
         while process.poll() is None:
@@ -221,7 +285,13 @@ def test_a_venv_of_the_server_extra_serves_what_the_full_install_reads(server_ve
         names = json.loads(body)["metadata"]["feature_names"]
         col = dict(zip(names, results))
         assert col["consumer_id"]["values"] == [1, 2, 3, 4, 5]
-        assert col["n"]["values"] == [BIG, None, -5, None, BIG] and col["n"]["statuses"] == ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND", "PRESENT"]
+        assert col["n"]["values"] == [BIG, None, -5, None, BIG] and col["n"]["statuses"] == [
+            "PRESENT",
+            "NULL_VALUE",
+            "PRESENT",
+            "NOT_FOUND",
+            "PRESENT",
+        ]
         assert col["s"]["values"] == ["café", None, "", None, "café"]
         assert col["e"]["values"][0] == col["e"]["values"][4] == [0.5, -1.25, 3.0, 0.10000000149011612]
         assert col["sl"]["values"] == [["a", "日本"], [], None, None, ["a", "日本"]]
@@ -235,9 +305,18 @@ def test_a_venv_of_the_server_extra_serves_what_the_full_install_reads(server_ve
 @pytest.mark.install
 def test_the_server_venv_has_no_spark_fits_the_goal_and_names_the_extra_for_the_job(server_venv, seeded, tmp_path):
     probe = "import importlib.util as u; print(sorted(m for m in ('pyspark', 'delta', 'great_expectations', 'pandas', 'pyarrow', 'airflow', 'tqdm') if u.find_spec(m)))"
-    found = subprocess.run([str(server_venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60)
+    found = subprocess.run(
+        [str(server_venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60
+    )
     assert found.returncode == 0 and found.stdout.strip() == "[]", found.stderr
-    failed = subprocess.run([str(server_venv / "bin" / "python"), "-c", "import pyspark"], capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60)
+    failed = subprocess.run(
+        [str(server_venv / "bin" / "python"), "-c", "import pyspark"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert failed.returncode == 1 and "ModuleNotFoundError: No module named 'pyspark'" in failed.stderr
     # the job where it is not installed: one line naming the extra
     run = subprocess.run([str(server_venv / "bin" / "materialize"), "run", "--env", "t", "--date", DAY.isoformat()], capture_output=True, text=True,

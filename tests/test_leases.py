@@ -14,8 +14,8 @@ import time
 import pytest
 
 from feature_defs import load_definitions
-from jobs.cli import EXIT_LEASE_HELD, main
 from fm_config import PROJECT_ROOT
+from jobs.cli import EXIT_LEASE_HELD, main
 from jobs.operations.backfill import plan_backfill, recorded_run, run_backfill
 from jobs.operations.lease import LeaseHeld, Leases
 from jobs.operations.ledger import Ledger, sink_targets
@@ -61,7 +61,10 @@ def _other_holds(spark, conf, seconds: float = 60) -> Leases:
 def test_a_run_while_another_writes_the_source_stops_naming_the_holder(spark, conf, redis_db, tmp_path, monkeypatch, capsys):
     other = _other_holds(spark, conf)
     ledger = Ledger.of(spark, conf)
-    with pytest.raises(LeaseHeld, match=r"source 'consumer_daily' is being written to redis://127\.0\.0\.1:\d+/0 by backfill-replay on .* \(pid \d+, since .* UTC, lease until .* UTC\)"):
+    with pytest.raises(
+        LeaseHeld,
+        match=r"source 'consumer_daily' is being written to redis://127\.0\.0\.1:\d+/0 by backfill-replay on .* \(pid \d+, since .* UTC, lease until .* UTC\)",
+    ):
         recorded_run(spark, conf, DEFS, ledger, "run", SOURCE, SAMPLE_DATES[-1])
     assert redis_db.dbsize() == 0  # nothing written
     assert ledger.steps().count() == 0  # nor recorded
@@ -79,7 +82,15 @@ def test_a_run_while_another_writes_the_source_stops_naming_the_holder(spark, co
     # waiting: the holder ends while the run waits, and the run then writes
     threading.Timer(3, other.release, (SOURCE, sorted(sink_targets(conf).values()))).start()
     start = time.monotonic()
-    summary = recorded_run(spark, conf.model_copy(update={"lease": conf.lease.model_copy(update={"wait_seconds": 120})}), DEFS, ledger, "run", SOURCE, SAMPLE_DATES[-1])
+    summary = recorded_run(
+        spark,
+        conf.model_copy(update={"lease": conf.lease.model_copy(update={"wait_seconds": 120})}),
+        DEFS,
+        ledger,
+        "run",
+        SOURCE,
+        SAMPLE_DATES[-1],
+    )
     assert summary.status == "succeeded" and time.monotonic() - start >= 3
     assert redis_db.dbsize() == summary.sinks["redis"]["entities"] > 0
     assert Leases(spark, conf.ledger_path, seconds=60).holders(SOURCE) == {}  # released at the end

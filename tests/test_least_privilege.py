@@ -7,7 +7,6 @@ Results are read back raw as the admin user (Redis default user, PostgreSQL supe
 
 from __future__ import annotations
 
-
 import psycopg
 import pytest
 import redis
@@ -27,7 +26,6 @@ from .conftest import ACL_FILE, env_conf
 from .test_cli import BIN, run
 from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
 from .test_sql_job import AS_OF_DAY2, check_consumer_rows
-
 
 
 def test_acl_keys_are_exactly_the_entity_prefixes():
@@ -95,7 +93,13 @@ def test_acl_user_is_really_restricted(acl_redis):
 
 
 def writer_conf(sql_conf, dsns, secrets_dir):
-    sql_writer = SqlSettings(dsn=dsns["fm_writer"], password_env=None, password_file=str(secrets_dir / "fm_writer_password"), retry_base_delay=0.01, retry_max_delay=0.05)
+    sql_writer = SqlSettings(
+        dsn=dsns["fm_writer"],
+        password_env=None,
+        password_file=str(secrets_dir / "fm_writer_password"),
+        retry_base_delay=0.01,
+        retry_max_delay=0.05,
+    )
     return sql_conf.model_copy(update={"sql": sql_writer})
 
 
@@ -129,7 +133,9 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
 
 def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, redis_db, sql_roles, tmp_path):
     conf = writer_conf(sql_conf, sql_roles, tmp_path).model_copy(update={"sinks": ["redis", "cockroach"]})
-    with pytest.raises(TerminalSinkError, match=r"store_features does not exist .*may not create it .*42501.*`materialize schema --env <env>`"):
+    with pytest.raises(
+        TerminalSinkError, match=r"store_features does not exist .*may not create it .*42501.*`materialize schema --env <env>`"
+    ):
         run_source(spark, conf, DEFS, "store_features_long", DAY2)
     assert pg_db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
     assert redis_db.dbsize() == 0  # found before either store was written

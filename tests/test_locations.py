@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from feature_defs import load_definitions
-from jobs.cli import main
 from fm_config import RunConf
 from fm_config.locations import Location, resolve
+from jobs.cli import main
 from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger import Ledger, canonical_target
-from jobs.pipeline.read import source_path
 from jobs.pipeline.gate.checks import previous_success
+from jobs.pipeline.read import source_path
 
 from .conftest import SAMPLE_DATES, env_conf
 
@@ -39,7 +39,9 @@ def test_a_data_root_uri_stays_intact_in_every_location_derived_from_it(root, ex
     conf = RunConf(data_root=root, reports_dir="s3a://lake/reports")
     got = (conf.data_path, conf.quarantine_path, conf.ledger_path, source_path(conf, DEFS.source("consumer_daily")))
     assert tuple(map(str, got)) == expected
-    assert conf.reports_path / "consumer_daily" / "2026-11-20" / "summary.json" == "s3a://lake/reports/consumer_daily/2026-11-20/summary.json"
+    assert (
+        conf.reports_path / "consumer_daily" / "2026-11-20" / "summary.json" == "s3a://lake/reports/consumer_daily/2026-11-20/summary.json"
+    )
 
 
 def test_local_conveniences_apply_to_local_paths_only(tmp_path):
@@ -124,7 +126,9 @@ def test_a_run_with_every_location_a_uri_reads_writes_and_reports_there(spark, r
     assert not [e for e in summaries[0].expectations if e["expectation"] == "expect_table_row_count_to_be_between"]  # no earlier run
 
     # the CLI reads the report back from the URI, and says where it is
-    folder = env_conf(tmp_path / "conf", "uris", json.dumps({**locations, "sinks": ["redis"], "redis": {"url": run_conf.redis.url, "password_env": None}}))
+    folder = env_conf(
+        tmp_path / "conf", "uris", json.dumps({**locations, "sinks": ["redis"], "redis": {"url": run_conf.redis.url, "password_env": None}})
+    )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     assert main(["report", "--env", "uris", "--date", SAMPLE_DATES[1].isoformat(), "--source", "consumer_daily"]) == 0
     out = capsys.readouterr().out

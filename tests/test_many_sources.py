@@ -8,7 +8,6 @@ import re
 import shutil
 
 import pytest
-
 from pyspark.sql import types as T
 
 from feature_defs import DEFAULT_DIR, load_definitions
@@ -83,7 +82,9 @@ def test_create_upgrades_an_older_ledger_so_appends_at_once_do_not_conflict(spar
     assert spark.read.format("delta").load(str(tmp_path / "ledger")).columns == SCHEMA.fieldNames()
 
     def entry(i: int) -> Entry:
-        return Entry(kind="run", source=f"s{i}", entity="e", start_date=DAY2, end_date=DAY2, sinks=["redis"], definitions_hash="d", config_hash="c")
+        return Entry(
+            kind="run", source=f"s{i}", entity="e", start_date=DAY2, end_date=DAY2, sinks=["redis"], definitions_hash="d", config_hash="c"
+        )
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda i: ledger.start(entry(i)), range(4)))

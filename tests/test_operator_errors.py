@@ -13,15 +13,15 @@ import pytest
 import jobs.pipeline.write_sql
 import sinks.sql.preflight
 from feature_defs import load_definitions
-from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
 from fm_config import RunConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
+from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
-from stores.errors import TerminalError
-from sinks.sql.upserts import SqlSink
 from sinks.sql.config import SqlSinkConfig
+from sinks.sql.upserts import SqlSink
+from stores.errors import TerminalError
 from stores.sql import connect as real_connect
 from throwaway.servers import free_port
 
@@ -47,9 +47,11 @@ def tiny_defs(folder: Path) -> Path:
 def ops(tmp_path, monkeypatch, pg_server) -> Path:
     """An env 'ops' of its own: tiny definitions, reports under tmp_path, the suite's PostgreSQL."""
     tiny_defs(tmp_path / "defs")
-    conf = env_conf(tmp_path / "conf", "ops",
+    conf = env_conf(
+        tmp_path / "conf",
+        "ops",
         f"data_root: {tmp_path / 'data'}\nreports_dir: {tmp_path / 'reports'}\ndefinitions_dir: {tmp_path / 'defs'}\n"
-        f"sql: {{dsn: '{pg_server.dsn}', statement_timeout_ms: 300}}\n"
+        f"sql: {{dsn: '{pg_server.dsn}', statement_timeout_ms: 300}}\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(conf))
     return tmp_path
@@ -63,7 +65,9 @@ def one_error_line(capsys) -> str:
 
 
 def written_summary(root: Path) -> Path:
-    summary = RunSummary(source="src", entity="consumer", date=DAY, env="ops", as_of=1795132800, status="succeeded", rows_read=12, entities=12)
+    summary = RunSummary(
+        source="src", entity="consumer", date=DAY, env="ops", as_of=1795132800, status="succeeded", rows_read=12, entities=12
+    )
     return summary.write_json(root / "reports" / "src" / DAY / "summary.json")
 
 
@@ -75,9 +79,15 @@ def report(capsys) -> int:
 # Each case: how the summary is damaged (JSON text in, JSON text out), a fragment of the one-line error.
 DAMAGED = {
     "truncated": (lambda text: text[: len(text) // 2], None),
-    "newer format": (lambda text: json.dumps({**json.loads(text), "format_version": 2, "sinks_v2": {}}), "keys this version does not know (format_version, sinks_v2): written by a newer feature-materializer?"),
+    "newer format": (
+        lambda text: json.dumps({**json.loads(text), "format_version": 2, "sinks_v2": {}}),
+        "keys this version does not know (format_version, sinks_v2): written by a newer feature-materializer?",
+    ),
     "not an object": (lambda text: json.dumps([json.loads(text)]), "expected a JSON object, found a JSON list"),
-    "a count that is text": (lambda text: json.dumps({**json.loads(text), "rows_read": "twelve"}), "a value is not in the format this version writes (ValueError: "),
+    "a count that is text": (
+        lambda text: json.dumps({**json.loads(text), "rows_read": "twelve"}),
+        "a value is not in the format this version writes (ValueError: ",
+    ),
 }
 
 
@@ -106,14 +116,20 @@ def test_only_an_unknown_name_is_a_usage_error(ops, capsys):
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "status": "failed", "expectations": [{"name": "score not null", "severity": "blocking"}]}))
     assert report(capsys) == EXIT_FAILED
-    assert one_error_line(capsys) == f"error: {path}: a value is not in the format this version writes (KeyError: 'success'): written by another version?"
+    assert (
+        one_error_line(capsys)
+        == f"error: {path}: a value is not in the format this version writes (KeyError: 'success'): written by another version?"
+    )
 
 
 def test_schema_step_errors_are_one_line_naming_the_server(ops, capsys, pg_server, pg_db):
     port = free_port()  # nothing listens there
     assert main(["schema", "--env", "ops", "--sql-dsn", f"postgresql://postgres@127.0.0.1:{port}/features"]) == EXIT_FAILED
     line = one_error_line(capsys)  # libpq's hint ("Is the server running ...") joined onto it
-    assert line.startswith(f"error: cannot connect to the SQL store (postgresql://postgres@127.0.0.1:{port}/features): ") and "Connection refused" in line, line
+    assert (
+        line.startswith(f"error: cannot connect to the SQL store (postgresql://postgres@127.0.0.1:{port}/features): ")
+        and "Connection refused" in line
+    ), line
 
     dsn = f"postgresql://postgres@127.0.0.1:{pg_server.port}/{MISSING_DB}"
     assert main(["schema", "--env", "ops", "--sql-dsn", dsn]) == EXIT_FAILED
@@ -136,12 +152,18 @@ def test_schema_step_errors_are_one_line_naming_the_server(ops, capsys, pg_serve
 
 @pytest.mark.parametrize("missing", ["role", "database"])
 def test_a_missing_role_or_database_is_terminal_at_once(pg_server, monkeypatch, tmp_path, missing):
-    dsn = f"postgresql://{MISSING_ROLE}@127.0.0.1:{pg_server.port}/features" if missing == "role" else f"postgresql://postgres@127.0.0.1:{pg_server.port}/{MISSING_DB}"
+    dsn = (
+        f"postgresql://{MISSING_ROLE}@127.0.0.1:{pg_server.port}/features"
+        if missing == "role"
+        else f"postgresql://postgres@127.0.0.1:{pg_server.port}/{MISSING_DB}"
+    )
     name, hint = (MISSING_ROLE, "check the user in sql.dsn") if missing == "role" else (MISSING_DB, "check the database name in sql.dsn")
     expected = f"SQL store at 127.0.0.1:{pg_server.port}: {missing} '{name}' does not exist (not retried; {hint}"
 
     # the writers' sink: 5 retries allowed, none taken
-    sink = SqlSink(SqlSinkConfig(dsn=dsn, table="t", source="s", as_of=0, dialect="postgres", retries=5, retry_base_delay=0.01, retry_max_delay=0.01))
+    sink = SqlSink(
+        SqlSinkConfig(dsn=dsn, table="t", source="s", as_of=0, dialect="postgres", retries=5, retry_base_delay=0.01, retry_max_delay=0.01)
+    )
     with pytest.raises(TerminalError) as info:
         sink.open()
     assert str(info.value).startswith(expected), str(info.value)
@@ -155,7 +177,11 @@ def test_a_missing_role_or_database_is_terminal_at_once(pg_server, monkeypatch, 
         return real_connect(conf)
 
     monkeypatch.setattr(sinks.sql.preflight, "connect", counted)
-    conf = RunConf(env="test", redis=RedisSettings(password_env=None), sql=SqlSettings(dsn=dsn, password_env=None, retries=5, retry_base_delay=0.01, retry_max_delay=0.01))
+    conf = RunConf(
+        env="test",
+        redis=RedisSettings(password_env=None),
+        sql=SqlSettings(dsn=dsn, password_env=None, retries=5, retry_base_delay=0.01, retry_max_delay=0.01),
+    )
     defs = load_definitions(tiny_defs(tmp_path))
     source = defs.source("src")
     summary = RunSummary(source=source.name, entity=source.entity, date=DAY, env="test", as_of=0)

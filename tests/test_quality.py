@@ -12,12 +12,12 @@ import pytest
 from pyspark.sql import functions as F
 
 from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
-from jobs.cli import main
 from fm_config import QualityConf
 from fm_config.sql import SqlSettings
+from jobs.cli import main
+from jobs.pipeline.gate.checks import QualityGateError, VerificationError, derive_checks
 from jobs.pipeline.report.stage import report_dir
 from jobs.pipeline.run import run_source, validate_source
-from jobs.pipeline.gate.checks import QualityGateError, VerificationError, derive_checks
 from serializers import field_id
 
 from .conftest import TINY_SOURCE, env_conf, tiny_consumer_source
@@ -181,7 +181,9 @@ def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_
     with pytest.raises(DefinitionError) as info:
         tiny_consumer_source(None, tmp_path / "a", "    - {name: score, type: float}\n", "", [],
             "  expectations:\n    - {type: expect_column_values_to_be_between, kwargs: {column: scor, min_value: 0}}\n")  # fmt: skip
-    assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_between: column 'scor' is not a feature or key" in str(info.value)
+    assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_between: column 'scor' is not a feature or key" in str(
+        info.value
+    )
 
     # what only great-expectations knows (its names, its arguments): found before anything runs expectations
     extra = (
@@ -207,7 +209,10 @@ def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_
     monkeypatch.setenv("FM_CONF_DIR", str(conf))
     for command in (["defs"], ["run", "--date", str(DAY2)], ["validate", "--date", str(DAY2)]):
         assert main([*command, "--env", "ci"]) == 2, command
-        assert "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations" in capsys.readouterr().err
+        assert (
+            "tiny.yaml:9: source 'tiny': expectations[0] expect_column_values_to_be_nice: not a great-expectations"
+            in capsys.readouterr().err
+        )
     assert not (tmp_path / "ledger").exists() and not (tmp_path / "reports").exists() and redis_db.dbsize() == 0
 
 

@@ -16,12 +16,12 @@ import pytest
 
 from feature_defs import DEFAULT_DIR, Definitions, load_definitions
 from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
-from fm_config.reader import CacheSettings, ReaderSettings
 from fm_config import QualityConf, RunConf
-from serializers import encode, field_id, freshness_field
-from serializers.keys import as_of_epoch
+from fm_config.reader import CacheSettings, ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
+from serializers import encode, field_id, freshness_field
+from serializers.keys import as_of_epoch
 from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES
@@ -108,7 +108,9 @@ def write_sample(spark, root: Path, redis: RedisSettings, dsn: str) -> tuple[Run
     (defs_dir / "services.yaml").write_text(SERVICES)
     defs = load_definitions(defs_dir)
     spark.createDataFrame(ROWS, SCHEMA).write.format("delta").save(str(root / "every_type"))
-    spark.createDataFrame([("eu", 7, 1.5, DAY), ("us", 7, 2.5, DAY)], "region string, store_id long, score double, ds date").write.format("delta").save(str(root / "pair_daily"))
+    spark.createDataFrame([("eu", 7, 1.5, DAY), ("us", 7, 2.5, DAY)], "region string, store_id long, score double, ds date").write.format(
+        "delta"
+    ).save(str(root / "pair_daily"))
     conf = RunConf(
         env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir),
         sinks=["redis", "cockroach"], redis=redis, sql=SqlSettings(dsn=dsn, password_env=None),
@@ -125,7 +127,9 @@ def write_sample(spark, root: Path, redis: RedisSettings, dsn: str) -> tuple[Run
 def written(spark, tmp_path, redis_server, pg_server, pg_db):
     """every_type and pair_daily written by the real job into Redis (db 3) and PostgreSQL."""
     redis_server.client(3).flushdb()
-    return write_sample(spark, tmp_path, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/3", password_env=None, mode="standalone"), pg_server.dsn)
+    return write_sample(
+        spark, tmp_path, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/3", password_env=None, mode="standalone"), pg_server.dsn
+    )
 
 
 def test_every_type_reads_back_as_written_from_redis_and_sql(written):
@@ -175,7 +179,10 @@ def test_sql_reads_share_a_pool_of_connections_made_as_every_store_connection(wr
     conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"sql_connections": 2, "single_flight": False})})
     with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:
         results: list = []
-        threads = [threading.Thread(target=lambda: results.append(reader.get_online_features(["every_type"], CONSUMERS, store="sql"))) for _ in range(16)]
+        threads = [
+            threading.Thread(target=lambda: results.append(reader.get_online_features(["every_type"], CONSUMERS, store="sql")))
+            for _ in range(16)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -214,7 +221,12 @@ def test_a_redis_miss_is_read_from_sql_for_the_missed_entities_only(written, red
         assert reader.stats["store_reads"] == 2 and reader.stats["entities_read"] == 4 + 2
     off = conf.model_copy(update={"reader": ReaderSettings(read_through=False, timeout_ms=5000)})
     with FeatureReader(off, defs, cache=False) as reader:
-        assert reader.get_online_features(["every_type:n"], CONSUMERS).column("n").statuses == ["NOT_FOUND", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
+        assert reader.get_online_features(["every_type:n"], CONSUMERS).column("n").statuses == [
+            "NOT_FOUND",
+            "NULL_VALUE",
+            "PRESENT",
+            "NOT_FOUND",
+        ]
 
 
 def test_values_older_than_max_age_are_withheld(written):
@@ -276,13 +288,28 @@ def _conf(url: str, **cache) -> RunConf:
 @pytest.mark.parametrize(
     "features, entities, error, text",
     [
-        (["consumer_dayly:orders_7d"], {"consumer_id": [1]}, UnknownNameError, "unknown source 'consumer_dayly'; did you mean 'consumer_daily'?"),
+        (
+            ["consumer_dayly:orders_7d"],
+            {"consumer_id": [1]},
+            UnknownNameError,
+            "unknown source 'consumer_dayly'; did you mean 'consumer_daily'?",
+        ),
         (["consumer_daily:orders_7"], {"consumer_id": [1]}, UnknownNameError, "did you mean 'orders_7d', 'orders_30d'?"),
         (["consumer_daily:orders_7d"], {"consumer": [1]}, EntityKeyError, "unknown entity key(s) 'consumer'; missing 'consumer_id'"),
-        (["consumer_daily:orders_7d"], {"consumer_id": ["1"]}, EntityKeyError, "entity key 'consumer_id' row 0: expected an integer, got str"),
+        (
+            ["consumer_daily:orders_7d"],
+            {"consumer_id": ["1"]},
+            EntityKeyError,
+            "entity key 'consumer_id' row 0: expected an integer, got str",
+        ),
         (["consumer_daily:orders_7d"], {"consumer_id": [True]}, EntityKeyError, "expected an integer, got bool"),
         (["store_features_long:is_open_late"], {"store_id": ["a:b"]}, EntityKeyError, "no ':' or control characters"),
-        (["consumer_daily:orders_7d"], {"consumer_id": list(range(1001))}, RequestError, "1,001 entities in one request; the limit is 1,000"),
+        (
+            ["consumer_daily:orders_7d"],
+            {"consumer_id": list(range(1001))},
+            RequestError,
+            "1,001 entities in one request; the limit is 1,000",
+        ),
         ([], {"consumer_id": [1]}, RequestError, "no features requested"),
     ],
 )
@@ -315,7 +342,9 @@ def test_a_thousand_concurrent_async_reads_of_a_cold_key_read_redis_once(hot_key
     async def burst():
         async with AsyncFeatureReader(_conf(hot_key.url), sample_defs) as reader:
             hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")  # the first read waits: every other arrives meanwhile
-            results = await asyncio.gather(*[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]}) for _ in range(1000)])
+            results = await asyncio.gather(
+                *[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]}) for _ in range(1000)]
+            )
             return results, reader.stats, len(reader._flights)
 
     results, stats, pending = asyncio.run(burst())
@@ -402,7 +431,8 @@ def test_thousands_of_failed_reads_leave_nothing_on_the_scoreboard(tmp_path, sam
     async def burst():
         async with AsyncFeatureReader(_conf(url), sample_defs) as reader:
             outcomes = await asyncio.gather(
-                *[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [i % 50]}) for i in range(3000)], return_exceptions=True
+                *[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [i % 50]}) for i in range(3000)],
+                return_exceptions=True,
             )
             return outcomes, len(reader._flights)
 
@@ -429,7 +459,9 @@ def test_thousands_of_failed_reads_leave_nothing_on_the_scoreboard(tmp_path, sam
 def test_a_value_that_does_not_decode_is_marked_and_the_rest_served(hot_key, sample_defs):
     hot_key.client().hset(b"c:1", mapping={field_id("orders_30d"): b"12x", field_id("churn_score"): b"0.5"})
     reader = FeatureReader(_conf(hot_key.url), sample_defs, cache=False)
-    result = reader.get_online_features(["consumer_daily:orders_7d", "consumer_daily:orders_30d", "consumer_daily:churn_score"], {"consumer_id": [1]})
+    result = reader.get_online_features(
+        ["consumer_daily:orders_7d", "consumer_daily:orders_30d", "consumer_daily:churn_score"], {"consumer_id": [1]}
+    )
     assert [c.statuses[0] for c in result.columns] == ["PRESENT", "INVALID", "PRESENT"]
     assert [c.values[0] for c in result.columns] == [7, None, 0.5] and reader.stats["decode_errors"] == 1
 
@@ -467,7 +499,9 @@ def numbered(tmp_path):
     server = start_redis(tmp_path / "n")
     client = server.client()
     for i in range(300):
-        client.hset(f"c:{i}".encode(), mapping={freshness_field("consumer_daily"): str(AS_OF).encode(), field_id("orders_7d"): encode("int", i)})
+        client.hset(
+            f"c:{i}".encode(), mapping={freshness_field("consumer_daily"): str(AS_OF).encode(), field_id("orders_7d"): encode("int", i)}
+        )
     yield server
     server.stop()
 
@@ -624,15 +658,35 @@ def test_a_connection_killed_between_reads_is_replaced_unnoticed(numbered, sampl
         ("int", {}, [b"+5", b"1-2", b"9223372036854775808", b"-9223372036854775808", b"007", b" 1"]),
         ("bool", {}, [b"1", b"0", b"2", b""]),
         ("string", {}, [b"caf\xc3\xa9", b"\xff", b""]),
-        ("embedding", {"dimension": 2}, [encode("embedding", [0.5, -1.0], dimension=2), b"\x0a\x08" + b"\x00\x00\xc0\x7f" * 2, b"\x0a\x04\x00\x00\x00\x00"]),
+        (
+            "embedding",
+            {"dimension": 2},
+            [encode("embedding", [0.5, -1.0], dimension=2), b"\x0a\x08" + b"\x00\x00\xc0\x7f" * 2, b"\x0a\x04\x00\x00\x00\x00"],
+        ),
         # more than decode.SMALL values: the one-matrix paths, one bad value among them
         ("embedding", {"dimension": 2}, [encode("embedding", [float(i), -0.5], dimension=2) for i in range(12)] + [None]),
-        ("embedding", {"dimension": 2}, [encode("embedding", [float(i), -0.5], dimension=2) for i in range(12)] + [b"\x0a\x08" + b"\x00\x00\xc0\x7f" * 2]),
+        (
+            "embedding",
+            {"dimension": 2},
+            [encode("embedding", [float(i), -0.5], dimension=2) for i in range(12)] + [b"\x0a\x08" + b"\x00\x00\xc0\x7f" * 2],
+        ),
         ("int_list", {}, [encode("int_list", [i, 127, 0, 5]) for i in range(12)] + [None]),
-        ("int_list", {}, [encode("int_list", [i, 127, 0, 5]) for i in range(12)] + [encode("int_list", [1, 128, 2, 3])]),  # same length, a two-byte varint
+        (
+            "int_list",
+            {},
+            [encode("int_list", [i, 127, 0, 5]) for i in range(12)] + [encode("int_list", [1, 128, 2, 3])],
+        ),  # same length, a two-byte varint
         ("int_list", {}, [encode("int_list", [i, 1]) for i in range(12)] + [b"\x06\x14\x0a\x04\x01\x02\x03\xff"]),  # a bad message
-        ("int_list", {}, [encode("int_list", []), encode("int_list", [3]), encode("int_list", [-1]), encode("int_list", [300, 1]), b"\x00\x01", b"junk"]),
-        ("int_list", {"compression": "none"}, [encode("int_list", [1, 2], compression="none"), b"", encode("int_list", [200], compression="none"), b"\x0a\x05\x01"]),
+        (
+            "int_list",
+            {},
+            [encode("int_list", []), encode("int_list", [3]), encode("int_list", [-1]), encode("int_list", [300, 1]), b"\x00\x01", b"junk"],
+        ),
+        (
+            "int_list",
+            {"compression": "none"},
+            [encode("int_list", [1, 2], compression="none"), b"", encode("int_list", [200], compression="none"), b"\x0a\x05\x01"],
+        ),
     ],
 )
 def test_the_column_decoder_agrees_with_the_reference_value_by_value(kind, options, raws):
@@ -657,7 +711,10 @@ def test_the_grouped_decoder_equals_the_column_decoder_and_names_its_holes():
     from feature_defs import FeatureDef
     from feature_reader.decode import BAD, ColumnDecoder, decode_column
 
-    feats = [FeatureDef(name=f"f{j}", type="float") for j in range(3)] + [FeatureDef(name="n", type="int"), FeatureDef(name="b", type="bool")]
+    feats = [FeatureDef(name=f"f{j}", type="float") for j in range(3)] + [
+        FeatureDef(name="n", type="int"),
+        FeatureDef(name="b", type="bool"),
+    ]
     clean = [(b"0.5", b"1", b"-2.25", b"7", b"1"), (b"0", b"1e-3", b"3", b"-8", b"0")]
     corrupt = clean + [(b"0.25", b"1x", b"4", b"9", b"1")]
     holed = clean + [(b"0.25", None, b"4", b"9", b"1")]
@@ -678,7 +735,12 @@ def test_one_entity_is_decoded_as_a_row_equal_to_the_column_decoder():
     from feature_defs import FeatureDef
     from feature_reader.decode import BAD, ColumnDecoder
 
-    feats = [FeatureDef(name="f0", type="float"), FeatureDef(name="f1", type="float"), FeatureDef(name="n", type="int"), FeatureDef(name="e", type="embedding", dimension=3)]
+    feats = [
+        FeatureDef(name="f0", type="float"),
+        FeatureDef(name="f1", type="float"),
+        FeatureDef(name="n", type="int"),
+        FeatureDef(name="e", type="embedding", dimension=3),
+    ]
     emb = b"\x0a\x0c" + np.array([0.5, -1.0, 2.0], "<f4").tobytes()  # tag 1, 12 bytes of packed float32
     for raw, expected, complete in (
         ([b"0.5", b"-2", b"12", emb], [0.5, -2.0, 12, [0.5, -1.0, 2.0]], True),
@@ -697,7 +759,12 @@ def test_a_row_whose_floats_are_not_side_by_side_decodes_each_in_its_place():
     from feature_defs import FeatureDef
     from feature_reader.decode import BAD, ColumnDecoder
 
-    feats = [FeatureDef(name="f0", type="float"), FeatureDef(name="n", type="int"), FeatureDef(name="f1", type="float"), FeatureDef(name="m", type="int")]
+    feats = [
+        FeatureDef(name="f0", type="float"),
+        FeatureDef(name="n", type="int"),
+        FeatureDef(name="f1", type="float"),
+        FeatureDef(name="m", type="int"),
+    ]
     assert ColumnDecoder(feats).decode_row([b"0.5", b"7", b"-2", b"9"]) == ([0.5, 7, -2.0, 9], True)
     assert ColumnDecoder(feats).decode_row([b"0.5", b"7", b"x", None]) == ([0.5, 7, BAD, None], False)
     side_by_side = [feats[0], feats[2], feats[1], feats[3]]

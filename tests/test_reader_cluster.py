@@ -13,8 +13,8 @@ import redis
 
 from feature_reader import AsyncFeatureReader, FeatureReader
 from fm_config import RunConf
-from serializers import field_id
 from fm_config.redis import RedisSettings
+from serializers import field_id
 from throwaway.cluster import LocalCluster, start_cluster
 
 from .test_reader import BIG, CONSUMERS, assert_expected, write_sample
@@ -175,7 +175,9 @@ def test_async_reader_reads_a_redis_miss_from_sql_for_the_missed_entity_only(clu
     key = b"c:1"
     node = cluster.client(owners_of(cluster, [key])[key][1])
     with psycopg.connect(conf.sql.dsn) as conn:  # the SQL store holds consumer 1, read raw
-        raw = conn.execute("SELECT (features->>'n')::numeric, features->>'s' FROM consumer_features WHERE entity_key = '1' AND source = 'every_type'").fetchall()
+        raw = conn.execute(
+            "SELECT (features->>'n')::numeric, features->>'s' FROM consumer_features WHERE entity_key = '1' AND source = 'every_type'"
+        ).fetchall()
     assert raw == [(BIG, "café")]
     saved = node.dump(key)
     assert saved is not None
@@ -203,7 +205,10 @@ def test_async_reader_reads_a_redis_miss_from_sql_for_the_missed_entity_only(clu
         assert (reads, entities) == (1 + 2, 2 + 3 + 1)
         # and 4, in neither store, too: Redis for all four, then SQL for 1 and 4
         result, reads, entities = absent
-        assert (result.column("n").values, result.column("n").statuses) == ([BIG, None, -5, None], ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"])
+        assert (result.column("n").values, result.column("n").statuses) == (
+            [BIG, None, -5, None],
+            ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"],
+        )
         assert (reads, entities) == (3 + 2, 6 + 4 + 2)
         # without read-through, Redis alone answers: 1 is not found
         off, *_ = asyncio.run(read(with_mode(conf, "cluster", read_through=False)))[2]

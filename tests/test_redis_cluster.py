@@ -15,14 +15,12 @@ from dataclasses import replace
 import pytest
 
 from serializers.batch import encode_batch
-from sinks.redis.cluster import FailedOverUnreplicated, RedisClusterSink
 from sinks.errors import TransientSinkError
+from sinks.redis.cluster import FailedOverUnreplicated, RedisClusterSink
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisSink
 from sinks.redis.router import ClusterTopology
 from throwaway.cluster import LocalCluster, start_cluster
 from throwaway.servers import start_redis
-
-
 
 from .expected import expected_hash, row_of
 from .test_redis_sink import FRESH, SPECS, sink_config, things
@@ -354,7 +352,10 @@ def test_a_primary_down_at_start_costs_only_its_own_slots(partial_cluster):
     try:
         stats = sink.write_batch(encode_batch(batch, SPECS))
         again = sink.write_batch(encode_batch(batch, SPECS))  # the next batch does not wait again
-        with pytest.raises(TransientSinkError, match=rf"primary 127\.0\.0\.1:{down} \(\d+ slots\) did not answer .* {2 * len(owners[down]):,} entities in those slots were not written, everything else was"):
+        with pytest.raises(
+            TransientSinkError,
+            match=rf"primary 127\.0\.0\.1:{down} \(\d+ slots\) did not answer .* {2 * len(owners[down]):,} entities in those slots were not written, everything else was",
+        ):
             sink.flush()
     finally:
         sink.close()
@@ -404,10 +405,16 @@ def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, r
             node.set(f"{tag}filler{pieces}", b"x" * 20_000)
             pieces += 1
         conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": cluster.url, "mode": "cluster"})})
-        with pytest.raises(CapacityError, match=rf"refusing to write consumer entities: Redis Cluster primary 127\.0\.0\.1:{full}, which gets ~\d+ of them, uses .*Nothing was written") as info:
+        with pytest.raises(
+            CapacityError,
+            match=rf"refusing to write consumer entities: Redis Cluster primary 127\.0\.0\.1:{full}, which gets ~\d+ of them, uses .*Nothing was written",
+        ) as info:
             run_source(spark, conf, DEFS, "consumer_daily", DAY2)
         # it was the write's share that would not fit, on that primary alone
-        used, growth = (int(x.replace(",", "")) for x in re.search(r"uses ([\d,]+) B, the write is projected to add ([\d,]+) B", str(info.value)).groups())
+        used, growth = (
+            int(x.replace(",", ""))
+            for x in re.search(r"uses ([\d,]+) B, the write is projected to add ([\d,]+) B", str(info.value)).groups()
+        )
         assert used < limit < used + growth
         assert [cluster.client(p).dbsize() for p in cluster.primaries()] == [pieces if p == full else 0 for p in cluster.primaries()]
     finally:
@@ -422,7 +429,9 @@ def test_the_job_starts_with_a_primary_down_and_writes_every_other_slot(spark, s
     c = partial_cluster
     down = c.primaries()[0]
     c.kill(down)
-    redis = run_conf.redis.model_copy(update={"url": f"redis://127.0.0.1:{c.primaries()[1]}/0", "mode": "cluster", "failover_timeout": 2, "retries": 1})
+    redis = run_conf.redis.model_copy(
+        update={"url": f"redis://127.0.0.1:{c.primaries()[1]}/0", "mode": "cluster", "failover_timeout": 2, "retries": 1}
+    )
     expected = expected_consumers(spark, sample_root, DAY2)
     lost = [i for i in expected if c.owner_of(f"c:{i}".encode()) == down]
     assert 0 < len(lost) < len(expected)

@@ -158,7 +158,9 @@ def test_a_rerun_with_no_bad_rows_clears_the_dates_quarantine_and_keeps_others(s
     features, schema = "    - {name: score, type: float, precision: float32}\n", "consumer_id long, score double, ds date"
     bad = [(1, 1.0, DAY1), (2, 1e300, DAY1), (1, 2.0, DAY2), (2, 1e300, DAY2)]  # 1e300: beyond float32
     defs = tiny_consumer_source(spark, tmp_path, features, schema, bad)
-    conf = run_conf.model_copy(update={"data_root": str(tmp_path), "quality": run_conf.quality.model_copy(update={"max_bad_fraction": 0.5})})
+    conf = run_conf.model_copy(
+        update={"data_root": str(tmp_path), "quality": run_conf.quality.model_copy(update={"max_bad_fraction": 0.5})}
+    )
     first = [run_source(spark, conf, defs, "tiny", day) for day in (DAY1, DAY2)]
     assert [s.bad_rows for s in first] == [1, 1]
     table = first[0].quarantine_table
@@ -175,7 +177,9 @@ def test_a_rerun_with_no_bad_rows_clears_the_dates_quarantine_and_keeps_others(s
 
 
 def test_a_source_never_bad_has_an_empty_quarantine_table(spark, run_conf, redis_db, tmp_path):
-    defs = tiny_consumer_source(spark, tmp_path, "    - {name: score, type: float}\n", "consumer_id long, score double, ds date", [(1, 1.0, DAY1)])
+    defs = tiny_consumer_source(
+        spark, tmp_path, "    - {name: score, type: float}\n", "consumer_id long, score double, ds date", [(1, 1.0, DAY1)]
+    )
     summary = run_source(spark, run_conf.model_copy(update={"data_root": str(tmp_path)}), defs, "tiny", DAY1)
     assert (summary.status, summary.bad_rows, summary.quarantine_table) == ("succeeded", 0, str(tmp_path / "quarantine" / "tiny"))
     table = spark.read.format("delta").load(summary.quarantine_table)
@@ -219,7 +223,13 @@ def test_hard_ceiling_stops_the_write_and_says_how_much(spark, run_conf, tmp_pat
     try:
         used = int(server.client().info("memory")["used_memory"])
         redis_conf = run_conf.redis.model_copy(
-            update={"url": server.url, "max_fill": 1.0, "hard_fill": (used + 200_000) / 4_000_000, "recheck_every": 1, "pipeline_entities": 16}
+            update={
+                "url": server.url,
+                "max_fill": 1.0,
+                "hard_fill": (used + 200_000) / 4_000_000,
+                "recheck_every": 1,
+                "pipeline_entities": 16,
+            }
         )
         conf = run_conf.model_copy(update={"redis": redis_conf})
         with pytest.raises(CapacityError, match=r"stopped at the memory ceiling.* of \d+ entities .* were written") as info:
@@ -236,7 +246,11 @@ def test_schema_drift_fails_before_writing(spark, sample_root, run_conf, redis_d
     folder.mkdir()
     for path in DEFS.files.values():
         (folder / path.name).write_text(path.read_text())
-    text = (folder / "consumer_daily.yaml").read_text().replace("{name: orders_7d, type: int}", "{name: orders_7d, type: int, column: orders_7days}")
+    text = (
+        (folder / "consumer_daily.yaml")
+        .read_text()
+        .replace("{name: orders_7d, type: int}", "{name: orders_7d, type: int, column: orders_7days}")
+    )
     (folder / "consumer_daily.yaml").write_text(text.replace("{name: is_subscriber, type: bool}", "{name: is_subscriber, type: string}"))
     defs = load_definitions(folder)
     with pytest.raises(SchemaDriftError) as info:

@@ -7,12 +7,11 @@ import pytest
 
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import field_id
-from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
 from sinks.redis.config import RedisSinkConfig
+from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
 from throwaway.servers import start_redis
 
 from .expected import expected_hash, row_of
-
 
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
 FRESH = field_id("_ts:things")
@@ -29,7 +28,12 @@ def things(n: int, offset: int = 0) -> pa.RecordBatch:
     lists = [[i, i, 300] for i in range(n)]
     flags = [None if i % 5 == 2 else i % 2 == 0 for i in range(n)]
     return pa.RecordBatch.from_pydict(
-        {"_id": ids, "score": pa.array(scores, pa.float64()), "ids": pa.array(lists, pa.list_(pa.int64())), "flag": pa.array(flags, pa.bool_())}
+        {
+            "_id": ids,
+            "score": pa.array(scores, pa.float64()),
+            "ids": pa.array(lists, pa.list_(pa.int64())),
+            "flag": pa.array(flags, pa.bool_()),
+        }
     )
 
 

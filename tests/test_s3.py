@@ -65,7 +65,9 @@ spark:
 """
     folder = env_conf(tmp_path / "conf", "s3", settings)
     common = ["--env", "s3"]
-    s3fs = fs.S3FileSystem(endpoint_override=f"127.0.0.1:{s3.port}", scheme="http", access_key="fm-test", secret_key=secret, region="us-east-1")
+    s3fs = fs.S3FileSystem(
+        endpoint_override=f"127.0.0.1:{s3.port}", scheme="http", access_key="fm-test", secret_key=secret, region="us-east-1"
+    )
     for table in ("consumer_daily", "store_features_long"):  # the session's sample tables, as an ETL job would have put them
         fs.copy_files(str(sample_root / table), f"lake/etl/{table}", destination_filesystem=s3fs)
     commands = [
@@ -77,7 +79,9 @@ spark:
     ]
     env = {"FM_CONF_DIR": str(folder), "AWS_ACCESS_KEY_ID": "fm-test", "AWS_SECRET_ACCESS_KEY": secret, "PATH": "/usr/bin:/bin"}
     env |= {k: v for k, v in __import__("os").environ.items() if k.startswith(("SPARK_", "JAVA_", "PYSPARK_")) or k == "HOME"}
-    out = subprocess.run([sys.executable, "-m", "tests.cli_sequence", json.dumps(commands)], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.cli_sequence", json.dumps(commands)], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
+    )
     exits = [line for line in out.stdout.splitlines() if line.startswith("[exit ")]
     print("\n".join(line for line in out.stderr.splitlines() if line.startswith("[took")))
     assert exits == [f"[exit 0] {' '.join(c)}" for c in commands], out.stdout[-3000:] + out.stderr[-3000:]
@@ -96,7 +100,9 @@ spark:
 
     # the deployment check reads the tables' Delta logs on S3 and warns about the ledger's log store
     doctor = out.stdout.split("[exit 0] report")[1]
-    assert re.search(r"OK +source consumer_daily +s3a://lake/etl/consumer_daily: Delta table, version \d+, columns match the definition", doctor), doctor
+    assert re.search(
+        r"OK +source consumer_daily +s3a://lake/etl/consumer_daily: Delta table, version \d+, columns match the definition", doctor
+    ), doctor
     assert "OK    ledger                       s3a://lake/etl/_ledger: Delta table found" in doctor
     assert "WARN  ledger log store" in doctor and "S3DynamoDBLogStore" in doctor
 

@@ -12,12 +12,12 @@ import redis
 from pyspark import cloudpickle
 from pyspark.sql.classic.dataframe import DataFrame
 
-from jobs.cli import main
 from fm_config import ConfigError, load_config
+from jobs.cli import main
+from sinks.redis.config import redis_sink_config
 from throwaway.servers import start_redis
 
 from .conftest import DAY2_STR, env_conf
-from sinks.redis.config import redis_sink_config
 
 REDIS_SECRET = "r3dis-S3cret-7f1c0e"
 SQL_SECRET = "pg-S3cret-91ab44"
@@ -51,13 +51,15 @@ def secret_env(spark, sample_root, pg_server, pg_db, tmp_path, monkeypatch):
     # Redis's as a mounted file too: this session's executors started before the test, so
     # an env var set now would not reach them (test_executors_read_the_env_var_themselves)
     (tmp_path / "secrets" / "redis_password").write_text(REDIS_SECRET)
-    folder = env_conf(tmp_path / "conf", "sec",
+    folder = env_conf(
+        tmp_path / "conf",
+        "sec",
         f"data_root: {sample_root}\nledger_root: {tmp_path / 'out' / 'ledger'}\nquarantine_root: {tmp_path / 'out' / 'q'}\n"
         f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
         f"redis: {{url: '{server.url}', password_env: null, password_file: '{tmp_path / 'secrets' / 'redis_password'}', sample_entities: 50}}\n"
         f"sql: {{dsn: 'postgresql://{ROLE}@127.0.0.1:{pg_server.port}/features', password_file: '{secret_file}'}}\n"
-        "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 50}\n"
+        "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 50}\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     yield tmp_path, server
@@ -68,7 +70,9 @@ def every_file_under(root: Path, skip: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and skip not in p.parents]
 
 
-def test_known_secrets_never_reach_outputs_reports_errors_plans_or_the_event_log(secret_env, capfd, caplog, monkeypatch, pg_server, spark_events):
+def test_known_secrets_never_reach_outputs_reports_errors_plans_or_the_event_log(
+    secret_env, capfd, caplog, monkeypatch, pg_server, spark_events
+):
     tmp_path, server = secret_env
     caplog.set_level(logging.INFO)
     shipped: list[bytes] = []  # what the executors are sent: the partition functions and their write plans, pickled
@@ -99,7 +103,7 @@ def test_known_secrets_never_reach_outputs_reports_errors_plans_or_the_event_log
     assert main(run) == 1
     failed = capfd.readouterr()
     assert "WRONGPASS" in failed.err or "invalid username-password" in failed.err
-    assert f"password authentication failed for user \"{ROLE}\"" in failed.err
+    assert f'password authentication failed for user "{ROLE}"' in failed.err
 
     for command in ("run", "backfill", "verify", "cleanup", "validate", "runs", "report", "defs", "ready", "sample-data", "schema"):
         with pytest.raises(SystemExit):
@@ -172,7 +176,18 @@ def test_executors_read_the_env_var_themselves(tmp_path, monkeypatch):
     (tmp_path / "plan").write_bytes(plan)
     read = "import pickle, sys; print(pickle.loads(open(sys.argv[1], 'rb').read()).auth_password())"
     env = {k: v for k, v in os.environ.items() if k != "FM_TEST_EXECUTOR_PASSWORD"}
-    got = subprocess.run([sys.executable, "-c", read, str(tmp_path / "plan")], cwd=PROJECT_ROOT, env={**env, "FM_TEST_EXECUTOR_PASSWORD": "its-own"}, capture_output=True, text=True)
+    got = subprocess.run(
+        [sys.executable, "-c", read, str(tmp_path / "plan")],
+        cwd=PROJECT_ROOT,
+        env={**env, "FM_TEST_EXECUTOR_PASSWORD": "its-own"},
+        capture_output=True,
+        text=True,
+    )
     assert got.returncode == 0 and got.stdout.strip() == "its-own", got.stderr
-    missing = subprocess.run([sys.executable, "-c", read, str(tmp_path / "plan")], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
-    assert missing.returncode == 1 and "redis.password_env names 'FM_TEST_EXECUTOR_PASSWORD', but that environment variable is not set" in missing.stderr
+    missing = subprocess.run(
+        [sys.executable, "-c", read, str(tmp_path / "plan")], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True
+    )
+    assert (
+        missing.returncode == 1
+        and "redis.password_env names 'FM_TEST_EXECUTOR_PASSWORD', but that environment variable is not set" in missing.stderr
+    )

@@ -85,14 +85,14 @@ def test_float32_golden(value, expected):
         ("string", "日本", {}, bytes.fromhex("e697a5e69cac")),
         ("string", "café", {"max_length": 4}, b"caf\xc3\xa9"),
         # Embedding: tag 0x0a, length 8, two little-endian float32 values
-        ("embedding", [1.0, -0.0], {"dimension": 2}, bytes.fromhex("0a08" "0000803f" "00000080")),
+        ("embedding", [1.0, -0.0], {"dimension": 2}, bytes.fromhex("0a080000803f00000080")),
         # IntList, packed varints: 1 -> 01, 300 -> ac02, -1 -> ten bytes ff..ff01
-        ("int_list", [1, 300, -1], {"compression": "none"}, bytes.fromhex("0a0d" "01" "ac02" "ffffffffffffffffff01")),
+        ("int_list", [1, 300, -1], {"compression": "none"}, bytes.fromhex("0a0d01ac02ffffffffffffffffff01")),
         # Snappy raw block: varint(15) then one literal of 15 bytes (tag (15-1)<<2 = 0x38)
-        ("int_list", [1, 300, -1], {}, bytes.fromhex("0f38" "0a0d01ac02ffffffffffffffffff01")),
+        ("int_list", [1, 300, -1], {}, bytes.fromhex("0f380a0d01ac02ffffffffffffffffff01")),
         ("int_list", [], {"compression": "none"}, b""),
         ("int_list", [], {}, b"\x00"),  # Snappy of nothing: varint(0)
-        ("string_list", ["a", ""], {"compression": "none"}, bytes.fromhex("0a0161" "0a00")),
+        ("string_list", ["a", ""], {"compression": "none"}, bytes.fromhex("0a01610a00")),
         ("string_list", [], {"compression": "none"}, b""),
     ],
 )
@@ -136,7 +136,11 @@ ARROW_TYPES = {
 }
 
 EDGE_CASES = [
-    ("float", {}, [0.0, -0.0, 0.1, 1e-7, 1e22, 1e15, 1e16, 3.0, -12.0, 5e-324, 1.7976931348623157e308, 1e-4, 1e-5, None, float("nan"), float("-inf")]),
+    (
+        "float",
+        {},
+        [0.0, -0.0, 0.1, 1e-7, 1e22, 1e15, 1e16, 3.0, -12.0, 5e-324, 1.7976931348623157e308, 1e-4, 1e-5, None, float("nan"), float("-inf")],
+    ),
     ("float", {"precision": "float32"}, [0.1, 1 / 3, 1e-7, 3.4e38, 1e39, -0.0, None, 16777217.0, 1e-45]),
     ("int", {}, [0, -1, 2**63 - 1, -(2**63), None]),
     ("bool", {}, [True, False, None]),
@@ -182,7 +186,7 @@ def test_columnar_handles_sliced_arrays():
     assert column.to_pylist() == [encode("int_list", v) for v in ([3], None, [4, 5, 6])]
     strings = pa.array([["x", "yy"], None, ["é", ""], ["zzz"]], pa.list_(pa.string())).slice(1, 3)
     column, _ = encode_column("string_list", strings, compression="none")
-    assert column.to_pylist() == [None, bytes.fromhex("0a02c3a9" "0a00"), bytes.fromhex("0a037a7a7a")]
+    assert column.to_pylist() == [None, bytes.fromhex("0a02c3a90a00"), bytes.fromhex("0a037a7a7a")]
     # floats: the exponent scan of Arrow's text must look at the slice's rows only
     floats = pa.array([1e-7, 0.5, 123456789012345.6, -0.0, 2.5, 1e300]).slice(1, 4)
     column, _ = encode_column("float", floats)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from throwaway.servers import again_if_port_taken, free_port, start_failed, start_redis
 from fm_config.redis import RedisSettings
+from throwaway.servers import again_if_port_taken, free_port, start_failed, start_redis
 
 from .conftest import env_conf, first_then_real
 from .test_reader import BIG, write_sample
@@ -82,7 +82,9 @@ def written(spark, tmp_path_factory, redis_server, pg_server):
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     root = tmp_path_factory.mktemp("served")
-    return write_sample(spark, root, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/5", password_env=None, mode="standalone"), pg_server.dsn)
+    return write_sample(
+        spark, root, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/5", password_env=None, mode="standalone"), pg_server.dsn
+    )
 
 
 def _settings(conf, **extra) -> dict:
@@ -120,22 +122,55 @@ def test_the_body_is_the_get_commands_body(served, written, tmp_path):
     assert b"1152921504606846977" in body  # every digit of 2^60 + 1
     assert e["values"][0] == [0.5, -1.25, 3.0, 0.10000000149011612] and s["values"] == ["café", None, None]
     # a feature service, full feature names
-    status, body = served.post({"feature_service": "ranking", "entities": {"consumer_id": [1], "region": ["us"], "store_id": [7]}, "full_feature_names": True})
-    assert status == 200 and json.loads(body)["metadata"]["feature_names"] == ["consumer_id", "region", "store_id", "every_type__n", "pair_daily__score"]
+    status, body = served.post(
+        {"feature_service": "ranking", "entities": {"consumer_id": [1], "region": ["us"], "store_id": [7]}, "full_feature_names": True}
+    )
+    assert status == 200 and json.loads(body)["metadata"]["feature_names"] == [
+        "consumer_id",
+        "region",
+        "store_id",
+        "every_type__n",
+        "pair_daily__score",
+    ]
 
 
 @pytest.mark.parametrize(
     "payload, status, kind, text",
     [
         ({"features": ["every_type:nn"], "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "did you mean 'n'?"),
-        ({"features": ["every_typ:n"], "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "unknown source 'every_typ'; did you mean 'every_type'?"),
+        (
+            {"features": ["every_typ:n"], "entities": {"consumer_id": [1]}},
+            404,
+            "UnknownNameError",
+            "unknown source 'every_typ'; did you mean 'every_type'?",
+        ),
         ({"feature_service": "rankin", "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "did you mean 'ranking'?"),
-        ({"features": ["every_type:n"], "entities": {"consumer": [1]}}, 422, "EntityKeyError", "unknown entity key(s) 'consumer'; missing 'consumer_id'"),
-        ({"features": ["every_type:n"], "entities": {"consumer_id": ["1"]}}, 422, "EntityKeyError", "entity key 'consumer_id' row 0: expected an integer"),
-        ({"features": ["every_type:n"], "entities": {"consumer_id": list(range(6))}}, 400, "RequestError", "6 entities in one request; the limit is 5"),
+        (
+            {"features": ["every_type:n"], "entities": {"consumer": [1]}},
+            422,
+            "EntityKeyError",
+            "unknown entity key(s) 'consumer'; missing 'consumer_id'",
+        ),
+        (
+            {"features": ["every_type:n"], "entities": {"consumer_id": ["1"]}},
+            422,
+            "EntityKeyError",
+            "entity key 'consumer_id' row 0: expected an integer",
+        ),
+        (
+            {"features": ["every_type:n"], "entities": {"consumer_id": list(range(6))}},
+            400,
+            "RequestError",
+            "6 entities in one request; the limit is 5",
+        ),
         ({"features": ["every_type:n"]}, 400, "RequestError", "the request has no 'entities'"),
         (b'{"features": ["every_type:n"], "entities": {', 400, "RequestError", "the request body is not JSON"),
-        (b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + b"1, " * 2000 + b"1]}}", 413, "BodyTooLarge", "the limit is 4,096 (server.max_body_bytes)"),
+        (
+            b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + b"1, " * 2000 + b"1]}}",
+            413,
+            "BodyTooLarge",
+            "the limit is 4,096 (server.max_body_bytes)",
+        ),
     ],
 )
 def test_bad_requests_get_4xx_naming_the_bad_part(served, payload, status, kind, text):

@@ -9,16 +9,16 @@ import pytest
 
 from feature_defs import load_definitions
 from jobs.pipeline.run import run_source
-from sinks.redis.preflight import check_after_write
 from serializers import field_id, freshness_field_name
 from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
 from sinks.redis.capacity import read_memory_info
+from sinks.redis.config import redis_sink_config
 from sinks.redis.node import KeysEvicted, RedisRestarted
+from sinks.redis.preflight import check_after_write
 from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES
-from sinks.redis.config import redis_sink_config
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES

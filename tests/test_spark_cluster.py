@@ -59,7 +59,11 @@ JVM_OPTIONS = short_lived_jvm_options()
 def _env(**extra: str) -> dict[str, str]:
     """This process's environment without anything that could put the project or another
     Python environment in front of an executor's interpreter."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYSPARK_DRIVER_PYTHON") and not k.startswith("PEX_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYSPARK_DRIVER_PYTHON") and not k.startswith("PEX_")
+    }
     return {**env, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS, **extra}
 
 
@@ -68,7 +72,9 @@ def package() -> tuple[Path, Path]:
     """`make package`: built once, then reused while its inputs are unchanged."""
     out = subprocess.run(["bash", str(ROOT / "scripts" / "package.sh")], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    paths = dict(line.split("=", 1) for line in (ROOT / "dist" / "package.env").read_text().splitlines() if "=" in line and not line.startswith("#"))
+    paths = dict(
+        line.split("=", 1) for line in (ROOT / "dist" / "package.env").read_text().splitlines() if "=" in line and not line.startswith("#")
+    )
     zip_path, pex = Path(paths["FM_PY_FILES"]), Path(paths["FM_RUNTIME_PEX"])
     assert zip_path.is_file() and pex.is_file() and os.access(pex, os.X_OK)
     return zip_path, pex
@@ -116,13 +122,17 @@ def standalone_cluster(folder: Path, cores: int = 2, memory: str = "1g") -> Iter
         log = folder / f"{name}.log"
         with log.open("wb") as out:
             # own process group: stopping it also stops what it started (the executors)
-            process = subprocess.Popen([spark_class, *args], stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=folder, start_new_session=True)
+            process = subprocess.Popen(
+                [spark_class, *args], stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=folder, start_new_session=True
+            )
         started.append(process)
         return process, log
 
     try:
         # Port 0 everywhere: the JVMs bind free ports themselves, read back from the logs.
-        master, master_log = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0")
+        master, master_log = start(
+            "master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0"
+        )
         url = _wait_for(master_log, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)", master, "Spark master")[1]
         _wait_for(master_log, r"I have been elected leader", master, "Spark master")
         worker, worker_log = start(
@@ -205,13 +215,15 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
 
     # The driver imports the project from the zip too (spark-submit puts --py-files first on
     # its PYTHONPATH): FM_PROJECT_ROOT (else the working directory) is where it finds feature_defs/.
-    conf = env_conf(tmp_path / "conf", "cluster",
+    conf = env_conf(
+        tmp_path / "conf",
+        "cluster",
         f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
         f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
         f"redis: {{url: '{redis_cluster.url}', password_env: null, sample_entities: 50}}\n"
         "sql: {dsn: 'postgresql://nobody@127.0.0.1:9/none', password_env: null}\n"  # --sql-dsn overrides it
-        "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 100, data_docs: false}\n"
+        "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 100, data_docs: false}\n",
     )
     pex_root = tmp_path / "executor-pex-root"  # where the executors' PEX unpacks itself: proof it ran
     master, work = standalone
@@ -335,7 +347,14 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
     ]  # fmt: skip
     submit = ["bash", str(ROOT / "scripts" / "submit-cluster.sh")]  # spark-submit, with the driver's outcome as exit status
     submit_env = _env(PEX_ROOT=str(pex_root), SPARK_SUBMIT=str(BIN / "spark-submit"))
-    out = subprocess.run([*submit, *cluster_mode_args(master, bundle, job, sizing)], cwd=tmp_path, env=submit_env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [*submit, *cluster_mode_args(master, bundle, job, sizing)],
+        cwd=tmp_path,
+        env=submit_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     took = time.monotonic() - started
     driver = _new(work, "driver-*", before[0])
     driver_log = _tail(driver / "stderr", 6000) + _tail(driver / "stdout", 6000)
@@ -374,7 +393,14 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
     # with its error in the driver's log.
     before = set(work.glob("driver-*"))
     bad_job = ["run", "--env", "nosuch", "--date", DAY2_STR]
-    failed = subprocess.run([*submit, *cluster_mode_args(master, bundle, bad_job, sizing)], cwd=tmp_path, env=submit_env, capture_output=True, text=True, timeout=600)
+    failed = subprocess.run(
+        [*submit, *cluster_mode_args(master, bundle, bad_job, sizing)],
+        cwd=tmp_path,
+        env=submit_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     driver = _new(work, "driver-*", before)
     assert failed.returncode == 1 and f"driver {driver.name} ended FAILED" in failed.stderr, failed.stdout[-2000:] + failed.stderr[-2000:]
     assert "unknown env 'nosuch'" in (driver / "stdout").read_text(), _tail(driver / "stdout")  # Python's stderr goes there too

@@ -10,8 +10,8 @@ import pytest
 
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
-from stores.sql import is_transient
 from sinks.sql.statements import create_table, dialect_from_version, quantile_keys, split_at, table_identifier, upsert
+from stores.sql import is_transient
 
 SPECS = [
     FeatureSpec("f", "float"),
@@ -97,8 +97,7 @@ def test_split_at_text_with_quantiles_and_expiration():
     assert keys == ["020", "040", "060", "080"]
     expires = dt.datetime(2026, 11, 22, 1, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert split_at(table_identifier("consumer_features"), keys, expires).as_string(None) == (
-        "ALTER TABLE \"consumer_features\" SPLIT AT VALUES ('020'), ('040'), ('060'), ('080') "
-        "WITH EXPIRATION '2026-11-21 23:30:00+00:00'"
+        "ALTER TABLE \"consumer_features\" SPLIT AT VALUES ('020'), ('040'), ('060'), ('080') WITH EXPIRATION '2026-11-21 23:30:00+00:00'"
     )
     # keys are quoted as SQL literals
     assert "('o''brien')" in split_at(table_identifier("t"), ["o'brien"], expires).as_string(None)

@@ -7,8 +7,8 @@ import json
 import math
 import threading
 import time
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,12 +22,11 @@ from jobs.pipeline.write_sql import split_keys
 from jobs.transforms import JSON_MAP, REASONS, is_bad, with_json_maps
 from serializers import decode, field_id
 from sinks.errors import SinkError, TerminalSinkError, TransientSinkError
+from sinks.sql.config import sql_sink_config
+from sinks.sql.preflight import ensure_schema
 from sinks.sql.upserts import SqlSink
 from stores.sql import connect
-from sinks.sql.preflight import ensure_schema
 
-from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, is_null, source_rows
-from sinks.sql.config import sql_sink_config
 from .expected import is_null
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, source_rows
 
@@ -228,7 +227,9 @@ def test_oversized_map_is_quarantined_and_the_rest_written(spark, sql_conf, pg_d
         ("t5", ["ok", "a\x00b"], 1.0, DAY2),  # PostgreSQL's JSONB cannot store U+0000
     ]
     defs = write_things(spark, tmp_path, rows)
-    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "quality": sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5})})
+    conf = sql_conf.model_copy(
+        update={"data_root": str(tmp_path), "quality": sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5})}
+    )
     summary = run_source(spark, conf, defs, "things", DAY2)
     reason = "features JSON larger than 524,288 bytes (sql.max_map_bytes)"
     nul = "tags: NUL character (not storable in JSONB)"
@@ -295,7 +296,13 @@ def test_sink_dedups_sorted_keys_last_wins_and_batches(sql_conf, pg_db, per_tran
             sink.write_batch(pa.array(keys), pa.array(docs))
             start += size
         sink.flush()
-    assert {k: v[1] for k, v in table_rows(pg_db, "consumer_features").items()} == {"a": {"n": 1}, "b": {"n": 3}, "c": {}, "d": {"s": "x"}, "e": {"n": 5}}
+    assert {k: v[1] for k, v in table_rows(pg_db, "consumer_features").items()} == {
+        "a": {"n": 1},
+        "b": {"n": 3},
+        "c": {},
+        "d": {"s": "x"},
+        "e": {"n": 5},
+    }
     assert (sink.stats.rows_upserted, sink.stats.duplicates, sink.stats.statements) == (5, 1, 3)
     assert sink.stats.transactions == transactions
 
@@ -328,7 +335,9 @@ def test_rows_of_a_range_carry_their_own_as_of(sql_conf, pg_db):
     conf = sql_sink_config(sql_conf, CONSUMER, DEFS.entity_of(CONSUMER), DAY2)
     ensure_schema(pg_db, conf)
     with SqlSink(conf) as sink:
-        sink.write_batch(pa.array(["x", "y", "y"]), pa.array(['{"n":1}', '{"n":2}', '{"n":3}']), pa.array([1795132800, 1795219200, 1795219200]))
+        sink.write_batch(
+            pa.array(["x", "y", "y"]), pa.array(['{"n":1}', '{"n":2}', '{"n":3}']), pa.array([1795132800, 1795219200, 1795219200])
+        )
         sink.flush()
     rows = dict(pg_db.execute("SELECT entity_key, as_of FROM consumer_features").fetchall())
     assert rows == {"x": dt.datetime(2026, 11, 20, tzinfo=dt.UTC), "y": dt.datetime(2026, 11, 21, tzinfo=dt.UTC)}

@@ -7,7 +7,6 @@ import math
 from decimal import Decimal
 
 import numpy as np
-
 import pytest
 
 from jobs.pipeline.gate.sql_text import ident, literal
@@ -31,9 +30,25 @@ def test_literals_read_back_as_the_same_values_and_types(spark):
 
 
 def test_dates_timestamps_decimals_and_numpy_scalars(spark):
-    values = [dt.date(2024, 2, 29), dt.datetime(2024, 2, 29, 13, 5, 7, 123456), Decimal("12.340"), Decimal("-1E+3"), np.int64(7), np.float64(0.25), np.bool_(True)]
+    values = [
+        dt.date(2024, 2, 29),
+        dt.datetime(2024, 2, 29, 13, 5, 7, 123456),
+        Decimal("12.340"),
+        Decimal("-1E+3"),
+        np.int64(7),
+        np.float64(0.25),
+        np.bool_(True),
+    ]
     row = spark.range(1).selectExpr(*[f"{literal(v)} AS v{i}" for i, v in enumerate(values)]).first()
-    assert list(row) == [dt.date(2024, 2, 29), dt.datetime(2024, 2, 29, 13, 5, 7, 123456), Decimal("12.340"), Decimal("-1E+3"), 7, 0.25, True]
+    assert list(row) == [
+        dt.date(2024, 2, 29),
+        dt.datetime(2024, 2, 29, 13, 5, 7, 123456),
+        Decimal("12.340"),
+        Decimal("-1E+3"),
+        7,
+        0.25,
+        True,
+    ]
     assert [type(v) for v in row] == [dt.date, dt.datetime, Decimal, Decimal, int, float, bool]
 
 

@@ -17,12 +17,12 @@ import pytest
 from serializers.json_map import encode_json_maps
 from sinks.base import Outcome
 from sinks.errors import from_wire
-from stores.errors import TerminalError, TransientError
 from sinks.partition import partition_schema, write_partition
 from sinks.redis.writer import RedisWritePlan
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.preflight import ensure_schema
 from sinks.sql.writer import SqlWritePlan
+from stores.errors import TerminalError, TransientError
 from throwaway.cluster import start_cluster
 
 from .expected import expected_hash, row_of
@@ -111,7 +111,9 @@ def _sql_store(dsn: str, conn) -> Store:
 
     def rows(batch: pa.RecordBatch) -> pa.RecordBatch:
         docs, non_finite = encode_json_maps(batch, SPECS)
-        return pa.RecordBatch.from_pydict({"_id": batch.column("_id"), "_features_json": docs, "_non_finite": pa.array(non_finite, pa.int64())})
+        return pa.RecordBatch.from_pydict(
+            {"_id": batch.column("_id"), "_features_json": docs, "_non_finite": pa.array(non_finite, pa.int64())}
+        )
 
     def stored(ids: list[str]) -> dict:
         found = conn.execute("SELECT entity_key, features::text, as_of FROM contract_features WHERE source = 'things'").fetchall()

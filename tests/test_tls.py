@@ -26,37 +26,33 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from fm_config import PROJECT_ROOT, RunConf
-from fm_config.redis import RedisSettings
+from fm_config.redis import RedisSettings, RedisTls, tls_files
 from fm_config.sql import SqlSettings
 from jobs.operations.cleanup import CleanupWriter, cleanup_partition
-from sinks.partition import write_partition
-from sinks.redis.writer import RedisWritePlan
-from sinks.sql.writer import SqlWritePlan
 from jobs.pipeline.verify import verify_redis, verify_sql
-from fm_config.redis import tls_files
 from jobs.transforms import feature_specs
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import encode, field_id
 from sinks.errors import SinkError
-from stores.errors import TerminalError
+from sinks.partition import write_partition
 from sinks.redis.capacity import read_memory_info
+from sinks.redis.config import RedisSinkConfig, redis_sink_config
 from sinks.redis.node import RedisSink
-from fm_config.redis import RedisTls
-from sinks.redis.config import RedisSinkConfig
+from sinks.redis.writer import RedisWritePlan
+from sinks.sql.config import SqlSinkConfig, sql_sink_config
+from sinks.sql.preflight import ensure_schema
+from sinks.sql.upserts import SqlSink
+from sinks.sql.writer import SqlWritePlan
+from stores.errors import TerminalError
 from stores.redis import TlsVerificationError
 from stores.redis import connect_url as redis_connect
-from sinks.sql.upserts import SqlSink
-from sinks.sql.config import SqlSinkConfig
 from stores.sql import connect
-from sinks.sql.preflight import ensure_schema
 from throwaway.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 
 from .conftest import TINY_SOURCE, first_then_real
 from .expected import expected_hash, row_of
 from .test_redis_job import DAY2
 from .test_sql_job import AS_OF_DAY2, table_rows
-from sinks.redis.config import redis_sink_config
-from sinks.sql.config import sql_sink_config
 
 SECRET = "never-in-a-message-7f3a"
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("history", "int_list")]
@@ -235,7 +231,9 @@ def tls_pg(certs) -> Iterator[TlsPostgres]:
             shutil.copyfile(source, root / name)
             _give_to_postgres(root / name)
         (root / "server.key").chmod(0o600)  # the server refuses a key others can read
-        (root / "data" / "pg_hba.conf").write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n")
+        (root / "data" / "pg_hba.conf").write_text(
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n"
+        )
         return f"-c ssl=on -c ssl_cert_file={root / 'server.pem'} -c ssl_key_file={root / 'server.key'}"
 
     server = start_postgres(with_tls)
@@ -259,7 +257,9 @@ def history_batch(n: int) -> pa.RecordBatch:
     rng = np.random.default_rng(5)
     lists = [rng.integers(-(2**40), 2**40, 400).tolist() for _ in range(n)]
     scores = [None if i % 7 == 3 else i / 3 for i in range(n)]
-    return pa.RecordBatch.from_pydict({"_id": [f"e{i}" for i in range(n)], "score": pa.array(scores, pa.float64()), "history": pa.array(lists, pa.list_(pa.int64()))})
+    return pa.RecordBatch.from_pydict(
+        {"_id": [f"e{i}" for i in range(n)], "score": pa.array(scores, pa.float64()), "history": pa.array(lists, pa.list_(pa.int64()))}
+    )
 
 
 def write_one_batch(sink: RedisSink) -> None:
@@ -352,7 +352,9 @@ def test_async_reader_reads_over_verified_tls(tls_redis, tls_redis_db, certs, lo
 
     history = [list(range(i, i + 300)) for i in range(40)]
     for i, values in enumerate(history):
-        tls_redis_db.hset(f"c:{i}", mapping={freshness_field("consumer_daily"): b"1700000000", field_id("recent_store_ids"): encode("int_list", values)})
+        tls_redis_db.hset(
+            f"c:{i}", mapping={freshness_field("consumer_daily"): b"1700000000", field_id("recent_store_ids"): encode("int_list", values)}
+        )
     settings = RedisSettings(url=tls_redis.url(), password_env=None, mode="standalone", tls_ca_file=str(certs.ca))
     conf = RunConf(env="test", sinks=["redis"], redis=settings)
 
@@ -369,7 +371,15 @@ def test_async_reader_reads_over_verified_tls(tls_redis, tls_redis_db, certs, lo
 def test_cleanup_writer_deletes_over_verified_tls(tls_redis, tls_redis_db, certs):
     for i in range(30):
         tls_redis_db.hset(f"tls:e{i}", mapping={b"gone": b"1", b"kept": b"2"})
-    redis = RedisSinkConfig(url=tls_redis.url(), key_prefix="tls:", fields=(), freshness_field=b"", as_of=0, chunk_entities=7, tls=RedisTls(ca_file=str(certs.ca)))
+    redis = RedisSinkConfig(
+        url=tls_redis.url(),
+        key_prefix="tls:",
+        fields=(),
+        freshness_field=b"",
+        as_of=0,
+        chunk_entities=7,
+        tls=RedisTls(ca_file=str(certs.ca)),
+    )
     writer = CleanupWriter(redis, fields=(b"gone",), keys_per_second=None)
     batch = pa.RecordBatch.from_pydict({"_id": [f"e{i}" for i in range(30)]})
     list(cleanup_partition(writer, iter([batch])))
@@ -378,7 +388,9 @@ def test_cleanup_writer_deletes_over_verified_tls(tls_redis, tls_redis_db, certs
 
 def test_relative_tls_files_are_under_the_project_root():
     conf = RunConf(redis=RedisSettings(url="rediss://cache:6380/0", tls_ca_file="conf/prod/ca.pem", tls_cert_file="/etc/fm/client.pem"))
-    assert tls_files(conf.redis, conf.path) == RedisTls(ca_file=str(PROJECT_ROOT / "conf/prod/ca.pem"), cert_file="/etc/fm/client.pem", key_file=None)
+    assert tls_files(conf.redis, conf.path) == RedisTls(
+        ca_file=str(PROJECT_ROOT / "conf/prod/ca.pem"), cert_file="/etc/fm/client.pem", key_file=None
+    )
 
 
 # --- SQL --------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ import pytest
 from feature_defs.models import EntityDef, SourceDef
 from jobs import transforms as tf
 
-STORE = EntityDef(name="store", prefix="s", keys=[{"name": "region", "type": "string"}, {"name": "store_id", "type": "int"}], sql_table="store_features")
+STORE = EntityDef(
+    name="store", prefix="s", keys=[{"name": "region", "type": "string"}, {"name": "store_id", "type": "int"}], sql_table="store_features"
+)
 WIDE = SourceDef(
     name="tiny", entity="store", location="tiny", layout="wide", date_column="ds", timestamp_column="ts",
     features=[{"name": "score", "type": "float", "precision": "float32"}, {"name": "n", "type": "int"}],
@@ -78,7 +80,10 @@ def test_wide_features_are_typed_and_values_beyond_range_are_bad_input(spark, sc
     assert row[tf.REASONS] == reasons and row["n"] == 7
     if typed is not None:
         assert row["score"] == pytest.approx(typed, rel=1e-7)
-    assert df.schema["score"].dataType.simpleString() == "double" and tf.wide_features(df, WIDE, STORE).schema["score"].dataType.simpleString() == "float"
+    assert (
+        df.schema["score"].dataType.simpleString() == "double"
+        and tf.wide_features(df, WIDE, STORE).schema["score"].dataType.simpleString() == "float"
+    )
 
 
 def test_the_entity_id_joins_the_key_parts(spark):
@@ -88,7 +93,9 @@ def test_the_entity_id_joins_the_key_parts(spark):
 
 def test_a_range_keeps_each_entitys_good_row_of_its_latest_date_with_its_as_of(spark):
     rows = [("nyc", 1, 1.0, 1, at(1), D1), ("nyc", 1, 2.0, 2, at(1), D2), ("sf", 2, 3.0, 3, at(1), D1), ("sf", 2, 4.0, 4, at(1), D2)]
-    df = spark.createDataFrame(rows, SCHEMA).withColumn(tf.REASONS, tf.F.when(tf.F.col("n") == 4, tf.F.array(tf.F.lit("bad"))).otherwise(tf.F.array().cast("array<string>")))
+    df = spark.createDataFrame(rows, SCHEMA).withColumn(
+        tf.REASONS, tf.F.when(tf.F.col("n") == 4, tf.F.array(tf.F.lit("bad"))).otherwise(tf.F.array().cast("array<string>"))
+    )
     got = rows_by_key(tf.latest_good_date(df, WIDE, STORE), "n", "ds", tf.AS_OF)
     # sf's D2 row is bad input: sf keeps D1, as applying the dates in order would leave it
     assert got == {("nyc", 1): (2, D2, 1795219200), ("sf", 2): (3, D1, 1795132800)}
@@ -99,7 +106,19 @@ LISTS = SourceDef(
     features=[{"name": "emb", "type": "embedding", "dimension": 2}, {"name": "ids", "type": "int_list"}, {"name": "tags", "type": "string_list"}],
 )  # fmt: skip
 NAN, INF = float("nan"), float("inf")
-EMBEDDINGS = [None, [], [1.0, 2.0], [1.0, None], [None, None], [NAN, 1.0], [1.0, INF], [-INF, 1.0], [NAN, None], [3.0e38, -3.0e38], [1.0, 2.0, NAN]]
+EMBEDDINGS = [
+    None,
+    [],
+    [1.0, 2.0],
+    [1.0, None],
+    [None, None],
+    [NAN, 1.0],
+    [1.0, INF],
+    [-INF, 1.0],
+    [NAN, None],
+    [3.0e38, -3.0e38],
+    [1.0, 2.0, NAN],
+]
 ID_LISTS = [None, [], [3, 1], [None], [3, None, 1], [None, None], [2**62, -(2**62)]]
 TAG_LISTS = [None, [], ["b", "a"], ["a", None], [None]]
 

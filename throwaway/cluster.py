@@ -115,10 +115,32 @@ def _start_cluster(binary: str, workdir: Path, primaries: int, replicas: int, ex
             node_dir = workdir / str(port)
             node_dir.mkdir(exist_ok=True)
             cluster.processes[port] = subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir), "--save", "", "--appendonly", "no",
-                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout_ms),
-                 "--repl-diskless-sync-delay", "0", "--logfile", "redis.log", *extra],
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(node_dir),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    str(node_timeout_ms),
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--logfile",
+                    "redis.log",
+                    *extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
             )
         for port in cluster.ports:
             _wait_ping(cluster, port)

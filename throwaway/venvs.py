@@ -19,10 +19,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WHEELHOUSE = ROOT / ".run" / "wheelhouse"
 CONSTRAINTS = ROOT / "constraints.txt"
-PRODUCT_PACKAGES = tuple(sorted({p.split(".")[0] for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]}))
+PRODUCT_PACKAGES = tuple(
+    sorted({p.split(".")[0] for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]})
+)
 """The wheel's top-level packages, as pyproject.toml lists them."""
 # what only the Spark job (or the development venv) needs: never in a reader's or a server's install
-SPARK_ONLY = ("pyspark", "pyspark-client", "py4j", "delta-spark", "great-expectations", "pandas", "pyarrow", "apache-airflow", "apache-airflow-core")
+SPARK_ONLY = (
+    "pyspark",
+    "pyspark-client",
+    "py4j",
+    "delta-spark",
+    "great-expectations",
+    "pandas",
+    "pyarrow",
+    "apache-airflow",
+    "apache-airflow-core",
+)
 GOAL_MIB = 150
 MIB = 1 << 20
 
@@ -80,7 +92,18 @@ def resolve(wheel: Path, extras: str = "", house: Path = WHEELHOUSE) -> dict[str
     resolved offline against the wheelhouse: {normalized name: version}."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
-        _pip("install", "--dry-run", "--ignore-installed", "-q", "--report", str(report), "--no-index", "--find-links", str(house), requirement(wheel, extras))
+        _pip(
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "-q",
+            "--report",
+            str(report),
+            "--no-index",
+            "--find-links",
+            str(house),
+            requirement(wheel, extras),
+        )
         installs = json.loads(report.read_text())["install"]
     return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in installs}
 

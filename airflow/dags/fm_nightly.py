@@ -25,7 +25,9 @@ from jobs import airflow_support as fm
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
     """The project's CLI in the worker's environment (plus FM_ENV, the venv on PATH), output to the task log."""
-    done = subprocess.run([str(fm.BIN_DIR / "materialize"), *args], env={**os.environ, **fm.task_env()}, capture_output=True, text=True, timeout=3 * 3600)
+    done = subprocess.run(
+        [str(fm.BIN_DIR / "materialize"), *args], env={**os.environ, **fm.task_env()}, capture_output=True, text=True, timeout=3 * 3600
+    )
     print(done.stdout[-20000:])
     print(done.stderr[-20000:], file=sys.stderr)
     return done

@@ -23,8 +23,8 @@ from feature_defs import Definitions
 from fm_config import RunConf
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.pipeline.read import read_source
-from jobs.pipeline.run import run_source
 from jobs.pipeline.report.summary import RunSummary
+from jobs.pipeline.run import run_source
 
 Mode = Literal["latest", "replay"]
 log = logging.getLogger(__name__)
@@ -85,12 +85,22 @@ class Plan:
             lines.append(f"  steps:            {steps}")
             lines.append(f"  estimated:        {self.rows:,} rows read, about {self.feature_bytes:,} bytes of feature values")
         for r in self.running:
-            lines.append(f"  note: step {r['run_id'][:8]} ({r['kind']} {r['start_date']}..{r['end_date']}) is still marked running since {r['started_at']}: live elsewhere, or it crashed")
+            lines.append(
+                f"  note: step {r['run_id'][:8]} ({r['kind']} {r['start_date']}..{r['end_date']}) is still marked running since {r['started_at']}: live elsewhere, or it crashed"
+            )
         return "\n".join(lines)
 
 
 def plan_backfill(
-    spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, source_name: str, start: dt.date, end: dt.date, mode: Mode, force: bool,
+    spark: SparkSession,
+    conf: RunConf,
+    defs: Definitions,
+    ledger: Ledger,
+    source_name: str,
+    start: dt.date,
+    end: dt.date,
+    mode: Mode,
+    force: bool,
     redis_url: str | None = None,
 ) -> Plan:
     if end < start:
@@ -155,8 +165,17 @@ class Progress:
 
 
 def recorded_run(
-    spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, kind: str, source_name: str, start: dt.date, end: dt.date | None = None,
-    *, dates: list[dt.date] | None = None, **run_kwargs,
+    spark: SparkSession,
+    conf: RunConf,
+    defs: Definitions,
+    ledger: Ledger,
+    kind: str,
+    source_name: str,
+    start: dt.date,
+    end: dt.date | None = None,
+    *,
+    dates: list[dt.date] | None = None,
+    **run_kwargs,
 ) -> RunSummary:
     """run_source with a ledger entry: 'running' before, 'succeeded'/'failed' after.
 
@@ -191,15 +210,28 @@ def run_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: 
     targets = sorted(sink_targets(conf, run_kwargs.get("redis_url")).values())
     progress = Progress(len(plan.steps), f"backfill {plan.source}")
     # the lease is held across the steps: no other run writes the source between two of them
-    with ledger.leases(conf.lease.seconds).hold(plan.source, targets, f"backfill-{plan.mode}", wait=conf.lease.wait_seconds), closing(progress):
+    with (
+        ledger.leases(conf.lease.seconds).hold(plan.source, targets, f"backfill-{plan.mode}", wait=conf.lease.wait_seconds),
+        closing(progress),
+    ):
         for start, end in plan.steps:
             try:
                 summary = recorded_run(
-                    spark, conf, defs, ledger, f"backfill-{plan.mode}", plan.source, start, end, dates=plan.dates_of(start, end), **run_kwargs
+                    spark,
+                    conf,
+                    defs,
+                    ledger,
+                    f"backfill-{plan.mode}",
+                    plan.source,
+                    start,
+                    end,
+                    dates=plan.dates_of(start, end),
+                    **run_kwargs,
                 )
             except Exception as exc:
-                raise BackfillError(f"backfill of {plan.source} stopped at {start}{f'..{end}' if end else ''}: {type(exc).__name__}: {exc}") from exc
+                raise BackfillError(
+                    f"backfill of {plan.source} stopped at {start}{f'..{end}' if end else ''}: {type(exc).__name__}: {exc}"
+                ) from exc
             summaries.append(summary)
             progress.step(f"{summary.date}: {summary.entities:,} entities written")
     return summaries
-

@@ -27,16 +27,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from feature_defs import Definitions, EntityDef, SourceDef
-from jobs import transforms as tf
 from fm_config import RunConf
 from fm_config.locations import Location
+from jobs import transforms as tf
 from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
 from serializers import field_id, freshness_field_name
 from serializers.keys import redis_key
-from sinks.redis.config import RedisSinkConfig
+from sinks.redis.config import RedisSinkConfig, redis_sink_config
 from sinks.redis.preflight import detect_cluster
 from sinks.redis.router import KeyRouter
-from sinks.redis.config import redis_sink_config
 
 CLEANUP_STATS = "keys long, fields_removed long, round_trips long"
 
@@ -103,7 +102,10 @@ class CleanupPlan:
         if self.removed_sources:
             lines.append(f"  sources no longer defined (their freshness fields go): {', '.join(self.removed_sources)}")
         lines += [f"  {p.describe()}" for p in self.parts]
-        lines += [f"  cannot clean {p.source} on every key it wrote: {'; '.join(p.left)} (keys are never SCANned: left for a later cleanup)" for p in self.left]
+        lines += [
+            f"  cannot clean {p.source} on every key it wrote: {'; '.join(p.left)} (keys are never SCANned: left for a later cleanup)"
+            for p in self.left
+        ]
         if self.legacy_cleanups:
             days = ", ".join(sorted({str(d) for d in self.legacy_cleanups}))
             lines.append(f"  note: cleanups of {days} did not record which keys they visited: their fields are checked again")
@@ -144,7 +146,9 @@ def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) ->
     yield pa.RecordBatch.from_pylist([{"keys": keys, "fields_removed": removed, "round_trips": trips}])
 
 
-def table_keys(spark: SparkSession, entity: EntityDef, where: dict[str, Any], writes: list[RedisWrite]) -> tuple[DataFrame | None, str | None]:
+def table_keys(
+    spark: SparkSession, entity: EntityDef, where: dict[str, Any], writes: list[RedisWrite]
+) -> tuple[DataFrame | None, str | None]:
     """Distinct entity ids (as in the Redis key) of the rows these steps wrote from one table,
     and what keeps some of them from being found (None when all can be)."""
     path, columns, day_column = where["location"], where["key_columns"], where.get("date_column")
@@ -156,7 +160,10 @@ def table_keys(spark: SparkSession, entity: EntityDef, where: dict[str, Any], wr
         return None, f"cannot read {path}: {str(exc).splitlines()[0]}"
     missing = [c for c in columns if c not in table.columns]
     if missing or len(columns) != len(entity.keys):
-        return None, f"{path}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) do not match entity {entity.name}'s {len(entity.keys)} key parts"
+        return (
+            None,
+            f"{path}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) do not match entity {entity.name}'s {len(entity.keys)} key parts",
+        )
     problem = None
     # Without a date column or a recorded range every row is read: a superset of the keys written.
     if day_column in table.columns and all(w.dates is not None or w.start_date for w in writes):
@@ -177,7 +184,9 @@ def table_keys(spark: SparkSession, entity: EntityDef, where: dict[str, Any], wr
     return tf.with_entity_id(tagged.where(~tf.is_bad(tagged)), keyed, entity).select(tf.ENTITY_ID), problem
 
 
-def source_keys(spark: SparkSession, conf: RunConf, entity: EntityDef, defined: SourceDef | None, writes: list[RedisWrite], part: SourceCleanup) -> DataFrame | None:
+def source_keys(
+    spark: SparkSession, conf: RunConf, entity: EntityDef, defined: SourceDef | None, writes: list[RedisWrite], part: SourceCleanup
+) -> DataFrame | None:
     """The distinct keys the steps of one source wrote; what cannot be found goes to ``part.left``."""
     by_table: dict[str, list[RedisWrite]] = {}
     unrecorded = 0
@@ -189,7 +198,9 @@ def source_keys(spark: SparkSession, conf: RunConf, entity: EntityDef, defined: 
             continue
         by_table.setdefault(json.dumps(where, sort_keys=True), []).append(w)
     if unrecorded:
-        part.left.append(f"{unrecorded} of its steps were recorded without the table their keys come from, and the source is no longer defined")
+        part.left.append(
+            f"{unrecorded} of its steps were recorded without the table their keys come from, and the source is no longer defined"
+        )
     frames = []
     for where, group in by_table.items():
         location = json.loads(where)
@@ -211,7 +222,9 @@ def plan_cleanup(
     writes, legacy = ledger.redis_writes(entity.name, target)
     current_sources = {s.name: s for s in defs.sources.values() if s.entity == entity.name}
     # A name whose field id a current feature or freshness field shares would delete live data: never stale.
-    live_ids = {field_id(f.name) for s in current_sources.values() for f in s.features} | {field_id(freshness_field_name(s)) for s in current_sources}
+    live_ids = {field_id(f.name) for s in current_sources.values() for f in s.features} | {
+        field_id(freshness_field_name(s)) for s in current_sources
+    }
     stale_by_source: dict[str, list[tuple[RedisWrite, set[str]]]] = {}
     for w in writes:
         stale = {n for n in w.names if field_id(n) not in live_ids}
@@ -221,7 +234,9 @@ def plan_cleanup(
     for name, found in sorted(stale_by_source.items()):
         stale = set().union(*(names for _, names in found))
         freshness = freshness_field_name(name)
-        part = SourceCleanup(name, sorted(stale - {freshness}) + ([freshness] if freshness in stale else []), sorted(w.run_id for w, _ in found))
+        part = SourceCleanup(
+            name, sorted(stale - {freshness}) + ([freshness] if freshness in stale else []), sorted(w.run_id for w, _ in found)
+        )
         frame = source_keys(spark, conf, entity, current_sources.get(name), [w for w, _ in found], part)
         if frame is not None:
             keys[name] = frame.persist()
@@ -275,7 +290,9 @@ class CleanupResult:
         """The error to record: the one that stopped the cleanup, or what was left."""
         if self.error is not None or not self.left:
             return self.error
-        return CleanupIncomplete("not cleaned: " + "; ".join(f"{s} ({', '.join(d['fields'])}): {d['reason']}" for s, d in sorted(self.left.items())))
+        return CleanupIncomplete(
+            "not cleaned: " + "; ".join(f"{s} ({', '.join(d['fields'])}): {d['reason']}" for s, d in sorted(self.left.items()))
+        )
 
 
 def clean(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: dict[str, DataFrame], redis_url: str | None = None) -> CleanupResult:

@@ -58,7 +58,12 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
             yield from step()
         except Exception as exc:  # noqa: BLE001 (a check that could not finish is a finding, not a crash)
             if missing := missing_extra(exc):  # e.g. doctor run where only the reader is installed
-                yield Check("fail", name, f"could not check: {missing[0]} is not installed", f"{install_hint(missing[1])} (the {TITLES[missing[1]]} extra)")
+                yield Check(
+                    "fail",
+                    name,
+                    f"could not check: {missing[0]} is not installed",
+                    f"{install_hint(missing[1])} (the {TITLES[missing[1]]} extra)",
+                )
                 continue
             yield Check("fail", name, f"could not check: {type(exc).__name__}: {str(exc).strip() or 'no message'}")
 
@@ -74,17 +79,38 @@ def check_spark(conf: RunConf) -> list[Check]:
         hosts = master[len("spark://") :].split(",")
         down = [h for h in hosts if not _reachable(h, 7077)]
         if len(down) == len(hosts):
-            return [Check("fail", "spark master", f"{master}: no master answers on {', '.join(hosts)}", "start the standalone master or fix spark.master")]
+            return [
+                Check(
+                    "fail",
+                    "spark master",
+                    f"{master}: no master answers on {', '.join(hosts)}",
+                    "start the standalone master or fix spark.master",
+                )
+            ]
         return [Check("ok", "spark master", f"{master}: reachable" + (f" ({', '.join(down)} down)" if down else ""))]
     if master.startswith("k8s://"):
         api = urlsplit(master[len("k8s://") :] if "://" in master[len("k8s://") :] else "https://" + master[len("k8s://") :])
         ok = _reachable(api.netloc, 443)
-        return [Check("ok" if ok else "fail", "spark master", f"{master}: Kubernetes API {'reachable' if ok else 'unreachable'}", "check the API server address and this host's network")]
+        return [
+            Check(
+                "ok" if ok else "fail",
+                "spark master",
+                f"{master}: Kubernetes API {'reachable' if ok else 'unreachable'}",
+                "check the API server address and this host's network",
+            )
+        ]
     if master == "yarn":
         folder = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")
         if folder and (Path(folder) / "yarn-site.xml").is_file():
             return [Check("ok", "spark master", f"yarn: {Path(folder) / 'yarn-site.xml'}")]
-        return [Check("fail", "spark master", "yarn: no yarn-site.xml in $HADOOP_CONF_DIR or $YARN_CONF_DIR", "export HADOOP_CONF_DIR to the cluster's client configuration")]
+        return [
+            Check(
+                "fail",
+                "spark master",
+                "yarn: no yarn-site.xml in $HADOOP_CONF_DIR or $YARN_CONF_DIR",
+                "export HADOOP_CONF_DIR to the cluster's client configuration",
+            )
+        ]
     return [Check("warn", "spark master", f"{master}: not a master this check knows (local, spark://, k8s://, yarn)")]
 
 
@@ -97,7 +123,9 @@ def _java() -> Check:
     found = re.search(r'version "(\d+)', text)
     major = int(found.group(1)) if found else 0
     if major < 17:
-        return Check("fail", "java", f"{java}: Java {major or '?'}; Spark 4 needs 17 or later", "install Java 17 or 21 and point JAVA_HOME at it")
+        return Check(
+            "fail", "java", f"{java}: Java {major or '?'}; Spark 4 needs 17 or later", "install Java 17 or 21 and point JAVA_HOME at it"
+        )
     return Check("ok", "java", f"{java}: Java {major}")
 
 
@@ -183,7 +211,12 @@ def _delta_log(conf: RunConf, where: Location) -> tuple[int, dict | None] | None
 
 def _locations(conf: RunConf) -> list[tuple[str, Location]]:
     ledger = conf.ledger_path
-    return [("ledger", ledger), ("leases", Location(str(ledger).rstrip("/") + "_leases")), ("quarantine", conf.quarantine_path), ("reports", conf.reports_path)]
+    return [
+        ("ledger", ledger),
+        ("leases", Location(str(ledger).rstrip("/") + "_leases")),
+        ("quarantine", conf.quarantine_path),
+        ("reports", conf.reports_path),
+    ]
 
 
 def check_location(conf: RunConf, label: str, where: Location) -> Check:
@@ -194,10 +227,17 @@ def check_location(conf: RunConf, label: str, where: Location) -> Check:
         path = Path(where.local_path())
         if table and (path / "_delta_log").is_dir() or not table and path.is_dir():
             ok = os.access(path, os.W_OK)
-            return Check("ok" if ok else "fail", label, f"{where}: exists, {'writable' if ok else 'not writable by this user'}", f"let this user write {path}")
+            return Check(
+                "ok" if ok else "fail",
+                label,
+                f"{where}: exists, {'writable' if ok else 'not writable by this user'}",
+                f"let this user write {path}",
+            )
         parent = next(p for p in [path, *path.parents] if p.exists())
         ok = parent.is_dir() and os.access(parent, os.W_OK)
-        what = f"{where}: not there yet, created by the first run" if ok else f"{where}: cannot be created ({parent} is not a writable folder)"
+        what = (
+            f"{where}: not there yet, created by the first run" if ok else f"{where}: cannot be created ({parent} is not a writable folder)"
+        )
         return Check("ok" if ok else "fail", label, what, f"let this user write {parent}, or set the location elsewhere (conf/README.md)")
     try:
         if table:
@@ -238,8 +278,8 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
     from serializers.keys import key_prefix
     from sinks.errors import CapacityError
     from sinks.redis.capacity import read_memory_info
-    from stores.redis import connect, server_address
     from sinks.redis.router import ClusterTopology, is_cluster
+    from stores.redis import connect, server_address
 
     settings = conf.redis
     config = redis_sink_config(conf)  # a missing password fails here, naming where it was looked for
@@ -250,19 +290,40 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
         try:
             version = client.info("server").get("redis_version", "?")
         except redis.AuthenticationError as exc:
-            return [Check("fail", "redis", f"{where}: authentication refused ({exc})", "check redis.username and the password in redis.password_env/_file")]
+            return [
+                Check(
+                    "fail",
+                    "redis",
+                    f"{where}: authentication refused ({exc})",
+                    "check redis.username and the password in redis.password_env/_file",
+                )
+            ]
         except redis.ConnectionError as exc:
-            return [Check("fail", "redis", f"{where}: cannot connect ({exc})", "start Redis or fix redis.url (and TLS files for rediss://)")]
+            return [
+                Check("fail", "redis", f"{where}: cannot connect ({exc})", "start Redis or fix redis.url (and TLS files for rediss://)")
+            ]
         cluster = is_cluster(client)
         checks = [Check("ok", "redis", f"{where}: Redis {version}, {'cluster' if cluster else 'standalone'}")]
         if settings.mode != "auto" and (settings.mode == "cluster") != cluster:
-            checks.append(Check("fail", "redis mode", f"redis.mode is {settings.mode} but the server is {'a cluster node' if cluster else 'standalone'}", "set redis.mode: auto"))
+            checks.append(
+                Check(
+                    "fail",
+                    "redis mode",
+                    f"redis.mode is {settings.mode} but the server is {'a cluster node' if cluster else 'standalone'}",
+                    "set redis.mode: auto",
+                )
+            )
         nodes = [(where, client)]
         if cluster:
             topology = ClusterTopology.discover(config)
             unserved = topology.unserved()
             checks.append(
-                Check("fail", "redis cluster", f"{unserved} of 16384 slots have no primary", "bring the cluster back to cluster_state:ok (a replica takes over, or CLUSTER ADDSLOTS)")
+                Check(
+                    "fail",
+                    "redis cluster",
+                    f"{unserved} of 16384 slots have no primary",
+                    "bring the cluster back to cluster_state:ok (a replica takes over, or CLUSTER ADDSLOTS)",
+                )
                 if unserved
                 else Check("ok", "redis cluster", f"{len(topology.primaries)} primaries serve every slot")
             )
@@ -279,23 +340,56 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
                 checks.append(Check("fail", label, str(exc).split(":")[0], "set maxmemory on the server, or redis.capacity_bytes"))
                 continue
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                checks.append(Check("fail", label, f"does not answer ({exc})", "bring the node back, or let a replica take over its slots (a run writes the other primaries)"))
+                checks.append(
+                    Check(
+                        "fail",
+                        label,
+                        f"does not answer ({exc})",
+                        "bring the node back, or let a replica take over its slots (a run writes the other primaries)",
+                    )
+                )
                 continue
             except redis.RedisError as exc:
                 checks.append(Check("fail", label, f"cannot read INFO: {exc}", "grant this user INFO (conf/README.md 'Least privilege')"))
                 continue
             fill = memory.used / capacity
             status: Status = "fail" if fill >= settings.max_fill else "ok"
-            checks.append(Check(status, label, f"{memory.used:,} of {capacity:,} B used ({fill:.0%}; a write may fill up to redis.max_fill {settings.max_fill:.0%})", "free memory or raise maxmemory before the run"))
+            checks.append(
+                Check(
+                    status,
+                    label,
+                    f"{memory.used:,} of {capacity:,} B used ({fill:.0%}; a write may fill up to redis.max_fill {settings.max_fill:.0%})",
+                    "free memory or raise maxmemory before the run",
+                )
+            )
             if memory.evicts(ttl):
                 refuse = settings.eviction == "refuse"
-                checks.append(Check("fail" if refuse else "warn", f"redis eviction {address}" if cluster else "redis eviction", f"maxmemory-policy {memory.policy} may evict this run's keys" + (": a run refuses to write" if refuse else ""), "set maxmemory-policy noeviction (or volatile-* with entity types without a TTL)"))
+                checks.append(
+                    Check(
+                        "fail" if refuse else "warn",
+                        f"redis eviction {address}" if cluster else "redis eviction",
+                        f"maxmemory-policy {memory.policy} may evict this run's keys" + (": a run refuses to write" if refuse else ""),
+                        "set maxmemory-policy noeviction (or volatile-* with entity types without a TTL)",
+                    )
+                )
             if seen is None:  # listpack settings: one check, from the first primary that answered
                 seen = memory
             if not cluster:
                 break
-        if seen is not None and seen.listpack_note and settings.hash_max_listpack_entries is None and settings.hash_max_listpack_value is None:
-            checks.append(Check("warn", "redis listpack", seen.listpack_note.split(";")[0] + f"; assumed entries {seen.listpack_entries}, value {seen.listpack_value}", "set redis.hash_max_listpack_entries/_value to the server's values"))
+        if (
+            seen is not None
+            and seen.listpack_note
+            and settings.hash_max_listpack_entries is None
+            and settings.hash_max_listpack_value is None
+        ):
+            checks.append(
+                Check(
+                    "warn",
+                    "redis listpack",
+                    seen.listpack_note.split(";")[0] + f"; assumed entries {seen.listpack_entries}, value {seen.listpack_value}",
+                    "set redis.hash_max_listpack_entries/_value to the server's values",
+                )
+            )
         elif seen is not None:
             checks.extend(_listpack(defs, sources, seen.listpack_entries, seen.listpack_value))
         for entity in entities.values():  # asked of the node that answered (in a cluster, MOVED comes after the ACL check)
@@ -303,9 +397,23 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
             denied, unchecked = _denied(client, (keys + "__doctor_probe__").encode())
             user, label = settings.username or "default", f"redis acl {entity.name}"
             if denied:
-                checks.append(Check("fail", label, f"user {user} may not run {', '.join(denied)} on {keys}*", "grant the writer's ACL (conf/base/redis-acl.txt, conf/README.md 'Least privilege')"))
+                checks.append(
+                    Check(
+                        "fail",
+                        label,
+                        f"user {user} may not run {', '.join(denied)} on {keys}*",
+                        "grant the writer's ACL (conf/base/redis-acl.txt, conf/README.md 'Least privilege')",
+                    )
+                )
             elif unchecked:
-                checks.append(Check("warn", label, f"user {user} may run the writer's commands on {keys}* except {', '.join(unchecked)}, which were not tried (MULTI refused)", "grant +multi +discard (never +exec) so they can be checked without writing"))
+                checks.append(
+                    Check(
+                        "warn",
+                        label,
+                        f"user {user} may run the writer's commands on {keys}* except {', '.join(unchecked)}, which were not tried (MULTI refused)",
+                        "grant +multi +discard (never +exec) so they can be checked without writing",
+                    )
+                )
             else:
                 checks.append(Check("ok", label, f"user {user} may run the writer's commands on {keys}*"))
         return checks
@@ -327,8 +435,21 @@ def _listpack(defs: Definitions, sources: list[str], entries: int, value_bytes: 
     over = {e: n for e, n in fields.items() if e in used and n > entries}
     if over:
         listed = ", ".join(f"{e} {n}" for e, n in over.items())
-        return [Check("warn", "redis listpack", f"fields per hash ({listed}) pass hash-max-listpack-entries {entries}: those hashes use the hashtable encoding (about 4x memory)", f"raise hash-max-listpack-entries above {max(over.values())}")]
-    return [Check("ok", "redis listpack", f"hash-max-listpack-entries {entries}, value {value_bytes}: every entity's hash fits ({', '.join(f'{e} {n} fields' for e, n in fields.items() if e in used)})")]
+        return [
+            Check(
+                "warn",
+                "redis listpack",
+                f"fields per hash ({listed}) pass hash-max-listpack-entries {entries}: those hashes use the hashtable encoding (about 4x memory)",
+                f"raise hash-max-listpack-entries above {max(over.values())}",
+            )
+        ]
+    return [
+        Check(
+            "ok",
+            "redis listpack",
+            f"hash-max-listpack-entries {entries}, value {value_bytes}: every entity's hash fits ({', '.join(f'{e} {n} fields' for e, n in fields.items() if e in used)})",
+        )
+    ]
 
 
 def _denied(client, key: bytes) -> tuple[list[str], list[str]]:
@@ -401,10 +522,9 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from stores.sql import connect
-    from sinks.sql.preflight import detect_dialect
-    from sinks.sql.preflight import SCHEMA_STEP, is_loopback, missing_privileges, table_columns
+    from sinks.sql.preflight import SCHEMA_STEP, detect_dialect, is_loopback, missing_privileges, table_columns
     from sinks.sql.statements import COLUMNS
+    from stores.sql import connect
 
     settings = conf.sql
     base = sql_sink_config(conf)
@@ -413,15 +533,31 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
     try:
         conn = connect(base)
     except psycopg.Error as exc:
-        return [Check("fail", "sql", f"{where}: cannot connect ({str(exc).strip().splitlines()[0]})", "fix sql.dsn, the password in sql.password_env/_file, or start the server")]
+        return [
+            Check(
+                "fail",
+                "sql",
+                f"{where}: cannot connect ({str(exc).strip().splitlines()[0]})",
+                "fix sql.dsn, the password in sql.password_env/_file, or start the server",
+            )
+        ]
     with conn:
         conn.execute("SET default_transaction_read_only = on")  # nothing this session does can write
         found = detect_dialect(conn)
         checks = [Check("ok", "sql", f"{where}: {found}")]
         if settings.dialect not in ("auto", found):
-            checks.append(Check("fail", "sql dialect", f"sql.dialect is {settings.dialect} but the server is {found}", "set sql.dialect: auto"))
+            checks.append(
+                Check("fail", "sql dialect", f"sql.dialect is {settings.dialect} but the server is {found}", "set sql.dialect: auto")
+            )
         if info.get("sslmode", "prefer") != "verify-full" and not is_loopback(settings.dsn):
-            checks.append(Check("warn", "sql tls", f"sslmode is {info.get('sslmode', 'prefer')}: the server's certificate is not verified", "add sslmode=verify-full (and sslrootcert) to sql.dsn"))
+            checks.append(
+                Check(
+                    "warn",
+                    "sql tls",
+                    f"sslmode is {info.get('sslmode', 'prefer')}: the server's certificate is not verified",
+                    "add sslmode=verify-full (and sslrootcert) to sql.dsn",
+                )
+            )
         seen: set[str] = set()
         for name in sources:
             source = defs.source(name)
@@ -436,13 +572,26 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
                 checks.append(Check("ok", label, f"{config.table_name}: not there yet; this role may create it (the first run does)"))
                 continue
             if not columns:
-                checks.append(Check("fail", label, f"{config.table_name} is missing (or this role holds no privilege on it)", f"run `{SCHEMA_STEP.replace('<env>', conf.env)}` under a role that may create tables; grant conf/base/sql-grants.sql"))
+                checks.append(
+                    Check(
+                        "fail",
+                        label,
+                        f"{config.table_name} is missing (or this role holds no privilege on it)",
+                        f"run `{SCHEMA_STEP.replace('<env>', conf.env)}` under a role that may create tables; grant conf/base/sql-grants.sql",
+                    )
+                )
                 continue
             missing = [c for c in COLUMNS if c not in columns]
             lacking = missing_privileges(conn, config)
             if missing or lacking:
-                text = "; ".join(filter(None, [missing and f"no column(s) {', '.join(missing)}", lacking and f"this role lacks {', '.join(lacking)}"]))
-                checks.append(Check("fail", label, f"{config.table_name}: {text}", "see serializers/FORMAT.md 'SQL layout' and conf/base/sql-grants.sql"))
+                text = "; ".join(
+                    filter(None, [missing and f"no column(s) {', '.join(missing)}", lacking and f"this role lacks {', '.join(lacking)}"])
+                )
+                checks.append(
+                    Check(
+                        "fail", label, f"{config.table_name}: {text}", "see serializers/FORMAT.md 'SQL layout' and conf/base/sql-grants.sql"
+                    )
+                )
             else:
                 checks.append(Check("ok", label, f"{config.table_name}: columns and SELECT, INSERT, UPDATE in place"))
     return checks

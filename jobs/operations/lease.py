@@ -104,7 +104,10 @@ class Leases:
         """The claim (or renewal) as one MERGE; returns the rows it wrote: one per target it got."""
         from pyspark.sql import functions as F
 
-        rows = [(source, t, self.holder, kind, socket.gethostname(), os.getpid(), now, now + dt.timedelta(seconds=self.seconds)) for t in targets]
+        rows = [
+            (source, t, self.holder, kind, socket.gethostname(), os.getpid(), now, now + dt.timedelta(seconds=self.seconds))
+            for t in targets
+        ]
         claim = self.spark.createDataFrame(rows, SCHEMA).withColumn("now", F.lit(now))
         table = self._table().alias("t")
         # the literal source: Delta then checks a concurrent commit against this partition only
@@ -154,7 +157,9 @@ class Leases:
                 )
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
-    def _merge_retrying(self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool, attempts: int = 8) -> int | None:
+    def _merge_retrying(
+        self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool, attempts: int = 8
+    ) -> int | None:
         """The MERGE, again after a commit lost to another claim (or renewal) of the same table:
         the table is one for every source, so claims of different sources conflict too. None:
         still losing after ``attempts`` (the caller reads who holds what)."""
@@ -230,7 +235,9 @@ class Leases:
             thread.join()
             self.release(source, targets)
         if lost:
-            raise LeaseHeld(f"source {source!r}: its lease expired while it ran and another run took it over; the stores may hold both runs' writes: run the date again")
+            raise LeaseHeld(
+                f"source {source!r}: its lease expired while it ran and another run took it over; the stores may hold both runs' writes: run the date again"
+            )
 
 
 def _quote(text: str) -> str:
@@ -241,4 +248,16 @@ def _is_conflict(exc: Exception) -> bool:
     """Delta's concurrent-modification errors (the commit lost to another), by name: they
     arrive as Py4J or Spark Connect errors depending on the session."""
     text = f"{type(exc).__name__}: {exc}"
-    return any(n in text for n in ("ConcurrentAppend", "ConcurrentModification", "ConcurrentDeleteRead", "ConcurrentDeleteDelete", "ConcurrentTransaction", "DELTA_CONCURRENT", "ProtocolChanged", "MetadataChanged"))
+    return any(
+        n in text
+        for n in (
+            "ConcurrentAppend",
+            "ConcurrentModification",
+            "ConcurrentDeleteRead",
+            "ConcurrentDeleteDelete",
+            "ConcurrentTransaction",
+            "DELTA_CONCURRENT",
+            "ProtocolChanged",
+            "MetadataChanged",
+        )
+    )

@@ -75,7 +75,9 @@ def code_version() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
         if head.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5)
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5
+            )
             return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
@@ -247,7 +249,9 @@ class Ledger:
         if summary is not None:
             entry.rows_read, entry.entities, entry.bad_rows = summary.rows_read, summary.entities, summary.bad_rows
             entry.written = {
-                name: {k: v for k, v in stats.items() if k in ("entities", "values_set", "values_deleted", "rows_upserted", "fields_removed")}
+                name: {
+                    k: v for k, v in stats.items() if k in ("entities", "values_set", "values_deleted", "rows_upserted", "fields_removed")
+                }
                 for name, stats in summary.sinks.items()
             }
         self.record(entry)
@@ -277,7 +281,11 @@ class Ledger:
         with the features they wrote (a latest-mode step counts for each date it read)."""
         rows = (
             self.steps()
-            .where((F.col("source") == source) & (F.col("status") == "succeeded") & F.col("kind").isin("run", "backfill-replay", "backfill-latest"))
+            .where(
+                (F.col("source") == source)
+                & (F.col("status") == "succeeded")
+                & F.col("kind").isin("run", "backfill-replay", "backfill-latest")
+            )
             .select("dates", "targets", "features")
             .collect()
         )

@@ -9,14 +9,15 @@ give it credentials other than the writer's.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import psycopg
 
 from feature_defs import Definitions, SourceDef
 from fm_config import RunConf
 from sinks.errors import TerminalSinkError
-from stores.sql import connect
-from sinks.sql.preflight import dialect_of, ensure_schema
 from sinks.sql.config import sql_sink_config
+from sinks.sql.preflight import dialect_of, ensure_schema
+from stores.sql import connect
 
 
 def table_sources(defs: Definitions, source_names: Sequence[str]) -> dict[str, SourceDef]:

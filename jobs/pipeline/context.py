@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-import datetime as dt
 
 from pyspark.sql import SparkSession
 
 from feature_defs import EntityDef, SourceDef
 from fm_config import RunConf
 from serializers.keys import as_of_epoch
-from sinks.redis.config import RedisSinkConfig
-from sinks.sql.config import SqlSinkConfig
-from sinks.redis.config import redis_sink_config
-from sinks.sql.config import sql_sink_config
+from sinks.redis.config import RedisSinkConfig, redis_sink_config
+from sinks.sql.config import SqlSinkConfig, sql_sink_config
 
 
 @dataclass(frozen=True)

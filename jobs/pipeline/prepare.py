@@ -3,8 +3,8 @@ rows to write and rows to quarantine, with the counts the summary reports."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 import math
+from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -81,7 +81,9 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
         counts = replace(counts, earlier_dates=counts.entities - latest, entities=latest)
     for_writers = _for_writers(conf, counts.entities, written)
     ds = None if ctx.per_date else ctx.date.isoformat()
-    quarantine = tf.quarantine_rows(tagged, source, ds, "key").unionByName(tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, ds, "value"))
+    quarantine = tf.quarantine_rows(tagged, source, ds, "key").unionByName(
+        tf.quarantine_rows(checked.drop(tf.ENTITY_ID), source, ds, "value")
+    )
     return Prepared(
         snapshot=tf.snapshot_for_checks(checked, tagged, source, entity, ctx.per_date),
         good=for_writers(tf.encode_ready(written, source)),

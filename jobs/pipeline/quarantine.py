@@ -28,13 +28,7 @@ def write_quarantine(ctx: RunContext, quarantine: DataFrame, bad_rows: int) -> s
         else:
             ctx.spark.createDataFrame([], quarantine.schema).write.format("delta").partitionBy("ds").save(path)
         return path
-    (
-        quarantine.write.format("delta")
-        .mode("overwrite")
-        .option("replaceWhere", where)
-        .partitionBy("ds")
-        .save(path)
-    )
+    (quarantine.write.format("delta").mode("overwrite").option("replaceWhere", where).partitionBy("ds").save(path))
     return path
 
 

@@ -9,9 +9,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from feature_defs import SourceDef
-from jobs import transforms as tf
 from fm_config import RunConf
 from fm_config.locations import Location, is_uri
+from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 
 
@@ -30,9 +30,7 @@ def source_path(conf: RunConf, source: SourceDef) -> Location:
 def read_source(spark: SparkSession, conf: RunConf, source: SourceDef) -> DataFrame:
     path = source_path(conf, source)
     if path.is_local and not (Path(path) / "_delta_log").is_dir():
-        raise SourceNotFound(
-            f"source {source.name!r}: no Delta table at {path} (for the local sample data run `materialize sample-data`)"
-        )
+        raise SourceNotFound(f"source {source.name!r}: no Delta table at {path} (for the local sample data run `materialize sample-data`)")
     return spark.read.format("delta").load(path)
 
 

@@ -3,30 +3,30 @@ for a run, a validation (no writes) and a verification (no writes) of one source
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 import datetime as dt
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from feature_defs import Definitions
-from jobs.pipeline.gate import checks as quality
 from fm_config import RunConf
 from jobs.pipeline.context import RunContext
+from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.gate.stage import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
 from jobs.pipeline.quarantine import reason_counts, write_quarantine
 from jobs.pipeline.read import read
 from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
+from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.verify import verify_writes
 from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
 from jobs.progress import progress
-from jobs.pipeline.report.summary import RunSummary
-from stores.sql import connect as sql_connect
 from sinks.sql.preflight import dialect_of
+from stores.sql import connect as sql_connect
 
 
 def run_source(
@@ -93,7 +93,9 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
 _STORE_WRITES = threading.Lock()
 
 
-def for_each_source(names: list[str], work: Callable[[str], Any], parallel: int, done: Callable[[str, Any, Exception | None], None]) -> None:
+def for_each_source(
+    names: list[str], work: Callable[[str], Any], parallel: int, done: Callable[[str, Any, Exception | None], None]
+) -> None:
     """``work(name)`` for every source, ``parallel`` at a time (threads sharing the one Spark
     session: one source's driver work, planning, great-expectations, overlaps another's
     Spark jobs); ``done(name, result, error)`` as each ends. One failing stops no other."""
@@ -147,7 +149,9 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     return summary
 
 
-def verify_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date, *, redis_url: str | None = None) -> RunSummary:
+def verify_source(
+    spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date, *, redis_url: str | None = None
+) -> RunSummary:
     """Read back a sample of the date's snapshot from every configured store and compare it
     with the source rows (what a run does after writing), without writing; verification.json."""
     source = defs.source(source_name)

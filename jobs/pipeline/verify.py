@@ -3,9 +3,9 @@ decode it with the serializers, and compare it with the rows that were to be wri
 
 from __future__ import annotations
 
-from dataclasses import replace
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,10 +22,8 @@ from serializers.scalar import DecodeError
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.preflight import detect_cluster
 from sinks.redis.router import KeyRouter
+from sinks.sql.config import SqlSinkConfig, sql_sink_config
 from stores.sql import connect as sql_connect
-from sinks.sql.config import SqlSinkConfig
-from sinks.sql.config import sql_sink_config
-
 
 MAX_LISTED = 50
 """Mismatches kept in the report (all are counted)."""

@@ -3,21 +3,32 @@ the write from inside the partitions, the check after it."""
 
 from __future__ import annotations
 
-from functools import partial
 import time
+from functools import partial
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
-from jobs.progress import progress
 from jobs.pipeline.report.summary import RunSummary
+from jobs.progress import progress
 from sinks.errors import CapacityError, from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
 from sinks.redis.preflight import check_after_write, preflight
 
-_SUMMED = ("entities", "skipped_newer", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects", "unreachable")
+_SUMMED = (
+    "entities",
+    "skipped_newer",
+    "values_set",
+    "values_deleted",
+    "non_finite",
+    "bytes_sent",
+    "round_trips",
+    "retries",
+    "redirects",
+    "unreachable",
+)
 
 
 def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
@@ -25,9 +36,15 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
     the partitions, then check the servers again. Returns the summary's Redis stats."""
     summary.sinks["redis"] = stats = {}
     checked = preflight(
-        ctx.conf.redis, ctx.redis_config(), ctx.entity, tf.feature_specs(ctx.source),
-        entities=summary.entities, sample=_sample(ctx, good, summary.entities),
-        as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None, report=stats, warnings=summary.warnings,
+        ctx.conf.redis,
+        ctx.redis_config(),
+        ctx.entity,
+        tf.feature_specs(ctx.source),
+        entities=summary.entities,
+        sample=_sample(ctx, good, summary.entities),
+        as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
+        report=stats,
+        warnings=summary.warnings,
     )
     start = time.perf_counter()
     with progress(ctx.spark, f"write {ctx.source.name} to redis"):

@@ -5,25 +5,35 @@ upserts from inside the partitions."""
 from __future__ import annotations
 
 import datetime as dt
-from functools import partial
 import time
+from functools import partial
 
 import psycopg
 from pyspark.sql import DataFrame
 
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
-from jobs.progress import progress
 from jobs.pipeline.report.summary import RunSummary
+from jobs.progress import progress
 from sinks.errors import from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
-from stores.sql import connect
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.preflight import pre_split, preflight
 from sinks.sql.statements import quantile_keys
 from sinks.sql.writer import SqlWritePlan
+from stores.sql import connect
 
-_SUMMED = ("rows_upserted", "rows_skipped_newer", "statements", "transactions", "retries", "reconnects", "duplicates", "non_finite", "bytes_sent")
+_SUMMED = (
+    "rows_upserted",
+    "rows_skipped_newer",
+    "statements",
+    "transactions",
+    "retries",
+    "reconnects",
+    "duplicates",
+    "non_finite",
+    "bytes_sent",
+)
 
 
 def split_keys(rows: DataFrame, splits: int, total: int, sample_per_split: int = 64) -> list[str]:

@@ -54,8 +54,7 @@ class MemoryInfo:
         if configured:
             return configured
         raise CapacityError(
-            "Redis has no maxmemory set and no redis.capacity_bytes is configured: "
-            "cannot check whether the write fits (set one of them)"
+            "Redis has no maxmemory set and no redis.capacity_bytes is configured: cannot check whether the write fits (set one of them)"
         )
 
 
@@ -78,8 +77,14 @@ def read_memory_info(client: redis.Redis, entries: int | None = None, value: int
         note = f"CONFIG GET hash-max-listpack-* refused ({exc}); the capacity check assumed entries {entries}, value {value} ({where})"
         log.warning("%s", note)
     return MemoryInfo(
-        int(info["used_memory"]), int(info.get("maxmemory", 0)), entries, value, note,
-        policy=str(info.get("maxmemory_policy", "noeviction")), evicted_keys=int(info.get("evicted_keys", 0)), run_id=str(info.get("run_id", "")),
+        int(info["used_memory"]),
+        int(info.get("maxmemory", 0)),
+        entries,
+        value,
+        note,
+        policy=str(info.get("maxmemory_policy", "noeviction")),
+        evicted_keys=int(info.get("evicted_keys", 0)),
+        run_id=str(info.get("run_id", "")),
     )
 
 
@@ -195,12 +200,14 @@ def project_growth(
     hashtables = 0
     max_value = 0
     state = _existing_state(client, keys, source_fields)
-    for key, values, (usage, encoding, hlen, old_values) in zip(keys, rows, state):
+    for values, (usage, encoding, hlen, old_values) in zip(rows, state):
         new = [v for v in values if v is not None]
         max_value = max([max_value, *map(len, new)])
         old = [v for v in old_values if v is not None]
         fields_after = (hlen or 0) - len(old) + len(new)
-        becomes_hashtable = encoding == b"hashtable" or any(len(v) > memory.listpack_value for v in new) or fields_after > memory.listpack_entries
+        becomes_hashtable = (
+            encoding == b"hashtable" or any(len(v) > memory.listpack_value for v in new) or fields_after > memory.listpack_entries
+        )
         hashtables += becomes_hashtable
         g = sum(field_cost(v, becomes_hashtable) for v in new) - sum(field_cost(v, becomes_hashtable) for v in old)
         if usage is None:

@@ -36,12 +36,12 @@ from serializers.batch import EncodedBatch
 from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT
 from sinks.base import RedisWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
-from stores.errors import TransientError
-from stores.redis import TRANSIENT, connect, node_url, server_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisRestarted, RedisSink, entity_commands, entity_ttls
 from sinks.redis.router import ClusterTopology, key_slots
 from sinks.retry import call_with_retries
+from stores.errors import TransientError
+from stores.redis import TRANSIENT, connect, node_url, server_address
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,8 @@ class RedisClusterSink:
             raise TerminalSinkError(f"Redis Cluster has database 0 only: {server_address(c.url)} names another")
         self.topology = call_with_retries(
             lambda: ClusterTopology.discover(c),
-            is_transient=lambda e: isinstance(e, TransientError), retries=c.retries,
+            is_transient=lambda e: isinstance(e, TransientError),
+            retries=c.retries,
         )
         for address in self.topology.primaries:  # every primary's ceiling is checked before the first write
             try:
@@ -163,7 +164,12 @@ class RedisClusterSink:
     def _open_node(self, address: str) -> RedisSink:
         if address not in self.nodes:
             # the baselines known so far, a run_id a writer of this node saw included
-            node = replace(self.config, url=node_url(self.config.url, address), ceiling_bytes=self._ceiling(address), run_ids=tuple(self._run_ids.items()))
+            node = replace(
+                self.config,
+                url=node_url(self.config.url, address),
+                ceiling_bytes=self._ceiling(address),
+                run_ids=tuple(self._run_ids.items()),
+            )
             sink = RedisSink(node)
             try:
                 sink.open()
@@ -215,7 +221,11 @@ class RedisClusterSink:
             else:
                 stalled_since = stalled_since or time.monotonic()
                 if time.monotonic() - stalled_since > self.config.failover_timeout:
-                    hint = " (cluster-require-full-coverage no lets the other primaries serve while one is down)" if "CLUSTERDOWN" in outcome.last_error else ""
+                    hint = (
+                        " (cluster-require-full-coverage no lets the other primaries serve while one is down)"
+                        if "CLUSTERDOWN" in outcome.last_error
+                        else ""
+                    )
                     raise TransientSinkError(
                         f"Redis Cluster: {todo.size} entities could not be written for {self.config.failover_timeout:.0f} s "
                         f"(redis.failover_timeout; first key {keys[todo[0]]!r}): {outcome.last_error}{hint}"
@@ -262,7 +272,9 @@ class RedisClusterSink:
 
         if len(shares) > 1 and self.parallel:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=min(64, max(len(self.topology.primaries), len(shares))), thread_name_prefix="redis-primary")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=min(64, max(len(self.topology.primaries), len(shares))), thread_name_prefix="redis-primary"
+                )
             results = list(self._pool.map(lambda item: write(*item), shares))
         else:
             results = [write(*item) for item in shares]
@@ -372,9 +384,13 @@ class RedisClusterSink:
                 still = [str(exc)]
             if time.monotonic() > deadline:
                 if any(a not in self.topology.primaries for a in still):  # no node answered at all
-                    raise TransientSinkError(f"Redis Cluster: no node answered within {self.config.failover_timeout:.0f} s (redis.failover_timeout): {', '.join(still)}")
+                    raise TransientSinkError(
+                        f"Redis Cluster: no node answered within {self.config.failover_timeout:.0f} s (redis.failover_timeout): {', '.join(still)}"
+                    )
                 # its slots alone fail: the next rounds count their entities unreachable
-                log.warning("Redis Cluster primary %s: down, and no replica took over within %.0f s", ", ".join(still), self.config.failover_timeout)
+                log.warning(
+                    "Redis Cluster primary %s: down, and no replica took over within %.0f s", ", ".join(still), self.config.failover_timeout
+                )
                 self._down.update(dict.fromkeys(still, time.monotonic()))
                 break
             time.sleep(delay)

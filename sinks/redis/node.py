@@ -29,17 +29,19 @@ from serializers.batch import EncodedBatch
 from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
 from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
-from stores.redis import TRANSIENT, connect, is_transient, node_address, server_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.retry import call_with_retries
+from stores.redis import TRANSIENT, connect, is_transient, node_address, server_address
 
 
 class CeilingReached(CapacityError):
     def __init__(self, used: int, ceiling: int, stats: RedisWriteStats, oom: bool = False, node: str | None = None):
         self.used, self.ceiling, self.stats, self.oom, self.node = used, ceiling, stats, oom, node
         where = f"Redis Cluster primary {node}" if node else "Redis"
-        what = f"{where} refused writes: out of memory (maxmemory reached, used_memory {used:,} B)" if oom else (
-            f"{where} used_memory {used:,} B passed the hard ceiling {ceiling:,} B"
+        what = (
+            f"{where} refused writes: out of memory (maxmemory reached, used_memory {used:,} B)"
+            if oom
+            else (f"{where} used_memory {used:,} B passed the hard ceiling {ceiling:,} B")
         )
         super().__init__(f"{what}; this writer stopped after {stats.entities:,} entities ({stats.values_set:,} values)")
 
@@ -251,7 +253,9 @@ class RedisSink:
             # wait for the replicas there are: a promoted replica may have none yet
             attached = int(self.client.info("replication").get("connected_slaves", 0))
             self._wait_for = min(self.config.wait_replicas, attached)
-            self._wait = command(b"WAIT", str(self._wait_for).encode(), str(self.config.wait_timeout_ms).encode()) if self._wait_for else b""
+            self._wait = (
+                command(b"WAIT", str(self._wait_for).encode(), str(self.config.wait_timeout_ms).encode()) if self._wait_for else b""
+            )
         self._conn = conn
         self._reader = hiredis.Reader()
 
@@ -343,7 +347,9 @@ class RedisSink:
             # what was written (the counts above include this chunk's accepted entities).
             used = self.used_memory()
             raise CeilingReached(used, self.config.ceiling_bytes or used, self.stats, oom=True) from reply
-        raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused a command for key {keys[start + refused].as_py()!r}: {reply}") from reply
+        raise TerminalSinkError(
+            f"Redis at {server_address(self.config.url)} refused a command for key {keys[start + refused].as_py()!r}: {reply}"
+        ) from reply
 
     def _check_replicated(self, reply) -> None:
         if isinstance(reply, hiredis.ReplyError) or reply < self._wait_for:

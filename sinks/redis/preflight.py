@@ -11,16 +11,16 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 
 from feature_defs import EntityDef
+from fm_config.redis import RedisSettings
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.errors import CapacityError
 from sinks.redis.capacity import MemoryInfo, Projection, project_growth, read_memory_info
-from stores.redis import TRANSIENT, connect, is_transient, node_address
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import KeysEvicted, RedisRestarted
 from sinks.redis.router import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots
-from fm_config.redis import RedisSettings
 from sinks.redis.writer import RedisWritePlan
 from sinks.retry import call_with_retries
+from stores.redis import TRANSIENT, connect, is_transient, node_address
 
 
 @dataclass
@@ -159,13 +159,20 @@ def _capacity_stats(primaries: list[_Primary], projections: list[Projection], cl
     }
     if cluster:
         stats["primaries"] = {
-            p.node: {"memory_before": p.used_before, "capacity": p.capacity, "projected_growth": p.projected_growth, "projected_fill": round(p.fill, 4)}
+            p.node: {
+                "memory_before": p.used_before,
+                "capacity": p.capacity,
+                "projected_growth": p.projected_growth,
+                "projected_fill": round(p.fill, 4),
+            }
             for p in projections
         }
     return stats
 
 
-def _check_eviction_policy(settings: RedisSettings, entity: EntityDef, primaries: list[_Primary], config: RedisSinkConfig, warnings: list[str]) -> bool:
+def _check_eviction_policy(
+    settings: RedisSettings, entity: EntityDef, primaries: list[_Primary], config: RedisSinkConfig, warnings: list[str]
+) -> bool:
     """Refuse (or, with redis.eviction: warn, report) a server whose maxmemory-policy may
     evict this run's keys. Returns whether evictions during the write must fail it (not
     when every server's policy is volatile-* and the entity type has no TTL)."""
@@ -219,12 +226,23 @@ def check_after_write(config: RedisSinkConfig, baselines: dict[str, MemoryInfo],
 
 
 def _project(
-    settings: RedisSettings, config: RedisSinkConfig, entity: EntityDef, total: int, primaries: list[_Primary],
-    keys: list[bytes], rows: list[list], topology: ClusterTopology | None,
+    settings: RedisSettings,
+    config: RedisSinkConfig,
+    entity: EntityDef,
+    total: int,
+    primaries: list[_Primary],
+    keys: list[bytes],
+    rows: list[list],
+    topology: ClusterTopology | None,
 ) -> list[Projection]:
     """One projection per primary. In a cluster each gets its share of the entities: by the
     slots it owns or by the sample, whichever is larger (the safe side)."""
-    common = dict(entity_type=entity.name, source_fields=[*config.fields, config.freshness_field], ttl=bool(entity.ttl_seconds), max_fill=settings.max_fill)
+    common = dict(
+        entity_type=entity.name,
+        source_fields=[*config.fields, config.freshness_field],
+        ttl=bool(entity.ttl_seconds),
+        max_fill=settings.max_fill,
+    )
     if topology is None:
         p = primaries[0]
         return [project_growth(p.client, keys=keys, rows=rows, total_entities=total, memory=p.memory, capacity=p.capacity, **common)]
@@ -235,8 +253,14 @@ def _project(
         share = max(topology.slots_of(p.address) / SLOTS, len(mine) / max(1, len(keys)))
         out.append(
             project_growth(
-                p.client, keys=[keys[i] for i in mine], rows=[rows[i] for i in mine], total_entities=math.ceil(total * share),
-                memory=p.memory, capacity=p.capacity, node=p.address, **common,
+                p.client,
+                keys=[keys[i] for i in mine],
+                rows=[rows[i] for i in mine],
+                total_entities=math.ceil(total * share),
+                memory=p.memory,
+                capacity=p.capacity,
+                node=p.address,
+                **common,
             )
         )
     # a primary with few sampled keys gets at least the whole sample's growth per entity

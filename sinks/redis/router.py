@@ -16,8 +16,8 @@ import redis
 from redis.crc import key_slot
 
 from sinks.errors import TerminalSinkError, TransientSinkError
-from stores.redis import TRANSIENT, connect
 from sinks.redis.config import RedisSinkConfig
+from stores.redis import TRANSIENT, connect
 
 SLOTS = 16384
 
@@ -98,7 +98,9 @@ class ClusterTopology:
         """Positions of ``slots`` per owning primary."""
         owners = self.owner[slots]
         if (owners < 0).any():
-            raise TransientSinkError(f"{int((owners < 0).sum())} key(s) fall in slots no primary serves (the cluster is down or resharding)")
+            raise TransientSinkError(
+                f"{int((owners < 0).sum())} key(s) fall in slots no primary serves (the cluster is down or resharding)"
+            )
         order = np.argsort(owners, kind="stable")
         bounds = np.searchsorted(owners[order], np.arange(len(self.primaries) + 1))
         return {self.primaries[n]: order[bounds[n] : bounds[n + 1]] for n in range(len(self.primaries)) if bounds[n + 1] > bounds[n]}
@@ -106,7 +108,6 @@ class ClusterTopology:
 
 def key_slots(keys: list[bytes]) -> np.ndarray:
     return np.fromiter((key_slot(k) for k in keys), np.int32, len(keys))
-
 
 
 class KeyRouter:

@@ -17,10 +17,10 @@ import redis
 
 from serializers.batch import FeatureSpec, encode_batch
 from sinks.base import RedisWriteStats
-from stores.errors import MaterializerError
 from sinks.redis.cluster import RedisClusterSink
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import CeilingReached, RedisSink
+from stores.errors import MaterializerError
 
 
 @dataclass(frozen=True)

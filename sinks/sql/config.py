@@ -46,7 +46,11 @@ class SqlSinkConfig(SqlConnection):
 
 
 def sql_sink_config(
-    conf: RunConf, source: SourceDef | None = None, entity: EntityDef | None = None, date: dt.date | None = None, dialect: Dialect = "postgres"
+    conf: RunConf,
+    source: SourceDef | None = None,
+    entity: EntityDef | None = None,
+    date: dt.date | None = None,
+    dialect: Dialect = "postgres",
 ) -> SqlSinkConfig:
     """The writer's config for one source and date (dialect: as detected by the preflight)."""
     settings = conf.sql

@@ -13,13 +13,13 @@ from dataclasses import replace
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from fm_config.sql import SqlSettings
 from sinks.errors import TerminalSinkError
 from sinks.retry import call_with_retries
 from sinks.sql import statements as stmts
-from fm_config.sql import SqlSettings
 from sinks.sql.config import SqlSinkConfig
-from stores.sql import connect, is_transient
 from sinks.sql.statements import Dialect
+from stores.sql import connect, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,13 @@ def preflight(settings: SqlSettings, config: SqlSinkConfig, warnings: list[str])
 
     try:
         # a server restarting right now gets the same bounded retries as the write
-        checked = call_with_retries(check, is_transient=is_transient, retries=settings.retries, base_delay=settings.retry_base_delay, max_delay=settings.retry_max_delay)
+        checked = call_with_retries(
+            check,
+            is_transient=is_transient,
+            retries=settings.retries,
+            base_delay=settings.retry_base_delay,
+            max_delay=settings.retry_max_delay,
+        )
     except psycopg.Error as exc:
         raise TerminalSinkError(f"cannot connect to the SQL store ({settings.dsn}): {str(exc).strip()}") from exc
     if conninfo_to_dict(settings.dsn).get("sslmode", "prefer") != "verify-full" and not is_loopback(settings.dsn):
@@ -95,7 +101,9 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
     except psycopg.Error as exc:
         if is_transient(exc):
             raise  # the caller retries a dropped connection or a restart
-        raise TerminalSinkError(f"schema step for table {conf.table_name} failed: [{exc.sqlstate or 'no SQLSTATE'}] {str(exc).strip()}") from exc
+        raise TerminalSinkError(
+            f"schema step for table {conf.table_name} failed: [{exc.sqlstate or 'no SQLSTATE'}] {str(exc).strip()}"
+        ) from exc
     if not found:  # CREATE ... IF NOT EXISTS skipped a table this role cannot see
         raise TerminalSinkError(
             f"table {conf.table_name} exists but this role holds no privilege on it: grant it SELECT, INSERT, UPDATE (conf/base/sql-grants.sql)"

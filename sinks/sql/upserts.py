@@ -19,17 +19,17 @@ import logging
 from typing import Any
 
 import numpy as np
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-import psycopg
 from psycopg import sql
 
 from sinks.base import SqlWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
 from sinks.sql import statements as stmts
-from stores.sql import connect, is_transient
 from sinks.sql.config import SqlSinkConfig
+from stores.sql import connect, is_transient
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.base import SqlWriteStats
-from stores.errors import MaterializerError
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.upserts import SqlSink
+from stores.errors import MaterializerError
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,5 @@ async def app(scope, receive, send):
         if not msg.get("more_body"):
             break
     out = _enc.encode(build_response(_dec.decode(body)))
-    await send({"type": "http.response.start", "status": 200,
-                "headers": _HDRS + [(b"content-length", str(len(out)).encode())]})
+    await send({"type": "http.response.start", "status": 200, "headers": _HDRS + [(b"content-length", str(len(out)).encode())]})
     await send({"type": "http.response.body", "body": out})

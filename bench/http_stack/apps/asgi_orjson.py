@@ -28,6 +28,5 @@ async def app(scope, receive, send):
         if not msg.get("more_body"):
             break
     out = orjson.dumps(build_response(orjson.loads(body)))
-    await send({"type": "http.response.start", "status": 200,
-                "headers": _HDRS + [(b"content-length", str(len(out)).encode())]})
+    await send({"type": "http.response.start", "status": 200, "headers": _HDRS + [(b"content-length", str(len(out)).encode())]})
     await send({"type": "http.response.body", "body": out})

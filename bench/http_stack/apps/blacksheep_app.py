@@ -1,6 +1,6 @@
 # Candidate 6a: BlackSheep (served by uvicorn), orjson bytes response
 import orjson
-from blacksheep import Application, Request, Response, Content
+from blacksheep import Application, Content, Request, Response
 from common import build_response
 
 app = Application(show_error_details=False)

@@ -1,13 +1,14 @@
 # Candidate 4: FastAPI with pydantic request model and default JSON response
-from typing import Any, Dict, List
+from typing import Any
+
+from common import build_response
 from fastapi import FastAPI
 from pydantic import BaseModel
-from common import build_response
 
 
 class GetOnlineFeaturesRequest(BaseModel):
-    features: List[str]
-    entities: Dict[str, List[Any]]
+    features: list[str]
+    entities: dict[str, list[Any]]
     full_feature_names: bool = False
 
 

@@ -1,8 +1,9 @@
 # Candidate 6c: socketify native API (uWebSockets.py) + orjson
 import sys
+
 import orjson
-from socketify import App, AppListenOptions
 from common import build_response
+from socketify import App, AppListenOptions
 
 PORT = int(sys.argv[1]) if len(sys.argv) > 1 else 8006
 
@@ -16,6 +17,5 @@ async def gof(res, req):
 
 app = App()
 app.post("/get-online-features", gof)
-app.listen(AppListenOptions(port=PORT, host="127.0.0.1"),
-           lambda cfg: print("listening", cfg.port, flush=True))
+app.listen(AppListenOptions(port=PORT, host="127.0.0.1"), lambda cfg: print("listening", cfg.port, flush=True))
 app.run()

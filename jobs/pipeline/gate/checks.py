@@ -112,7 +112,15 @@ class GateResult:
         return [asdict(r) for r in self.results]
 
 
-_TYPE_NAMES = {"float": None, "int": "LongType", "bool": "BooleanType", "string": "StringType", "embedding": "ArrayType", "int_list": "ArrayType", "string_list": "ArrayType"}
+_TYPE_NAMES = {
+    "float": None,
+    "int": "LongType",
+    "bool": "BooleanType",
+    "string": "StringType",
+    "embedding": "ArrayType",
+    "int_list": "ArrayType",
+    "string_list": "ArrayType",
+}
 
 
 def _type_name(feature) -> str:
@@ -126,7 +134,9 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
         Check(f"{c} not null", "expect_column_values_to_not_be_null", {"column": c, "mostly": tolerance})
         for c in key_columns(source, entity)
     ]
-    checks.append(Check("entity key unique after de-duplication", "expect_column_values_to_be_in_set", {"column": CONFLICTS, "value_set": [0]}))
+    checks.append(
+        Check("entity key unique after de-duplication", "expect_column_values_to_be_in_set", {"column": CONFLICTS, "value_set": [0]})
+    )
     for f in source.features:
         checks.append(Check(f"{f.name} is {f.type}", "expect_column_values_to_be_of_type", {"column": f.name, "type_": _type_name(f)}))
         if f.type == "embedding":
@@ -137,7 +147,11 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
         limit = quality.max_null_fraction if f.max_null_fraction is None else f.max_null_fraction
         if limit < 1:
             checks.append(
-                Check(f"{f.name} null at most {limit:.0%}", "expect_column_values_to_not_be_null", {"column": f.name, "mostly": round(1 - limit, 6)})
+                Check(
+                    f"{f.name} null at most {limit:.0%}",
+                    "expect_column_values_to_not_be_null",
+                    {"column": f.name, "mostly": round(1 - limit, 6)},
+                )
             )
         if f.min_value is not None or f.max_value is not None:
             low, high = f.min_value, f.max_value
@@ -148,7 +162,14 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
                       {"column": f.name, "min_value": low, "max_value": high}, f.severity)
             )  # fmt: skip
         if f.allowed_values is not None:
-            checks.append(Check(f"{f.name} in allowed values", "expect_column_values_to_be_in_set", {"column": f.name, "value_set": f.allowed_values}, f.severity))
+            checks.append(
+                Check(
+                    f"{f.name} in allowed values",
+                    "expect_column_values_to_be_in_set",
+                    {"column": f.name, "value_set": f.allowed_values},
+                    f.severity,
+                )
+            )
     if previous is not None and quality.row_count_band is not None:
         date, count = previous
         low, high = math.floor(count * (1 - quality.row_count_band)), math.ceil(count * (1 + quality.row_count_band))
@@ -175,7 +196,11 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
             columns.append(f"CASE WHEN {finite_sql(c)} THEN {c} END AS {c}")
         else:
             columns.append(c)
-    dims = [f"CASE WHEN {ident(f.name)} IS NOT NULL THEN size({ident(f.name)}) END AS {ident(DIM_PREFIX + f.name)}" for f in source.features if f.type == "embedding"]
+    dims = [
+        f"CASE WHEN {ident(f.name)} IS NOT NULL THEN size({ident(f.name)}) END AS {ident(DIM_PREFIX + f.name)}"
+        for f in source.features
+        if f.type == "embedding"
+    ]
     return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
 
 
@@ -201,7 +226,16 @@ def previous_success(reports_path: str, source: str, date: dt.date, files: Files
     return None
 
 
-def run_gate(df: DataFrame, checks: list[Check], *, source: SourceDef, suite_name: str, run_name: str, docs_dir: str | None, files: Files | None = None) -> GateResult:
+def run_gate(
+    df: DataFrame,
+    checks: list[Check],
+    *,
+    source: SourceDef,
+    suite_name: str,
+    run_name: str,
+    docs_dir: str | None,
+    files: Files | None = None,
+) -> GateResult:
     """Validate ``df`` against ``checks`` and profile it: the checks the scan knows and the
     profile in one Spark job (jobs/pipeline/gate/scan.py), any other expectation with
     great-expectations; the HTML data docs rendered from the results by great-expectations
@@ -233,6 +267,7 @@ _GX_LOCK = threading.RLock()
 def prefetch() -> None:
     """Import great-expectations in the background (about 2.5 s of the driver's time), while
     Spark reads and prepares the snapshot: the gate then finds it imported."""
+
     def load() -> None:
         try:
             _gx()
@@ -339,7 +374,9 @@ def _render_docs_in(context, suite_name: str, run_name: str, results: list, docs
             },
             meta={"run_id": run_id},
         )
-        key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite_name), run_id=run_id, batch_identifier="snapshot")
+        key = ValidationResultIdentifier(
+            expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite_name), run_id=run_id, batch_identifier="snapshot"
+        )
         context.validation_results_store.set(key, validation)
         context.build_data_docs(site_names=["reports"])
         index = docs_dir / "index.html"

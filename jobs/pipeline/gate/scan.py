@@ -70,7 +70,7 @@ def _profile_aggs(source: SourceDef) -> list[str]:
     for f in source.features:
         c = ident(f.name)
 
-        def named(text: str, key: str) -> str:
+        def named(text: str, key: str, f=f) -> str:  # called in this iteration only
             return f"{text} AS {ident(f'p|{f.name}|{key}')}"
 
         aggs.append(named(f"count({c})", "n"))

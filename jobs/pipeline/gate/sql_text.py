@@ -7,8 +7,8 @@ build that way, longer than Spark took to plan and run them on 10,000 rows."""
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal
 import math
+from decimal import Decimal
 
 import numpy as np
 

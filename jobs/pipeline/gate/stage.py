@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.context import RunContext
+from jobs.pipeline.gate import checks as quality
+from jobs.pipeline.gate.checks import QualityGateError
 from jobs.pipeline.prepare import Prepared
 from jobs.pipeline.report.stage import report_dir
-from jobs.progress import progress
-from jobs.pipeline.gate.checks import QualityGateError
 from jobs.pipeline.report.summary import RunSummary
+from jobs.progress import progress
 
 
 class BadInputError(QualityGateError, ValueError):
     """Too much of the snapshot is bad input: nothing was written to the stores."""
 
 
-def check_quality(ctx: RunContext, prepared: Prepared, summary: RunSummary, *, expectations: bool, docs_folder: str = "data_docs") -> Future | None:
+def check_quality(
+    ctx: RunContext, prepared: Prepared, summary: RunSummary, *, expectations: bool, docs_folder: str = "data_docs"
+) -> Future | None:
     """Profile the snapshot, run the expectations, apply the bad-row limit.
 
     Raises QualityGateError (BadInputError when only the bad-row limit is passed) before
@@ -36,7 +38,9 @@ def check_quality(ctx: RunContext, prepared: Prepared, summary: RunSummary, *, e
             previous = None if end else quality.previous_success(conf.reports_path, source.name, date, conf.files)
             checks = quality.derive_checks(source, entity, conf.quality, previous)
             docs = report_dir(conf, source.name, date, end) / docs_folder if conf.quality.data_docs else None
-            result = quality.run_gate(frame, checks, source=source, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs, files=conf.files)
+            result = quality.run_gate(
+                frame, checks, source=source, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs, files=conf.files
+            )
             summary.profile = result.profile
             summary.expectations = result.as_dicts()
             docs = result.docs
@@ -53,10 +57,14 @@ def check_quality(ctx: RunContext, prepared: Prepared, summary: RunSummary, *, e
         lines = failures + ([bad_text] if too_bad else [])
         docs_line = f"\n  report: {summary.data_docs}" if summary.data_docs else ""
         raise QualityGateError(
-            f"source {source.name!r} {date}: {len(failures)} blocking expectation(s) failed; nothing was written:\n  " + "\n  ".join(lines) + docs_line
+            f"source {source.name!r} {date}: {len(failures)} blocking expectation(s) failed; nothing was written:\n  "
+            + "\n  ".join(lines)
+            + docs_line
         )
     if too_bad:
-        raise BadInputError(f"source {source.name!r} {date}: {bad_text}; nothing was written. Rows kept in {summary.quarantine_table or 'quarantine (not written by validate)'}")
+        raise BadInputError(
+            f"source {source.name!r} {date}: {bad_text}; nothing was written. Rows kept in {summary.quarantine_table or 'quarantine (not written by validate)'}"
+        )
     return docs
 
 

@@ -97,7 +97,9 @@ class RunSummary:
         except OSError as exc:
             raise SummaryError(f"{path}: cannot read: {exc.strerror or str(exc).splitlines()[0]}") from None
         except json.JSONDecodeError as exc:
-            raise SummaryError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}): truncated? run the date again to rewrite it") from None
+            raise SummaryError(
+                f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}): truncated? run the date again to rewrite it"
+            ) from None
         except UnicodeDecodeError as exc:
             raise SummaryError(f"{path}: not UTF-8 JSON ({exc.reason} at byte {exc.start})") from None
         if not isinstance(data, dict):
@@ -117,7 +119,9 @@ class RunSummary:
         try:
             summary.table()  # every value the table shows has the shape it needs
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise SummaryError(f"{path}: a value is not in the format this version writes ({type(exc).__name__}: {exc}): written by another version?") from None
+            raise SummaryError(
+                f"{path}: a value is not in the format this version writes ({type(exc).__name__}: {exc}): written by another version?"
+            ) from None
         return summary
 
     def table(self) -> str:
@@ -140,9 +144,15 @@ class RunSummary:
         if self.expectations:
             failed = [e for e in self.expectations if not e["success"]]
             blocking = sum(e["severity"] == "blocking" for e in failed)
-            rows.append(("expectations", f"{len(self.expectations) - len(failed)} of {len(self.expectations)} passed, {blocking} blocking failed"))
+            rows.append(
+                ("expectations", f"{len(self.expectations) - len(failed)} of {len(self.expectations)} passed, {blocking} blocking failed")
+            )
             for e in failed:
-                counts = f"{e['unexpected_count']:,} of {e['element_count']:,}" if e.get("unexpected_count") is not None else f"observed {e.get('observed_value')}"
+                counts = (
+                    f"{e['unexpected_count']:,} of {e['element_count']:,}"
+                    if e.get("unexpected_count") is not None
+                    else f"observed {e.get('observed_value')}"
+                )
                 rows.append((f"  FAILED ({e['severity']})", f"{e['name']}: {counts}"))
         for name, stats in self.sinks.items():
             for key, value in stats.items():
