@@ -176,7 +176,8 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
                 **best,
             }
             print(
-                f"  {kind:10} primaries={primaries} replicas={replicas} wait={wait} {'parallel' if parallel else 'one by one'} writers={w}: {best['entities_per_s']:>9,.0f} entities/s",
+                f"  {kind:10} primaries={primaries} replicas={replicas} wait={wait} "
+                f"{'parallel' if parallel else 'one by one'} writers={w}: {best['entities_per_s']:>9,.0f} entities/s",
                 flush=True,
             )
             rows.append(row)
@@ -192,7 +193,8 @@ def run(entities: int, writers: list[int], repeats: int, workdir: Path, output: 
         "results": rows,
     }
     print(
-        f"\n{'setting':<38} {'writers':>7} {'entities/s':>11} {'values/s':>11} {'x baseline':>10} {'writer CPU s/M':>14} {'Redis CPU s/M':>13}"
+        f"\n{'setting':<38} {'writers':>7} {'entities/s':>11} {'values/s':>11} "
+        f"{'x baseline':>10} {'writer CPU s/M':>14} {'Redis CPU s/M':>13}"
     )
     for r in rows:
         name = (

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, extras, with_pip in plan:
             installs[name] = measure_install(name, wheel, extras, work, with_pip)
             print(
-                f"{name:<18} {installs[name]['mib']:>8.1f} MiB  {installs[name]['distributions']:>3} distributions  (installed in {installs[name]['install_seconds']} s)",
+                f"{name:<18} {installs[name]['mib']:>8.1f} MiB  {installs[name]['distributions']:>3} distributions  "
+                f"(installed in {installs[name]['install_seconds']} s)",
                 flush=True,
             )
     baseline = Path(args.baseline).resolve()
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     server = installs["server"]["mib"]
     ratio = server / _mib(base_size)
     print(
-        f"server / baseline: {ratio:.3f} ({_mib(base_size) / server:.1f}x smaller); goal: server at most {GOAL_MIB} MiB: {'met' if server <= GOAL_MIB else 'NOT met'}"
+        f"server / baseline: {ratio:.3f} ({_mib(base_size) / server:.1f}x smaller); "
+        f"goal: server at most {GOAL_MIB} MiB: {'met' if server <= GOAL_MIB else 'NOT met'}"
     )
     out = {
         "python": sys.version.split()[0], "platform": sys.platform, "unit": "MiB of disk (du)", "goal_mib": GOAL_MIB,

@@ -281,7 +281,8 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
             results["latency_hit_call_alone"] = _latency(reader, SOURCE, [1] * 20000, to_dict=False)
         results["batches"] = batches
         print(
-            f"  decode {results['decode_ns_per_value']} ns/value (rows {results['rows_ns_per_value']}); one entity: miss {results['latency_miss']}, "
+            f"  decode {results['decode_ns_per_value']} ns/value (rows {results['rows_ns_per_value']}); "
+            f"one entity: miss {results['latency_miss']}, "
             f"raw HMGET {results['latency_raw']}, hit {results['latency_hit']}",
             flush=True,
         )

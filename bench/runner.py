@@ -400,12 +400,14 @@ def _print_report(report: dict) -> None:
     mib = 1 << 20
     print(f"\nfeature-materializer bench ({report['machine']['cores']} cores, {report['machine']['python']})")
     print(
-        f"{'entities':>10} {'values':>12} {'run s':>7} {'redis s':>8} {'values/s':>11} {'B/value':>8} {'sql rows/s':>11} {'JVM peak':>9} {'worker peak':>11}"
+        f"{'entities':>10} {'values':>12} {'run s':>7} {'redis s':>8} {'values/s':>11} "
+        f"{'B/value':>8} {'sql rows/s':>11} {'JVM peak':>9} {'worker peak':>11}"
     )
     for s in report["sizes"]:
         sql_rate = f"{s['sql_rows_per_s']:>11,.0f}" if "sql_rows_per_s" in s else f"{'-':>11}"
         print(
-            f"{s['entities']:>10,} {s['values']:>12,} {s['run_seconds']:>7.1f} {s['redis_write_seconds']:>8.1f} {s['redis_values_per_s']:>11,.0f} "
+            f"{s['entities']:>10,} {s['values']:>12,} {s['run_seconds']:>7.1f} "
+            f"{s['redis_write_seconds']:>8.1f} {s['redis_values_per_s']:>11,.0f} "
             f"{s['redis_bytes_per_value']:>8.2f} {sql_rate} {s['jvm_peak_rss'] / mib:>7.0f}Mi {s['worker_peak_rss'] / mib:>9.0f}Mi"
         )
     print("\nstage seconds of the Redis run (the summary's stages):")

@@ -153,7 +153,8 @@ def _step(name: str, process: subprocess.Popen, targets: Path, rate: int, second
         "errors": rep["errors"][:3], "server_cpu": round(cpu, 2),
     }  # fmt: skip
     log(
-        f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}"
+        f"  {name} {rate:>6}/s: p50 {step['p50_ms']} ms, p99 {step['p99_ms']} ms, "
+        f"success {step['success']:.4f}, server CPU {step['server_cpu']:.0%}"
     )
     return step
 

@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
         print(
-            f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run, {many['parallel_sources']} at a time: {many[str(many['sources']) + ' sources']} s; "
+            f"\n{many['sources']} sources of {many['entities_per_source']:,} entities in one run, "
+            f"{many['parallel_sources']} at a time: {many[str(many['sources']) + ' sources']} s; "
             f"one alone: {many['one source']} s; ratio {many['ratio']}x (target <= 2x)"
         )
         previous = json.loads(args.output.read_text()) if args.output.is_file() else {}

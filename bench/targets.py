@@ -127,7 +127,8 @@ def targets(results: dict) -> list[dict]:
         )
     if "many_sources" in results:
         m = results["many_sources"]
-        rows.append(_row(f"{m['sources']} sources x {m['entities_per_source']:,} entities in one run / one alone", m["ratio"], "x", "<= 2x", m["ratio"] <= 2,
+        rows.append(_row(f"{m['sources']} sources x {m['entities_per_source']:,} entities in one run / one alone",
+                         m["ratio"], "x", "<= 2x", m["ratio"] <= 2,
                          f"{m[str(m['sources']) + ' sources']} s / {m['one source']} s"))  # fmt: skip
     return rows
 

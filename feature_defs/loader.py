@@ -151,7 +151,8 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
                 key = f"source:{source.name}"
                 if source.name in sources:
                     problems.append(
-                        f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at {where[key]}:{lines[key]}"
+                        f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at "
+                        f"{where[key]}:{lines[key]}"
                     )
                     continue
                 sources[source.name], where[key], nodes[key] = source, path, node
@@ -191,7 +192,8 @@ def _service_problems(services, sources, places) -> list[str]:
                 )
             elif feature and feature not in {f.name for f in source.features}:
                 problems.append(
-                    f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: source {source_name!r} has no feature {feature!r}"
+                    f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: "
+                    f"source {source_name!r} has no feature {feature!r}"
                 )
     return problems
 
@@ -332,7 +334,8 @@ def _feature_name_problems(source, places: _Places) -> list[str]:
             # the pivot keeps one feature per name: the run would fail after reading the table
             other = source.features[first]
             problems.append(
-                f"{places.at(f'{skey}:features:{i}')}: source {source.name!r}: features {other.name!r} (line {places.lines.get(f'{skey}:features:{first}')}) "
+                f"{places.at(f'{skey}:features:{i}')}: source {source.name!r}: features {other.name!r} "
+                f"(line {places.lines.get(f'{skey}:features:{first}')}) "
                 f"and {feature.name!r} both read the rows where {source.name_column} is {feature.source_column!r}: "
                 f"a long layout gives each name to one feature (set another 'column', or drop one)"
             )

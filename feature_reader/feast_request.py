@@ -26,7 +26,8 @@ def parse_body(body: bytes | str) -> dict[str, Any]:
     unknown = sorted(set(data) - FEAST_FIELDS - IGNORED - OURS)
     if unknown:
         raise RequestError(
-            f"unknown field(s) in the request: {', '.join(unknown)} (expected: features or feature_service, entities, full_feature_names, max_age)"
+            f"unknown field(s) in the request: {', '.join(unknown)} "
+            "(expected: features or feature_service, entities, full_feature_names, max_age)"
         )
     features = data.get("features")
     if features is not None and not isinstance(features, list):  # its items: checked as the references resolve

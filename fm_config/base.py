@@ -38,7 +38,8 @@ class Settings(BaseModel):
                 if any(s in str(key).lower() for s in _SECRET_KEYS) and not str(key).endswith(("_env", "_file")):
                     raise KeyProblem(
                         key,
-                        f"'{key}': secrets are never read from config files; name the env var that holds it with '{key}_env' or a file with '{key}_file'",
+                        f"'{key}': secrets are never read from config files; "
+                        f"name the env var that holds it with '{key}_env' or a file with '{key}_file'",
                     )
         return data
 

@@ -27,7 +27,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _lease_wait(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wait-for-lease", type=float, metavar="SECONDS",
-        help="when another run is writing the same source and store, wait up to this long for it to end (default: lease.wait_seconds, 0: stop at once, exit code 5)",
+        help="when another run is writing the same source and store, wait up to this long for it to end "
+        "(default: lease.wait_seconds, 0: stop at once, exit code 5)",
     )  # fmt: skip
 
 
@@ -178,7 +179,8 @@ def _schema_command(sub) -> None:
         help="create (or check) the SQL store's entity tables, as a role that may create tables",
         description="The schema step: create each entity table the sources write when it is missing, and check the "
         "columns of those that exist. The nightly run needs no right to create tables; run this under the owner role "
-        "(conf/README.md 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features --sql-password-env FM_SQL_SCHEMA_PASSWORD.",
+        "(conf/README.md 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features "
+        "--sql-password-env FM_SQL_SCHEMA_PASSWORD.",
     )
     _common(schema)
     schema.add_argument(
@@ -500,7 +502,8 @@ def cmd_runs(args) -> int:
         entities = f"{r['entities']:,}" if r["entities"] is not None else ""
         error = (r["error"] or "")[:80]
         print(
-            f"{started:<20} {r['kind']:<16} {r['source'] or '':<22} {dates:<23} {','.join(r['sinks'] or []):<16} {r['status']:<10} {entities:>9}  {r['code_version'] or '':<13} {error}"
+            f"{started:<20} {r['kind']:<16} {r['source'] or '':<22} {dates:<23} {','.join(r['sinks'] or []):<16} "
+            f"{r['status']:<10} {entities:>9}  {r['code_version'] or '':<13} {error}"
         )
     return EXIT_OK
 
@@ -530,7 +533,8 @@ def cmd_cleanup(args) -> int:
         print(f"{source}: removed {done['fields_removed']:,} fields ({', '.join(done['fields'])}) from {done['keys']:,} keys")
     if result.memory_before is not None:
         print(f"removed {result.fields_removed:,} fields from {result.keys:,} keys in {result.seconds:.1f}s; "
-              f"Redis memory {result.memory_before:,} -> {result.memory_after:,} B (freed {max(0, result.memory_before - result.memory_after):,} B)")  # fmt: skip
+              f"Redis memory {result.memory_before:,} -> {result.memory_after:,} B "
+              f"(freed {max(0, result.memory_before - result.memory_after):,} B)")  # fmt: skip
     for source, done in sorted(result.left.items()):
         print(
             f"error: not cleaned: {source} ({', '.join(done['fields'])}): {done['reason']}; recorded as left for a later cleanup",

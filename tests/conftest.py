@@ -71,7 +71,8 @@ def spark(spark_events):
 
     # local[2,2]: a failed task gets a second attempt, as on a cluster (local[N] never retries)
     extra = {
-        "spark.eventLog.enabled": "true", "spark.eventLog.dir": spark_events.as_uri(), "spark.eventLog.compress": "false",  # plain text: searchable
+        "spark.eventLog.enabled": "true", "spark.eventLog.dir": spark_events.as_uri(),
+        "spark.eventLog.compress": "false",  # plain text: searchable
         # the throughput collector: the suite's small jobs in one JVM ran 4-13% faster than
         # with the default G1 on 2 cores (tests/README.md)
         "spark.driver.extraJavaOptions": f"{HUGE_METHODS} {class_archive_options()} -XX:+UseParallelGC",

@@ -97,7 +97,8 @@ def test_parsing_imports_nothing_heavy():
     code = (
         "import sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
         f"bag = DagBag(dag_folder={str(DAGS)!r})\nassert not bag.import_errors, bag.import_errors\n"
-        "print(sorted(m for m in ('pyspark.sql', 'great_expectations', 'psycopg', 'redis', 'jobs.pipeline', 'jobs.spark', 'jobs.config', 'jobs.cli') if m in sys.modules))\n"
+        "print(sorted(m for m in ('pyspark.sql', 'great_expectations', 'psycopg', 'redis', "
+        "'jobs.pipeline', 'jobs.spark', 'jobs.config', 'jobs.cli') if m in sys.modules))\n"
     )
     script = AIRFLOW_HOME / "parse_check.py"
     script.write_text(code)

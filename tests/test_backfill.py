@@ -107,8 +107,10 @@ def cli_conf(five_days, redis_server, tmp_path, monkeypatch):
     folder = env_conf(
         tmp_path / "conf",
         "ci",
-        f"data_root: {five_days}\nledger_root: {tmp_path / 'ledger'}\nquarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
-        f"sinks: [redis]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\nquality:\n  max_bad_fraction: 0.05\n  expectations: false\n",
+        f"data_root: {five_days}\nledger_root: {tmp_path / 'ledger'}\n"
+        f"quarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"sinks: [redis]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
+        "quality:\n  max_bad_fraction: 0.05\n  expectations: false\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     return tmp_path

@@ -136,7 +136,10 @@ WIDE_FEATURES = """\
     - {name: ids, type: int_list}
     - {name: tags, type: string_list}
 """
-WIDE_SCHEMA = "consumer_id long, score double, score32 double, count long, flag boolean, label string, vec array<double>, ids array<long>, tags array<string>, ds date"
+WIDE_SCHEMA = (
+    "consumer_id long, score double, score32 double, count long, flag boolean, label string, "
+    "vec array<double>, ids array<long>, tags array<string>, ds date"
+)
 WIDE_NAMES = ["score", "score32", "count", "flag", "label", "vec", "ids", "tags"]
 WIDE_GOOD = {
     "score": [0.5, -2.25, 1e300, 5e-324, 0.0, -0.0, 1e22, None, math.nan, math.inf, -math.inf],
@@ -390,7 +393,10 @@ PARSE_REASONS = {"int": "n: not an integer within int64", "bool": "b: not a bool
 
 
 def test_long_layout_reads_text_values_by_the_documented_rules(spark, tmp_path):
-    features = "    - {name: n, type: int}\n    - {name: b, type: bool}\n    - {name: d, type: float}\n    - {name: s, type: float, precision: float32}\n"
+    features = (
+        "    - {name: n, type: int}\n    - {name: b, type: bool}\n    - {name: d, type: float}\n"
+        "    - {name: s, type: float, precision: float32}\n"
+    )
     rows = [(i, name, text, DAY2) for i, (text, *_) in enumerate(PARSED) for name in ("n", "b", "d", "s")]
     defs = tiny_long_consumer_source(spark, tmp_path, features, "string", rows)
     source = defs.sources["tiny_long"]

@@ -15,7 +15,8 @@ CODE = """
 import sys
 from fm_config import SparkConf
 from jobs.spark import HUGE_METHODS, build_spark
-spark = build_spark(SparkConf(master="local[1]", extra={"spark.driver.extraJavaOptions": f"{HUGE_METHODS} -XX:SharedArchiveFile={sys.argv[1]} -Xshare:on"}))
+spark = build_spark(SparkConf(master="local[1]", extra={
+    "spark.driver.extraJavaOptions": f"{HUGE_METHODS} -XX:SharedArchiveFile={sys.argv[1]} -Xshare:on"}))
 print(spark.range(3).selectExpr("id * 2 AS x").count())
 """
 

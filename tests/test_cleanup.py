@@ -66,7 +66,8 @@ def written(spark, run_conf, sample_root, redis_db, tmp_path, monkeypatch):
     folder = env_conf(
         tmp_path / "conf",
         "ci",
-        f"data_root: {tmp_path}\nledger_root: {conf.ledger_path}\ndefinitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"data_root: {tmp_path}\nledger_root: {conf.ledger_path}\n"
+        f"definitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
         f"sinks: [redis]\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))

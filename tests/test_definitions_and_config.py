@@ -216,7 +216,10 @@ def test_alias_cycles_and_bombs_are_refused(tmp_path, content):
 def test_duplicate_source_and_entity_across_files(tmp_path):
     first = source("    - {name: a, type: float}\n", name="shared")
     second = "# the same source name again\n" + source("    - {name: b, type: int}\n", name="shared")
-    more_entities = "entities:\n  - name: store\n    prefix: s\n    keys: [{name: store_id, type: int}]\n    sql_table: store_features\n  - name: consumer\n    prefix: c2\n    keys: [{name: consumer_id, type: int}]\n    sql_table: c2_features\n"
+    more_entities = (
+        "entities:\n  - name: store\n    prefix: s\n    keys: [{name: store_id, type: int}]\n    sql_table: store_features\n"
+        "  - name: consumer\n    prefix: c2\n    keys: [{name: consumer_id, type: int}]\n    sql_table: c2_features\n"
+    )
     folder = write_defs(tmp_path, first)
     (folder / "zz.yaml").write_text(second)
     (folder / "zz_entities.yaml").write_text(more_entities)
@@ -346,7 +349,8 @@ WRONG_VALUE_TYPES = {
     "a quoted int bound": (
         "    - {name: n, type: int}\n    - {name: orders, type: int, min_value: '5'}\n",
         "name: orders",
-        "source.features.1.min_value: Value error, expected an integer (the feature is of type int), found '5', a string: write an integer, unquoted",
+        "source.features.1.min_value: Value error, expected an integer (the feature is of type int), "
+        "found '5', a string: write an integer, unquoted",
     ),
     "a fraction as an int bound": (
         "    - {name: orders, type: int, min_value: 0, max_value: 7.5}\n",
@@ -362,12 +366,14 @@ WRONG_VALUE_TYPES = {
     "NaN as a float bound": (
         "    - {name: score, type: float, max_value: .nan}\n",
         "name: score",
-        "source.features.0.max_value: Value error, expected a finite number (the feature is of type float), found .nan, not a finite number: write a number",
+        "source.features.0.max_value: Value error, expected a finite number (the feature is of type float), "
+        "found .nan, not a finite number: write a number",
     ),
     "a string in a bool's allowed_values": (
         "    - name: late\n      type: bool\n      allowed_values: [true, 'false']\n",
         "allowed_values",
-        "source.features.0.allowed_values.1: Value error, expected a boolean (the feature is of type bool), found 'false', a string: write true or false, unquoted",
+        "source.features.0.allowed_values.1: Value error, expected a boolean (the feature is of type bool), "
+        "found 'false', a string: write true or false, unquoted",
     ),
     "a boolean in an int's allowed_values": (
         "    - name: tier\n      type: int\n      allowed_values:\n        - 1\n        - yes\n",
@@ -441,12 +447,14 @@ def test_expectation_arguments_must_name_one_column_and_fit_its_type(tmp_path):
         "expected a string (column 'country' is of type string), found off, which YAML reads as the boolean false: quote it: 'off'"
     ) in problems
     assert (
-        f"{path}:{line_with(text, 'type: expect_column_values_to_be_between')}: source 'src': expectations[1] expect_column_values_to_be_between: "
+        f"{path}:{line_with(text, 'type: expect_column_values_to_be_between')}: "
+        "source 'src': expectations[1] expect_column_values_to_be_between: "
         "kwargs.column: expected one column name, found a list: write one expectation per column"
     ) in problems
     # a key column has its entity's key type
     assert (
-        f"{path}:{line_with(text, 'min_value: ' + repr('1'))}: source 'src': expectations[2] expect_column_values_to_be_between: kwargs.min_value: "
+        f"{path}:{line_with(text, 'min_value: ' + repr('1'))}: "
+        "source 'src': expectations[2] expect_column_values_to_be_between: kwargs.min_value: "
         "expected an integer (column 'consumer_id' is of type int), found '1', a string: write an integer, unquoted"
     ) in problems
     assert len(problems.split("\n")) == 1 + 3, problems
@@ -457,7 +465,8 @@ def test_long_layout_features_reading_the_same_name_are_refused(tmp_path):
     text = source(features).replace("layout: wide\n", "layout: long\n  name_column: feature_name\n  value_column: value\n")
     folder = write_defs(tmp_path / "long", text)
     assert (
-        f"{folder / 'src.yaml'}:{line_with(text, 'name: rating_int')}: source 'src': features 'rating' (line {line_with(text, 'name: rating,')}) "
+        f"{folder / 'src.yaml'}:{line_with(text, 'name: rating_int')}: source 'src': "
+        f"features 'rating' (line {line_with(text, 'name: rating,')}) "
         "and 'rating_int' both read the rows where feature_name is 'rating': a long layout gives each name to one feature "
         "(set another 'column', or drop one)"
     ) in problems_of(folder)

@@ -32,7 +32,8 @@ def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_roo
     checks = checks_of(conf)
     assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
         ["java", "delta jars", "source consumer_daily", "source store_features_long", "ledger", "leases", "quarantine", "reports",
-         "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql", "sql table consumer_features", "sql table store_features"],
+         "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql",
+         "sql table consumer_features", "sql table store_features"],
         "ok",
     )  # fmt: skip
     info = redis_db.info("memory")
@@ -116,7 +117,8 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
     port = free_port()
     folder = env_conf(
         tmp_path / "conf", "dr",
-        f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nsinks: [redis]\nspark:\n  master: spark://127.0.0.1:{port}\nredis:\n  url: redis://127.0.0.1:{port}/0\n",
+        f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nsinks: [redis]\n"
+        f"spark:\n  master: spark://127.0.0.1:{port}\nredis:\n  url: redis://127.0.0.1:{port}/0\n",
     )  # fmt: skip
     out = run(str(BIN / "materialize"), "doctor", "--env", "dr", env={"FM_CONF_DIR": str(folder)})
     assert out.returncode == 1, out.stderr

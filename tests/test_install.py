@@ -54,7 +54,8 @@ from .test_server import MATERIALIZE, Served
 
 SPARK_MODULES = ("pyspark", "py4j", "delta", "great_expectations", "pandas", "pyarrow", "tqdm")
 SERVER_MODULES = ("uvicorn", "uvloop", "httptools", "prometheus_client")
-REQUEST = {"features": ["every_type:f", "every_type:f32", "every_type:n", "every_type:b", "every_type:s", "every_type:e", "every_type:il", "every_type:sl"],
+REQUEST = {"features": ["every_type:f", "every_type:f32", "every_type:n", "every_type:b",
+                        "every_type:s", "every_type:e", "every_type:il", "every_type:sl"],
            "entities": {"consumer_id": [1, 2, 3, 4, 5]}}  # fmt: skip
 
 
@@ -107,7 +108,10 @@ def test_doctor_without_the_spark_extra_says_which_checks_need_it(tmp_path):
         "t",
         json.dumps({"data_root": str(tmp_path), "sinks": ["redis"], "redis": {"url": "redis://127.0.0.1:1/0", "password_env": None}}),
     )
-    code = f"import os, sys; os.environ['FM_CONF_DIR'] = {str(folder)!r}; sys.modules.update(dict.fromkeys({list(SPARK_MODULES)!r})); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = (
+        f"import os, sys; os.environ['FM_CONF_DIR'] = {str(folder)!r}; "
+        f"sys.modules.update(dict.fromkeys({list(SPARK_MODULES)!r})); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code, "doctor", "--env", "t", "--source", "consumer_daily"],
         capture_output=True,
@@ -222,7 +226,8 @@ def seeded(redis_server, pg_server, tmp_path_factory):
     with pg_server.connect() as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
-    conf = RunConf(env="t", definitions_dir=str(root / "defs"), sinks=["redis", "cockroach"], redis=RedisSettings(url=redis_url, password_env=None, mode="standalone"),
+    conf = RunConf(env="t", definitions_dir=str(root / "defs"), sinks=["redis", "cockroach"],
+                   redis=RedisSettings(url=redis_url, password_env=None, mode="standalone"),
                    sql=SqlSettings(dsn=pg_server.dsn, password_env=None), reader=ReaderSettings(timeout_ms=5000))  # fmt: skip
     source = defs.sources["every_type"]
     entity = defs.entity_of(source)
@@ -239,7 +244,8 @@ def seeded(redis_server, pg_server, tmp_path_factory):
     )
     stats += list(write_partition(SqlWritePlan(sink=sql_sink), iter([sql_batch])))
     assert [s.to_pylist()[0]["error"] for s in stats] == [None, None]
-    settings = {"definitions_dir": str(root / "defs"), "sinks": ["redis", "cockroach"], "redis": {"url": redis_url, "password_env": None, "mode": "standalone"},
+    settings = {"definitions_dir": str(root / "defs"), "sinks": ["redis", "cockroach"],
+                "redis": {"url": redis_url, "password_env": None, "mode": "standalone"},
                 "sql": {"dsn": pg_server.dsn, "password_env": None}, "reader": {"timeout_ms": 5000}}  # fmt: skip
     return env_conf(root / "conf", "t", json.dumps(settings))
 
@@ -276,7 +282,8 @@ def test_a_venv_of_the_server_extra_serves_what_the_full_install_reads(server_ve
     try:
         status, body = served.post(REQUEST)
         (tmp_path / "request.json").write_text(json.dumps(REQUEST))
-        full = subprocess.run([MATERIALIZE, "get", "--env", "t", "--request", str(tmp_path / "request.json")], capture_output=True, timeout=120,
+        full = subprocess.run([MATERIALIZE, "get", "--env", "t", "--request", str(tmp_path / "request.json")],
+                              capture_output=True, timeout=120,
                               env={**os.environ, "FM_CONF_DIR": str(seeded)})  # fmt: skip
         assert full.returncode == 0, full.stderr.decode()[-2000:]
         # the server of the small install answers byte for byte what the full install's reader reads
@@ -304,7 +311,10 @@ def test_a_venv_of_the_server_extra_serves_what_the_full_install_reads(server_ve
 
 @pytest.mark.install
 def test_the_server_venv_has_no_spark_fits_the_goal_and_names_the_extra_for_the_job(server_venv, seeded, tmp_path):
-    probe = "import importlib.util as u; print(sorted(m for m in ('pyspark', 'delta', 'great_expectations', 'pandas', 'pyarrow', 'airflow', 'tqdm') if u.find_spec(m)))"
+    probe = (
+        "import importlib.util as u; "
+        "print(sorted(m for m in ('pyspark', 'delta', 'great_expectations', 'pandas', 'pyarrow', 'airflow', 'tqdm') if u.find_spec(m)))"
+    )
     found = subprocess.run(
         [str(server_venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60
     )
@@ -319,7 +329,8 @@ def test_the_server_venv_has_no_spark_fits_the_goal_and_names_the_extra_for_the_
     )
     assert failed.returncode == 1 and "ModuleNotFoundError: No module named 'pyspark'" in failed.stderr
     # the job where it is not installed: one line naming the extra
-    run = subprocess.run([str(server_venv / "bin" / "materialize"), "run", "--env", "t", "--date", DAY.isoformat()], capture_output=True, text=True,
+    run = subprocess.run([str(server_venv / "bin" / "materialize"), "run", "--env", "t", "--date", DAY.isoformat()],
+                         capture_output=True, text=True,
                          env={**clean_env(), "FM_CONF_DIR": str(seeded)}, cwd=tmp_path, timeout=60)  # fmt: skip
     assert run.returncode == 2 and run.stdout == "", run.stderr
     assert run.stderr == "materialize run needs the Spark extra (pyspark is not installed): pip install 'feature-materializer[spark]'\n"

@@ -35,7 +35,8 @@ def test_two_processes_claiming_at_once_get_one_lease(tmp_path):
     ledger = str(tmp_path / "ledger")
     env = {**os.environ, "SPARK_SUBMIT_OPTS": short_lived_jvm_options()}
     racers = [
-        subprocess.Popen([sys.executable, "-m", "tests.lease_racer", ledger, str(barrier), name, "60"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-m", "tests.lease_racer", ledger, str(barrier), name, "60"], cwd=PROJECT_ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for name in ("a", "b")
     ]  # fmt: skip
     outs = [r.communicate(timeout=240) for r in racers]
@@ -63,7 +64,8 @@ def test_a_run_while_another_writes_the_source_stops_naming_the_holder(spark, co
     ledger = Ledger.of(spark, conf)
     with pytest.raises(
         LeaseHeld,
-        match=r"source 'consumer_daily' is being written to redis://127\.0\.0\.1:\d+/0 by backfill-replay on .* \(pid \d+, since .* UTC, lease until .* UTC\)",
+        match=r"source 'consumer_daily' is being written to redis://127\.0\.0\.1:\d+/0 by backfill-replay on .* "
+        r"\(pid \d+, since .* UTC, lease until .* UTC\)",
     ):
         recorded_run(spark, conf, DEFS, ledger, "run", SOURCE, SAMPLE_DATES[-1])
     assert redis_db.dbsize() == 0  # nothing written

@@ -40,7 +40,8 @@ def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf
     # before the test, so an env var set now would not reach them)
     (tmp_path / "redis_password").write_text(password + "\n")
     limited = RedisSettings(
-        url=server.url, username="fm_writer", password_env=None, password_file=str(tmp_path / "redis_password"), pipeline_entities=64, sample_entities=50,
+        url=server.url, username="fm_writer", password_env=None, password_file=str(tmp_path / "redis_password"),
+        pipeline_entities=64, sample_entities=50,
         hash_max_listpack_value=256,  # the server's setting, which this user may not read with CONFIG GET
     )  # fmt: skip
     conf = run_conf.model_copy(update={"redis": limited})
@@ -106,7 +107,8 @@ def writer_conf(sql_conf, dsns, secrets_dir):
 def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, pg_db, sql_roles, tmp_path):
     conf_dir = env_conf(tmp_path / "conf", "lp", f"sql:\n  dsn: {sql_roles['fm_writer']}\n  password_env: FM_TEST_FM_WRITER_PASSWORD\n")
     out = run(
-        str(BIN / "materialize"), "schema", "--env", "lp", "--sql-dsn", sql_roles["fm_schema"], "--sql-password-env", "FM_TEST_FM_SCHEMA_PASSWORD",
+        str(BIN / "materialize"), "schema", "--env", "lp", "--sql-dsn", sql_roles["fm_schema"],
+        "--sql-password-env", "FM_TEST_FM_SCHEMA_PASSWORD",
         env={"FM_CONF_DIR": str(conf_dir)},
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

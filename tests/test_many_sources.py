@@ -19,7 +19,10 @@ from .conftest import DAY2_STR, SAMPLE_DATES, env_conf, tiny_consumer_source
 DAY2 = SAMPLE_DATES[1]
 
 GOOD = ["consumer_daily", "store_features_long"]
-MISSING = "source:\n  name: missing\n  entity: consumer\n  location: no_such_table\n  layout: wide\n  features:\n    - {name: ghost_score, type: float}\n"
+MISSING = (
+    "source:\n  name: missing\n  entity: consumer\n  location: no_such_table\n  layout: wide\n"
+    "  features:\n    - {name: ghost_score, type: float}\n"
+)
 
 
 @pytest.fixture

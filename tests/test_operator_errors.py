@@ -32,7 +32,8 @@ MISSING_ROLE = "fm_no_such_role"
 MISSING_DB = "fm_no_such_db"
 DEFS = {
     "entities.yaml": "entities:\n  - {name: consumer, prefix: c, keys: [{name: consumer_id, type: int}], sql_table: consumer_features}\n",
-    "src.yaml": "source:\n  name: src\n  entity: consumer\n  location: src\n  layout: wide\n  features:\n    - {name: score, type: float}\n",
+    "src.yaml": "source:\n  name: src\n  entity: consumer\n  location: src\n  layout: wide\n"
+    "  features:\n    - {name: score, type: float}\n",
 }
 
 

@@ -216,7 +216,10 @@ def test_unknown_extra_expectation_is_a_definition_error_with_file_and_line(tmp_
     assert not (tmp_path / "ledger").exists() and not (tmp_path / "reports").exists() and redis_db.dbsize() == 0
 
 
-TIERS = "    - {name: tier, type: string, allowed_values: [gold, silver], severity: warning}\n    - {name: visits, type: int, min_value: 0, max_value: 10}\n"
+TIERS = (
+    "    - {name: tier, type: string, allowed_values: [gold, silver], severity: warning}\n"
+    "    - {name: visits, type: int, min_value: 0, max_value: 10}\n"
+)
 
 
 def test_warning_checks_report_but_do_not_block(spark, run_conf, tmp_path):

@@ -354,7 +354,8 @@ def test_a_primary_down_at_start_costs_only_its_own_slots(partial_cluster):
         again = sink.write_batch(encode_batch(batch, SPECS))  # the next batch does not wait again
         with pytest.raises(
             TransientSinkError,
-            match=rf"primary 127\.0\.0\.1:{down} \(\d+ slots\) did not answer .* {2 * len(owners[down]):,} entities in those slots were not written, everything else was",
+            match=rf"primary 127\.0\.0\.1:{down} \(\d+ slots\) did not answer .* "
+            rf"{2 * len(owners[down]):,} entities in those slots were not written, everything else was",
         ):
             sink.flush()
     finally:
@@ -407,7 +408,8 @@ def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, r
         conf = run_conf.model_copy(update={"redis": run_conf.redis.model_copy(update={"url": cluster.url, "mode": "cluster"})})
         with pytest.raises(
             CapacityError,
-            match=rf"refusing to write consumer entities: Redis Cluster primary 127\.0\.0\.1:{full}, which gets ~\d+ of them, uses .*Nothing was written",
+            match=rf"refusing to write consumer entities: Redis Cluster primary 127\.0\.0\.1:{full}, "
+            r"which gets ~\d+ of them, uses .*Nothing was written",
         ) as info:
             run_source(spark, conf, DEFS, "consumer_daily", DAY2)
         # it was the write's share that would not fit, on that primary alone

@@ -108,7 +108,8 @@ spark:
 
     objects = {i.path: i for i in s3fs.get_file_info(fs.FileSelector("lake", recursive=True)) if i.type == fs.FileType.File}
     for prefix in ("lake/etl/consumer_daily/_delta_log/", "lake/etl/_ledger/_delta_log/", "lake/etl/_ledger_leases/_delta_log/",
-                   "lake/etl/_quarantine/consumer_daily/", f"lake/reports/consumer_daily/{DAY2_STR}/", f"lake/reports/consumer_daily/{DAY1_STR}/"):  # fmt: skip
+                   "lake/etl/_quarantine/consumer_daily/", f"lake/reports/consumer_daily/{DAY2_STR}/",
+                   f"lake/reports/consumer_daily/{DAY1_STR}/"):  # fmt: skip
         assert any(p.startswith(prefix) for p in objects), f"nothing under s3://{prefix}"
     summary = json.loads(s3fs.open_input_stream(f"lake/reports/consumer_daily/{DAY2_STR}/summary.json").read())
     assert summary["status"] == "succeeded" and summary["bad_rows"] > 0 and summary["entities"] == len(expected)

@@ -57,7 +57,8 @@ def secret_env(spark, sample_root, pg_server, pg_db, tmp_path, monkeypatch):
         f"data_root: {sample_root}\nledger_root: {tmp_path / 'out' / 'ledger'}\nquarantine_root: {tmp_path / 'out' / 'q'}\n"
         f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
-        f"redis: {{url: '{server.url}', password_env: null, password_file: '{tmp_path / 'secrets' / 'redis_password'}', sample_entities: 50}}\n"
+        f"redis: {{url: '{server.url}', password_env: null, "
+        f"password_file: '{tmp_path / 'secrets' / 'redis_password'}', sample_entities: 50}}\n"
         f"sql: {{dsn: 'postgresql://{ROLE}@127.0.0.1:{pg_server.port}/features', password_file: '{secret_file}'}}\n"
         "quality: {max_bad_fraction: 0.05, expectations: false, verify_sample: 50}\n",
     )

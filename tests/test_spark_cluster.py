@@ -283,7 +283,8 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
     check_consumer_rows(pg_db, expected, dt.datetime.fromtimestamp(AS_OF, dt.UTC))
     assert report["entities"] == report["sinks"]["redis"]["entities"] == report["sinks"]["cockroach"]["rows_upserted"] == len(expected)
     print(
-        f"\ncluster test: pex probes {cluster_up - started:.1f}s, spark-submit {job_done - cluster_up:.1f}s, checks {time.monotonic() - job_done:.1f}s"
+        f"\ncluster test: pex probes {cluster_up - started:.1f}s, spark-submit {job_done - cluster_up:.1f}s, "
+        f"checks {time.monotonic() - job_done:.1f}s"
     )
     shutil.rmtree(pex_root, ignore_errors=True)  # ~250 MB unpacked
 
@@ -322,7 +323,8 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
         f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256, extra: {"
         f"spark.eventLog.enabled: 'true', spark.eventLog.dir: '{events.as_uri()}', spark.eventLog.compress: 'false'}}}}\n"
-        f"redis: {{url: '{server.url}', username: fm_writer, password_env: null, password_file: '{secret}', sample_entities: 50, hash_max_listpack_value: 256}}\n"
+        f"redis: {{url: '{server.url}', username: fm_writer, password_env: null, password_file: '{secret}', "
+        f"sample_entities: 50, hash_max_listpack_value: 256}}\n"
         f"sql: {{dsn: '{pg_server.dsn}', password_env: null}}\n"
         "quality: {max_bad_fraction: 0.05, expectations: true, verify_sample: 100, data_docs: false}\n"
     )  # fmt: skip

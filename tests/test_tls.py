@@ -173,7 +173,8 @@ def start_tls_redis(folder: Path, cert: Path, key: Path, ca: Path, *extra: str, 
 
     def start(port: int) -> TlsRedis:
         args = ["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder),
-                "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", *extra]  # fmt: skip
+                "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
+                "--tls-auth-clients", "no", *extra]  # fmt: skip
         with log.open("wb") as out:
             process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=out, stderr=subprocess.STDOUT)
         server = TlsRedis(port, process, ca, check_hostname)

@@ -103,7 +103,8 @@ def test_a_range_keeps_each_entitys_good_row_of_its_latest_date_with_its_as_of(s
 
 LISTS = SourceDef(
     name="lists", entity="store", location="lists", layout="wide",
-    features=[{"name": "emb", "type": "embedding", "dimension": 2}, {"name": "ids", "type": "int_list"}, {"name": "tags", "type": "string_list"}],
+    features=[{"name": "emb", "type": "embedding", "dimension": 2}, {"name": "ids", "type": "int_list"},
+              {"name": "tags", "type": "string_list"}],
 )  # fmt: skip
 NAN, INF = float("nan"), float("inf")
 EMBEDDINGS = [

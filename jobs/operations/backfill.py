@@ -86,7 +86,8 @@ class Plan:
             lines.append(f"  estimated:        {self.rows:,} rows read, about {self.feature_bytes:,} bytes of feature values")
         for r in self.running:
             lines.append(
-                f"  note: step {r['run_id'][:8]} ({r['kind']} {r['start_date']}..{r['end_date']}) is still marked running since {r['started_at']}: live elsewhere, or it crashed"
+                f"  note: step {r['run_id'][:8]} ({r['kind']} {r['start_date']}..{r['end_date']}) "
+                f"is still marked running since {r['started_at']}: live elsewhere, or it crashed"
             )
         return "\n".join(lines)
 

@@ -162,7 +162,8 @@ def table_keys(
     if missing or len(columns) != len(entity.keys):
         return (
             None,
-            f"{path}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) do not match entity {entity.name}'s {len(entity.keys)} key parts",
+            f"{path}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) "
+            f"do not match entity {entity.name}'s {len(entity.keys)} key parts",
         )
     problem = None
     # Without a date column or a recorded range every row is read: a superset of the keys written.

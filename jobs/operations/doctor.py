@@ -264,8 +264,10 @@ def check_log_store(conf: RunConf) -> list[Check]:
         return [Check("ok", "ledger log store", f"{store}: concurrent commits from several drivers are safe")]
     return [Check(
         "warn", "ledger log store",
-        f"the ledger is on S3 ({ledger}) with Delta's single-driver log store: a backfill and a nightly run on two drivers may overwrite each other's commit",
-        f"set spark.extra spark.delta.logStore.{scheme}.impl: io.delta.storage.S3DynamoDBLogStore (conf/README.md 'Concurrent writers on S3'), or put ledger_root on abfss://, gs:// or hdfs://",
+        f"the ledger is on S3 ({ledger}) with Delta's single-driver log store: "
+        "a backfill and a nightly run on two drivers may overwrite each other's commit",
+        f"set spark.extra spark.delta.logStore.{scheme}.impl: io.delta.storage.S3DynamoDBLogStore "
+        "(conf/README.md 'Concurrent writers on S3'), or put ledger_root on abfss://, gs:// or hdfs://",
     )]  # fmt: skip
 
 
@@ -410,7 +412,8 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
                     Check(
                         "warn",
                         label,
-                        f"user {user} may run the writer's commands on {keys}* except {', '.join(unchecked)}, which were not tried (MULTI refused)",
+                        f"user {user} may run the writer's commands on {keys}* except {', '.join(unchecked)}, "
+                        "which were not tried (MULTI refused)",
                         "grant +multi +discard (never +exec) so they can be checked without writing",
                     )
                 )
@@ -439,7 +442,8 @@ def _listpack(defs: Definitions, sources: list[str], entries: int, value_bytes: 
             Check(
                 "warn",
                 "redis listpack",
-                f"fields per hash ({listed}) pass hash-max-listpack-entries {entries}: those hashes use the hashtable encoding (about 4x memory)",
+                f"fields per hash ({listed}) pass hash-max-listpack-entries {entries}: "
+                "those hashes use the hashtable encoding (about 4x memory)",
                 f"raise hash-max-listpack-entries above {max(over.values())}",
             )
         ]
@@ -447,7 +451,8 @@ def _listpack(defs: Definitions, sources: list[str], entries: int, value_bytes: 
         Check(
             "ok",
             "redis listpack",
-            f"hash-max-listpack-entries {entries}, value {value_bytes}: every entity's hash fits ({', '.join(f'{e} {n} fields' for e, n in fields.items() if e in used)})",
+            f"hash-max-listpack-entries {entries}, value {value_bytes}: every entity's hash fits "
+            f"({', '.join(f'{e} {n} fields' for e, n in fields.items() if e in used)})",
         )
     ]
 
@@ -577,7 +582,8 @@ def check_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Chec
                         "fail",
                         label,
                         f"{config.table_name} is missing (or this role holds no privilege on it)",
-                        f"run `{SCHEMA_STEP.replace('<env>', conf.env)}` under a role that may create tables; grant conf/base/sql-grants.sql",
+                        f"run `{SCHEMA_STEP.replace('<env>', conf.env)}` under a role that may create tables; "
+                        "grant conf/base/sql-grants.sql",
                     )
                 )
                 continue

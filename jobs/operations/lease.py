@@ -236,7 +236,8 @@ class Leases:
             self.release(source, targets)
         if lost:
             raise LeaseHeld(
-                f"source {source!r}: its lease expired while it ran and another run took it over; the stores may hold both runs' writes: run the date again"
+                f"source {source!r}: its lease expired while it ran and another run took it over; "
+                "the stores may hold both runs' writes: run the date again"
             )
 
 

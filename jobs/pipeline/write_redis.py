@@ -54,7 +54,8 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
     stopped = [p["stopped"] for p in parts if p["stopped"]]
     if stopped:
         raise CapacityError(
-            f"Redis write stopped at the memory ceiling (ours: {ctx.conf.redis.hard_fill:.0%} of {checked.capacity_text}, or Redis's maxmemory): "
+            "Redis write stopped at the memory ceiling "
+            f"(ours: {ctx.conf.redis.hard_fill:.0%} of {checked.capacity_text}, or Redis's maxmemory): "
             f"{stats['entities']:,} of {summary.entities:,} entities ({stats['values_set']:,} values) were written "
             f"before {len(stopped)} writer(s) stopped; first: {stopped[0]}"
         )

@@ -385,7 +385,8 @@ class RedisClusterSink:
             if time.monotonic() > deadline:
                 if any(a not in self.topology.primaries for a in still):  # no node answered at all
                     raise TransientSinkError(
-                        f"Redis Cluster: no node answered within {self.config.failover_timeout:.0f} s (redis.failover_timeout): {', '.join(still)}"
+                        f"Redis Cluster: no node answered within {self.config.failover_timeout:.0f} s "
+                        f"(redis.failover_timeout): {', '.join(still)}"
                     )
                 # its slots alone fail: the next rounds count their entities unreachable
                 log.warning(

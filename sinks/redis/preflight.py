@@ -124,7 +124,8 @@ def _primaries(settings: RedisSettings, config: RedisSinkConfig, topology: Clust
                     raise
                 warnings.append(
                     f"Redis Cluster primary {address} does not answer ({exc}): its {topology.slots_of(address)} slots are written only "
-                    f"if a replica takes them over within redis.failover_timeout ({settings.failover_timeout:.0f} s); the other primaries are written"
+                    f"if a replica takes them over within redis.failover_timeout ({settings.failover_timeout:.0f} s); "
+                    "the other primaries are written"
                 )
                 continue
             out.append(_Primary(address, client, memory, memory.capacity(settings.capacity_bytes)))
@@ -184,7 +185,8 @@ def _check_eviction_policy(
         return concerned
     where = ", ".join(f"{p.address or node_address(config.url)} ({p.memory.policy})" for p in evicting)
     text = (
-        f"Redis maxmemory-policy may evict {entity.name} keys this run writes ({'any key' if 'allkeys' in where else 'keys with a TTL'}): {where}; "
+        f"Redis maxmemory-policy may evict {entity.name} keys this run writes "
+        f"({'any key' if 'allkeys' in where else 'keys with a TTL'}): {where}; "
         "evicted entities would read as missing. Set maxmemory-policy noeviction (the write then stops at maxmemory instead)"
     )
     if settings.eviction == "refuse":

@@ -95,7 +95,8 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
     except psycopg.errors.InsufficientPrivilege as exc:
         raise TerminalSinkError(
             f"table {conf.table_name} does not exist (or this role has no privilege on it) and this role may not create it "
-            f"([{exc.sqlstate}] {exc.diag.message_primary or str(exc).strip()}): run the schema step, `{SCHEMA_STEP}`, under a role that may create tables, "
+            f"([{exc.sqlstate}] {exc.diag.message_primary or str(exc).strip()}): "
+            f"run the schema step, `{SCHEMA_STEP}`, under a role that may create tables, "
             "and grant this role the writer's privileges (conf/base/sql-grants.sql)"
         ) from exc
     except psycopg.Error as exc:
@@ -106,7 +107,8 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
         ) from exc
     if not found:  # CREATE ... IF NOT EXISTS skipped a table this role cannot see
         raise TerminalSinkError(
-            f"table {conf.table_name} exists but this role holds no privilege on it: grant it SELECT, INSERT, UPDATE (conf/base/sql-grants.sql)"
+            f"table {conf.table_name} exists but this role holds no privilege on it: "
+            "grant it SELECT, INSERT, UPDATE (conf/base/sql-grants.sql)"
         )
     missing = [c for c in stmts.COLUMNS if c not in found]
     if missing:

@@ -170,6 +170,7 @@ class SqlSink:
             state = exc.sqlstate or "no SQLSTATE"
             if is_transient(exc):  # as for Redis: a later run (or task retry) may succeed
                 raise TransientSinkError(
-                    f"table {self.conf.table_name}: {what} still failing after {self.conf.retries + 1} attempts: [{state}] {str(exc).strip()}"
+                    f"table {self.conf.table_name}: {what} still failing after {self.conf.retries + 1} attempts: "
+                    f"[{state}] {str(exc).strip()}"
                 ) from exc
             raise TerminalSinkError(f"table {self.conf.table_name}: {what} failed (not retried): [{state}] {str(exc).strip()}") from exc

@@ -63,7 +63,8 @@ def check_quality(
         )
     if too_bad:
         raise BadInputError(
-            f"source {source.name!r} {date}: {bad_text}; nothing was written. Rows kept in {summary.quarantine_table or 'quarantine (not written by validate)'}"
+            f"source {source.name!r} {date}: {bad_text}; nothing was written. "
+            f"Rows kept in {summary.quarantine_table or 'quarantine (not written by validate)'}"
         )
     return docs
 
