@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,22 @@ class SecretRef:
     def value(self) -> str | None:
         secret = read_secret(self.section, self.env, Path(self.file) if self.file else None)
         return secret.get_secret_value() if secret else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Credentials:
+    """How a store connection authenticates, carried to wherever it is made (an executor):
+    never the conf's password itself, only where it is (``secret``)."""
+
+    password: str | None = field(default=None, repr=False)
+    """A literal password (programs that build a config themselves); the conf's is ``secret``."""
+    secret: SecretRef | None = None
+    """Where the password is (env var or mounted file), read where the connection is made."""
+
+    def auth_password(self) -> str | None:
+        """The password to connect with: the literal one, else the secret's, read here (an
+        executor reads its own environment or mounted file)."""
+        return self.password if self.password is not None else self.secret.value() if self.secret else None
 
 
 def read_secret(section: str, env_name: str | None, file: Path | None) -> SecretStr | None:

@@ -5,14 +5,14 @@ picklable, the writers' configs extend it; ``stores/redis.py`` makes the clients
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
 from feature_defs.yamlio import KeyProblem
-from fm_config.base import SecretRef, Settings, read_secret
+from fm_config.base import Credentials, Settings, read_secret
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
@@ -113,27 +113,18 @@ class RedisTls:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RedisConnection:
+class RedisConnection(Credentials):
     """How to reach one Redis deployment: what readers and writers connect with.
 
     The password is not carried here: ``secret`` names where it is (env var or mounted
-    file), read wherever the connection is made (``auth_password()``)."""
+    file), read wherever the connection is made (``auth_password()``, :class:`Credentials`)."""
 
     url: str
     """redis:// or rediss:// URL (no password in it: see password)."""
     username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    """A literal password (programs that build a config themselves); the conf's is ``secret``."""
-    secret: SecretRef | None = None
-    """Where the password is (env var or mounted file), read where the connection is made."""
     tls: RedisTls | None = None
     """rediss:// only: what the server's certificate is verified with (None: system trust store)."""
     socket_timeout: float = 30.0
-
-    def auth_password(self) -> str | None:
-        """The password to connect with: the literal one, else the secret's, read here (an
-        executor reads its own environment or mounted file)."""
-        return self.password if self.password is not None else self.secret.value() if self.secret else None
 
 
 def tls_files(settings: RedisSettings, resolve: Callable[[str], Path]) -> RedisTls:

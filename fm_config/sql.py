@@ -5,14 +5,14 @@ picklable, the writers' configs extend it; ``stores/sql.py`` makes the connectio
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
 from feature_defs.yamlio import KeyProblem
-from fm_config.base import SecretRef, Settings, read_secret
+from fm_config.base import Credentials, Settings, read_secret
 
 
 class SqlSettings(Settings):
@@ -69,11 +69,11 @@ class SqlSettings(Settings):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SqlConnection:
+class SqlConnection(Credentials):
     """How to reach the SQL store: what readers and writers connect with.
 
     The password is not carried here: ``secret`` names where it is (env var or mounted
-    file), read wherever the connection is made (``auth_password()``)."""
+    file), read wherever the connection is made (``auth_password()``, :class:`Credentials`)."""
 
     dsn: str
     """libpq connection string or postgresql:// URL, without a password."""
@@ -81,12 +81,3 @@ class SqlConnection:
     statement_timeout_ms: int = 30_000
     connect_timeout: int = 10
     application_name: str = "feature-materializer"
-    password: str | None = field(default=None, repr=False)
-    """A literal password (programs that build a config themselves); the conf's is ``secret``."""
-    secret: SecretRef | None = None
-    """Where the password is (env var or mounted file), read where the connection is made."""
-
-    def auth_password(self) -> str | None:
-        """The password to connect with: the literal one, else the secret's, read here (an
-        executor reads its own environment or mounted file)."""
-        return self.password if self.password is not None else self.secret.value() if self.secret else None

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from sinks.sql.writer import SqlWritePlan
 from stores.sql import connect
-from throwaway.servers import again_if_port_taken, free_port, start_failed
 from throwaway.venvs import (
     GOAL_MIB,
     MIB,
@@ -50,7 +48,7 @@ from throwaway.venvs import (
 
 from .conftest import env_conf
 from .test_reader import BIG, DAY, ENTITIES, EVERY_TYPE, ROWS
-from .test_server import MATERIALIZE, Served
+from .test_server import MATERIALIZE, Served, start_serving
 
 SPARK_MODULES = ("pyspark", "py4j", "delta", "great_expectations", "pandas", "pyarrow", "tqdm")
 SERVER_MODULES = ("uvicorn", "uvloop", "httptools", "prometheus_client")
@@ -253,27 +251,7 @@ def seeded(redis_server, pg_server, tmp_path_factory):
 def _serve(venv: Path, conf_dir: Path, log: Path) -> Served:
     """The venv's own ``materialize serve`` (no checkout on its path), once /health answers."""
     environ = {**clean_env(), "FM_CONF_DIR": str(conf_dir)}
-
-    def start(port: int) -> Served:
-        process = subprocess.Popen(
-            [str(venv / "bin" / "materialize"), "serve", "--env", "t", "--port", str(port)],
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            env=environ,
-            cwd=log.parent,
-        )
-        served = Served(port, process, log)
-        deadline = time.monotonic() + 60
-        while process.poll() is None:
-            try:
-                served.request("GET", "/health", timeout=2)
-                return served
-            except OSError:
-                assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
-                time.sleep(0.2)
-        raise start_failed(f"the server exited: {log.read_text()}", log)
-
-    return again_if_port_taken(lambda: start(free_port()))
+    return start_serving([str(venv / "bin" / "materialize"), "serve", "--env", "t"], environ, log, cwd=log.parent)
 
 
 @pytest.mark.install

@@ -53,14 +53,17 @@ class Served:
 def serve(tmp: Path, env: str, settings: dict, password: str | None = None, workers: int = 1) -> Served:
     """`materialize serve` in a process of its own, on a conf folder of its own; returned once /health answers."""
     folder = env_conf(tmp / f"conf-{env}", env, json.dumps(settings))
-    log = tmp / f"serve-{env}.log"
     environ = {**os.environ, "FM_CONF_DIR": str(folder)}
     if password:
         environ["TEST_REDIS_PASSWORD"] = password
+    return start_serving([MATERIALIZE, "serve", "--env", env, "--workers", str(workers)], environ, tmp / f"serve-{env}.log")
+
+
+def start_serving(command: list[str], environ: dict[str, str], log: Path, cwd: Path | None = None) -> Served:
+    """``command --port P`` on a free port (another if that one was taken first), once /health answers."""
 
     def start(port: int) -> Served:
-        run = [MATERIALIZE, "serve", "--env", env, "--port", str(port), "--workers", str(workers)]
-        process = subprocess.Popen(run, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
+        process = subprocess.Popen([*command, "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ, cwd=cwd)
         served = Served(port, process, log)
         deadline = time.monotonic() + 60
         while process.poll() is None:
