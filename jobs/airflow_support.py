@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from jobs import jars as delta_jars
+from jobs.exit_codes import EXIT_GATE_FAILED, EXIT_NOT_READY, EXIT_OK  # noqa: F401  (the DAG files read them from here)
 
 PROJECT_DIR = Path(os.environ.get("FM_PROJECT_DIR") or Path(__file__).resolve().parent.parent)
 BIN_DIR = Path(os.environ.get("FM_BIN_DIR") or PROJECT_DIR / ".venv" / "bin")

@@ -93,6 +93,23 @@ def test_dag_files_load_and_follow_the_policy():
         assert set(env) <= {"FM_ENV", "PATH"}, (t.task_id, sorted(env))
 
 
+def test_every_name_the_dags_read_from_airflow_support_is_there():
+    # a task reads them when it runs, not when the DAG is parsed: a missing one fails only
+    # inside the task (then its retries), so check them here
+    import ast
+
+    from jobs import airflow_support
+
+    used = {
+        node.attr
+        for path in DAGS.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "fm"
+    }
+    assert {"EXIT_OK", "EXIT_NOT_READY", "EXIT_GATE_FAILED", "BIN_DIR"} <= used
+    assert sorted(name for name in used if not hasattr(airflow_support, name)) == []
+
+
 def test_parsing_imports_nothing_heavy():
     code = (
         "import sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
