@@ -1,26 +1,28 @@
 """Reads from the SQL store (CockroachDB; PostgreSQL on the same wire): one query per
 entity table per batch, ``entity_key = ANY(...)`` for the sources involved, the JSON maps
-parsed with exact ints and turned back into the declared types. Connections come from
-psycopg_pool's pools (stores/sql.py), made on demand and kept for the next read."""
+parsed with exact ints and turned back into the declared types. Connections are made by
+the one SQL connection builder (stores/sql.py), on demand, and kept for the next read;
+psycopg_pool was measured and left out (bench/README.md, "Installs, and the refactor behind them")."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import PoolTimeout
 
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import BAD, from_json
 from feature_reader.errors import ReadTimeout, StoreError
 from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
 from fm_config.sql import SqlConnection
-from stores.sql import async_pool, is_transient, pool, server_address, table_identifier
+from stores.sql import connect, connect_async, is_transient, server_address, table_identifier
 
 QUERY = (
     "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::bigint FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
@@ -67,11 +69,6 @@ def _store_error(where: str, timeout_ms: int, exc: psycopg.Error) -> StoreError:
     return StoreError(f"SQL store at {where} ({kind}): {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
 
-def _no_connection(where: str, exc: PoolTimeout) -> StoreError:
-    # the pool goes on trying in the background (and logs why, logger psycopg.pool)
-    return StoreError(f"SQL store at {where}: no connection ({str(exc).strip().splitlines()[0]})")
-
-
 def _reader_connection(config: SqlConnection, timeout: float) -> SqlConnection:
     # the server's statement timeout is a read's deadline; a connect gets a little more
     return replace(
@@ -88,64 +85,65 @@ def _found(rows, found: dict) -> None:
 
 
 class SqlReads:
-    """Synchronous reads over a pool of up to ``connections`` connections (thread-safe)."""
+    """Synchronous reads over up to ``connections`` connections, kept between reads (thread-safe)."""
 
     def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int):
         self.config = _reader_connection(config, timeout)
         self.defs, self.where = defs, server_address(config)
-        self._pool = pool(self.config, max_size=connections, name="feature-reader")
+        self._idle: queue.LifoQueue = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(connections)
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
+        self._slots.acquire()
+        conn = None
         try:
-            with self._pool.connection() as conn:  # a connection that failed is not put back
-                for query, keys, sources in _statements(self.defs, self.config.schema, units):
-                    try:
-                        rows = conn.execute(query, (keys, sources)).fetchall()
-                    except psycopg.errors.UndefinedTable:
-                        rows = []  # nothing written to this table yet: every entity NOT_FOUND
-                    _found(rows, found)
-        except PoolTimeout as exc:
-            raise _no_connection(self.where, exc) from exc
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = connect(self.config)  # a refused login or TLS failure: terminal, named
+            for query, keys, sources in _statements(self.defs, self.config.schema, units):
+                try:
+                    rows = conn.execute(query, (keys, sources)).fetchall()
+                except psycopg.errors.UndefinedTable:
+                    rows = []  # nothing written to this table yet: every entity NOT_FOUND
+                _found(rows, found)
+            self._idle.put(conn)
+            conn = None
         except psycopg.Error as exc:
             raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
+        finally:
+            if conn is not None:  # failed: may be broken, never reused
+                conn.close()
+            self._slots.release()
         return _rows(units, found, features, as_list)
 
     def ping(self) -> None:
-        with self._pool.connection() as conn:
+        with connect(self.config) as conn:
             conn.execute("SELECT 1")
 
     def close(self) -> None:
-        self._pool.close()
+        while not self._idle.empty():
+            self._idle.get_nowait().close()
 
 
 class AsyncSqlReads:
-    """asyncio reads over a pool of up to ``connections`` async connections (opened in the
-    event loop of the first read)."""
+    """asyncio reads over up to ``connections`` async connections, kept between reads."""
 
     def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int):
         self.config = _reader_connection(config, timeout)
         self.defs, self.where, self.timeout = defs, server_address(config), timeout
-        self._pool = async_pool(self.config, max_size=connections, name="feature-reader")
-        self._opened = False
-        # callers wait here, not in the pool: its queue arms a timeout per waiter, which cost
-        # a quarter of the requests/s of 64 clients over 4 connections (bench/README.md "Reads")
+        self._idle: list[psycopg.AsyncConnection] = []
         self._slots = asyncio.Semaphore(connections)
-
-    async def _open(self) -> None:
-        if not self._opened:  # open() takes a lock each time: once is enough
-            await self._pool.open()
-            self._opened = True
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
-        try:
-            await self._open()
-            async with (
-                self._slots,
-                asyncio.timeout(self.timeout * 2 + 1),
-            ):  # the server's statement_timeout is the deadline; this bounds a lost peer
-                async with self._pool.connection() as conn:
+        async with self._slots:
+            conn = None
+            try:
+                # the server's statement_timeout is the deadline; this bounds a lost peer
+                async with asyncio.timeout(self.timeout * 2 + 1):
+                    conn = self._idle.pop() if self._idle else await connect_async(self.config)
                     for query, keys, sources in _statements(self.defs, self.config.schema, units):
                         try:
                             cur = await conn.execute(query, (keys, sources))
@@ -153,18 +151,24 @@ class AsyncSqlReads:
                         except psycopg.errors.UndefinedTable:
                             rows = []
                         _found(rows, found)
-        except TimeoutError as exc:
-            raise ReadTimeout(f"SQL store at {self.where} did not answer in time") from exc
-        except PoolTimeout as exc:
-            raise _no_connection(self.where, exc) from exc
-        except psycopg.Error as exc:
-            raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
+                self._idle.append(conn)
+                conn = None
+            except TimeoutError as exc:
+                raise ReadTimeout(f"SQL store at {self.where} did not answer in time") from exc
+            except psycopg.Error as exc:
+                raise _store_error(self.where, self.config.statement_timeout_ms, exc) from exc
+            finally:
+                if conn is not None:
+                    await conn.close()
         return _rows(units, found, features, as_list)
 
     async def ping(self) -> None:
-        await self._open()
-        async with self._pool.connection() as conn:
+        conn = await connect_async(self.config)
+        try:
             await conn.execute("SELECT 1")
+        finally:
+            await conn.close()
 
     async def close(self) -> None:
-        await self._pool.close()
+        while self._idle:
+            await self._idle.pop().close()

@@ -1,9 +1,10 @@
 """Connections to the SQL store (CockroachDB, or PostgreSQL on the same wire), for every
-part alike: psycopg 3 connections, sync and asyncio, and psycopg_pool's pools of them, all
-with the server's statement timeout, TCP keepalives, and which errors a retry can fix.
+part alike: psycopg 3 connections, sync and asyncio, with the server's statement timeout
+and TCP keepalives, a refused login or TLS setup named as terminal, and which errors a
+retry can fix.
 
 Used by the writers on the executors, by every driver-side step (preflight, schema,
-verify, doctor) and by the readers (pools).
+verify, doctor) and by the readers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import re
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from fm_config.sql import SqlConnection
 from stores.errors import TerminalError, TransientError
@@ -108,7 +108,7 @@ def _raise_setup_failure(conf: SqlConnection, exc: psycopg.OperationalError) -> 
 
 
 def connect_options(conf: SqlConnection) -> dict:
-    """psycopg's connect arguments for every connection to the store, pooled or not."""
+    """psycopg's connect arguments for every connection to the store."""
     return dict(
         password=conf.auth_password(),
         autocommit=True,
@@ -156,30 +156,3 @@ async def connect_async(conf: SqlConnection) -> psycopg.AsyncConnection:
         await conn.close()
         raise
     return conn
-
-
-def pool(conf: SqlConnection, *, max_size: int, name: str) -> ConnectionPool:
-    """A pool of up to ``max_size`` connections made as :func:`connect` makes them, opened
-    (it connects on demand: no connection is made before the first use)."""
-    return ConnectionPool(
-        conf.dsn, kwargs=connect_options(conf), min_size=0, max_size=max_size, name=name, open=True, timeout=conf.connect_timeout,
-        configure=lambda conn: conn.execute(_statement_timeout(conf)),
-    )  # fmt: skip
-
-
-def async_pool(conf: SqlConnection, *, max_size: int, name: str) -> AsyncConnectionPool:
-    """The asyncio twin of :func:`pool`; open it in the event loop that uses it (``await pool.open()``)."""
-
-    async def configure(conn: psycopg.AsyncConnection) -> None:
-        await conn.execute(_statement_timeout(conf))
-
-    return AsyncConnectionPool(
-        conf.dsn,
-        kwargs=connect_options(conf),
-        min_size=0,
-        max_size=max_size,
-        name=name,
-        open=False,
-        timeout=conf.connect_timeout,
-        configure=configure,
-    )

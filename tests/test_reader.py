@@ -172,7 +172,7 @@ def _pooled_settings(conn) -> tuple[str, str]:
     return conn.info.get_parameters().get("keepalives"), conn.execute("SHOW statement_timeout").fetchone()[0]
 
 
-def test_sql_reads_share_a_pool_of_connections_made_as_every_store_connection(written, pg_server):
+def test_sql_reads_keep_a_few_connections_made_as_every_store_connection(written, pg_server):
     # sync and asyncio alike: at most reader.sql_connections sessions however many callers,
     # each with the statement timeout (the read's deadline) and TCP keepalives, closed with the reader
     conf, defs = written
@@ -191,16 +191,15 @@ def test_sql_reads_share_a_pool_of_connections_made_as_every_store_connection(wr
         for result in results:
             assert_expected(result, "sql")
         assert 1 <= _reader_sessions(pg_server) <= 2
-        with reader._stores["cockroach"]._pool.connection() as conn:
-            assert _pooled_settings(conn) == ("1", "5s")
+        assert _pooled_settings(reader._stores["cockroach"]._idle.queue[-1]) == ("1", "5s")
     assert _reader_sessions(pg_server) == 0
 
     async def concurrent() -> tuple:
         async with AsyncFeatureReader(conf, defs, cache=False) as reader:
             results = await asyncio.gather(*(reader.get_online_features(["every_type"], CONSUMERS, store="sql") for _ in range(16)))
             sessions = _reader_sessions(pg_server)
-            async with reader._stores["cockroach"]._pool.connection() as conn:
-                params = conn.info.get_parameters().get("keepalives"), (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
+            conn = reader._stores["cockroach"]._idle[-1]
+            params = conn.info.get_parameters().get("keepalives"), (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
             return results, sessions, params
 
     results, sessions, params = asyncio.run(concurrent())
