@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fm_config import SparkConf
 from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
-from jobs.jars import S3A_SCHEMES, class_archive_options, delta_jars, jars_dir, s3a_jars  # noqa: F401  (jars_dir: named here by the set-up's callers)
+from jobs.jars import S3A_SCHEMES, class_archive_options, delta_jars, s3a_jars
 
 HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 """A snapshot of 50 features makes Spark generate methods past HotSpot's 8,000-byte limit for

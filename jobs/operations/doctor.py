@@ -130,7 +130,7 @@ def _java() -> Check:
 
 
 def _delta_jars() -> Check:
-    from jobs.spark import delta_jars
+    from jobs.jars import delta_jars
 
     try:
         jars = delta_jars()
