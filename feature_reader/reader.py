@@ -245,12 +245,13 @@ class _Base:
         timeout = conf.reader.timeout_ms / 1000
         self._stores: dict[str, Any] = {}
         if self._core.uses("redis"):
-            rconf = conf.redis_connection(redis_url)
+            rconf = conf.reader_redis_connection(redis_url)
             cluster = self._is_cluster(rconf) if cluster is None else cluster
             extra = {"connections": conf.reader.redis_connections} if redis_reads is AsyncRedisReads else {}
             self._stores["redis"] = redis_reads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout, **extra)
         if self._core.uses("cockroach"):
-            self._stores["cockroach"] = sql_reads(conf.sql_connection(), defs, timeout=timeout, connections=conf.reader.sql_connections)
+            sconf = conf.reader_sql_connection()
+            self._stores["cockroach"] = sql_reads(sconf, defs, timeout=timeout, connections=conf.reader.sql_connections)
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, definitions: str | None = None, overrides: dict | None = None, **kwargs):

@@ -35,11 +35,15 @@ def _merge_layer(merged: dict, layer: dict) -> dict:
     the other way a lower layer named: conf/prod's password_file wins over base's password_env."""
     out = _deep_merge(merged, layer)
     ways = {"password_env", "password_file"}
-    for section in ("redis", "sql"):
-        part = layer.get(section)
+    for path in (("redis",), ("sql",), ("reader", "redis"), ("reader", "sql")):
+        part, into = layer, out
+        for key in path[:-1]:
+            part = part.get(key) if isinstance(part, dict) else None
+            into = into.get(key) if isinstance(into, dict) else None
+        part = part.get(path[-1]) if isinstance(part, dict) else None
         named = ways & set(part) if isinstance(part, dict) else set()
-        if len(named) == 1 and isinstance(out.get(section), dict):
-            out[section] = {**out[section], (ways - named).pop(): None}
+        if len(named) == 1 and isinstance(into, dict) and isinstance(into.get(path[-1]), dict):
+            into[path[-1]] = {**into[path[-1]], (ways - named).pop(): None}
     return out
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from fm_config.base import Settings
+from fm_config.credentials import ReaderRedisCredentials, ReaderSqlCredentials
 
 Store = Literal["redis", "cockroach"]
 
@@ -50,6 +51,10 @@ class ReaderSettings(Settings):
     single_flight: bool = True
     """Concurrent reads of one (source, entity) make one store read; the others wait for it."""
     cache: CacheSettings = CacheSettings()
+    redis: ReaderRedisCredentials | None = None
+    """Who reads Redis (an ACL user that may only read: conf/base/redis-acl.txt); unset: redis.username and its password."""
+    sql: ReaderSqlCredentials | None = None
+    """Who reads the SQL store (a SELECT-only role: conf/base/sql-grants.sql); unset: sql.dsn's user and its password."""
 
 
 class ServerSettings(Settings):

@@ -183,22 +183,25 @@ ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "conf" / "base" / "redis-acl.txt"
 GRANTS_FILE = ROOT / "conf" / "base" / "sql-grants.sql"
 PLACEHOLDER = ">CHANGE_ME"
-ROLES = ("fm_schema", "fm_writer")
+ROLES = ("fm_schema", "fm_writer", "fm_reader")
+ACL_USERS = ("fm_writer", "fm_reader")
 
 
-def acl_command(password: str) -> list[str]:
-    """The documented ACL SETUSER line, with a real password in place of the placeholder."""
-    args = ACL_FILE.read_text().split()
-    assert args[:3] == ["ACL", "SETUSER", "fm_writer"] and args.count(PLACEHOLDER) == 1
-    return [f">{password}" if a == PLACEHOLDER else a for a in args]
+def acl_commands(password: str) -> list[list[str]]:
+    """The documented ACL SETUSER lines (one per user), each with a real password in place of the placeholder."""
+    lines = [line.split() for line in ACL_FILE.read_text().splitlines() if line.strip()]
+    assert [args[:3] for args in lines] == [["ACL", "SETUSER", user] for user in ACL_USERS]
+    assert all(args.count(PLACEHOLDER) == 1 for args in lines)
+    return [[f">{password}" if a == PLACEHOLDER else a for a in args] for args in lines]
 
 
 @pytest.fixture
 def acl_redis(tmp_path):
-    """A fresh redis-server (listpack limit 256, as deployments should run) with the documented user."""
+    """A fresh redis-server (listpack limit 256, as deployments should run) with the documented users (one password)."""
     server = start_redis(tmp_path / "redis", "--maxmemory", "256mb", "--hash-max-listpack-value", "256")
     password = secrets.token_hex(16)
-    assert server.client().execute_command(*acl_command(password)) == b"OK"
+    for command in acl_commands(password):
+        assert server.client().execute_command(*command) == b"OK"
     yield server, password
     server.stop()
 
@@ -217,7 +220,7 @@ def sql_roles(pg_server, pg_db, monkeypatch, tmp_path):
     yield {role: f"postgresql://{role}@127.0.0.1:{pg_server.port}/{pg_server.database}" for role in ROLES}
     for role in ROLES:  # one at a time: PostgreSQL 15 trips over the shared default ACL otherwise
         pg_db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-    pg_db.execute("DROP ROLE fm_schema, fm_writer")
+    pg_db.execute("DROP ROLE fm_schema, fm_writer, fm_reader")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,11 +7,17 @@ Results are read back raw as the admin user (Redis default user, PostgreSQL supe
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+from pathlib import Path
+
 import psycopg
 import pytest
 import redis
 
-from fm_config import ConfigError
+from feature_reader import AsyncFeatureReader, FeatureReader
+from fm_config import ConfigError, RunConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.operations.cleanup import SourceCleanup, run_cleanup
@@ -19,18 +25,23 @@ from jobs.operations.schema import ensure_tables
 from jobs.pipeline.run import run_source
 from jobs.transforms import ENTITY_ID
 from serializers import field_id
+from serializers.resp import WRITE_SCRIPT_SHA
 from sinks.errors import TerminalSinkError
 from sinks.redis.capacity import read_memory_info
 
 from .conftest import ACL_FILE, env_conf
+from .expected import is_null
 from .test_cli import BIN, run
-from .test_redis_job import DAY2, DEFS, check_consumer_hashes, expected_consumers
+from .test_redis_job import CONSUMER, DAY2, DEFS, check_consumer_hashes, expected_consumers, same_value
+from .test_server import serve
 from .test_sql_job import AS_OF_DAY2, check_consumer_rows
 
 
 def test_acl_keys_are_exactly_the_entity_prefixes():
-    patterns = {a for a in ACL_FILE.read_text().split() if a.startswith("~")}
-    assert patterns == {f"~{e.prefix}:*" for e in DEFS.entities.values()} == {"~c:*", "~s:*"}
+    writer, reader = (line.split() for line in ACL_FILE.read_text().splitlines())
+    assert {a for a in writer if "~" in a} == {f"~{e.prefix}:*" for e in DEFS.entities.values()} == {"~c:*", "~s:*"}
+    # the reader's keys are read-only (%R): even a command granted by mistake could not write them
+    assert {a for a in reader if "~" in a} == {f"%R~{e.prefix}:*" for e in DEFS.entities.values()}
 
 
 def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf, acl_redis, tmp_path):
@@ -151,3 +162,121 @@ def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf
     (tmp_path / "fm_writer_password").unlink()  # the password comes from that file, and only from there
     with pytest.raises(ConfigError, match="fm_writer_password"):
         ensure_tables(conf, DEFS, ["store_features_long"])
+
+
+# -- the read side: fm_reader in Redis and in the SQL store ---------------------------------
+
+READ_FEATURES = [f"consumer_daily:{name}" for name in ("orders_7d", "churn_score", "favorite_cuisine", "taste_embedding")]
+
+
+def reader_settings(redis_url: str, dsn: str, password_file: Path) -> dict:
+    """A conf whose store sections hold the admin's credentials and whose reader sections
+    hold fm_reader's: whatever reads with the admin's would be the store sections' fault."""
+    return {
+        "sinks": ["redis", "cockroach"],
+        "redis": {"url": redis_url, "password_env": None},  # mode auto: the reader asks INFO cluster
+        "sql": {"dsn": dsn, "password_env": None},
+        "reader": {
+            "timeout_ms": 5000,
+            "cache": {"enabled": False},
+            "redis": {"username": "fm_reader", "password_file": str(password_file)},
+            "sql": {"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"},
+        },
+    }
+
+
+def check_read_values(expected: dict[int, dict], ids: list[int], columns: dict[str, tuple[list, list]]) -> int:
+    """columns: feature -> (values, statuses) for ``ids`` then one consumer never written."""
+    checked = 0
+    for ref in READ_FEATURES:
+        feature = CONSUMER.feature(ref.split(":")[1])
+        values, statuses = columns[feature.name]
+        assert statuses[-1] == "NOT_FOUND" and values[-1] is None, ref
+        for cid, value, status in zip(ids, values, statuses):
+            source = expected[cid][feature.name]
+            if is_null(source):
+                assert (value, status) == (None, "NULL_VALUE"), (ref, cid)
+            else:
+                assert status == "PRESENT" and same_value(feature, value, source), (ref, cid, value, source)
+                checked += 1
+    return checked
+
+
+def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_root, run_conf, acl_redis, pg_server, sql_roles, tmp_path):
+    server, password = acl_redis
+    admin = server.client()
+    # the tables made by the schema step's role (fm_reader's SELECT comes from its default privileges), written by the job
+    owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
+    assert ensure_tables(run_conf.model_copy(update={"sql": owner}), DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
+    store = SqlSettings(dsn=pg_server.dsn, password_env=None)
+    conf = run_conf.model_copy(update={"redis": RedisSettings(url=server.url, password_env=None, sample_entities=50), "sql": store,
+                                       "sinks": ["redis", "cockroach"]})  # fmt: skip
+    assert run_source(spark, conf, DEFS, "consumer_daily", DAY2).status == "succeeded"
+    expected = expected_consumers(spark, sample_root, DAY2)
+    ids = sorted(expected)[:25]
+    entities = {"consumer_id": [*ids, 10**9]}
+    keys_before = {k: admin.hgetall(k) for k in admin.keys()}
+    (tmp_path / "fm_reader_password").write_text(password + "\n")
+    settings = reader_settings(server.url, pg_server.dsn, tmp_path / "fm_reader_password")
+    read_conf = conf.model_copy(update={"reader": RunConf.model_validate(settings).reader})
+    admin.acl_log_reset()
+
+    # the library, both kinds, both stores
+    with FeatureReader(read_conf, DEFS, cache=False) as reader:
+        assert reader.ping() == {"redis": "ok", "cockroach": "ok"}
+        for store_name in ("redis", "sql"):
+            result = reader.get_online_features(READ_FEATURES, entities, store=store_name)
+            columns = {c.name: (c.values, c.statuses) for c in result.columns}
+            assert check_read_values(expected, ids, columns) > 50, store_name
+        users = {c["user"] for c in admin.client_list()} - {"default"}  # the admin's, and the job's
+        with pg_server.connect() as pg:
+            sessions = {r[0] for r in pg.execute("SELECT usename FROM pg_stat_activity WHERE datname = current_database()")}
+    assert users == {"fm_reader"} and "fm_reader" in sessions
+
+    async def read_async():
+        async with AsyncFeatureReader(read_conf, DEFS, cache=False) as reader:
+            assert await reader.ping() == {"redis": "ok", "cockroach": "ok"}
+            return [await reader.get_online_features(READ_FEATURES, entities, store=s) for s in ("redis", "sql")]
+
+    for result in asyncio.run(read_async()):
+        assert check_read_values(expected, ids, {c.name: (c.values, c.statuses) for c in result.columns}) > 50
+
+    # `materialize serve`, in a process of its own, on that conf: one reading Redis, one the SQL store
+    for store_name in ("redis", "cockroach"):
+        only = {**settings, "reader": {**settings["reader"], "stores": {"consumer_daily": [store_name]}}}
+        served = serve(tmp_path, f"lp{store_name}", only)
+        try:
+            status, body = served.post({"features": READ_FEATURES, "entities": entities})
+            assert status == 200, body
+            results = json.loads(body)["results"]
+            columns = {ref.split(":")[1]: (r["values"], r["statuses"]) for ref, r in zip(READ_FEATURES, results[1:])}
+            assert check_read_values(expected, ids, columns) > 50, store_name
+            assert served.request("GET", "/health")[0] == 200
+        finally:
+            served.stop()
+
+    refused = [(e["username"], e["object"]) for e in admin.acl_log()]
+    # redis-py's CLIENT SETINFO (Redis >= 7.2) is refused and ignored, as for the writer
+    assert [r for r in refused if r[1] != "client|setinfo"] == [], refused
+
+    # nothing that writes goes through: Redis refuses it before running it
+    user = redis.Redis(host="127.0.0.1", port=server.port, username="fm_reader", password=password)
+    key = f"c:{ids[0]}"
+    for command in [("HSET", key, "f", "v"), ("HDEL", key, field_id("orders_7d")), ("DEL", key), ("EXPIRE", key, "1"),
+                    ("EVALSHA", WRITE_SCRIPT_SHA, "1", key, "0"), ("EVAL", "return 1", "0"), ("SCRIPT", "LOAD", "return 1"),
+                    ("SET", "c:new", "v"), ("UNLINK", key), ("FLUSHALL",), ("CONFIG", "SET", "maxmemory", "1"), ("SCAN", "0"),
+                    ("KEYS", "*"), ("HGETALL", key), ("HMGET", "x:1", "f"), ("MULTI",)]:  # fmt: skip
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            user.execute_command(*command)
+    assert {k: admin.hgetall(k) for k in admin.keys()} == keys_before
+    with psycopg.connect(sql_roles["fm_reader"], password=os.environ["FM_TEST_FM_READER_PASSWORD"], autocommit=True) as reader_sql:
+        assert reader_sql.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
+        for statement in ("INSERT INTO consumer_features (entity_key, source, features, as_of) VALUES ('x', 'y', '{}', now())",
+                          "UPDATE consumer_features SET features = '{}'", "DELETE FROM consumer_features", "TRUNCATE consumer_features",
+                          "DROP TABLE consumer_features", "ALTER TABLE consumer_features ADD COLUMN extra int",
+                          "CREATE TABLE extra (a int)"):  # fmt: skip
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                reader_sql.execute(statement)
+    with pg_server.connect() as pg:
+        assert pg.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
+        assert {r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == {"consumer_features"}
