@@ -18,6 +18,7 @@ import redis
 
 from feature_reader import AsyncFeatureReader, FeatureReader
 from fm_config import ConfigError, RunConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.operations.cleanup import SourceCleanup, run_cleanup
@@ -28,8 +29,9 @@ from serializers import field_id
 from serializers.resp import WRITE_SCRIPT_SHA
 from sinks.errors import TerminalSinkError
 from sinks.redis.capacity import read_memory_info
+from throwaway.cluster import start_cluster
 
-from .conftest import ACL_FILE, env_conf
+from .conftest import ACL_FILE, acl_commands, env_conf
 from .expected import is_null
 from .test_cli import BIN, run
 from .test_redis_job import CONSUMER, DAY2, DEFS, check_consumer_hashes, expected_consumers, same_value
@@ -280,3 +282,60 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
     with pg_server.connect() as pg:
         assert pg.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
         assert {r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == {"consumer_features"}
+
+
+def test_cluster_reads_as_fm_reader_follow_ask_and_moved_with_no_refused_command(spark, sample_root, run_conf, tmp_path, monkeypatch):
+    cluster = start_cluster(tmp_path / "cluster", 3, 0, "--maxmemory", "64mb")
+    try:
+        for port in cluster.primaries():
+            for command in acl_commands("pw-" + str(cluster.ports[0])):
+                assert cluster.client(port).execute_command(*command) == b"OK"
+        conf = run_conf.model_copy(update={"redis": RedisSettings(url=cluster.url, password_env=None, sample_entities=50)})
+        assert run_source(spark, conf, DEFS, "consumer_daily", DAY2).status == "succeeded"  # written as the default user
+        expected = expected_consumers(spark, sample_root, DAY2)
+        ids = sorted(expected)[:25]
+        entities = {"consumer_id": [*ids, 10**9]}
+        monkeypatch.setenv("FM_TEST_CLUSTER_READER_PASSWORD", "pw-" + str(cluster.ports[0]))
+        reader = ReaderSettings(timeout_ms=5000, redis={"username": "fm_reader", "password_env": "FM_TEST_CLUSTER_READER_PASSWORD"})
+        read_conf = conf.model_copy(update={"reader": reader})  # redis.mode auto: INFO, then the cluster client's discovery
+
+        def read_both(phase: str) -> None:
+            async def read_async():
+                async with AsyncFeatureReader(read_conf, DEFS, cache=False) as async_reader:
+                    return await async_reader.get_online_features(READ_FEATURES, entities)
+
+            with FeatureReader(read_conf, DEFS, cache=False) as sync_reader:
+                results = [sync_reader.get_online_features(READ_FEATURES, entities), asyncio.run(read_async())]
+            for result in results:
+                assert check_read_values(expected, ids, {c.name: (c.values, c.statuses) for c in result.columns}) > 50, phase
+
+        read_both("stable")
+        # one key's slot migrating (ASK), then migrated (MOVED): the redirects a reader follows
+        key = f"c:{ids[0]}".encode()
+        first = cluster.client(cluster.ports[0])
+        slot = first.cluster("keyslot", key)
+        source_port = next(p for p in cluster.primaries() if cluster.client(p).exists(key))
+        target_port = next(p for p in cluster.primaries() if p != source_port)
+        source, target = cluster.client(source_port), cluster.client(target_port)
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.cluster("myid"))
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.cluster("myid"))
+        for batch in iter(lambda: source.cluster("getkeysinslot", slot, 100), []):
+            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *batch)
+        source.config_resetstat()
+        read_both("migrating")
+        assert int(source.info("errorstats").get("errorstat_ASK", {}).get("count", 0)) >= 1
+        for port in cluster.primaries():
+            cluster.client(port).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.cluster("myid"))
+        cluster.wait_ok()
+        read_both("migrated")
+
+        refused = {port: [(e["username"], e["object"]) for e in cluster.client(port).acl_log()] for port in cluster.primaries()}
+        assert all(r[1] == "client|setinfo" for entries in refused.values() for r in entries), refused
+        user = redis.Redis(host="127.0.0.1", port=target_port, username="fm_reader", password=os.environ["FM_TEST_CLUSTER_READER_PASSWORD"])
+        for command in [("HSET", key, "f", "v"), ("HDEL", key, field_id("orders_7d")), ("DEL", key), ("READONLY",),
+                        ("CLUSTER", "SETSLOT", slot, "STABLE"), ("CLUSTER", "FAILOVER"),
+                        ("MIGRATE", "127.0.0.1", source_port, "", 0, 5000, "KEYS", key)]:  # fmt: skip
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                user.execute_command(*command)
+    finally:
+        cluster.stop()
