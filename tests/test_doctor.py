@@ -6,16 +6,21 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import redis
+
 from fm_config import SparkConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.operations.doctor import run_checks
+from jobs.operations.schema import ensure_tables
 from serializers.resp import WRITE_SCRIPT_SHA
-from throwaway.servers import free_port
+from throwaway.servers import free_port, start_redis
 
-from .conftest import env_conf, tiny_consumer_source
+from .conftest import ACL_FILE, env_conf, tiny_consumer_source
 from .test_cli import BIN, run
 from .test_redis_job import DEFS
+from .test_tls import certs, start_tls_redis  # noqa: F401 (certs: the module's throwaway CA, a fixture)
 
 SOURCES = list(DEFS.sources)
 
@@ -32,9 +37,15 @@ def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_roo
     checks = checks_of(conf)
     assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
         ["java", "delta jars", "source consumer_daily", "source store_features_long", "ledger", "leases", "quarantine", "reports",
-         "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql",
+         "redis transport", "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql",
          "sql table consumer_features", "sql table store_features"],
         "ok",
+    ) | dict.fromkeys(
+        # ready to run, not to serve: no reader credentials, no keys or tables yet, a Redis without
+        # persistence whose default user is open (loopback: warnings)
+        ["reader redis", "redis keys", "redis persistence", "redis default user",
+         "reader sql consumer_features", "reader sql store_features"],
+        "warn",
     )  # fmt: skip
     info = redis_db.info("memory")
     assert f"of {int(info['maxmemory']):,} B used" in checks["redis memory"].detail and info["maxmemory"] == 256 * 2**20
@@ -140,3 +151,218 @@ def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():
     dynamo = SparkConf(extra={"spark.delta.logStore.s3a.impl": "io.delta.storage.S3DynamoDBLogStore"})
     assert [c.status for c in check_log_store(RunConf(ledger_root="s3a://lake/_ledger", spark=dynamo))] == ["ok"]
     assert check_log_store(RunConf(ledger_root="gs://lake/_ledger")) == check_log_store(RunConf()) == []
+
+
+# -- the read side (jobs/operations/doctor_reads.py) ----------------------------------------
+
+READ_SIDE = ("reader redis", "redis keys", "redis persistence", "redis default user")
+
+
+def acl_grants(user: str) -> set[str]:
+    """The commands conf/base/redis-acl.txt grants ``user`` (upper case), read from the file."""
+    line = next(line.split() for line in ACL_FILE.read_text().splitlines() if line.split()[2] == user)
+    return {a[1:].upper() for a in line if a.startswith("+")}
+
+
+def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf, acl_redis, sql_roles, pg_db, tmp_path):
+    server, password = acl_redis
+    admin = server.client()
+    admin.acl_log_reset()
+    (tmp_path / "pw").write_text(password)
+    as_reader = {"username": "fm_reader", "password_file": str(tmp_path / "pw")}
+    conf = run_conf.model_copy(update={"redis": RedisSettings(url=server.url, password_env=None), "sinks": ["redis"]})
+
+    def reader_check(redis_settings, reader_redis):
+        with_reader = conf.model_copy(update={"redis": redis_settings, "reader": ReaderSettings(redis=reader_redis)})
+        return [c for c in run_checks(with_reader, DEFS, SOURCES, ["redis"]) if c.name == "reader redis"]
+
+    [ok] = reader_check(conf.redis, as_reader)
+    assert (
+        ok.status == "ok"
+        and ok.detail == "user fm_reader may read c:* and s:* and may not write them (HSET, HDEL, DEL, EXPIRE, SET, EVALSHA refused)"
+    )
+    # the writer's user as the reader's: what it may write is what its ACL line grants
+    writes = sorted(acl_grants("fm_writer") & {"HSET", "HDEL", "DEL", "EXPIRE", "SET", "EVALSHA"})
+    assert writes == ["EVALSHA", "EXPIRE", "HDEL", "HSET"]
+    [bad] = reader_check(conf.redis, {**as_reader, "username": "fm_writer"})
+    assert (
+        bad.status == "fail"
+        and bad.detail == f"reader.redis user fm_writer may write c:* and s:* ({', '.join(writes)}): reads need none of that"
+    )
+    assert "conf/base/redis-acl.txt" in bad.fix
+    writer = RedisSettings(url=server.url, username="fm_writer", password_file=str(tmp_path / "pw"))
+    [unset] = reader_check(writer, None)
+    assert unset.status == "warn" and unset.detail.startswith(
+        "reader.redis is not set: reads run as fm_writer, the writer's user, which may also write"
+    )
+    admin.execute_command("ACL", "SETUSER", "fm_reader", "-hmget")
+    [unreadable] = reader_check(conf.redis, as_reader)
+    assert unreadable.status == "fail" and unreadable.detail == "user fm_reader may not run HMGET on c:*, s:*: reads fail"
+    (tmp_path / "pw").write_text("not-" + password)
+    [refused] = reader_check(conf.redis, as_reader)
+    assert (
+        refused.status == "fail" and "user fm_reader: authentication refused" in refused.detail and "reader.redis.username" in refused.fix
+    )
+    assert password not in refused.detail
+    # nothing was written, and what was refused was refused before it ran
+    assert admin.dbsize() == 0
+    probes = {"hset", "hdel", "del", "expire", "set", "evalsha", "hmget", "scan", "config|get"}
+    assert {e["object"] for e in admin.acl_log() if e["reason"] == "command"} <= probes
+
+    # SQL: fm_reader may only SELECT the tables the schema step made
+    owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
+    sql_conf = conf.model_copy(
+        update={"sql": SqlSettings(dsn=sql_roles["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD"), "sinks": ["cockroach"]}
+    )
+    assert ensure_tables(sql_conf.model_copy(update={"sql": owner}), DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
+
+    def sql_checks(reader_sql):
+        with_reader = sql_conf.model_copy(update={"reader": ReaderSettings(sql=reader_sql)})
+        return {c.name: c for c in run_checks(with_reader, DEFS, SOURCES, ["cockroach"]) if c.name.startswith("reader sql")}
+
+    as_sql_reader = {"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"}
+    checks = sql_checks(as_sql_reader)
+    assert (checks["reader sql consumer_features"].status, checks["reader sql consumer_features"].detail) == (
+        "ok", "role fm_reader may SELECT from consumer_features and not write it")  # fmt: skip
+    assert (
+        checks["reader sql store_features"].status == "warn"
+        and "store_features is not there yet" in checks["reader sql store_features"].detail
+    )
+    assert sql_checks(None)["reader sql consumer_features"].detail == (
+        "reader.sql is not set: reads run as fm_writer, the writer's role, which may INSERT, UPDATE consumer_features"
+    )
+    wrong = sql_checks({**as_sql_reader, "user": "fm_writer", "password_env": "FM_TEST_FM_WRITER_PASSWORD"})["reader sql consumer_features"]
+    assert (
+        wrong.status == "fail" and wrong.detail == "reader.sql role fm_writer may INSERT, UPDATE consumer_features: reads need only SELECT"
+    )
+    pg_db.execute("REVOKE SELECT ON consumer_features FROM fm_reader")
+    revoked = sql_checks(as_sql_reader)["reader sql consumer_features"]
+    assert revoked.status == "fail" and revoked.detail == "role fm_reader may not SELECT from consumer_features: reads fail"
+    assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == 0
+
+
+def test_a_url_whose_scheme_the_port_does_not_speak_is_named(run_conf, redis_db, redis_server, certs, tmp_path):  # noqa: F811
+    tls = start_tls_redis(tmp_path / "tls", certs.server_cert, certs.server_key, certs.ca)
+    try:
+
+        def transport(url, **tls_files):
+            conf = run_conf.model_copy(update={"redis": RedisSettings(url=url, password_env=None, **tls_files)})
+            got = [c for c in run_checks(conf, DEFS, SOURCES, ["redis"]) if c.name in ("redis transport", *READ_SIDE)]
+            return got[0], [c.name for c in got[1:]]
+
+        plain_port, tls_port = redis_server.port, tls.port
+        check, rest = transport(f"rediss://127.0.0.1:{plain_port}/0", tls_ca_file=str(certs.ca))
+        assert (
+            check.status == "fail"
+            and check.detail == f"redis.url is rediss:// but 127.0.0.1:{plain_port} answers plain Redis: no TLS on that port"
+        )
+        assert rest == []  # the reader's checks would only repeat the failed handshake
+        check, rest = transport(f"redis://127.0.0.1:{tls_port}/0")
+        assert (
+            check.status == "fail"
+            and check.detail == f"redis.url is redis:// but 127.0.0.1:{tls_port} speaks TLS only (it dropped a plain PING)"
+        )
+        assert "rediss://" in check.fix and rest == []
+        check, rest = transport(f"rediss://127.0.0.1:{tls_port}/0", tls_ca_file=str(certs.ca))
+        assert (check.status, check.detail) == ("ok", f"127.0.0.1:{tls_port}: TLS, as redis.url says") and rest == list(READ_SIDE)
+        check, rest = transport(f"redis://127.0.0.1:{plain_port}/0")
+        assert (check.status, check.detail) == ("ok", f"127.0.0.1:{plain_port}: plain Redis, as redis.url says") and rest == list(READ_SIDE)
+    finally:
+        tls.process.terminate()
+        tls.process.wait(timeout=10)
+
+
+def test_a_database_without_the_projects_keys_is_named(run_conf, redis_server, redis_db, acl_redis, tmp_path):
+    def keys_check(conf):
+        return next(c for c in run_checks(conf, DEFS, SOURCES, ["redis"]) if c.name == "redis keys")
+
+    conf = run_conf.model_copy(update={"redis": RedisSettings(url=redis_server.url, password_env=None)})
+    empty = keys_check(conf)
+    assert (empty.status, empty.detail) == ("warn", "database 0 is empty: no run has written it yet, or reads look in the wrong place")
+    redis_server.client(3).hset("c:1", "f", "v")  # written to another database than the URL's
+    assert keys_check(conf).detail.endswith("(keys are in: db 3 1)")
+    for n in range(3000):
+        redis_db.set(f"other:{n}", "x")
+    other = keys_check(conf)
+    assert (other.status, other.detail) == ("warn", "database 0 holds 3,000 keys, none of them c:*, s:*")
+    redis_db.hset("c:7", "f", "v")
+    half = keys_check(conf)
+    assert (half.status, half.detail) == ("warn", "database 0: c:* found, no s:* yet")
+    redis_db.hset("s:7", "f", "v")
+    assert (keys_check(conf).status, keys_check(conf).detail) == ("ok", "database 0: c:*, s:* found (3,002 keys)")
+    namespaced = keys_check(conf.model_copy(update={"redis": conf.redis.model_copy(update={"namespace": "prod"})}))
+    assert namespaced.status == "warn" and "none of them prod:c:*, prod:s:*" in namespaced.detail
+    redis_server.client(3).flushdb()
+
+    # fm_reader may not SCAN (conf/base/redis-acl.txt): the key count is all it can tell
+    server, password = acl_redis
+    server.client().set("other", "x")
+    (tmp_path / "pw").write_text(password)
+    as_reader = ReaderSettings(redis={"username": "fm_reader", "password_file": str(tmp_path / "pw")})
+    limited = keys_check(conf.model_copy(update={"redis": RedisSettings(url=server.url, password_env=None), "reader": as_reader}))
+    assert (
+        limited.status == "ok"
+        and limited.detail == "database 0 holds 1 keys (whether c:*, s:* among them was not checked: this user may not SCAN)"
+    )
+
+
+def test_redis_without_persistence_is_a_warning(run_conf, redis_server, redis_db, acl_redis, tmp_path):
+    def persistence(conf):
+        return next(c for c in run_checks(conf, DEFS, SOURCES, ["redis"]) if c.name == "redis persistence")
+
+    # the suite's servers run with --save "" --appendonly no
+    conf = run_conf.model_copy(update={"redis": RedisSettings(url=redis_server.url, password_env=None)})
+    none = persistence(conf)
+    assert none.status == "warn" and none.detail == "no persistence (AOF off, no save points): a restart empties Redis until the next run"
+    aof = start_redis(tmp_path / "aof", "--appendonly", "yes")
+    rdb = start_redis(tmp_path / "rdb", "--save", "3600 1")
+    try:
+        at = lambda s: conf.model_copy(update={"redis": RedisSettings(url=s.url, password_env=None)})  # noqa: E731
+        assert (persistence(at(aof)).status, persistence(at(aof)).detail) == ("ok", "AOF on: a restart keeps what was written")
+        assert (persistence(at(rdb)).status, persistence(at(rdb)).detail) == (
+            "ok",
+            "AOF off, RDB snapshots on (save 3600 1): a restart keeps the last snapshot",
+        )
+    finally:
+        aof.stop()
+        rdb.stop()
+    # fm_reader may not CONFIG GET: INFO persistence says what it can
+    server, password = acl_redis
+    (tmp_path / "pw").write_text(password)
+    reader = ReaderSettings(redis={"username": "fm_reader", "password_file": str(tmp_path / "pw")})
+    as_reader = conf.model_copy(update={"redis": RedisSettings(url=server.url, password_env=None), "reader": reader})
+    limited = persistence(as_reader)
+    assert limited.status == "warn" and "AOF off and no RDB snapshot in the" in limited.detail and "CONFIG GET refused" in limited.detail
+    server.client().save()
+    assert persistence(as_reader).status == "ok" and persistence(as_reader).detail.startswith(
+        "AOF off; 1 RDB snapshot(s) since the server started"
+    )
+
+
+def test_an_unrestricted_default_user_is_named(run_conf, acl_redis, tmp_path):
+    server, password = acl_redis
+    assert server.client().execute_command("ACL", "SETUSER", "admin", "on", ">" + password, "~*", "&*", "+@all") == b"OK"
+    admin = redis.Redis(host="127.0.0.1", port=server.port, username="admin", password=password)
+    (tmp_path / "pw").write_text(password)
+    writer = RedisSettings(url=server.url, username="fm_writer", password_file=str(tmp_path / "pw"))
+    reader = ReaderSettings(redis={"username": "fm_reader", "password_file": str(tmp_path / "pw")})
+    conf = run_conf.model_copy(update={"redis": writer, "reader": reader})
+
+    def default_user():
+        return next(c for c in run_checks(conf, DEFS, SOURCES, ["redis"]) if c.name == "redis default user")
+
+    # the server's own default: nopass, every command (loopback: a warning; elsewhere it fails)
+    open_user = default_user()
+    assert open_user.status == "warn" and open_user.detail == (
+        f"redis://127.0.0.1:{server.port}/0: the default user needs no password and may run writes and CONFIG SET: "
+        "whoever reaches the port may change or flush every key"
+    )
+    assert admin.dbsize() == 0 and admin.config_get("__doctor_probe__") == {}
+    admin.execute_command("ACL", "SETUSER", "default", "resetkeys", "-@all", "+ping", "+hello", "+auth")
+    assert default_user().status == "ok" and "needs no password but may not write or change the config" in default_user().detail
+    admin.execute_command("ACL", "SETUSER", "default", ">" + password, "resetpass", "on", ">" + password)
+    closed = default_user()
+    assert (closed.status, closed.detail) == (
+        "ok",
+        f"redis://127.0.0.1:{server.port}/0: a connection without a password may not run commands",
+    )

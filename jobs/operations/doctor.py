@@ -44,15 +44,20 @@ class Check:
 
 
 def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list[str]) -> Iterator[Check]:
-    """Every check, in the order a run needs them (each one's own errors become its FAIL)."""
+    """Every check, in the order a run needs them (each one's own errors become its FAIL),
+    then the read side's (doctor_reads.py)."""
+    from jobs.operations.doctor_reads import check_redis_transport, read_side_steps
+
     steps: list[tuple[str, Callable[[], list[Check]]]] = [("spark", lambda: check_spark(conf))]
     steps += [(f"source {name}", lambda name=name: [check_source(conf, defs, defs.source(name))]) for name in sources]
     steps += [(label, lambda label=label, where=where: [check_location(conf, label, where)]) for label, where in _locations(conf)]
     steps.append(("ledger log store", lambda: check_log_store(conf)))
     if "redis" in sinks:
+        steps.append(("redis transport", lambda: check_redis_transport(conf)))
         steps.append(("redis", lambda: check_redis(conf, defs, sources)))
     if "cockroach" in sinks:
         steps.append(("sql", lambda: check_sql(conf, defs, sources)))
+    steps += read_side_steps(conf, defs, sources, sinks)
     for name, step in steps:
         try:
             yield from step()
