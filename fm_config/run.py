@@ -8,7 +8,6 @@ one (``password_env``, ``password_file``).
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -184,27 +183,42 @@ class RunConf(Settings):
         )
 
     def reader_redis_connection(self, url: str | None = None) -> RedisConnection:
-        """How the read side reaches redis.url: as reader.redis's user when it is set, else
-        as redis_connection (the writer's user). Server, TLS and timeouts are redis's."""
+        """How the read side reaches redis.url: as reader.redis's user when it is set (the
+        writer's password is then neither needed nor read), else as redis_connection. The
+        server, TLS files and timeouts are redis's."""
         creds = self.reader.redis
         if creds is None:
             return self.redis_connection(url)
         creds.password(self.path)  # a missing password fails here, before anything starts
-        return replace(self.redis_connection(url), username=creds.username, secret=self._secret("reader.redis", creds))
+        r = self.redis
+        return RedisConnection(
+            url=url or r.url,
+            username=creds.username,
+            secret=self._secret("reader.redis", creds),
+            tls=tls_files(r, self.path),
+            socket_timeout=r.socket_timeout,
+        )
 
     def reader_sql_connection(self) -> SqlConnection:
-        """How the read side reaches sql.dsn: as reader.sql's role when it is set, else as sql_connection."""
+        """How the read side reaches sql.dsn: as reader.sql's role (in place of the dsn's
+        user) when it is set, else as sql_connection."""
         creds = self.reader.sql
         if creds is None:
             return self.sql_connection()
         creds.password(self.path)
-        base = self.sql_connection()
-        dsn = base.dsn
+        s = self.sql
+        dsn = s.dsn
         if creds.user:
             from psycopg.conninfo import make_conninfo
 
             dsn = make_conninfo(dsn, user=creds.user)
-        return replace(base, dsn=dsn, secret=self._secret("reader.sql", creds))
+        return SqlConnection(
+            dsn=dsn,
+            schema=s.db_schema,
+            statement_timeout_ms=s.statement_timeout_ms,
+            connect_timeout=s.connect_timeout,
+            secret=self._secret("reader.sql", creds),
+        )
 
     def _secret(self, section: str, settings) -> SecretRef | None:
         if not (settings.password_env or settings.password_file):

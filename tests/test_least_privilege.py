@@ -244,8 +244,12 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
         assert check_read_values(expected, ids, {c.name: (c.values, c.statuses) for c in result.columns}) > 50
 
     # `materialize serve`, in a process of its own, on that conf: one reading Redis, one the SQL store
+    # it needs only the reader's passwords: the writer's, named but not set, are never read
+    unset = {"redis": {**settings["redis"], "password_env": "FM_TEST_UNSET_WRITER_PASSWORD"},
+             "sql": {**settings["sql"], "password_env": "FM_TEST_UNSET_WRITER_PASSWORD"}}  # fmt: skip
+    assert "FM_TEST_UNSET_WRITER_PASSWORD" not in os.environ
     for store_name in ("redis", "cockroach"):
-        only = {**settings, "reader": {**settings["reader"], "stores": {"consumer_daily": [store_name]}}}
+        only = {**settings, **unset, "reader": {**settings["reader"], "stores": {"consumer_daily": [store_name]}}}
         served = serve(tmp_path, f"lp{store_name}", only)
         try:
             status, body = served.post({"features": READ_FEATURES, "entities": entities})

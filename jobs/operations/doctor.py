@@ -16,31 +16,16 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 from urllib.parse import urlsplit
 
 from feature_defs import Definitions, SourceDef
 from fm_config import RunConf
 from fm_config.locations import Location
 from jobs.extras import TITLES, install_hint, missing_extra
+from jobs.operations.check import Check, Status
 from sinks.redis.config import redis_sink_config
 from sinks.sql.config import sql_sink_config
-
-Status = Literal["ok", "warn", "fail"]
-
-
-@dataclass(frozen=True)
-class Check:
-    status: Status
-    name: str
-    detail: str
-    fix: str = ""
-
-    def lines(self) -> list[str]:
-        out = [f"{self.status.upper():<5} {self.name:<28} {self.detail}"]
-        return out + ([f"{'':<5} {'':<28} fix: {self.fix}"] if self.fix and self.status != "ok" else [])
 
 
 def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list[str]) -> Iterator[Check]:

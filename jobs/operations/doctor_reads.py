@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from feature_defs import Definitions
 from fm_config import RunConf
-from jobs.operations.doctor import Check, Status
+from jobs.operations.check import Check, Status
 
 LEAST_PRIVILEGE = "conf/README.md 'Least privilege'"
 SCAN_BATCHES = 10
