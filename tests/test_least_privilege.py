@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
+from psycopg.conninfo import conninfo_to_dict
 
 from feature_reader import AsyncFeatureReader, FeatureReader
-from fm_config import ConfigError, RunConf
+from fm_config import ConfigError, RunConf, load_config
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
@@ -343,3 +345,35 @@ def test_cluster_reads_as_fm_reader_follow_ask_and_moved_with_no_refused_command
                 user.execute_command(*command)
     finally:
         cluster.stop()
+
+
+def test_reader_credentials_load_like_the_stores_and_never_hold_the_password(tmp_path, monkeypatch):
+    folder = env_conf(tmp_path / "conf", "prod", "")
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    (folder / "base" / "m.yaml").write_text(
+        "redis: {password_env: FM_TEST_UNSET_WRITER}\nsql: {dsn: 'postgresql://fm_writer@db:26257/features?sslmode=verify-full'}\n"
+        "reader:\n  redis: {username: fm_reader, password_env: FM_TEST_READER_PW}\n"
+        "  sql: {user: fm_reader, password_env: FM_TEST_READER_PW}\n"
+    )
+    (tmp_path / "pw").write_text("from-the-file\n")
+    # a higher layer naming a file replaces the env var a lower one named, as for redis: and sql:
+    (folder / "prod" / "m.yaml").write_text(f"reader:\n  redis: {{password_file: {tmp_path / 'pw'}}}\n")
+    conf = load_config("prod")
+    redis_conn = conf.reader_redis_connection()  # the writer's FM_TEST_UNSET_WRITER is never read
+    assert (redis_conn.username, redis_conn.auth_password(), redis_conn.url) == ("fm_reader", "from-the-file", conf.redis.url)
+    assert "from-the-file" not in repr(redis_conn) and b"from-the-file" not in pickle.dumps(redis_conn)
+    with pytest.raises(ConfigError, match="reader.sql.password_env names 'FM_TEST_READER_PW', but that environment variable is not set"):
+        conf.reader_sql_connection()
+    monkeypatch.setenv("FM_TEST_READER_PW", "sql-secret")
+    sql_conn = conf.reader_sql_connection()
+    want = {"user": "fm_reader", "host": "db", "port": "26257", "dbname": "features", "sslmode": "verify-full"}
+    assert conninfo_to_dict(sql_conn.dsn) == want
+    assert sql_conn.auth_password() == "sql-secret" and "sql-secret" not in repr(sql_conn)
+    # unset: the store sections' credentials, as before
+    (folder / "base" / "m.yaml").write_text("redis: {username: fm_writer, password_env: FM_TEST_READER_PW}\n")
+    (folder / "prod" / "m.yaml").write_text("")
+    conf = load_config("prod")
+    assert conf.reader_redis_connection() == conf.redis_connection() and conf.reader_sql_connection() == conf.sql_connection()
+    (folder / "prod" / "m.yaml").write_text("reader:\n  redis: {username: fm_reader, password: literal}\n")
+    with pytest.raises(ConfigError, match=r"m.yaml:2.*secrets are never read from config files"):
+        load_config("prod")
