@@ -77,6 +77,8 @@ def check_redis_transport(conf: RunConf) -> list[Check]:
     """redis.url's scheme against what its port speaks (nothing when nothing answers there:
     the redis check says so)."""
     where, state = _transport(conf)
+    if state == "unreachable" or not conf.redis.url.startswith(("redis://", "rediss://")):
+        return []
     if state == "mismatch-plain":
         return [
             Check(
@@ -97,8 +99,6 @@ def check_redis_transport(conf: RunConf) -> list[Check]:
         ]
     if state == "unknown":
         return [Check("warn", "redis transport", f"{where}: answered a plain PING with neither Redis nor TLS, or not in 3 s: is it Redis?")]
-    if state == "unreachable":
-        return []
     speaks = "TLS" if conf.redis.url.startswith("rediss") else "plain Redis"
     return [Check("ok", "redis transport", f"{where}: {speaks}, as redis.url says")]
 
@@ -107,6 +107,8 @@ def _transport(conf: RunConf) -> tuple[str, str]:
     """(host:port, state): ok, mismatch-plain (rediss:// at a plain port), mismatch-tls, unknown or unreachable."""
     parts = urlsplit(conf.redis.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    if parts.scheme not in ("redis", "rediss"):  # unix://: no TLS to get wrong
+        return conf.redis.url, "ok"
     try:
         speaks = _port_speaks(host, port)
     except OSError:
