@@ -379,6 +379,10 @@ class _Base:
             client.close()
 
 
+def _yes() -> bool:
+    return True
+
+
 def _failure(exc: Exception) -> str:
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}"
@@ -523,7 +527,12 @@ class AsyncFeatureReader(_Base):
         self._configured(name)
         breaker = self._allowed(name)
         try:
-            out = await (await self._store_now(name)).read(units, features, self._core.as_list)
+            store = await self._store_now(name)
+            if breaker.failed and not getattr(store, "connected", _yes)():
+                # a store that just failed, without a connection: the read goes to the
+                # fallback at once rather than wait for the connect (a paused server makes it hang)
+                raise StoreUnavailable(f"{self._where[name]}: no connection since its last failure (reconnecting in the background)")
+            out = await store.read(units, features, self._core.as_list)
         except BaseException as exc:  # a call cancelled at the request's deadline too
             self._failed(name, exc)
             raise

@@ -449,6 +449,17 @@ class AsyncRedisReads(_Reads):
             self._connecting = asyncio.get_running_loop().create_task(self._open())
             self._connecting.add_done_callback(_retrieved)
 
+    def connected(self) -> bool:
+        """Whether the shared connection is open; if not, one is being opened in the background
+        after this (the reader does not make a read wait for it once Redis has failed a call)."""
+        pipe = self._pipe
+        if self.cluster or (pipe is not None and pipe.closed is None):
+            return True
+        if not self._closed and (self._connecting is None or self._connecting.done()):
+            self._connecting = asyncio.get_running_loop().create_task(self._open())
+            self._connecting.add_done_callback(_retrieved)
+        return False
+
     async def ping(self) -> None:
         """PING on the shared connection; one found dropped is replaced and asked once more."""
         if self.cluster:

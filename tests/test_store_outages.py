@@ -23,8 +23,8 @@ import pytest
 from psycopg import sql
 
 from feature_defs import DEFAULT_DIR, load_definitions
-from feature_reader import AsyncFeatureReader, FeatureReader, StoreError
-from feature_reader.breaker import CLOSED, OPEN
+from feature_reader import AsyncFeatureReader, FeatureReader, StoreError, StoreUnavailable
+from feature_reader.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
 from fm_config import RunConf
 from fm_config.reader import CacheSettings, ReaderSettings
 from fm_config.redis import RedisSettings
@@ -92,6 +92,40 @@ def _connections(admin) -> set[str]:
     rows = admin.execute_command("CLIENT", "LIST").decode()
     ids = {dict(f.split("=", 1) for f in line.split(" ") if "=" in f)["id"] for line in rows.splitlines() if line}
     return ids - {str(admin.client_id())}
+
+
+# ---- the breaker's states ----------------------------------------------------------------
+
+
+def test_the_breaker_opens_after_n_failures_in_a_row_lets_one_probe_through_and_closes_on_success():
+    now = [0.0]
+    breaker = Breaker("Redis at redis://h:1/0", failures=3, cooldown=2.0, clock=lambda: now[0])
+    for _ in range(2):
+        breaker.allow()
+        assert breaker.failed_call(OSError("refused")) is False
+    breaker.allow()
+    breaker.succeeded()  # a success between failures: the count starts again
+    assert [breaker.failed_call(OSError("refused")) for _ in range(3)] == [False, False, True]
+    assert (breaker.state, breaker.opens) == (OPEN, 1)
+    now[0] = 1.9
+    skipped = r"Redis at redis://h:1/0 skipped: 3 calls in a row failed \(last: refused\); next try in 0.1 s"
+    with pytest.raises(StoreUnavailable, match=skipped):
+        breaker.allow()
+    now[0] = 2.0
+    breaker.allow()  # the probe
+    assert breaker.state == HALF_OPEN
+    with pytest.raises(StoreUnavailable):
+        breaker.allow()  # the others, while it is out
+    assert breaker.failed_call(OSError("still refused")) is True  # a failed probe: open again, a new cool-down
+    assert (breaker.state, breaker.opens) == (OPEN, 2)
+    now[0] = 3.0
+    with pytest.raises(StoreUnavailable):
+        breaker.allow()
+    now[0] = 4.0
+    breaker.allow()
+    breaker.succeeded()
+    assert (breaker.state, breaker.failed) == (CLOSED, 0)
+    breaker.allow()
 
 
 # ---- the reader ---------------------------------------------------------------------------
@@ -301,6 +335,12 @@ def test_health_uses_the_readers_connections_and_a_killed_one_is_not_a_503(tmp_p
             assert admin_redis.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
             status, body = server.request("GET", "/health")
             assert status == 200, body
+        with pg_server.connect() as admin:  # and the kept SQL connection ended by the server
+            ended = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'feature-materializer-reader'"
+            ).fetchone()[0]
+        status, body = server.request("GET", "/health")
+        assert ended >= 1 and status == 200, body
     finally:
         server.stop()
         own.stop()
