@@ -379,7 +379,7 @@ class _Base:
             client.close()
 
 
-def _yes() -> bool:
+async def _yes(within: float) -> bool:
     return True
 
 
@@ -528,9 +528,9 @@ class AsyncFeatureReader(_Base):
         breaker = self._allowed(name)
         try:
             store = await self._store_now(name)
-            if breaker.failed and not getattr(store, "connected", _yes)():
-                # a store that just failed, without a connection: the read goes to the
-                # fallback at once rather than wait for the connect (a paused server makes it hang)
+            if breaker.failed and not await getattr(store, "connected", _yes)(self._timeouts["timeout"]):
+                # a store that just failed, without a connection: the read waits for the connect
+                # no longer than its deadline (a paused server makes a connect hang), then goes to the fallback
                 raise StoreUnavailable(f"{self._where[name]}: no connection since its last failure (reconnecting in the background)")
             out = await store.read(units, features, self._core.as_list)
         except BaseException as exc:  # a call cancelled at the request's deadline too

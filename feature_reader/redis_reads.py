@@ -449,16 +449,19 @@ class AsyncRedisReads(_Reads):
             self._connecting = asyncio.get_running_loop().create_task(self._open())
             self._connecting.add_done_callback(_retrieved)
 
-    def connected(self) -> bool:
-        """Whether the shared connection is open; if not, one is being opened in the background
-        after this (the reader does not make a read wait for it once Redis has failed a call)."""
+    async def connected(self, within: float) -> bool:
+        """Whether the shared connection is open, or opens within ``within`` seconds (the
+        connect goes on in the background after): the reader asks this, with a read's
+        deadline, of a Redis that failed its last call, so a read waits no longer than that."""
         pipe = self._pipe
         if self.cluster or (pipe is not None and pipe.closed is None):
             return True
-        if not self._closed and (self._connecting is None or self._connecting.done()):
-            self._connecting = asyncio.get_running_loop().create_task(self._open())
-            self._connecting.add_done_callback(_retrieved)
-        return False
+        try:
+            async with asyncio.timeout(within):
+                await self._connected()
+            return True
+        except (TimeoutError, redis.RedisError, OSError):
+            return False
 
     async def ping(self) -> None:
         """PING on the shared connection; one found dropped is replaced and asked once more."""
