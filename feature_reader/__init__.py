@@ -1,6 +1,6 @@
 """Online reads of the features the pipeline writes: L1 cache -> Redis -> SQL (README.md here)."""
 
-from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
+from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, StoreUnavailable, UnknownNameError
 from feature_reader.reader import AsyncFeatureReader, FeatureReader
 from feature_reader.response import FeatureColumn, OnlineFeatures
 
@@ -13,5 +13,6 @@ __all__ = [
     "ReadTimeout",
     "RequestError",
     "StoreError",
+    "StoreUnavailable",
     "UnknownNameError",
 ]

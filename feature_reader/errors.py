@@ -33,3 +33,7 @@ class StoreError(TransientError):
 
 class ReadTimeout(StoreError):
     """A store call passed its deadline (reader.timeout_ms)."""
+
+
+class StoreUnavailable(StoreError):
+    """A store call not made: the store's circuit breaker is open (its last calls failed)."""

@@ -5,12 +5,15 @@ A request names features and entities in Feast's shape (feature_reader/request.p
 single-flight scoreboard (a key another caller is reading is waited for, not read again),
 read from the source's stores in one batch per store (Redis first; for a source in both
 stores, what Redis does not hold is read from SQL), put in the cache, and the columns are
-assembled with Feast's statuses. A store failure serves expired entries within the
-stale-if-error window, and fails the call otherwise.
+assembled with Feast's statuses. A Redis failure of sources the SQL store holds too is
+read from SQL (reader.fallback); each store has a circuit breaker (breaker.py); a store
+failure otherwise serves expired entries within the stale-if-error window, and fails the
+call without them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -19,9 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from feature_defs import Definitions, FeatureDef, load_definitions
+from feature_reader.breaker import Breaker
 from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
-from feature_reader.errors import ReadTimeout, RequestError, StoreError
+from feature_reader.errors import ReadTimeout, RequestError, StoreError, StoreUnavailable
 from feature_reader.redis_reads import AsyncRedisReads, RedisReads
 from feature_reader.request import ReadRequest, parse_request
 from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, OnlineFeatures
@@ -31,11 +35,15 @@ from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
 from fm_config import RunConf, load_config
 from stores.redis import connect, is_cluster
+from stores.redis import server_address as redis_server_address
 
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 """--store names (and the conf's sink names) -> sink name."""
 
-COUNTERS = ("hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors")
+COUNTERS = (
+    "hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors",
+    "fallbacks", "breaker_opens", "breaker_skips",
+)  # fmt: skip
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
 
@@ -136,7 +144,7 @@ class _Core:
             error: BaseException | None = None
             try:
                 start = time.perf_counter()
-                got = yield from self._read(claimed, features)
+                got = yield from self._read(claimed, features, store)
                 self._keep(got, time.perf_counter() - start)
             except BaseException as exc:  # a cancelled caller (GeneratorExit, CancelledError) too
                 error = exc if isinstance(exc, Exception) else StoreError("the read was cancelled by its caller")
@@ -155,23 +163,49 @@ class _Core:
                 self._stale_or_raise(list(theirs), stale, exc, rows)
         return self._assemble(req, keys, rows)
 
-    def _read(self, keys: Sequence[Key], features):
-        """Each key from its route's stores in turn: a store's misses go to the next one."""
+    def _read(self, keys: Sequence[Key], features, asked: str | None):
+        """Each key from its route's stores in turn: a store's misses go to the next one. A
+        store that fails hands all its keys to the next one (the SQL store after Redis) when
+        ``reader.fallback`` is on, no store was asked for, and every key's source is held there."""
         got: dict[Key, SourceRow] = {}
         by_route: dict[tuple[str, ...], list[Key]] = defaultdict(list)
         for key in keys:
             by_route[key[0]].append(key)
         for route, left in by_route.items():
-            for store in route:
+            stores, at = list(route), 0
+            while at < len(stores):
+                store = stores[at]
                 units = [Unit(k[1], k[2]) for k in left]
                 self.count(store_reads=1, entities_read=len(units))
-                rows = yield ("read", store, units, features)
+                try:
+                    rows = yield ("read", store, units, features)
+                except StoreError:
+                    if asked is not None or not self.settings.fallback:
+                        raise
+                    spare = stores[at + 1] if at + 1 < len(stores) else self._spare(left, store)
+                    if spare is None:
+                        raise
+                    if at + 1 == len(stores):
+                        stores.append(spare)
+                    self.count(fallbacks=1)
+                    at += 1
+                    continue
                 for k, u in zip(left, units):
                     got[k] = rows[u]
                 left = [k for k in left if got[k].as_of is None]
                 if not left:
                     break
+                at += 1
         return got
+
+    def _spare(self, keys: Sequence[Key], failed: str) -> str | None:
+        """The store that takes over a failed store's keys: the next one every key's source is held by, if any."""
+        spares = set()
+        for source in {k[1] for k in keys}:
+            held = [s for s in ("redis", "cockroach") if s in self.stores_of(source)]
+            after = held[held.index(failed) + 1 :] if failed in held else []
+            spares.add(after[0] if after else None)
+        return spares.pop() if len(spares) == 1 else None
 
     def _keep(self, rows: dict[Key, SourceRow], seconds: float) -> None:
         if self.cache is None:
@@ -235,23 +269,72 @@ class _Core:
 
 
 class _Base:
-    """What both readers' front ends share: the request, the stores, stats."""
+    """What both readers' front ends share: the request, the stores, their breakers, stats.
+
+    No store is asked anything at start: a reader (and ``materialize serve``) starts while a
+    store is down. With ``redis.mode: auto`` the first successful contact decides between
+    one server and a cluster (a cluster client also needs its nodes to be made); until then
+    Redis's reads fail as a store failure (the fallback and stale values answer instead)."""
 
     def __init__(self, conf: RunConf, defs: Definitions, cache: bool | None, clock, redis_url: str | None, cluster: bool | None, kinds):
         self.conf, self.defs = conf, defs
         self._core = _Core(conf, defs, cache=cache, clock=clock)
         self._selections: dict = {}
-        redis_reads, sql_reads = kinds
-        timeout = conf.reader.timeout_ms / 1000
-        self._stores: dict[str, Any] = {}
+        self._kinds = kinds
+        settings = conf.reader
+        self._timeouts = dict(timeout=settings.timeout_ms / 1000, connect_timeout=settings.connect_timeout_ms / 1000)
+        self._stores: dict[str, Any] = {}  # None: Redis, not made yet (see _made)
+        self._where: dict[str, str] = {}
+        self._making = threading.Lock()
         if self._core.uses("redis"):
-            rconf = conf.reader_redis_connection(redis_url)
-            cluster = self._is_cluster(rconf) if cluster is None else cluster
-            extra = {"connections": conf.reader.redis_connections} if redis_reads is AsyncRedisReads else {}
-            self._stores["redis"] = redis_reads(rconf, defs, conf.redis.namespace, cluster=cluster, timeout=timeout, **extra)
+            self._rconf, self._cluster = conf.reader_redis_connection(redis_url), cluster
+            self._stores["redis"] = None
+            self._where["redis"] = f"Redis at {redis_server_address(self._rconf.url)}"
+            if cluster is False or (cluster is None and conf.redis.mode == "standalone"):
+                self._make_redis()  # asks nothing of the server (a cluster's client does: made on first use)
         if self._core.uses("cockroach"):
+            sql_reads = kinds[1]
             sconf = conf.reader_sql_connection()
-            self._stores["cockroach"] = sql_reads(sconf, defs, timeout=timeout, connections=conf.reader.sql_connections)
+            self._stores["cockroach"] = sql_reads(sconf, defs, connections=settings.sql_connections, **self._timeouts)
+            self._where["cockroach"] = f"SQL store at {self._stores['cockroach'].where}"
+        cooldown = settings.breaker_cooldown_ms / 1000
+        self.breakers = {name: Breaker(self._where[name], settings.breaker_failures, cooldown) for name in self._stores}
+        self.failed_calls = 0  # store calls that failed, ever (a cached health answer older than the last one is stale)
+
+    def _make_redis(self):
+        """Redis's reads, made once its mode is known (may ask the server: call off the event loop)."""
+        with self._making:
+            made = self._stores["redis"]
+            if made is not None:
+                return made
+            redis_reads = self._kinds[0]
+            cluster = self._is_cluster(self._rconf) if self._cluster is None else self._cluster
+            extra = {"connections": self.conf.reader.redis_connections} if redis_reads is AsyncRedisReads else {}
+            made = redis_reads(self._rconf, self.defs, self.conf.redis.namespace, cluster=cluster, **self._timeouts, **extra)
+            self._stores["redis"] = made
+            return made
+
+    def _made_or_error(self):
+        try:
+            return self._make_redis()
+        except StoreError:
+            raise
+        except Exception as exc:  # the server not reached: a store failure, its address named, no credentials
+            raise StoreError(f"{self._where['redis']}: not reached yet ({_failure(exc)})") from exc
+
+    def _allowed(self, name: str) -> Breaker:
+        breaker = self.breakers[name]
+        try:
+            breaker.allow()
+        except StoreUnavailable:
+            self._core.count(breaker_skips=1)
+            raise
+        return breaker
+
+    def _failed(self, name: str, exc: BaseException) -> None:
+        self.failed_calls += 1
+        if self.breakers[name].failed_call(exc):
+            self._core.count(breaker_opens=1)
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, definitions: str | None = None, overrides: dict | None = None, **kwargs):
@@ -265,14 +348,19 @@ class _Base:
             max_entities=self.conf.reader.max_entities, max_age_seconds=max_age, memo=self._selections,
         )  # fmt: skip
 
-    def _store(self, name: str):
+    def _configured(self, name: str) -> None:
         if name not in self._stores:
             raise RequestError(f"no {'Redis' if name == 'redis' else 'SQL store'} is configured for reads (sinks, reader.stores)")
-        return self._stores[name]
+
+    @property
+    def breaker_states(self) -> dict[str, int]:
+        """Per store: 0 closed (calls go through), 1 open (calls skipped), 2 half-open (one probe)."""
+        return {name: b.state for name, b in self.breakers.items()}
 
     @property
     def stats(self) -> dict[str, int]:
-        """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors."""
+        """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors,
+        fallbacks (store reads handed to the other store), breaker_opens, breaker_skips (store calls not made: breaker open)."""
         with self._core._counting:
             return {name: self._core.counters.get(name, 0) for name in COUNTERS}
 
@@ -284,11 +372,16 @@ class _Base:
         """redis.mode, or (auto) whether the server says it runs in cluster mode."""
         if self.conf.redis.mode != "auto":
             return self.conf.redis.mode == "cluster"
-        client = connect(rconf, socket_timeout=5.0)
+        wait = self.conf.reader.connect_timeout_ms / 1000
+        client = connect(rconf, socket_timeout=wait, connect_timeout=wait)
         try:
             return is_cluster(client)
         finally:
             client.close()
+
+
+async def _yes(within: float) -> bool:
+    return True
 
 
 def _failure(exc: Exception) -> str:
@@ -311,6 +404,28 @@ class FeatureReader(_Base):
     ):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (RedisReads, SqlReads))
         self._flights = ThreadFlights() if conf.reader.single_flight else NoFlights()
+        # connections opened ahead of the first read, off the caller's thread
+        self._warming = threading.Thread(target=self._warm, name="feature-reader-warm", daemon=True)
+        self._warming.start()
+
+    def _warm(self) -> None:
+        for name in list(self._stores):
+            try:
+                (self._stores[name] or self._make_redis()).warm()
+            except Exception:  # not reached: the first read or health check reports it
+                pass
+
+    def _read_store(self, name: str, units, features):
+        """One store call, through its breaker: skipped at once while the breaker is open."""
+        self._configured(name)
+        breaker = self._allowed(name)
+        try:
+            out = (self._stores[name] or self._made_or_error()).read(units, features, self._core.as_list)
+        except BaseException as exc:
+            self._failed(name, exc)
+            raise
+        breaker.succeeded()
+        return out
 
     def get_online_features(
         self,
@@ -332,7 +447,7 @@ class FeatureReader(_Base):
             while True:
                 try:
                     if step[0] == "read":
-                        outcome = self._store(step[1]).read(step[2], step[3], self._core.as_list)
+                        outcome = self._read_store(step[1], step[2], step[3])
                     else:
                         outcome = ThreadFlights.wait(step[1], timeout=wait)
                 except concurrent.futures.TimeoutError:
@@ -347,19 +462,23 @@ class FeatureReader(_Base):
             steps.close()
 
     def ping(self) -> dict[str, str]:
-        """Each configured store's answer ('ok' or the error), for health checks."""
+        """Each configured store's answer ('ok' or the error), for health checks: asked on the
+        reader's own connections (past the breakers; an answer closes a store's breaker)."""
         out = {}
-        for name, store in self._stores.items():
+        for name in self._stores:
             try:
-                store.ping()
+                (self._stores[name] or self._made_or_error()).ping()
+                self.breakers[name].succeeded()
                 out[name] = "ok"
             except Exception as exc:  # reported, not raised: a health check lists every store
                 out[name] = _failure(exc)
         return out
 
     def close(self) -> None:
+        self._warming.join()  # bounded by reader.connect_timeout_ms
         for store in self._stores.values():
-            store.close()
+            if store is not None:
+                store.close()
 
     def __enter__(self) -> FeatureReader:
         return self
@@ -383,6 +502,43 @@ class AsyncFeatureReader(_Base):
     ):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (AsyncRedisReads, AsyncSqlReads))
         self._flights = AsyncFlights() if conf.reader.single_flight else NoFlights()
+        self._warming: list[asyncio.Task] = []
+
+    def warm(self) -> None:
+        """Open the stores' connections in the background (on the reader's event loop; the
+        server calls it at start-up, ``async with`` does too); failures are left to the reads."""
+        if not self._warming:
+            loop = asyncio.get_running_loop()
+            self._warming = [loop.create_task(self._warm(name)) for name in self._stores]
+
+    async def _warm(self, name: str) -> None:
+        try:
+            store = self._stores[name] or await asyncio.to_thread(self._make_redis)
+            got = store.warm()
+            if asyncio.iscoroutine(got):
+                await got
+        except Exception:  # not reached: the first read or health check reports it
+            pass
+
+    async def _store_now(self, name: str):
+        return self._stores[name] or await asyncio.to_thread(self._made_or_error)
+
+    async def _read_store(self, name: str, units, features):
+        """One store call, through its breaker: skipped at once while the breaker is open."""
+        self._configured(name)
+        breaker = self._allowed(name)
+        try:
+            store = await self._store_now(name)
+            if breaker.failed and not await getattr(store, "connected", _yes)(self._timeouts["timeout"]):
+                # a store that just failed, without a connection: the read waits for the connect
+                # no longer than its deadline (a paused server makes a connect hang), then goes to the fallback
+                raise StoreUnavailable(f"{self._where[name]}: no connection since its last failure (reconnecting in the background)")
+            out = await store.read(units, features, self._core.as_list)
+        except BaseException as exc:  # a call cancelled at the request's deadline too
+            self._failed(name, exc)
+            raise
+        breaker.succeeded()
+        return out
 
     async def get_online_features(
         self,
@@ -401,7 +557,7 @@ class AsyncFeatureReader(_Base):
             while True:
                 try:
                     if step[0] == "read":
-                        outcome = await self._store(step[1]).read(step[2], step[3], self._core.as_list)
+                        outcome = await self._read_store(step[1], step[2], step[3])
                     else:
                         outcome = await AsyncFlights.wait(step[1])
                 except Exception as exc:
@@ -414,20 +570,29 @@ class AsyncFeatureReader(_Base):
             steps.close()
 
     async def ping(self) -> dict[str, str]:
-        out = {}
-        for name, store in self._stores.items():
+        """As FeatureReader.ping, the stores asked at once."""
+
+        async def one(name: str) -> str:
             try:
-                await store.ping()
-                out[name] = "ok"
+                await (await self._store_now(name)).ping()
             except Exception as exc:  # reported, not raised
-                out[name] = _failure(exc)
-        return out
+                return _failure(exc)
+            self.breakers[name].succeeded()
+            return "ok"
+
+        names = list(self._stores)
+        return dict(zip(names, await asyncio.gather(*(one(n) for n in names))))
 
     async def close(self) -> None:
+        for task in self._warming:
+            task.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
         for store in self._stores.values():
-            await store.close()
+            if store is not None:
+                await store.close()
 
     async def __aenter__(self) -> AsyncFeatureReader:
+        self.warm()
         return self
 
     async def __aexit__(self, *exc) -> None:

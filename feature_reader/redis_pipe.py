@@ -58,13 +58,16 @@ class RedisPipe(asyncio.Protocol):
         self.closed: Exception | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future | None = None
+        self.on_close = None  # called with the pipe once it is closed (its reader reopens one)
         self.transport = conn._writer.transport
         self.transport.set_protocol(self)
 
     @classmethod
-    async def open(cls, pool, where: str, timeout: float) -> RedisPipe:
-        """A connection made by redis-py's pool (its URL's TLS, credentials and database), taken over."""
+    async def open(cls, pool, where: str, timeout: float, connect_timeout: float) -> RedisPipe:
+        """A connection made by redis-py's pool (its URL's TLS, credentials and database), taken
+        over; its handshake's replies are waited for up to ``connect_timeout``, not a read's deadline."""
         conn = pool.make_connection()
+        conn.socket_timeout = connect_timeout
         try:
             await conn.connect()
         except BaseException:  # a refusal, or the caller's deadline mid-handshake: no socket left open
@@ -154,6 +157,7 @@ class RedisPipe(asyncio.Protocol):
             self.closed = redis.ConnectionError(f"Redis at {self.where} closed the connection" + (f": {exc}" if exc else ""))
         self.conn._close()  # redis-py's side of it: no longer open (it would warn when collected)
         self._fail(self.closed)
+        self._closed_now()
 
     def pause_writing(self) -> None:
         if self._writable is None:
@@ -172,6 +176,12 @@ class RedisPipe(asyncio.Protocol):
             self.closed = error
             self.conn._close()  # the transport, and redis-py's record of it
         self._fail(error)
+        self._closed_now()
+
+    def _closed_now(self) -> None:
+        callback, self.on_close = self.on_close, None
+        if callback is not None:
+            callback(self)
 
     def _fail(self, error: Exception) -> None:
         while self.waiting:

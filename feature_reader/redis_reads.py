@@ -186,14 +186,39 @@ class _Replies:
         return self.out
 
 
-def _connect_timeout(timeout: float) -> float:
-    # a new connection's connect (and TLS handshake) gets at least a second, not a read's deadline
-    return max(timeout, 1.0)
+PING = b"*1\r\n$4\r\nPING\r\n"
+
+
+class _Pong:
+    """The reply of a PING sent on a reader's connection (a health check)."""
+
+    def __init__(self):
+        self.error: Exception | None = None
+
+    def add(self, reply) -> None:
+        pass
+
+    def refuse(self, exc: Exception) -> None:
+        self.error = exc
+
+
+def _for_reads(conn, timeout: float):
+    """A sync connection just made (connect, TLS, AUTH under the connect timeout): its
+    socket now times out at a read's deadline."""
+    conn.socket_timeout = timeout
+    if conn._sock is not None:
+        conn._sock.settimeout(timeout)
+    if hasattr(conn._parser, "_socket_timeout"):
+        conn._parser._socket_timeout = timeout
+    return conn
 
 
 class _Reads:
-    def __init__(self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
+    def __init__(
+        self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connect_timeout: float
+    ):
         self.defs, self.namespace, self.cluster, self.timeout = defs, namespace, cluster, timeout
+        self.connect_timeout = connect_timeout
         self.where = server_address(config.url)
         self._fields: dict[tuple, _Fields] = {}
 
@@ -227,13 +252,15 @@ class RedisReads(_Reads):
     packs each command's arguments again, which costs more than the server's work
     (bench/README.md, "Reads"). Redis Cluster: redis-py's cluster pipeline."""
 
-    def __init__(self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float):
-        super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
+    def __init__(
+        self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connect_timeout: float
+    ):
+        super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout, connect_timeout=connect_timeout)
         self._idle: list = []  # connections of this reader, free (a list: pop and append are atomic)
         if cluster:
-            self.client = connect_cluster(config, socket_timeout=timeout, connect_timeout=_connect_timeout(timeout))
-        else:
-            self.client = connect(config, socket_timeout=timeout, connect_timeout=_connect_timeout(timeout))
+            self.client = connect_cluster(config, socket_timeout=timeout, connect_timeout=connect_timeout)
+        else:  # a new connection's handshake (AUTH, SELECT) is read under the connect timeout; then _for_reads
+            self.client = connect(config, socket_timeout=connect_timeout, connect_timeout=connect_timeout)
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         plan = _Plan(self, units, features)
@@ -247,10 +274,7 @@ class RedisReads(_Reads):
     def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
         # connections this reader took from the pool stay with it: the pool's hand-out
         # checks the socket each time (a system call as long as the read itself)
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self.client.connection_pool.get_connection()
+        conn = self._take()
         ok = False
         try:
             for first in range(0, len(plan.keys), CHUNK):  # the server starts on a chunk while the next is built
@@ -276,8 +300,44 @@ class RedisReads(_Reads):
                 conn.disconnect()
                 self.client.connection_pool.release(conn)
 
+    def _take(self):
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return _for_reads(self.client.connection_pool.get_connection(), self.timeout)
+
+    def warm(self) -> None:
+        """Open a connection ahead of the first read (in the caller's thread; failures ignored:
+        the first read connects then)."""
+        if self.cluster or self._idle:
+            return
+        try:
+            self._idle.append(self._take())
+        except (redis.RedisError, OSError):
+            pass
+
     def ping(self) -> None:
-        self.client.ping()
+        """PING on one of the reader's own connections; a connection found dropped is replaced once."""
+        if self.cluster:
+            self.client.ping()
+            return
+        for attempt in (1, 2):
+            conn = self._take()
+            ok = False
+            try:
+                conn.send_packed_command([PING])
+                conn.read_response()
+                ok = True
+                return
+            except redis.ConnectionError:
+                if attempt == 2:
+                    raise
+            finally:
+                if ok:
+                    self._idle.append(conn)
+                else:
+                    conn.disconnect()
+                    self.client.connection_pool.release(conn)
 
     def close(self) -> None:
         while self._idle:
@@ -289,17 +349,29 @@ class AsyncRedisReads(_Reads):
     """asyncio reads. On one server the reader's concurrent reads share one connection
     (feature_reader/redis_pipe.py): the HMGETs of the reads of one event-loop turn go out
     in one write, and each read's replies are decoded a chunk at a time as they arrive.
-    Redis Cluster: redis-py's cluster pipeline, one per primary, at once."""
+    Redis Cluster: redis-py's cluster pipeline, one per primary, at once.
+
+    The shared connection is opened in a task of its own, under the connect timeout, not a
+    read's deadline: at :meth:`warm` (start), and again in the background when it drops;
+    reads that find none wait for that connect, then have their own deadline."""
 
     def __init__(
-        self, config: RedisConnection, defs: Definitions, namespace: str | None, *, cluster: bool, timeout: float, connections: int = 32
+        self,
+        config: RedisConnection,
+        defs: Definitions,
+        namespace: str | None,
+        *,
+        cluster: bool,
+        timeout: float,
+        connect_timeout: float,
+        connections: int = 32,
     ):
-        super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout)
-        timeouts = dict(socket_timeout=timeout, connect_timeout=_connect_timeout(timeout), max_connections=connections)
+        super().__init__(config, defs, namespace, cluster=cluster, timeout=timeout, connect_timeout=connect_timeout)
+        timeouts = dict(socket_timeout=timeout, connect_timeout=connect_timeout, max_connections=connections)
         self.client = connect_cluster_async(config, **timeouts) if cluster else connect_async(config, **timeouts)
         self._slots = asyncio.Semaphore(connections)
         self._pipe: RedisPipe | None = None
-        self._opening = asyncio.Lock()
+        self._connecting: asyncio.Task | None = None
         self._closed = False
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
@@ -315,7 +387,9 @@ class AsyncRedisReads(_Reads):
     async def _stream(self, plan: _Plan, as_list: bool) -> dict[Unit, SourceRow]:
         pipe = self._pipe
         if self._slots.locked() or pipe is None or pipe.closed is not None or pipe.paused:
-            # a wait for a slot, a connection or room to write: within the read's deadline
+            if pipe is None or pipe.closed is not None:
+                await self._connected()  # under the connect timeout, not the read's deadline
+            # a wait for a slot or room to write: within the read's deadline
             # (the usual case waits for none of them and pays no timer)
             async with asyncio.timeout(self.timeout):
                 await self._slots.acquire()
@@ -334,22 +408,88 @@ class AsyncRedisReads(_Reads):
             self._slots.release()
 
     async def _ready(self) -> RedisPipe:
-        pipe = self._pipe
-        if pipe is None or pipe.closed is not None:
-            async with self._opening:  # one connect at a time: the reads waiting meanwhile share it
-                if self._closed:
-                    raise redis.ConnectionError("the reader was closed")
-                if self._pipe is None or self._pipe.closed is not None:
-                    self._pipe = await RedisPipe.open(self.client.connection_pool, self.where, self.timeout)
-                pipe = self._pipe
+        pipe = await self._connected()
         await pipe.writable()
         return pipe
 
+    async def _connected(self) -> RedisPipe:
+        pipe = self._pipe
+        if pipe is not None and pipe.closed is None:
+            return pipe
+        if self._closed:
+            raise redis.ConnectionError("the reader was closed")
+        if self._connecting is None or self._connecting.done():  # one connect at a time: the reads waiting meanwhile share it
+            self._connecting = asyncio.get_running_loop().create_task(self._open())
+            self._connecting.add_done_callback(_retrieved)
+        return await asyncio.shield(self._connecting)  # a caller giving up does not abort the connect
+
+    async def _open(self) -> RedisPipe:
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                pipe = await RedisPipe.open(self.client.connection_pool, self.where, self.timeout, self.connect_timeout)
+        except TimeoutError:
+            raise redis.ConnectionError(f"no connection within {self.connect_timeout * 1000:.0f} ms (reader.connect_timeout_ms)") from None
+        if self._closed:
+            pipe.close(redis.ConnectionError("the reader was closed"))
+            raise redis.ConnectionError("the reader was closed")
+        pipe.on_close = self._dropped
+        self._pipe = pipe
+        return pipe
+
+    def _dropped(self, pipe: RedisPipe) -> None:
+        """The shared connection closed (killed, timed out, server gone): reopened in the
+        background, once; if that fails, the next read or health check tries again."""
+        if not self._closed and self._pipe is pipe and (self._connecting is None or self._connecting.done()):
+            self._connecting = asyncio.get_running_loop().create_task(self._open())
+            self._connecting.add_done_callback(_retrieved)
+
+    def warm(self) -> None:
+        """Open the shared connection in the background (call on the reader's event loop)."""
+        if not self.cluster and not self._closed and self._pipe is None and self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._open())
+            self._connecting.add_done_callback(_retrieved)
+
+    async def connected(self, within: float) -> bool:
+        """Whether the shared connection is open, or opens within ``within`` seconds (the
+        connect goes on in the background after): the reader asks this, with a read's
+        deadline, of a Redis that failed its last call, so a read waits no longer than that."""
+        pipe = self._pipe
+        if self.cluster or (pipe is not None and pipe.closed is None):
+            return True
+        try:
+            async with asyncio.timeout(within):
+                await self._connected()
+            return True
+        except (TimeoutError, redis.RedisError, OSError):
+            return False
+
     async def ping(self) -> None:
-        await self.client.ping()
+        """PING on the shared connection; one found dropped is replaced and asked once more."""
+        if self.cluster:
+            await self.client.ping()
+            return
+        for attempt in (1, 2):
+            try:
+                pipe = await self._ready()
+                pong = _Pong()
+                await pipe.send(PING, 1, pong)
+                if pong.error is not None:
+                    raise pong.error
+                return
+            except redis.ConnectionError:
+                if attempt == 2:
+                    raise
 
     async def close(self) -> None:
         self._closed = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
         if self._pipe is not None:
             self._pipe.close(redis.ConnectionError("the reader was closed"))
         await self.client.aclose()
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """A background connect's failure is reported by the reads that wait for it, not logged."""
+    if not task.cancelled():
+        task.exception()

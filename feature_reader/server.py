@@ -5,7 +5,10 @@ measured fastest among well-kept ones (bench/README.md, "The feature server"). R
 
 - ``POST /get-online-features``: Feast's request body, Feast's response body, byte for
   byte what ``materialize get`` prints for the same request;
-- ``GET /health``: 200 when every configured store answers, else 503 naming the one that does not;
+- ``GET /health`` (and ``GET /health/ready``, readiness): 200 when every configured store
+  answers on the reader's own connections, else 503 naming the one that does not; the
+  answer is kept ``server.health_cache_ms`` (unless a store call failed since), so probes at any rate cost one check per period;
+- ``GET /health/live`` (liveness): 200 while the process answers, whatever the stores;
 - ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight).
 
 Limits from ``server:`` in conf: body bytes (413), requests in flight (503 at once:
@@ -24,7 +27,7 @@ from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from feature_defs import load_definitions
 from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
@@ -35,7 +38,7 @@ from fm_config import load_config
 log = logging.getLogger("feature_reader.server")
 
 ONLINE = "/get-online-features"
-ROUTES = {ONLINE: b"POST", "/health": b"GET", "/metrics": b"GET"}
+ROUTES = {ONLINE: b"POST", "/health": b"GET", "/health/live": b"GET", "/health/ready": b"GET", "/metrics": b"GET"}
 JSON = b"application/json"
 GC_THRESHOLDS = (700, 10, 1000)
 """Python's defaults but the last: a full collection after 1,000 middle ones, not 10."""
@@ -58,6 +61,12 @@ class _ReaderCounters:
         stats = self.reader.stats
         for name in COUNTERS:
             yield CounterMetricFamily(f"feature_reader_{name}", f"reader.stats['{name}']", value=stats[name])
+        breakers = GaugeMetricFamily(
+            "feature_reader_breaker_state", "A store's circuit breaker: 0 closed, 1 open (calls skipped), 2 half-open", labels=["store"]
+        )
+        for store, state in self.reader.breaker_states.items():
+            breakers.add_metric([store], state)
+        yield breakers
 
 
 class FeatureServer:
@@ -76,6 +85,8 @@ class FeatureServer:
         self.in_flight_gauge = Gauge("feature_server_in_flight_requests", "Requests being answered", registry=self.registry)
         self.in_flight_gauge.set_function(lambda: self.in_flight)
         self.registry.register(_ReaderCounters(reader))
+        self._health: tuple[float, int, int, bytes] | None = None  # (when, failed calls then, status, body) of the last check
+        self._checking: asyncio.Future | None = None
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, overrides: dict | None = None) -> FeatureServer:
@@ -114,11 +125,29 @@ class FeatureServer:
             raise _Refused(405, f"{path} takes {ROUTES[path].decode()}, not {method.decode()}", "MethodNotAllowed")
         if path == ONLINE:
             return await self._online(scope, receive)
-        if path == "/health":
-            stores = await self.reader.ping()
-            ready = all(v == "ok" for v in stores.values())
-            return (200 if ready else 503), orjson.dumps({"status": "ready" if ready else "unavailable", "stores": stores}), JSON
+        if path == "/health" or path == "/health/ready":
+            return (*await self._ready(), JSON)
+        if path == "/health/live":
+            return 200, b'{"status":"alive"}', JSON
         return 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
+
+    async def _ready(self) -> tuple[int, bytes]:
+        """The stores' check, kept server.health_cache_ms unless a store call failed since;
+        probes arriving during one share it."""
+        kept = self._health
+        if kept is not None and kept[1] == self.reader.failed_calls and time.monotonic() - kept[0] < self.settings.health_cache_ms / 1000:
+            return kept[2], kept[3]
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(self._check())
+        return await asyncio.shield(self._checking)
+
+    async def _check(self) -> tuple[int, bytes]:
+        failed = self.reader.failed_calls
+        stores = await self.reader.ping()
+        ready = all(v == "ok" for v in stores.values())
+        status, body = (200 if ready else 503), orjson.dumps({"status": "ready" if ready else "unavailable", "stores": stores})
+        self._health = (time.monotonic(), failed, status, body)
+        return status, body
 
     async def _online(self, scope: dict, receive) -> tuple[int, bytes, bytes]:
         if self.in_flight >= self.settings.max_in_flight:
@@ -175,6 +204,7 @@ class FeatureServer:
                 # each; a full collection walks them all (130 ms at 180,000 rows, measured), and
                 # with the default thresholds it came every few seconds while the cache filled
                 gc.set_threshold(*GC_THRESHOLDS)
+                self.reader.warm()  # the stores' connections open in the background; a store down does not stop the start
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.reader.close()
@@ -211,7 +241,7 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
         timeout_graceful_shutdown=30,
     )
     print(f"[serve] Feast's feature-server API on http://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}): "
-          f"POST /get-online-features, GET /health, GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
+          f"POST /get-online-features, GET /health[/live|/ready], GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
     if workers > 1:
         os.environ["FM_SERVE_ENV"] = conf.env
         uvicorn.run("feature_reader.server:_app_from_env", factory=True, workers=workers, **options)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import queue
 import threading
 from collections import defaultdict
@@ -69,12 +70,13 @@ def _store_error(where: str, timeout_ms: int, exc: psycopg.Error) -> StoreError:
     return StoreError(f"SQL store at {where} ({kind}): {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
 
-def _reader_connection(config: SqlConnection, timeout: float) -> SqlConnection:
-    # the server's statement timeout is a read's deadline; a connect gets a little more
+def _reader_connection(config: SqlConnection, timeout: float, connect_timeout: float) -> SqlConnection:
+    # the server's statement timeout is a read's deadline; a connect has its own (whole
+    # seconds, at least 2: libpq's unit and floor)
     return replace(
         config,
         statement_timeout_ms=max(1, int(timeout * 1000)),
-        connect_timeout=max(2, int(timeout) + 1),
+        connect_timeout=max(2, math.ceil(connect_timeout)),
         application_name=config.application_name + "-reader",
     )
 
@@ -87,8 +89,8 @@ def _found(rows, found: dict) -> None:
 class SqlReads:
     """Synchronous reads over up to ``connections`` connections, kept between reads (thread-safe)."""
 
-    def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int):
-        self.config = _reader_connection(config, timeout)
+    def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int, connect_timeout: float):
+        self.config = _reader_connection(config, timeout, connect_timeout)
         self.defs, self.where = defs, server_address(config)
         self._idle: queue.LifoQueue = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(connections)
@@ -118,9 +120,36 @@ class SqlReads:
             self._slots.release()
         return _rows(units, found, features, as_list)
 
+    def warm(self) -> None:
+        """Open a connection ahead of the first read (failures ignored: the first read connects then)."""
+        if not self._slots.acquire(blocking=False):  # reads are under way: they open what they need
+            return
+        try:
+            if self._idle.empty():
+                self._idle.put(connect(self.config))
+        except psycopg.Error:
+            pass
+        finally:
+            self._slots.release()
+
     def ping(self) -> None:
-        with connect(self.config) as conn:
-            conn.execute("SELECT 1")
+        """SELECT 1 on one of the reader's connections (a new one only when none is idle, and
+        kept); one found dropped is replaced once."""
+        with self._slots:
+            for attempt in (1, 2):
+                try:
+                    conn, kept = self._idle.get_nowait(), True
+                except queue.Empty:
+                    conn, kept = connect(self.config), False
+                try:
+                    conn.execute("SELECT 1")
+                except psycopg.Error:
+                    conn.close()
+                    if not kept or attempt == 2:
+                        raise
+                    continue
+                self._idle.put(conn)
+                return
 
     def close(self) -> None:
         while not self._idle.empty():
@@ -130,9 +159,10 @@ class SqlReads:
 class AsyncSqlReads:
     """asyncio reads over up to ``connections`` async connections, kept between reads."""
 
-    def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int):
-        self.config = _reader_connection(config, timeout)
+    def __init__(self, config: SqlConnection, defs: Definitions, *, timeout: float, connections: int, connect_timeout: float):
+        self.config = _reader_connection(config, timeout, connect_timeout)
         self.defs, self.where, self.timeout = defs, server_address(config), timeout
+        self.connect_timeout = connect_timeout
         self._idle: list[psycopg.AsyncConnection] = []
         self._slots = asyncio.Semaphore(connections)
 
@@ -141,9 +171,10 @@ class AsyncSqlReads:
         async with self._slots:
             conn = None
             try:
+                # a connect under its own timeout, not the read's
+                conn = self._idle.pop() if self._idle else await self._connect()
                 # the server's statement_timeout is the deadline; this bounds a lost peer
                 async with asyncio.timeout(self.timeout * 2 + 1):
-                    conn = self._idle.pop() if self._idle else await connect_async(self.config)
                     for query, keys, sources in _statements(self.defs, self.config.schema, units):
                         try:
                             cur = await conn.execute(query, (keys, sources))
@@ -162,12 +193,42 @@ class AsyncSqlReads:
                     await conn.close()
         return _rows(units, found, features, as_list)
 
-    async def ping(self) -> None:
-        conn = await connect_async(self.config)
+    async def _connect(self) -> psycopg.AsyncConnection:
         try:
-            await conn.execute("SELECT 1")
-        finally:
-            await conn.close()
+            async with asyncio.timeout(self.connect_timeout + 1):  # libpq's own is in whole seconds
+                return await connect_async(self.config)
+        except TimeoutError:
+            raise StoreError(
+                f"SQL store at {self.where}: no connection within {self.connect_timeout * 1000:.0f} ms (reader.connect_timeout_ms)"
+            ) from None
+
+    async def warm(self) -> None:
+        """Open a connection ahead of the first read (failures ignored: the first read connects then)."""
+        if not self._idle:
+            async with self._slots:
+                try:
+                    conn = await self._connect()
+                except (psycopg.Error, StoreError):
+                    return
+                self._idle.append(conn)
+
+    async def ping(self) -> None:
+        """SELECT 1 on one of the reader's connections (a new one only when none is idle, and
+        kept); one found dropped is replaced once."""
+        async with self._slots:
+            for attempt in (1, 2):
+                kept = bool(self._idle)
+                conn = self._idle.pop() if kept else await self._connect()
+                try:
+                    async with asyncio.timeout(self.timeout * 2 + 1):
+                        await conn.execute("SELECT 1")
+                except (psycopg.Error, TimeoutError):
+                    await conn.close()
+                    if not kept or attempt == 2:
+                        raise
+                    continue
+                self._idle.append(conn)
+                return
 
     async def close(self) -> None:
         while self._idle:

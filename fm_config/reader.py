@@ -55,6 +55,16 @@ class ReaderSettings(Settings):
     """Who reads Redis (an ACL user that may only read: conf/base/redis-acl.txt); unset: redis.username and its password."""
     sql: ReaderSqlCredentials | None = None
     """Who reads the SQL store (a SELECT-only role: conf/base/sql-grants.sql); unset: sql.dsn's user and its password."""
+    connect_timeout_ms: float = Field(1000.0, gt=0)
+    """A new connection's connect, TLS handshake and login; not counted against ``timeout_ms``
+    (connections are opened at start and reopened in the background after a drop)."""
+    fallback: bool = True
+    """A Redis read that fails or times out, of a source the SQL store holds too, is read
+    from the SQL store instead (also while Redis's breaker is open)."""
+    breaker_failures: int = Field(5, ge=1)
+    """Consecutive failed calls that open a store's circuit breaker: its calls then fail at
+    once (or go to the fallback) for ``breaker_cooldown_ms``, then one call probes it."""
+    breaker_cooldown_ms: float = Field(1000.0, gt=0)
 
 
 class ServerSettings(Settings):
@@ -69,3 +79,7 @@ class ServerSettings(Settings):
     """A request still unanswered past this is answered 504 (its reads go on for their waiters)."""
     max_in_flight: int = Field(256, ge=1)
     """Requests being answered at once; more are refused at once with 503 (back-pressure, not a queue that grows)."""
+    health_cache_ms: float = Field(1000.0, ge=0)
+    """``/health`` and ``/health/ready`` answer from the last store check for this long
+    (unless a store call failed since: probes at any rate cost the stores one check per
+    period; 0: every probe checks)."""

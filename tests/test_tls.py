@@ -26,6 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from fm_config import PROJECT_ROOT, RunConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings, RedisTls, tls_files
 from fm_config.sql import SqlSettings
 from jobs.operations.cleanup import CleanupWriter, cleanup_partition
@@ -357,7 +358,8 @@ def test_async_reader_reads_over_verified_tls(tls_redis, tls_redis_db, certs, lo
             f"c:{i}", mapping={freshness_field("consumer_daily"): b"1700000000", field_id("recent_store_ids"): encode("int_list", values)}
         )
     settings = RedisSettings(url=tls_redis.url(), password_env=None, mode="standalone", tls_ca_file=str(certs.ca))
-    conf = RunConf(env="test", sinks=["redis"], redis=settings)
+    # TLS is the subject, not speed: a deadline a busy machine keeps (the connect has its own: test_store_outages.py)
+    conf = RunConf(env="test", sinks=["redis"], redis=settings, reader=ReaderSettings(timeout_ms=5000))
 
     async def read():
         async with AsyncFeatureReader(conf, load_definitions(DEFAULT_DIR), cache=False) as reader:
