@@ -254,6 +254,12 @@ def _serve_command(sub) -> None:
     serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: server.port, 6566 as Feast's)")
     serve.add_argument("--workers", type=int, default=1, help="server processes, each with its own reader and cache (default 1)")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without authentication on a non-loopback address (refused otherwise unless server.auth.mode is set; "
+        "e.g. behind a proxy that authenticates)",
+    )
 
 
 def _doctor_command(sub) -> None:
@@ -602,7 +608,7 @@ def cmd_serve(args) -> int:
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    serve(args.env, args.host, args.port, args.workers)
+    serve(args.env, args.host, args.port, args.workers, args.insecure_no_auth)
     return EXIT_OK
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("pyspark", "py4j", "delta", "great_expectations", "pandas", "pyarrow", "tqdm"), "spark"),
-    **dict.fromkeys(("uvicorn", "uvloop", "httptools", "prometheus_client"), "server"),
+    **dict.fromkeys(("uvicorn", "uvloop", "httptools", "prometheus_client", "jwt", "cryptography"), "server"),
 }
 TITLES = {"spark": "Spark", "server": "feature server"}
 
