@@ -7,6 +7,7 @@ rest), and the server refuses to start unauthenticated on a non-loopback address
 
 from __future__ import annotations
 
+import datetime as dt
 import http.client
 import http.server
 import ipaddress
@@ -437,3 +438,81 @@ def test_a_cached_token_expires_with_the_token(signer, tmp_path):
     assert len(auth.cache) == 2
     with pytest.raises(AuthError):
         asyncio.run(auth.authenticate("/get-online-features", [(b"authorization", b"Basic abc")]))
+
+
+# --- materialize doctor: the server's port, TLS files and keys ---------------------------------
+
+
+def _doctor(**server):
+    from fm_config import RunConf
+    from jobs.operations.doctor import check_server
+
+    return {c.name: c for c in check_server(RunConf(server=server))}
+
+
+def _cert_valid_for(pki: Pki, folder: Path, days: float) -> Path:
+    """A certificate of the server's key from our CA, expiring in ``days`` (negative: expired)."""
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    key = serialization.load_pem_private_key(pki.key.read_bytes(), None)
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(ca_cert.subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=30))
+        .not_valid_after(now + dt.timedelta(days=days)).sign(key, hashes.SHA256())
+    )  # fmt: skip
+    path = folder / f"cert-{days}.pem"
+    path.write_bytes(_pem(cert))
+    return path
+
+
+def test_doctor_checks_the_servers_port_tls_files_and_keys(pki, signer, jwt_served, taken_port, tmp_path):
+    port = free_port()
+    tls = {"cert_file": str(pki.cert), "key_file": str(pki.key), "client_ca_file": str(pki.ca), "expiry_warn_days": 0}  # valid 1 day
+    checks = _doctor(port=port, tls=tls)
+    assert {n: c.status for n, c in checks.items()} == {
+        "server port": "ok", "server.tls": "ok", "server.tls.client_ca_file": "ok", "server auth": "ok"
+    }  # fmt: skip
+    assert checks["server port"].detail == f"127.0.0.1:{port} is free"
+    assert (
+        checks["server.tls"].detail.startswith(f"{pki.cert}: 127.0.0.1, localhost, valid until ")
+        and "key matches" in checks["server.tls"].detail
+    )
+    assert checks["server auth"].detail == "none: 127.0.0.1 is a loopback address"
+
+    taken = _doctor(port=taken_port)["server port"]
+    assert (taken.status, taken.detail) == ("fail", f"127.0.0.1:{taken_port} is taken by another program") and "server.port" in taken.fix
+    ours = _doctor(port=jwt_served.port)["server port"]  # /health is open: a feature server says so
+    assert ours.status == "ok" and ours.detail.startswith(f"127.0.0.1:{jwt_served.port}: a feature server already answers there")
+
+    def tls_of(cert: Path, key: Path = pki.key, warn_days: int = 0) -> list[tuple[str, str, str]]:
+        tls = {"cert_file": str(cert), "key_file": str(key), "expiry_warn_days": warn_days}
+        return [(c.status, n, c.detail) for n, c in _doctor(port=port, tls=tls).items()
+                if n.startswith("server.tls")]  # fmt: skip
+
+    expired = _cert_valid_for(pki, tmp_path, -1)
+    assert tls_of(expired) == [("fail", "server.tls.cert_file", f"{expired}: expired {_until(expired)} UTC")]
+    soon = _cert_valid_for(pki, tmp_path, 3)
+    [(status, name, detail)] = tls_of(soon, warn_days=14)
+    assert (status, name) == ("warn", "server.tls.cert_file") and detail.startswith(f"{soon}: expires in 3.0 days")
+    assert tls_of(pki.cert, pki.client_key) == [
+        ("fail", "server.tls.key_file", f"{pki.client_key} is not the key of the certificate in {pki.cert}")
+    ]
+    assert tls_of(tmp_path / "none.pem") == [("fail", "server.tls.cert_file", f"{tmp_path / 'none.pem'}: No such file or directory")]
+    assert tls_of(pki.key, pki.key) == [("fail", "server.tls.cert_file", f"{pki.key}: not a PEM certificate")]
+
+    (tmp_path / "jwks.json").write_bytes(_jwks(signer))
+    (tmp_path / "bad.json").write_text("{not json")
+    auth = _auth({"jwks_file": str(tmp_path / "jwks.json")})
+    good = _doctor(port=port, auth=auth)["server auth"]
+    assert (good.status, good.detail) == ("ok", f"JWT: jwks_file {tmp_path / 'jwks.json'}: 1 key(s); issuer {ISSUER}")
+    bad = _doctor(port=port, auth={**auth, "jwks_file": str(tmp_path / "bad.json")})["server auth"]
+    assert bad.status == "fail" and bad.detail.startswith(f"server.auth.jwks_file {tmp_path / 'bad.json'}: not JSON")
+    open_wide = _doctor(port=port, host="0.0.0.0")
+    assert (
+        open_wide["server auth"].status == "fail" and "serve refuses to start unauthenticated on 0.0.0.0" in open_wide["server auth"].detail
+    )
+    assert open_wide["server tls"].status == "warn" and "plain HTTP on 0.0.0.0" in open_wide["server tls"].detail
+
+
+def _until(path: Path) -> str:
+    return f"{x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc:%Y-%m-%d %H:%M}"
