@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import json
 import logging
 import time
@@ -62,6 +63,8 @@ def check_start(settings, host: str, insecure_no_auth: bool, root_path) -> str:
     unauthenticated, or its JWKS file is missing or bad."""
     mode = settings.auth.mode
     if mode == "jwt":
+        import jwt  # noqa: F401 (missing: the [auth] extra, said before any worker starts)
+
         if settings.auth.jwks_file:
             KeySet(settings.auth, root_path)
         return "jwt"
@@ -199,7 +202,8 @@ def _challenge(error: str | None, description: str | None) -> list[tuple[bytes, 
 
 
 def unauthorized(message: str, error: str | None = "invalid_token") -> AuthError:
-    return AuthError(401, message, "Unauthorized", _challenge(error, message.replace('"', "'")))
+    # the description goes in a header: ASCII, no quotes (names from the token are already repr()-escaped)
+    return AuthError(401, message, "Unauthorized", _challenge(error, message.replace('"', "'").encode("ascii", "replace").decode()))
 
 
 class Authenticator:
@@ -268,8 +272,9 @@ class Authenticator:
         now = self.clock()
         for token in [t for t, (exp, _) in self.cache.items() if exp <= now]:
             del self.cache[token]
-        while len(self.cache) >= self.settings.cache_entries:  # still full: the oldest out
-            del self.cache[next(iter(self.cache))]
+        if len(self.cache) >= self.settings.cache_entries:  # still full: the oldest tenth out, so the next sweep is that many tokens away
+            for token in list(itertools.islice(self.cache, max(1, self.settings.cache_entries // 10))):
+                del self.cache[token]
 
     async def _verify(self, header: bytes) -> tuple[float, Grants]:
         jwt, s = self.jwt, self.settings

@@ -25,8 +25,11 @@ def check_tls_files(tls, root_path: Callable[[str], Path], now: dt.datetime | No
     """Findings about server.tls's files (none when TLS is off)."""
     if not tls.cert_file:
         return []
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+    except ModuleNotFoundError:  # [server] without [auth]: what the ssl module can check
+        return _check_with_ssl(tls, root_path)
 
     now = now or dt.datetime.now(dt.UTC)
     findings: list[Finding] = []
@@ -83,6 +86,32 @@ def check_tls_files(tls, root_path: Callable[[str], Path], now: dt.datetime | No
                 )
             except ValueError:
                 findings.append(("fail", "server.tls.client_ca_file", f"{ca_path}: not a PEM certificate"))
+    return findings
+
+
+def _check_with_ssl(tls, root_path: Callable[[str], Path]) -> list[Finding]:
+    """Files, PEM and the key's match, as Python's ssl loads them; expiry unchecked (needs cryptography)."""
+    import ssl
+
+    cert, key = root_path(tls.cert_file), root_path(tls.key_file)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    findings: list[Finding] = []
+    for setting, path in (("server.tls.cert_file", cert), ("server.tls.key_file", key)):
+        if (problem := _read(path, setting)[1]) is not None:
+            findings.append(problem)
+    if not findings:
+        try:
+            context.load_cert_chain(str(cert), str(key))
+            findings.append(("ok", "server.tls", f"{cert}: loads with its key {key}"))
+        except ssl.SSLError as exc:
+            findings.append(("fail", "server.tls.cert_file", f"{cert} with {key}: {exc.reason or exc}"))
+    if tls.client_ca_file:
+        ca = root_path(tls.client_ca_file)
+        try:
+            context.load_verify_locations(str(ca))
+        except (OSError, ssl.SSLError) as exc:
+            findings.append(("fail", "server.tls.client_ca_file", f"{ca}: {getattr(exc, 'strerror', None) or exc}"))
+    findings.append(("warn", "server.tls expiry", "not checked: pip install 'feature-materializer[auth]' (cryptography) to check it"))
     return findings
 
 

@@ -16,6 +16,7 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -516,3 +517,17 @@ def test_doctor_checks_the_servers_port_tls_files_and_keys(pki, signer, jwt_serv
 
 def _until(path: Path) -> str:
     return f"{x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc:%Y-%m-%d %H:%M}"
+
+
+def test_tls_files_are_checked_by_the_ssl_module_without_the_auth_extra(pki, monkeypatch):
+    """[server] alone (no cryptography): files, PEM and the key's match are still checked; expiry is said to be unchecked."""
+    from feature_reader.tls import check_tls_files
+    from fm_config.reader import ServerTlsSettings
+
+    for name in [m for m in sys.modules if m == "cryptography" or m.startswith("cryptography.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography: ModuleNotFoundError
+    good = check_tls_files(ServerTlsSettings(cert_file=str(pki.cert), key_file=str(pki.key), client_ca_file=str(pki.ca)), Path)
+    assert [(status, name) for status, name, _ in good] == [("ok", "server.tls"), ("warn", "server.tls expiry")]
+    [(status, name, detail), _] = check_tls_files(ServerTlsSettings(cert_file=str(pki.cert), key_file=str(pki.client_key)), Path)
+    assert (status, name) == ("fail", "server.tls.cert_file") and "KEY_VALUES_MISMATCH" in detail
