@@ -35,6 +35,8 @@ MAX_TOKEN_BYTES = 16 << 10
 UNKNOWN_KID_REFETCH_SECONDS = 30.0
 """A token with an unknown key id fetches the JWKS again at most this often (or every jwks_refresh_seconds if shorter)."""
 ALL = "*"
+DECISIONS = 4096
+"""Authorization decisions kept (then all dropped at once)."""
 
 
 class AuthError(Exception):
@@ -217,6 +219,7 @@ class Authenticator:
         self.keys = KeySet(settings, root_path)
         self.grants = {value: (frozenset(g.sources), frozenset(g.feature_services)) for value, g in settings.grants.items()}
         self.cache: dict[bytes, tuple[float, Grants]] = {}
+        self.decisions: dict[tuple, list[str]] = {}
         self.open_paths = {"/health", "/health/live", "/health/ready", "/openapi.json"}
         if settings.metrics == "open":
             self.open_paths.add("/metrics")
@@ -264,8 +267,27 @@ class Authenticator:
         return grants
 
     def authorize(self, grants: Grants | None, args: dict) -> None:
-        """AuthError 403 naming what of this parsed request the caller may not read."""
-        if grants is not None and (refused := refused_parts(grants, args, self.defs)):
+        """AuthError 403 naming what of this parsed request the caller may not read.
+
+        Decisions are kept per (grants, request's names): models repeat their requests, and
+        splitting 50 references costs more than the rest of the check (14 us against 1)."""
+        if grants is None:
+            return
+        service, features = args.get("feature_service"), args.get("features")
+        if service is None and ALL in grants.sources:
+            return
+        try:
+            key = (grants, service, tuple(features) if isinstance(features, list) else None)
+            refused = self.decisions.get(key)
+        except TypeError:  # a reference that is not a string: decided (and refused by the reader) without the memo
+            key, refused = None, None
+        if refused is None:
+            refused = refused_parts(grants, args, self.defs)
+            if key is not None:
+                if len(self.decisions) >= DECISIONS:
+                    self.decisions.clear()
+                self.decisions[key] = refused
+        if refused:
             raise forbidden(refused)
 
     def _evict(self) -> None:
