@@ -248,7 +248,8 @@ def _serve_command(sub) -> None:
         help="serve features over HTTP: Feast's feature-server API",
         description="Serve POST /get-online-features (Feast's request and response bodies), GET /health and GET /metrics "
         "(Prometheus) on the asyncio reader of the env's conf and definitions. Stops on SIGTERM or Ctrl-C once the "
-        "requests in flight are answered. Limits: server.* and reader.max_entities in conf.",
+        "requests in flight are answered. Limits: server.* and reader.max_entities in conf. HTTPS: server.tls; bearer tokens: "
+        "server.auth (off on a loopback address; on any other, serve refuses to start without it unless told so).",
     )
     serve.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
     serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
