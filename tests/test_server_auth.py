@@ -531,3 +531,15 @@ def test_tls_files_are_checked_by_the_ssl_module_without_the_auth_extra(pki, mon
     assert [(status, name) for status, name, _ in good] == [("ok", "server.tls"), ("warn", "server.tls expiry")]
     [(status, name, detail), _] = check_tls_files(ServerTlsSettings(cert_file=str(pki.cert), key_file=str(pki.client_key)), Path)
     assert (status, name) == ("fail", "server.tls.cert_file") and "KEY_VALUES_MISMATCH" in detail
+
+
+def test_tokens_without_the_auth_extra_stop_the_start_in_one_line_naming_it(redis_server, tmp_path):
+    auth = {"mode": "jwt", "jwks_url": "https://idp.test/jwks", "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS}
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(_settings(redis_server, 11, auth=auth)))
+    code = "import sys; sys.modules['jwt'] = None; from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    done = subprocess.run([sys.executable, "-c", code, "serve", "--env", "t", "--port", "1"], env=environ,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr == (
+        "materialize serve needs the token authentication extra (jwt is not installed): pip install 'feature-materializer[auth]'\n"
+    ), done.stderr
