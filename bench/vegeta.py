@@ -48,9 +48,10 @@ def write_targets(path: Path, url: str, bodies: list[bytes]) -> Path:
     return path
 
 
-def attack(targets: Path, rate: int, seconds: float, cpu: str | None = None, timeout: str = "5s") -> dict:
+def attack(targets: Path, rate: int, seconds: float, cpu: str | None = None, timeout: str = "5s", extra: tuple[str, ...] = ()) -> dict:
     """vegeta's JSON report of ``rate`` requests/s for ``seconds`` (on CPU ``cpu`` when
-    given), with ``p999`` (ns) from its HDR percentiles. Response bodies are not kept."""
+    given), with ``p999`` (ns) from its HDR percentiles. Response bodies are not kept.
+    ``extra``: more flags of ``vegeta attack`` (e.g. ``-root-certs ca.pem`` for HTTPS)."""
     exe = str(vegeta_bin())
     pin = ["taskset", "-c", cpu] if cpu is not None else []
     results = targets.with_suffix(".results.gob")
@@ -65,6 +66,7 @@ def attack(targets: Path, rate: int, seconds: float, cpu: str | None = None, tim
         f"-timeout={timeout}",
         "-max-body=0",
         f"-output={results}",
+        *extra,
     ]
     subprocess.run(run, check=True)
     report = json.loads(subprocess.run([exe, "report", "-type=json", str(results)], capture_output=True, check=True).stdout)

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from feature_defs import load_definitions
+from feature_reader.auth import Authenticator, AuthError
 from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
 from feature_reader.feast_request import parse_body
 from feature_reader.reader import COUNTERS, AsyncFeatureReader
@@ -87,6 +88,10 @@ class FeatureServer:
         self.registry.register(_ReaderCounters(reader))
         self._health: tuple[float, int, int, bytes] | None = None  # (when, failed calls then, status, body) of the last check
         self._checking: asyncio.Future | None = None
+        auth = self.settings.auth
+        self.auth = Authenticator(auth, reader.defs, reader.conf.path) if auth.mode == "jwt" else None
+        if self.auth:
+            self.auth.register(self.registry)
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, overrides: dict | None = None) -> FeatureServer:
@@ -99,18 +104,21 @@ class FeatureServer:
         if scope["type"] != "http":
             return
         start = time.perf_counter()
+        extra = None
         path = scope["path"]
         route = path if path in ROUTES else "other"
         try:
             status, body, kind = await self._answer(scope, receive, path)
         except _Refused as exc:
             status, body, kind = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON
+        except AuthError as exc:  # 401 with its WWW-Authenticate, 403, or 503 while the JWKS cannot be fetched
+            status, body, kind = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON
+            extra = exc.headers
         except Exception as exc:  # a bug: logged by type and first line, answered without details
             log.error("%s %s failed: %s: %s", scope["method"], path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
             status, body, kind = 500, orjson.dumps({"error": "internal error (logged by the server)", "type": "InternalError"}), JSON
-        await send(
-            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body))]}
-        )
+        headers = [(b"content-type", kind), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": status, "headers": headers + extra if extra else headers})
         await send({"type": "http.response.body", "body": body})
         series = self._series.get((route, status))
         if series is None:  # labels() takes a lock and builds the key each call: kept per (route, status)
@@ -123,8 +131,9 @@ class FeatureServer:
             raise _Refused(404, f"no route {path}; routes: {', '.join(ROUTES)}", "NotFound")
         if method != ROUTES[path]:
             raise _Refused(405, f"{path} takes {ROUTES[path].decode()}, not {method.decode()}", "MethodNotAllowed")
+        grants = await self.auth.authenticate(path, scope["headers"]) if self.auth else None
         if path == ONLINE:
-            return await self._online(scope, receive)
+            return await self._online(scope, receive, grants)
         if path == "/health" or path == "/health/ready":
             return (*await self._ready(), JSON)
         if path == "/health/live":
@@ -149,7 +158,7 @@ class FeatureServer:
         self._health = (time.monotonic(), failed, status, body)
         return status, body
 
-    async def _online(self, scope: dict, receive) -> tuple[int, bytes, bytes]:
+    async def _online(self, scope: dict, receive, grants=None) -> tuple[int, bytes, bytes]:
         if self.in_flight >= self.settings.max_in_flight:
             raise _Refused(503, f"overloaded: {self.in_flight} requests in flight (server.max_in_flight); retry later", "Overloaded")
         self.in_flight += 1
@@ -157,6 +166,8 @@ class FeatureServer:
             body = await self._body(scope, receive)
             try:
                 args = parse_body(body)
+                if grants is not None:
+                    self.auth.authorize(grants, args)
                 async with asyncio.timeout(self.settings.deadline_ms / 1000):
                     result = await self.reader.get_online_features(**args)
             except UnknownNameError as exc:
@@ -212,21 +223,28 @@ class FeatureServer:
                 return
 
 
-def serve(env: str | None, host: str | None, port: int | None, workers: int = 1) -> None:
+def serve(env: str | None, host: str | None, port: int | None, workers: int = 1, insecure_no_auth: bool = False) -> None:
     """Run the server until SIGTERM or Ctrl-C (in-flight requests finish first)."""
-    serve_conf(load_config(env), host, port, workers)
+    serve_conf(load_config(env), host, port, workers, insecure_no_auth)
 
 
-def serve_conf(conf, host: str | None = None, port: int | None = None, workers: int = 1) -> None:
-    """``serve`` on a loaded conf (the load benchmark builds its own)."""
+def serve_conf(conf, host: str | None = None, port: int | None = None, workers: int = 1, insecure_no_auth: bool = False) -> None:
+    """``serve`` on a loaded conf (the load benchmark builds its own); AuthConfigError when it must not start."""
     import os
 
     import uvicorn
 
+    from feature_reader.auth import AuthConfigError, check_start
     from feature_reader.one_write import OneWriteProtocol
+    from feature_reader.tls import check_tls_files, uvicorn_options
 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
+    auth = check_start(conf.server, host, insecure_no_auth, conf.path)
+    failed = [detail for status, _, detail in check_tls_files(conf.server.tls, conf.path) if status == "fail"]
+    if failed:
+        raise AuthConfigError("server.tls: " + "; ".join(failed))
+    tls = uvicorn_options(conf.server.tls, conf.path)
     # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
     options: dict[str, Any] = dict(
         host=host,
@@ -239,8 +257,13 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
         lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=30,
+        **tls,
     )
-    print(f"[serve] Feast's feature-server API on http://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}): "
+    scheme = "https" if tls else "http"
+    who = "bearer tokens (server.auth)" if auth == "jwt" else "no authentication"
+    if tls.get("ssl_ca_certs"):
+        who += f", client certificates {conf.server.tls.client_cert}"
+    print(f"[serve] Feast's feature-server API on {scheme}://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}; {who}): "
           f"POST /get-online-features, GET /health[/live|/ready], GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
     if workers > 1:
         os.environ["FM_SERVE_ENV"] = conf.env

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from feature_defs.yamlio import KeyProblem
 from fm_config.base import Settings
 from fm_config.credentials import ReaderRedisCredentials, ReaderSqlCredentials
 
@@ -67,6 +68,94 @@ class ReaderSettings(Settings):
     breaker_cooldown_ms: float = Field(1000.0, gt=0)
 
 
+class ServerTlsSettings(Settings):
+    """``server.tls``: HTTPS instead of HTTP when ``cert_file`` is set (feature_reader/README.md)."""
+
+    cert_file: str | None = None
+    """PEM certificate (chain) of the server; relative paths from the project root."""
+    key_file: str | None = None
+    """PEM private key of that certificate (unencrypted: mount it readable by the server only)."""
+    client_ca_file: str | None = None
+    """PEM CA(s) that sign client certificates: when set, clients present one (mutual TLS)."""
+    client_cert: Literal["required", "optional"] = "required"
+    """With ``client_ca_file``: a client without a certificate is refused (required), or let in (optional)."""
+    expiry_warn_days: int = Field(14, ge=0)
+    """``materialize doctor`` warns when the certificate expires within this many days."""
+
+    @model_validator(mode="after")
+    def _pairs(self) -> ServerTlsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise KeyProblem("cert_file", "server.tls needs both cert_file and key_file (or neither: plain HTTP)")
+        if self.client_ca_file and not self.cert_file:
+            raise KeyProblem(
+                "client_ca_file", "server.tls.client_ca_file needs cert_file and key_file (client certificates are a TLS feature)"
+            )
+        return self
+
+
+class Grant(Settings):
+    """What the holders of one claim value may read ("*": all)."""
+
+    sources: list[str] = []
+    feature_services: list[str] = []
+
+
+_SAFE_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+class ServerAuthSettings(Settings):
+    """``server.auth``: bearer tokens (JWTs) on /get-online-features (feature_reader/README.md "Authentication")."""
+
+    mode: Literal["jwt", "none"] | None = None
+    """jwt: every read carries a JWT verified against the JWKS; none: no authentication, said on
+    purpose; unset: none on a loopback address, and ``materialize serve`` refuses to start on any other."""
+    jwks_file: str | None = None
+    """The public keys as a JWKS (JSON) file; relative paths from the project root."""
+    jwks_url: str | None = None
+    """Or: the identity provider's JWKS URL (https), fetched at start and every ``jwks_refresh_seconds``."""
+    jwks_timeout_seconds: float = Field(2.0, gt=0, le=30)
+    jwks_refresh_seconds: float = Field(300.0, ge=1)
+    """Keys are fetched again this often (the last ones kept while the URL is down); a token whose key id
+    is unknown fetches them at once, at most every 30 s."""
+    issuer: str | None = None
+    """The ``iss`` every token must carry (required with mode jwt)."""
+    audience: list[str] = []
+    """``aud`` values accepted (a token must name one; required with mode jwt)."""
+    algorithms: list[str] = ["RS256", "ES256"]
+    """Signature algorithms accepted: asymmetric ones only (never "none", never HS*)."""
+    leeway_seconds: float = Field(30.0, ge=0, le=300)
+    """Clock skew allowed on exp, nbf and iat."""
+    claim: str = "roles"
+    """The claim whose values are looked up in ``grants``: a list, or a space-separated string (OAuth's ``scope``)."""
+    grants: dict[str, Grant] = {}
+    """Claim value -> the sources and feature services its holders may read; a caller gets the union of its values' grants."""
+    cache_entries: int = Field(10_000, ge=0)
+    """Verified tokens kept (each until it expires); 0: every request verifies its token."""
+    metrics: Literal["open", "authenticated"] = "open"
+    """/metrics open (Prometheus scrapes without a token) or behind the token like reads."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> ServerAuthSettings:
+        bad = [a for a in self.algorithms if a not in _SAFE_ALGORITHMS]
+        if bad:
+            raise KeyProblem(
+                "algorithms", f"server.auth.algorithms: {', '.join(bad)} refused (asymmetric only: {', '.join(_SAFE_ALGORITHMS)})"
+            )
+        if self.mode != "jwt":
+            return self
+        if (self.jwks_file is None) == (self.jwks_url is None):
+            raise KeyProblem("jwks_file", "server.auth.mode jwt needs exactly one of jwks_file or jwks_url")
+        if self.jwks_url and not self.jwks_url.startswith(("https://", "http://127.0.0.1", "http://localhost")):
+            raise KeyProblem(
+                "jwks_url", "server.auth.jwks_url must be https:// (keys fetched in clear could be replaced; http on loopback only)"
+            )
+        if not self.issuer or not self.audience:
+            raise KeyProblem("issuer", "server.auth.mode jwt needs issuer and audience (a token for another service must not read here)")
+        if not self.grants:
+            raise KeyProblem("grants", "server.auth.mode jwt needs grants: claim value -> {sources: [...], feature_services: [...]}")
+        return self
+
+
 class ServerSettings(Settings):
     """``server:`` of the run configuration: ``materialize serve`` (feature_reader/server.py)."""
 
@@ -83,3 +172,5 @@ class ServerSettings(Settings):
     """``/health`` and ``/health/ready`` answer from the last store check for this long
     (unless a store call failed since: probes at any rate cost the stores one check per
     period; 0: every probe checks)."""
+    tls: ServerTlsSettings = ServerTlsSettings()
+    auth: ServerAuthSettings = ServerAuthSettings()

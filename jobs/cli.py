@@ -248,12 +248,19 @@ def _serve_command(sub) -> None:
         help="serve features over HTTP: Feast's feature-server API",
         description="Serve POST /get-online-features (Feast's request and response bodies), GET /health and GET /metrics "
         "(Prometheus) on the asyncio reader of the env's conf and definitions. Stops on SIGTERM or Ctrl-C once the "
-        "requests in flight are answered. Limits: server.* and reader.max_entities in conf.",
+        "requests in flight are answered. Limits: server.* and reader.max_entities in conf. HTTPS: server.tls; bearer tokens: "
+        "server.auth (off on a loopback address; on any other, serve refuses to start without it unless told so).",
     )
     serve.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
     serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: server.port, 6566 as Feast's)")
     serve.add_argument("--workers", type=int, default=1, help="server processes, each with its own reader and cache (default 1)")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without authentication on a non-loopback address (refused otherwise unless server.auth.mode is set; "
+        "e.g. behind a proxy that authenticates)",
+    )
 
 
 def _doctor_command(sub) -> None:
@@ -602,7 +609,7 @@ def cmd_serve(args) -> int:
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    serve(args.env, args.host, args.port, args.workers)
+    serve(args.env, args.host, args.port, args.workers, args.insecure_no_auth)
     return EXIT_OK
 
 

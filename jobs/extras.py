@@ -9,8 +9,9 @@ from __future__ import annotations
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("pyspark", "py4j", "delta", "great_expectations", "pandas", "pyarrow", "tqdm"), "spark"),
     **dict.fromkeys(("uvicorn", "uvloop", "httptools", "prometheus_client"), "server"),
+    **dict.fromkeys(("jwt", "cryptography"), "auth"),
 }
-TITLES = {"spark": "Spark", "server": "feature server"}
+TITLES = {"spark": "Spark", "server": "feature server", "auth": "token authentication"}
 
 
 def missing_extra(exc: ImportError) -> tuple[str, str] | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import redis
 
 from fm_config import SparkConf
-from fm_config.reader import ReaderSettings
+from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.operations.doctor import run_checks
@@ -32,13 +32,14 @@ def checks_of(conf, defs=DEFS, sources=SOURCES):
 def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_root, sql_conf, redis_db, pg_db, tmp_path):
     redis_db.script_flush()  # other tests loaded the write script: the check must not
     conf = sql_conf.model_copy(
-        update={"sinks": ["redis", "cockroach"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]")}
-    )
+        update={"sinks": ["redis", "cockroach"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]"),
+                "server": ServerSettings(port=free_port())}
+    )  # fmt: skip
     checks = checks_of(conf)
     assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
         ["java", "delta jars", "source consumer_daily", "source store_features_long", "ledger", "leases", "quarantine", "reports",
          "redis transport", "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql",
-         "sql table consumer_features", "sql table store_features"],
+         "sql table consumer_features", "sql table store_features", "server port", "server auth"],
         "ok",
     ) | dict.fromkeys(
         # ready to run, not to serve: no reader credentials, no keys or tables yet, a Redis without
@@ -129,7 +130,7 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
     folder = env_conf(
         tmp_path / "conf", "dr",
         f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nsinks: [redis]\n"
-        f"spark:\n  master: spark://127.0.0.1:{port}\nredis:\n  url: redis://127.0.0.1:{port}/0\n",
+        f"spark:\n  master: spark://127.0.0.1:{port}\nredis:\n  url: redis://127.0.0.1:{port}/0\nserver:\n  port: {free_port()}\n",
     )  # fmt: skip
     out = run(str(BIN / "materialize"), "doctor", "--env", "dr", env={"FM_CONF_DIR": str(folder)})
     assert out.returncode == 1, out.stderr
@@ -139,7 +140,7 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
     assert lines[2].strip().startswith("fix: start the standalone master")
     assert any(line.startswith("OK    source consumer_daily") for line in lines)
     assert any(line.startswith("FAIL  redis ") and "cannot connect" in line for line in lines)
-    assert lines[-1] == "8 checks: 6 ok, 0 warning(s), 2 failed"
+    assert lines[-1] == "10 checks: 8 ok, 0 warning(s), 2 failed"  # the server's port and auth among the ok
 
 
 def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():

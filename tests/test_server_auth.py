@@ -1,0 +1,545 @@
+"""`materialize serve` with HTTPS (certificates made here, optional client certificates) and
+bearer-token authentication (JWTs signed here, keys from a JWKS file or URL), as a real
+server process over the suite's Redis: https works and plain http on that port does not, a
+client certificate is required when configured, a missing/bad/expired token gets 401 with
+WWW-Authenticate saying which, a token gets only what its claims grant (403 naming the
+rest), and the server refuses to start unauthenticated on a non-loopback address."""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import http.server
+import ipaddress
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from throwaway.servers import again_if_port_taken, free_port, start_failed
+
+from .conftest import env_conf
+from .test_server import MATERIALIZE
+from .test_tls import _builder, _pem, _pem_key, make_ca, make_server_cert
+
+ISSUER = "https://idp.test"
+AUDIENCE = "feature-server"
+RANKING = {"feature_service": "consumer_ranking", "entities": {"consumer_id": [1, 2]}}
+STORES = {"features": ["store_features_long:rating_avg_30d"], "entities": {"store_id": ["s7"]}}
+BOTH = {
+    "features": ["store_features_long:rating_avg_30d", "consumer_daily:orders_7d"],
+    "entities": {"store_id": ["s7"], "consumer_id": [1]},
+}
+GRANTS = {
+    "ranking-model": {"feature_services": ["consumer_ranking"]},
+    "store-model": {"sources": ["store_features_long"]},
+    "analyst": {"sources": ["*"], "feature_services": ["*"]},
+}
+
+
+# --- certificates and keys ------------------------------------------------------------------
+
+
+@dataclass
+class Pki:
+    ca: Path
+    other_ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _client_cert(ca_key, ca_cert):
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder("fm-test-client", ca_cert.subject, key)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, cert
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    folder = tmp_path_factory.mktemp("pki")
+    ca_key, ca_cert = make_ca("fm serve CA")
+    _, other = make_ca("fm unrelated CA")
+    key, cert = make_server_cert(ca_key, ca_cert, [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    client_key, client_cert = _client_cert(ca_key, ca_cert)
+    files = {"ca.pem": _pem(ca_cert), "other.pem": _pem(other), "server.pem": _pem(cert), "server.key": _pem_key(key),
+             "client.pem": _pem(client_cert), "client.key": _pem_key(client_key)}  # fmt: skip
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return Pki(*(folder / n for n in ("ca.pem", "other.pem", "server.pem", "server.key", "client.pem", "client.key")))
+
+
+class Signer:
+    """An identity provider's signing key (ES256) and its public JWK."""
+
+    def __init__(self, kid: str):
+        self.kid = kid
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        self.jwk = {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(self.key.public_key())), "kid": kid, "use": "sig", "alg": "ES256"}
+
+    def token(
+        self, roles, *, exp_in: float = 600, iss: str = ISSUER, aud: str = AUDIENCE, claim: str = "roles", kid: str | None = None
+    ) -> str:
+        now = int(time.time())
+        claims = {"iss": iss, "aud": aud, "sub": "model-1", "iat": now, "exp": now + int(exp_in), claim: roles}
+        return jwt.encode(claims, self.key, algorithm="ES256", headers={"kid": kid or self.kid})
+
+
+@pytest.fixture(scope="module")
+def signer() -> Signer:
+    return Signer("k1")
+
+
+def _jwks(*signers: Signer) -> bytes:
+    return json.dumps({"keys": [s.jwk for s in signers]}).encode()
+
+
+# --- a server process --------------------------------------------------------------------
+
+
+class Https:
+    def __init__(self, port: int, process: subprocess.Popen, log: Path, context: ssl.SSLContext | None):
+        self.port, self.process, self.log, self.context = port, process, log, context
+
+    def request(self, method: str, path: str, body: dict | None = None, token: str | None = None, context=None, timeout: float = 30):
+        if self.context is None and context is None:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        else:
+            conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=context or self.context)
+        headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
+        try:
+            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read(), dict(response.getheaders())
+        finally:
+            conn.close()
+
+    def post(self, body: dict, token: str | None = None, **kw):
+        return self.request("POST", "/get-online-features", body, token, **kw)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+def _settings(redis_server, db: int, **server) -> dict:
+    url = redis_server.url.rsplit("/", 1)[0] + f"/{db}"
+    return {"sinks": ["redis"], "redis": {"url": url, "password_env": None, "mode": "standalone"}, "server": server}
+
+
+def start(tmp: Path, settings: dict, context: ssl.SSLContext | None, *args: str) -> Https:
+    folder = env_conf(tmp / f"conf-{len(list(tmp.glob('conf-*')))}", "t", json.dumps(settings))
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    log = tmp / f"serve-{folder.name}.log"
+
+    def attempt(port: int) -> Https:
+        command = [MATERIALIZE, "serve", "--env", "t", "--port", str(port), *args]
+        process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
+        served = Https(port, process, log, context)
+        deadline = time.monotonic() + 60
+        while process.poll() is None:
+            try:
+                served.request("GET", "/health", timeout=2)
+                return served
+            except OSError:
+                assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
+                time.sleep(0.2)
+        raise start_failed(f"the server exited: {log.read_text()}", log)
+
+    return again_if_port_taken(lambda: attempt(free_port()))
+
+
+def _trusting(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert:
+        context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+def _names(body: bytes) -> list[str]:
+    return json.loads(body)["metadata"]["feature_names"]
+
+
+# --- TLS ------------------------------------------------------------------------------------
+
+
+def test_https_answers_and_plain_http_on_its_port_gets_nothing(pki, redis_server, tmp_path):
+    tls = {"cert_file": str(pki.cert), "key_file": str(pki.key)}
+    served = start(tmp_path, _settings(redis_server, 11, tls=tls), _trusting(pki.ca))
+    try:
+        status, body, _ = served.post(RANKING)
+        assert status == 200 and _names(body) == ["consumer_id", "orders_7d", "churn_score", "is_subscriber", "taste_embedding"]
+        assert served.request("GET", "/metrics")[0] == 200
+        with pytest.raises((http.client.HTTPException, OSError)):  # a TLS port: no HTTP answer to plain text
+            _plain(served.port)
+        with pytest.raises(ssl.SSLCertVerificationError):  # the certificate is the configured one, signed by our CA
+            served.request("GET", "/health", context=_trusting(pki.other_ca))
+        assert "https://" in served.log.read_text()
+    finally:
+        assert served.stop() == -signal.SIGTERM
+
+
+def _plain(port: int):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+def test_a_client_certificate_is_required_when_a_client_ca_is_set(pki, redis_server, tmp_path):
+    tls = {"cert_file": str(pki.cert), "key_file": str(pki.key), "client_ca_file": str(pki.ca)}
+    with_cert = _trusting(pki.ca, pki.client_cert, pki.client_key)
+    served = start(tmp_path, _settings(redis_server, 11, tls=tls), with_cert)
+    try:
+        status, body, _ = served.post(RANKING)
+        assert status == 200 and _names(body)[0] == "consumer_id"
+        with pytest.raises((ssl.SSLError, OSError, http.client.HTTPException)):  # TLS 1.3: refused at the first read
+            served.request("GET", "/health", context=_trusting(pki.ca))
+        # a certificate from another CA is refused too
+        other_key, other_cert = _client_cert(*make_ca("fm other client CA"))
+        (tmp_path / "o.pem").write_bytes(_pem(other_cert))
+        (tmp_path / "o.key").write_bytes(_pem_key(other_key))
+        with pytest.raises((ssl.SSLError, OSError, http.client.HTTPException)):
+            served.request("GET", "/health", context=_trusting(pki.ca, tmp_path / "o.pem", tmp_path / "o.key"))
+    finally:
+        assert served.stop() == -signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    "tls, text",
+    [
+        ({"cert_file": "missing.pem", "key_file": "missing.key"}, "server.tls: {root}/missing.pem: No such file or directory"),
+        ({"cert_file": "{key}", "key_file": "{key}"}, "not a PEM certificate"),
+        ({"cert_file": "{cert}", "key_file": "{client_key}"}, "is not the key of the certificate"),
+    ],
+)
+def test_bad_tls_files_stop_the_start_naming_the_file(pki, redis_server, tmp_path, tls, text):
+    names = {"key": pki.key, "cert": pki.cert, "client_key": pki.client_key}
+    tls = {k: v.format(**names) for k, v in tls.items()}
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(_settings(redis_server, 11, tls=tls)))
+    done = subprocess.run([MATERIALIZE, "serve", "--env", "t", "--port", "1"], env={**os.environ, "FM_CONF_DIR": str(folder)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    from fm_config import PROJECT_ROOT
+
+    assert done.returncode == 2 and text.format(root=PROJECT_ROOT) in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+def _auth(jwks: dict, **extra) -> dict:
+    return {"mode": "jwt", **jwks, "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS, "leeway_seconds": 30, **extra}
+
+
+@pytest.fixture(scope="module")
+def jwt_served(signer, redis_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jwt")
+    (tmp / "jwks.json").write_bytes(_jwks(signer))
+    served = start(tmp, _settings(redis_server, 11, auth=_auth({"jwks_file": str(tmp / "jwks.json")})), None)
+    yield served
+    assert served.stop() == -signal.SIGTERM
+
+
+def _refused(answer, status: int, text: str, token: str | None = None, error: str | None = "invalid_token"):
+    got, body, headers = answer
+    assert got == status, body
+    assert text in json.loads(body)["error"], body
+    if token:
+        assert token not in body.decode() and token.split(".")[1] not in body.decode()  # never echoed
+    if status == 401:
+        challenge = headers["www-authenticate"]
+        assert challenge.startswith('Bearer realm="feature-server"')
+        assert (f'error="{error}"' in challenge) if error else ("error=" not in challenge)
+
+
+def test_a_read_without_a_good_token_gets_401_saying_why(jwt_served, signer):
+    _refused(jwt_served.post(RANKING), 401, "needs a bearer token", error=None)
+    expired = signer.token(["analyst"], exp_in=-120)
+    _refused(jwt_served.post(RANKING, expired), 401, "the token has expired", expired)
+    _refused(jwt_served.post(RANKING, signer.token(["analyst"], iss="https://evil.test")), 401, "not from the accepted issuer")
+    _refused(jwt_served.post(RANKING, signer.token(["analyst"], aud="another-service")), 401, "not for this server")
+    forged = Signer("k1").token(["analyst"])  # the right key id, another key
+    _refused(jwt_served.post(RANKING, forged), 401, "signature does not verify", forged)
+    _refused(jwt_served.post(RANKING, Signer("k9").token(["analyst"])), 401, "key id 'k9' is not in the JWKS")
+    _refused(jwt_served.post(RANKING, "not-a-jwt"), 401, "is not a JWT")
+    unsigned = jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "exp": int(time.time()) + 600, "roles": ["analyst"]}, None, algorithm="none")
+    _refused(jwt_served.post(RANKING, unsigned), 401, "algorithm 'none' is not accepted")
+    # HS256 with the public key as the secret (the key-confusion attack)
+    public_pem = signer.key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    claims = {"iss": ISSUER, "aud": AUDIENCE, "exp": int(time.time()) + 600, "roles": ["analyst"]}
+    confused = _hs256(claims, public_pem)
+    _refused(jwt_served.post(RANKING, confused), 401, "algorithm 'HS256' is not accepted")
+    health = jwt_served.request("GET", "/health")  # probes send no token (503: a store ping slow on a busy machine, not auth)
+    assert health[0] in (200, 503) and "www-authenticate" not in health[2], health
+    status, metrics, _ = jwt_served.request("GET", "/metrics")
+    assert status == 200 and b"feature_server_auth_tokens_refused_total 9.0" in metrics
+
+
+def _hs256(claims: dict, secret: bytes) -> str:
+    """An HS256 token made by hand (PyJWT itself refuses a PEM public key as an HMAC secret)."""
+    import base64
+    import hashlib
+    import hmac
+
+    def part(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    signing = part(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "k1"}).encode()) + "." + part(json.dumps(claims).encode())
+    return signing + "." + part(hmac.new(secret, signing.encode(), hashlib.sha256).digest())
+
+
+def test_a_token_reads_only_what_its_claims_grant(jwt_served, signer):
+    ranking = signer.token(["ranking-model"])
+    status, body, _ = jwt_served.post(RANKING, ranking)
+    assert status == 200 and _names(body) == ["consumer_id", "orders_7d", "churn_score", "is_subscriber", "taste_embedding"]
+    _refused(jwt_served.post({"features": ["consumer_daily:orders_7d"], "entities": {"consumer_id": [1]}}, ranking), 403,
+             "does not grant reading source 'consumer_daily'")  # fmt: skip
+    stores = signer.token(["store-model"])
+    assert jwt_served.post(STORES, stores)[0] == 200
+    _refused(jwt_served.post(BOTH, stores), 403, "does not grant reading source 'consumer_daily' (server.auth.grants)")
+    _refused(jwt_served.post(RANKING, stores), 403, "feature service 'consumer_ranking'")
+    _refused(jwt_served.post(RANKING, signer.token(["nobody"])), 403, "feature service 'consumer_ranking'")
+    # a space-separated claim (OAuth's scope) under another name is read the same way: not here, roles is the claim
+    _refused(jwt_served.post(RANKING, signer.token("analyst", claim="scope")), 403, "feature service 'consumer_ranking'")
+    analyst = signer.token("ranking-model analyst")  # a string claim: space-separated values
+    assert jwt_served.post(BOTH, analyst)[0] == 200
+    # within the leeway an expired token still reads; the same token again comes from the cache
+    late = signer.token(["analyst"], exp_in=-5)
+    assert [jwt_served.post(BOTH, late)[0] for _ in range(3)] == [200] * 3
+    metrics = jwt_served.request("GET", "/metrics")[1].decode()
+    # reused: ranking once, stores twice, late twice (the other test's tokens were all refused, never cached)
+    assert "\nfeature_server_auth_tokens_cached_total 5.0\n" in metrics
+
+
+def test_keys_from_a_url_are_refreshed_and_kept_while_it_is_down(signer, redis_server, tmp_path):
+    jwks = {"body": _jwks(signer)}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(jwks["body"])
+
+        def log_message(self, *args):
+            pass
+
+    idp = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=idp.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{idp.server_address[1]}/jwks"
+    served = start(tmp_path, _settings(redis_server, 11, auth=_auth({"jwks_url": url}, jwks_refresh_seconds=1)), None)
+    try:
+        assert served.post(RANKING, signer.token(["analyst"]))[0] == 200
+        rotated = Signer("k2")
+        jwks["body"] = _jwks(signer, rotated)
+        time.sleep(1.2)
+        assert served.post(RANKING, rotated.token(["analyst"]))[0] == 200  # an unknown key id fetched the keys again
+        idp.shutdown()
+        idp.server_close()
+        time.sleep(1.2)
+        fresh = signer.token(["analyst"], exp_in=900)  # not cached: verified with the keys kept
+        assert served.post(RANKING, fresh)[0] == 200
+        assert served.post(RANKING, fresh)[0] == 200
+    finally:
+        assert served.stop() == -signal.SIGTERM
+
+
+def test_keys_that_cannot_be_fetched_at_start_answer_503_not_401(signer, redis_server, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/jwks"  # nothing listens
+    served = start(tmp_path, _settings(redis_server, 11, auth=_auth({"jwks_url": url})), None)
+    try:
+        status, body, _ = served.post(RANKING, signer.token(["analyst"]))
+        assert status == 503 and "cannot verify tokens: the JWKS at " + url in json.loads(body)["error"]
+    finally:
+        assert served.stop() == -signal.SIGTERM
+
+
+# --- start-up ----------------------------------------------------------------------------------
+
+
+def test_serve_refuses_to_start_unauthenticated_on_a_non_loopback_address(redis_server, tmp_path):
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(_settings(redis_server, 11)))
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    done = subprocess.run([MATERIALIZE, "serve", "--env", "t", "--host", "0.0.0.0", "--port", "1"], env=environ,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "refusing to serve features without authentication on 0.0.0.0" in done.stderr
+    assert "server.auth.mode: none" in done.stderr and "--insecure-no-auth" in done.stderr and "Traceback" not in done.stderr
+    served = start(tmp_path / "insecure", _settings(redis_server, 11), None, "--host", "0.0.0.0", "--insecure-no-auth")
+    try:
+        assert served.post(RANKING)[0] == 200
+    finally:
+        assert served.stop() == -signal.SIGTERM
+
+
+@pytest.mark.parametrize(
+    "auth, text",
+    [
+        ({"mode": "jwt", "jwks_file": "x.json", "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS, "algorithms": ["HS256"]},
+         "HS256 refused (asymmetric only"),
+        ({"mode": "jwt", "jwks_file": "x.json", "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS, "algorithms": ["none"]},
+         "none refused"),
+        ({"mode": "jwt", "jwks_file": "x.json", "grants": GRANTS}, "needs issuer and audience"),
+        ({"mode": "jwt", "jwks_file": "/nonexistent/jwks.json", "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS},
+         "server.auth.jwks_file /nonexistent/jwks.json: No such file or directory"),
+    ],
+)  # fmt: skip
+def test_bad_auth_settings_stop_the_start_naming_the_setting(redis_server, tmp_path, auth, text):
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(_settings(redis_server, 11, auth=auth)))
+    done = subprocess.run([MATERIALIZE, "serve", "--env", "t", "--port", "1"], env={**os.environ, "FM_CONF_DIR": str(folder)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and text in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_cached_token_expires_with_the_token(signer, tmp_path):
+    """In process: the cache answers until exp + leeway, then the token is verified again (and refused)."""
+    import asyncio
+
+    from feature_defs import DEFAULT_DIR, load_definitions
+    from feature_reader.auth import Authenticator, AuthError
+    from fm_config.reader import ServerAuthSettings
+
+    path = tmp_path / "jwks.json"
+    path.write_bytes(_jwks(signer))
+    settings = ServerAuthSettings(**_auth({"jwks_file": str(path)}, cache_entries=2))
+    now = [time.time()]
+    auth = Authenticator(settings, load_definitions(DEFAULT_DIR), Path, clock=lambda: now[0])
+    token = signer.token(["analyst"], exp_in=60)
+    header = [(b"authorization", f"Bearer {token}".encode())]
+    asyncio.run(auth.authenticate("/get-online-features", header))
+    asyncio.run(auth.authenticate("/get-online-features", header))
+    assert auth.stats == {"verified": 1, "cached": 1, "refused": 0}
+    now[0] += 60 + 31  # past exp and the leeway by the cache's clock: verified again (PyJWT checks on real time)
+    asyncio.run(auth.authenticate("/get-online-features", header))
+    assert auth.stats["verified"] == 2
+    for roles in (["a"], ["b"], ["c"]):  # bounded: two entries at most
+        asyncio.run(auth.authenticate("/get-online-features", [(b"authorization", f"Bearer {signer.token(roles)}".encode())]))
+    assert len(auth.cache) == 2
+    with pytest.raises(AuthError):
+        asyncio.run(auth.authenticate("/get-online-features", [(b"authorization", b"Basic abc")]))
+
+
+# --- materialize doctor: the server's port, TLS files and keys ---------------------------------
+
+
+def _doctor(**server):
+    from fm_config import RunConf
+    from jobs.operations.doctor import check_server
+
+    return {c.name: c for c in check_server(RunConf(server=server))}
+
+
+def _cert_valid_for(pki: Pki, folder: Path, days: float) -> Path:
+    """A certificate of the server's key from our CA, expiring in ``days`` (negative: expired)."""
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    key = serialization.load_pem_private_key(pki.key.read_bytes(), None)
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(ca_cert.subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=30))
+        .not_valid_after(now + dt.timedelta(days=days)).sign(key, hashes.SHA256())
+    )  # fmt: skip
+    path = folder / f"cert-{days}.pem"
+    path.write_bytes(_pem(cert))
+    return path
+
+
+def test_doctor_checks_the_servers_port_tls_files_and_keys(pki, signer, jwt_served, taken_port, tmp_path):
+    port = free_port()
+    tls = {"cert_file": str(pki.cert), "key_file": str(pki.key), "client_ca_file": str(pki.ca), "expiry_warn_days": 0}  # valid 1 day
+    checks = _doctor(port=port, tls=tls)
+    assert {n: c.status for n, c in checks.items()} == {
+        "server port": "ok", "server.tls": "ok", "server.tls.client_ca_file": "ok", "server auth": "ok"
+    }  # fmt: skip
+    assert checks["server port"].detail == f"127.0.0.1:{port} is free"
+    assert (
+        checks["server.tls"].detail.startswith(f"{pki.cert}: 127.0.0.1, localhost, valid until ")
+        and "key matches" in checks["server.tls"].detail
+    )
+    assert checks["server auth"].detail == "none: 127.0.0.1 is a loopback address"
+
+    taken = _doctor(port=taken_port)["server port"]
+    assert (taken.status, taken.detail) == ("fail", f"127.0.0.1:{taken_port} is taken by another program") and "server.port" in taken.fix
+    ours = _doctor(port=jwt_served.port)["server port"]  # /health is open: a feature server says so
+    assert ours.status == "ok" and ours.detail.startswith(f"127.0.0.1:{jwt_served.port}: a feature server already answers there")
+
+    def tls_of(cert: Path, key: Path = pki.key, warn_days: int = 0) -> list[tuple[str, str, str]]:
+        tls = {"cert_file": str(cert), "key_file": str(key), "expiry_warn_days": warn_days}
+        return [(c.status, n, c.detail) for n, c in _doctor(port=port, tls=tls).items()
+                if n.startswith("server.tls")]  # fmt: skip
+
+    expired = _cert_valid_for(pki, tmp_path, -1)
+    assert tls_of(expired) == [("fail", "server.tls.cert_file", f"{expired}: expired {_until(expired)} UTC")]
+    soon = _cert_valid_for(pki, tmp_path, 3)
+    [(status, name, detail)] = tls_of(soon, warn_days=14)
+    assert (status, name) == ("warn", "server.tls.cert_file") and detail.startswith(f"{soon}: expires in 3.0 days")
+    assert tls_of(pki.cert, pki.client_key) == [
+        ("fail", "server.tls.key_file", f"{pki.client_key} is not the key of the certificate in {pki.cert}")
+    ]
+    assert tls_of(tmp_path / "none.pem") == [("fail", "server.tls.cert_file", f"{tmp_path / 'none.pem'}: No such file or directory")]
+    assert tls_of(pki.key, pki.key) == [("fail", "server.tls.cert_file", f"{pki.key}: not a PEM certificate")]
+
+    (tmp_path / "jwks.json").write_bytes(_jwks(signer))
+    (tmp_path / "bad.json").write_text("{not json")
+    auth = _auth({"jwks_file": str(tmp_path / "jwks.json")})
+    good = _doctor(port=port, auth=auth)["server auth"]
+    assert (good.status, good.detail) == ("ok", f"JWT: jwks_file {tmp_path / 'jwks.json'}: 1 key(s); issuer {ISSUER}")
+    bad = _doctor(port=port, auth={**auth, "jwks_file": str(tmp_path / "bad.json")})["server auth"]
+    assert bad.status == "fail" and bad.detail.startswith(f"server.auth.jwks_file {tmp_path / 'bad.json'}: not JSON")
+    open_wide = _doctor(port=port, host="0.0.0.0")
+    assert (
+        open_wide["server auth"].status == "fail" and "serve refuses to start unauthenticated on 0.0.0.0" in open_wide["server auth"].detail
+    )
+    assert open_wide["server tls"].status == "warn" and "plain HTTP on 0.0.0.0" in open_wide["server tls"].detail
+
+
+def _until(path: Path) -> str:
+    return f"{x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc:%Y-%m-%d %H:%M}"
+
+
+def test_tls_files_are_checked_by_the_ssl_module_without_the_auth_extra(pki, monkeypatch):
+    """[server] alone (no cryptography): files, PEM and the key's match are still checked; expiry is said to be unchecked."""
+    from feature_reader.tls import check_tls_files
+    from fm_config.reader import ServerTlsSettings
+
+    for name in [m for m in sys.modules if m == "cryptography" or m.startswith("cryptography.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography: ModuleNotFoundError
+    good = check_tls_files(ServerTlsSettings(cert_file=str(pki.cert), key_file=str(pki.key), client_ca_file=str(pki.ca)), Path)
+    assert [(status, name) for status, name, _ in good] == [("ok", "server.tls"), ("warn", "server.tls expiry")]
+    [(status, name, detail), _] = check_tls_files(ServerTlsSettings(cert_file=str(pki.cert), key_file=str(pki.client_key)), Path)
+    assert (status, name) == ("fail", "server.tls.cert_file") and "KEY_VALUES_MISMATCH" in detail
+
+
+def test_tokens_without_the_auth_extra_stop_the_start_in_one_line_naming_it(redis_server, tmp_path):
+    auth = {"mode": "jwt", "jwks_url": "https://idp.test/jwks", "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS}
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(_settings(redis_server, 11, auth=auth)))
+    code = "import sys; sys.modules['jwt'] = None; from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    done = subprocess.run([sys.executable, "-c", code, "serve", "--env", "t", "--port", "1"], env=environ,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr == (
+        "materialize serve needs the token authentication extra (jwt is not installed): pip install 'feature-materializer[auth]'\n"
+    ), done.stderr
