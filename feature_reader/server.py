@@ -6,12 +6,18 @@ measured fastest among well-kept ones (bench/README.md, "The feature server"). R
 - ``POST /get-online-features``: Feast's request body, Feast's response body, byte for
   byte what ``materialize get`` prints for the same request;
 - ``GET /health``: 200 when every configured store answers, else 503 naming the one that does not;
-- ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight).
+- ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight);
+- ``GET /openapi.json``: the OpenAPI document of these routes (feature_reader/openapi.py).
+
+Every GET route answers HEAD too; a wrong method gets 405 with ``Allow``.
 
 Limits from ``server:`` in conf: body bytes (413), requests in flight (503 at once:
-back-pressure rather than a queue that grows), a deadline per request (504); entities per
-request from ``reader.max_entities`` (400). Errors are JSON ``{"error": ..., "type": ...}``
-naming the bad part; never a stack trace, a connection string or a password.
+back-pressure rather than a queue that grows; a request counts once its body is read),
+a deadline per request (504); entities per request from ``reader.max_entities`` (400).
+Connections (read timeout, idle timeout, header size and count, how many): one_write.py.
+A POST body must be JSON (415 otherwise). Errors are JSON ``{"error": ..., "type": ...}``
+naming the bad part, names cut to 100 characters; never a stack trace, a connection
+string or a password.
 """
 
 from __future__ import annotations
@@ -27,15 +33,17 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from prometheus_client.core import CounterMetricFamily
 
 from feature_defs import load_definitions
-from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
+from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError, shown
 from feature_reader.feast_request import parse_body
+from feature_reader.openapi import openapi_json
 from feature_reader.reader import COUNTERS, AsyncFeatureReader
 from fm_config import load_config
 
 log = logging.getLogger("feature_reader.server")
 
 ONLINE = "/get-online-features"
-ROUTES = {ONLINE: b"POST", "/health": b"GET", "/metrics": b"GET"}
+ROUTES = {ONLINE: b"POST", "/health": b"GET", "/metrics": b"GET", "/openapi.json": b"GET"}
+"""Route -> its method; every GET route answers HEAD too (uvicorn sends the head only)."""
 JSON = b"application/json"
 GC_THRESHOLDS = (700, 10, 1000)
 """Python's defaults but the last: a full collection after 1,000 middle ones, not 10."""
@@ -43,9 +51,15 @@ BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, message: str, kind: str):
+    def __init__(self, status: int, message: str, kind: str, headers: tuple = ()):
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.kind, self.headers = status, kind, list(headers)
+
+
+def allowed(path: str) -> tuple[bytes, ...]:
+    """The methods a route answers."""
+    method = ROUTES[path]
+    return (method, b"HEAD") if method == b"GET" else (method,)
 
 
 class _ReaderCounters:
@@ -90,16 +104,24 @@ class FeatureServer:
         start = time.perf_counter()
         path = scope["path"]
         route = path if path in ROUTES else "other"
+        extra: list = []
         try:
             status, body, kind = await self._answer(scope, receive, path)
         except _Refused as exc:
-            status, body, kind = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON
+            status, body, kind, extra = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON, exc.headers
+        except asyncio.CancelledError:  # uvicorn's shutdown grace ran out while this was being answered
+            log.warning("%s %s cancelled: the shutdown grace (server.shutdown_grace_ms) ran out", scope["method"], shown(path))
+            status, body, kind = 503, orjson.dumps({"error": "the server is stopping", "type": "ShuttingDown"}), JSON
+            extra = [(b"connection", b"close")]
         except Exception as exc:  # a bug: logged by type and first line, answered without details
-            log.error("%s %s failed: %s: %s", scope["method"], path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            log.error("%s %s failed: %s: %s", scope["method"], shown(path), type(exc).__name__, shown(str(exc).split("\n")[0], 200))
             status, body, kind = 500, orjson.dumps({"error": "internal error (logged by the server)", "type": "InternalError"}), JSON
         await send(
-            {"type": "http.response.start", "status": status, "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body))]}
-        )
+            {
+                "type": "http.response.start", "status": status,
+                "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body)), *extra],
+            }
+        )  # fmt: skip
         await send({"type": "http.response.body", "body": body})
         series = self._series.get((route, status))
         if series is None:  # labels() takes a lock and builds the key each call: kept per (route, status)
@@ -109,23 +131,28 @@ class FeatureServer:
     async def _answer(self, scope: dict, receive, path: str) -> tuple[int, bytes, bytes]:
         method = scope["method"].encode()
         if path not in ROUTES:
-            raise _Refused(404, f"no route {path}; routes: {', '.join(ROUTES)}", "NotFound")
-        if method != ROUTES[path]:
-            raise _Refused(405, f"{path} takes {ROUTES[path].decode()}, not {method.decode()}", "MethodNotAllowed")
+            raise _Refused(404, f"no route {shown(path)}; routes: {', '.join(ROUTES)}", "NotFound")
+        methods = allowed(path)
+        if method not in methods:
+            names = ", ".join(m.decode() for m in methods)
+            raise _Refused(405, f"{path} takes {names}, not {shown(method.decode())}", "MethodNotAllowed", [(b"allow", names.encode())])
         if path == ONLINE:
             return await self._online(scope, receive)
         if path == "/health":
             stores = await self.reader.ping()
             ready = all(v == "ok" for v in stores.values())
             return (200 if ready else 503), orjson.dumps({"status": "ready" if ready else "unavailable", "stores": stores}), JSON
+        if path == "/openapi.json":
+            return 200, openapi_json(), JSON
         return 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
 
     async def _online(self, scope: dict, receive) -> tuple[int, bytes, bytes]:
+        _json_only(scope["headers"], self.settings.require_content_type)
+        body = await self._body(scope, receive)  # not in flight yet: the connection's read timeout bounds this
         if self.in_flight >= self.settings.max_in_flight:
             raise _Refused(503, f"overloaded: {self.in_flight} requests in flight (server.max_in_flight); retry later", "Overloaded")
         self.in_flight += 1
         try:
-            body = await self._body(scope, receive)
             try:
                 args = parse_body(body)
                 async with asyncio.timeout(self.settings.deadline_ms / 1000):
@@ -150,8 +177,9 @@ class FeatureServer:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 raise _Refused(
-                    413, f"the request body is {int(value):,} bytes; the limit is {limit:,} (server.max_body_bytes)", "BodyTooLarge"
-                )
+                    413, f"the request body is {int(value):,} bytes; the limit is {limit:,} (server.max_body_bytes)", "BodyTooLarge",
+                    [(b"connection", b"close")],  # its body is not read: the connection cannot carry another request
+                )  # fmt: skip
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -160,7 +188,8 @@ class FeatureServer:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise _Refused(413, f"the request body passes {limit:,} bytes (server.max_body_bytes)", "BodyTooLarge")
+                message = f"the request body passes {limit:,} bytes (server.max_body_bytes)"
+                raise _Refused(413, message, "BodyTooLarge", [(b"connection", b"close")])
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
@@ -182,6 +211,21 @@ class FeatureServer:
                 return
 
 
+def _json_only(headers: list, required: bool) -> None:
+    """415 unless the body is declared JSON. A missing Content-Type passes unless ``required``:
+    Feast's remote online-store client sends none."""
+    for name, value in headers:
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media == JSON or (media.startswith(b"application/") and media.endswith(b"+json")):
+                return
+            raise _Refused(415, f"the request body must be JSON (Content-Type: application/json), not {shown(media.decode('latin-1'))}",
+                           "UnsupportedMediaType")  # fmt: skip
+    if required:
+        raise _Refused(415, "the request has no Content-Type; send Content-Type: application/json (server.require_content_type)",
+                       "UnsupportedMediaType")  # fmt: skip
+
+
 def serve(env: str | None, host: str | None, port: int | None, workers: int = 1) -> None:
     """Run the server until SIGTERM or Ctrl-C (in-flight requests finish first)."""
     serve_conf(load_config(env), host, port, workers)
@@ -190,10 +234,11 @@ def serve(env: str | None, host: str | None, port: int | None, workers: int = 1)
 def serve_conf(conf, host: str | None = None, port: int | None = None, workers: int = 1) -> None:
     """``serve`` on a loaded conf (the load benchmark builds its own)."""
     import os
+    from functools import partial
 
     import uvicorn
 
-    from feature_reader.one_write import OneWriteProtocol
+    from feature_reader.one_write import Limits, OneWriteProtocol
 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
@@ -202,16 +247,17 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
         host=host,
         port=port,
         loop="uvloop",
-        http=OneWriteProtocol,
+        http=partial(OneWriteProtocol, limits=Limits.from_settings(conf.server)),
         ws="none",
         access_log=False,
         proxy_headers=False,
         lifespan="on",
         log_level="warning",
-        timeout_graceful_shutdown=30,
+        timeout_keep_alive=conf.server.idle_timeout_ms / 1000,
+        timeout_graceful_shutdown=conf.server.shutdown_grace_ms / 1000,
     )
     print(f"[serve] Feast's feature-server API on http://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}): "
-          f"POST /get-online-features, GET /health, GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
+          f"POST /get-online-features, GET /health, GET /metrics, GET /openapi.json. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
     if workers > 1:
         os.environ["FM_SERVE_ENV"] = conf.env
         uvicorn.run("feature_reader.server:_app_from_env", factory=True, workers=workers, **options)
