@@ -188,8 +188,8 @@ class FeatureServer:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                message = f"the request body passes {limit:,} bytes (server.max_body_bytes)"
-                raise _Refused(413, message, "BodyTooLarge", [(b"connection", b"close")])
+                text = f"the request body passes {limit:,} bytes (server.max_body_bytes)"
+                raise _Refused(413, text, "BodyTooLarge", [(b"connection", b"close")])
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)

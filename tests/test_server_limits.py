@@ -167,3 +167,25 @@ def test_request_heads_are_bounded_in_size_and_count(written, tmp_path):  # noqa
     finally:
         server.stop()
     assert "Traceback" not in server.log.read_text()
+
+
+def test_a_long_name_or_key_gets_a_short_answer(written, tmp_path):  # noqa: F811
+    """At the default body limit (1 MB): a 500,000-character name once made a 500 KB 404."""
+    conf, _ = written
+    server = serve(tmp_path, "long", _settings(conf, server={"max_body_bytes": 1 << 20}))
+    try:
+        cases = [
+            ({"features": ["every_type:" + "x" * 500_000], "entities": {"consumer_id": [1]}}, 404, "...(500,000 characters)'"),
+            ({"features": ["y" * 500_000 + ":n"], "entities": {"consumer_id": [1]}}, 404, "...(500,000 characters)'"),
+            # past Python's 4,300-digit conversion limit: still a 422 naming the key, digits cut
+            ({"features": ["every_type:n"], "entities": {"consumer_id": [int("9" * 4000), 1]}}, 422, "row 0: " + "9" * 40 + "...(4,000"),
+        ]
+        for payload, status, text in cases:
+            got, body = server.post(payload)
+            assert (got, text in json.loads(body)["error"], len(body) < 600) == (status, True, True), body[:1000]
+        body = b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + b"8" * 100_000 + b"]}}"
+        got, answer = server.post(body)
+        assert got == 422 and "row 0: " + "8" * 40 + "...(100,000 characters) is outside int64" in json.loads(answer)["error"], answer
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log.read_text()
