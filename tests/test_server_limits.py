@@ -189,3 +189,40 @@ def test_a_long_name_or_key_gets_a_short_answer(written, tmp_path):  # noqa: F81
     finally:
         server.stop()
     assert "Traceback" not in server.log.read_text()
+
+
+def test_a_request_still_unanswered_when_the_grace_runs_out_gets_503_without_a_traceback(written, tmp_path):  # noqa: F811
+    """A Redis of its own, paused: the request waits on it when SIGTERM comes; past the grace it
+    is answered 503 and the process stops (uvicorn's grace was 30 s, then a traceback)."""
+    import threading
+
+    import redis
+
+    from throwaway.servers import start_redis
+
+    conf, _ = written
+    own = start_redis(tmp_path / "redis")
+    settings = _settings(
+        conf, sinks=["redis"], redis={"url": own.url, "password_env": None, "mode": "standalone"},
+        reader={"timeout_ms": 20_000, "cache": {"enabled": False}}, server={"deadline_ms": 20_000, "shutdown_grace_ms": 500},
+    )  # fmt: skip
+    server = serve(tmp_path, "grace", settings)
+    try:
+        assert server.post(json.loads(ASK))[0] == 200
+        redis.Redis(host="127.0.0.1", port=own.port).execute_command("CLIENT", "PAUSE", "15000", "ALL")
+        outcome: list = []
+        waiting = threading.Thread(target=lambda: outcome.append(server.post(json.loads(ASK))))
+        waiting.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == -signal.SIGTERM
+        assert time.monotonic() - start < 10  # the grace, 0.5 s, on a busy machine; Redis stays paused 15 s
+        waiting.join()
+        status, body = outcome[0]
+        assert (status, json.loads(body)["type"]) == (503, "ShuttingDown")
+    finally:
+        server.stop()
+        own.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log and "shutdown grace (server.shutdown_grace_ms) ran out" in log, log
