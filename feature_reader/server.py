@@ -242,6 +242,7 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
+    _open_files(conf.server.max_connections)
     # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
     options: dict[str, Any] = dict(
         host=host,
@@ -264,6 +265,22 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     else:
         uvicorn.run(FeatureServer(_reader(conf)), **options)
     print("[serve] stopped", flush=True)
+
+
+def _open_files(connections: int) -> None:
+    """The soft open-file limit raised to what server.max_connections needs, plus room for the
+    stores' connections and the process's own files, as far as the hard limit allows."""
+    import resource
+
+    want = connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < want:
+        print(f"[serve] warning: open files are limited to {raised} (ulimit -n); server.max_connections {connections} needs {want}: "
+              f"connections past the limit fail to be accepted", flush=True)  # fmt: skip
 
 
 def _reader(conf) -> AsyncFeatureReader:

@@ -226,3 +226,17 @@ def test_a_request_still_unanswered_when_the_grace_runs_out_gets_503_without_a_t
         own.stop()
     log = server.log.read_text()
     assert "Traceback" not in log and "shutdown grace (server.shutdown_grace_ms) ran out" in log, log
+
+
+def test_serve_raises_the_open_file_limit_that_max_connections_needs():
+    import resource
+    import subprocess
+    import sys
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    code = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (300, {hard})); from feature_reader.server import _open_files; "
+        "_open_files(1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    soft = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert int(soft) == (1024 + 256 if hard == resource.RLIM_INFINITY else min(1024 + 256, hard))
