@@ -95,7 +95,7 @@ class OneWriteProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = self.limits.idle_timeout
         self._read_timer: asyncio.TimerHandle | None = None
         self._in_head = False
-        self._head_bytes = self._header_count = 0
+        self._head_bytes = self._head_raw = self._header_count = 0
         self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -115,7 +115,7 @@ class OneWriteProtocol(HttpToolsProtocol):
             return  # lingering: read and dropped
         self._unset_keepalive_if_required()
         if self._in_head:  # a head begun in an earlier chunk: the parser holds these bytes until the line ends
-            self._head_bytes += len(data)
+            self._head_raw += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -129,12 +129,12 @@ class OneWriteProtocol(HttpToolsProtocol):
                 self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
             return
-        if self._in_head and self._head_bytes > self.limits.max_header_bytes:
-            self._too_large()
+        if self._in_head and self._head_raw > self.limits.max_header_bytes:
+            self._too_large()  # still in the head after these bytes: all of them are the head's
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes, self._header_count = True, 0, 0
+        self._in_head, self._head_bytes, self._head_raw, self._header_count = True, 0, 0, 0
         self._cancel_read_timer()
         self._read_timer = self.loop.call_later(self.limits.read_timeout, self._read_timed_out)
 

@@ -148,6 +148,18 @@ def test_request_heads_are_bounded_in_size_and_count(written, tmp_path):  # noqa
             status, body = _answer(conn)
             assert (status, body["type"]) == (431, "HeadersTooLarge") and "server.max_header_bytes" in body["error"], body
             conn.close()
+        # a head under the limit, arriving in pieces, is served (its bytes counted once)
+        conn = _connect(server.port)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n" + b"".join(
+            b"x-p%d: %s\r\n" % (i, b"v" * 1000) for i in range(12)
+        )
+        for at in range(0, len(head), 1500):
+            conn.sendall(head[at : at + 1500])
+            time.sleep(0.05)
+        conn.sendall(b"\r\n")
+        assert _answer(conn)[0] == 200
+        conn.close()
         # a 64 MB header line: refused after its first bytes; the server's peak memory hardly moves
         peak = _status(pid, "VmHWM")
         conn = _connect(server.port)
