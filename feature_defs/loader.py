@@ -180,9 +180,10 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
 
 
 def _service_problems(services, sources, places) -> list[str]:
-    """Every reference of a feature service names a defined source (and feature)."""
+    """Every reference of a feature service names a defined source (and feature), each feature once."""
     problems = []
     for service in services.values():
+        seen: dict[str, str] = {}
         for ref in service.features:
             source_name, _, feature = ref.partition(":")
             source = sources.get(source_name)
@@ -195,6 +196,15 @@ def _service_problems(services, sources, places) -> list[str]:
                     f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: "
                     f"source {source_name!r} has no feature {feature!r}"
                 )
+            else:  # a response's columns are read by position: a feature twice is a mistake
+                for name in [feature] if feature else [f.name for f in source.features]:
+                    key = f"{source_name}:{name}"
+                    if key in seen:
+                        problems.append(
+                            f"{places.at(f'service:{service.name}')}: feature service {service.name!r}: "
+                            f"feature {key!r} is listed twice ({seen[key]!r} and {ref!r})"
+                        )
+                    seen.setdefault(key, ref)
     return problems
 
 

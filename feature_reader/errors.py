@@ -13,13 +13,22 @@ class RequestError(TerminalError, ValueError):
     """The request cannot be served as asked (an HTTP server answers 4xx)."""
 
 
+SHOWN = 100
+"""Characters of a name from a request that a message repeats; the rest is cut."""
+
+
+def shown(text: str, limit: int = SHOWN) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was: request parts are echoed in errors."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text):,} characters)"
+
+
 class UnknownNameError(RequestError):
     """A feature, source or feature service that no definition has."""
 
     def __init__(self, what: str, name: str, known: list[str]):
-        near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.6) if len(name) <= SHOWN else []
         hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
-        super().__init__(f"unknown {what} {name!r}{hint}")
+        super().__init__(f"unknown {what} {shown(name)!r}{hint}")
         self.what, self.name, self.near = what, name, near
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
 
-from feature_reader.errors import RequestError
+from feature_reader.errors import RequestError, shown
 
 FEAST_FIELDS = {"features", "feature_service", "entities", "full_feature_names"}
 IGNORED = {"include_feature_view_version_metadata", "query_embedding", "query_string", "top_k", "api_version"}
@@ -15,18 +17,47 @@ OURS = {"max_age"}
 """The reader's own: a max_age in seconds for this request."""
 
 
+_LONG_NUMBER = re.compile(rb"\d{19}")
+"""Digits orjson may not keep: past 64 bits it makes a float of an integer (2^64 became
+1.8446744073709552e19), or fails; such a body is parsed again, exactly, by the json module."""
+
+
+class _Long(int):
+    """An integer literal longer than Python converts (4,300 digits): outside int64 whatever
+    its value, shown by its digits."""
+
+    def __new__(cls, digits: str):
+        self = super().__new__(cls, -(2**64) if digits.startswith("-") else 2**64)
+        self.digits = digits
+        return self
+
+    def __str__(self) -> str:
+        return self.digits
+
+    __repr__ = __str__
+
+
+def _exact_int(digits: str) -> int:
+    return int(digits) if len(digits) <= 4000 else _Long(digits)
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")  # the json module's extension; orjson refuses it too
+
+
 def parse_body(body: bytes | str) -> dict[str, Any]:
     """Keyword arguments of get_online_features from a request body; RequestError naming the bad part."""
+    raw = body.encode() if isinstance(body, str) else body
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(f"the request body is not JSON: {exc}") from None
+        data = json.loads(raw, parse_int=_exact_int, parse_constant=_not_json) if _LONG_NUMBER.search(raw) else orjson.loads(raw)
+    except ValueError as exc:  # orjson.JSONDecodeError and json.JSONDecodeError are ValueErrors
+        raise RequestError(f"the request body is not JSON: {shown(str(exc), 200)}") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object with 'features' (or 'feature_service') and 'entities'")
     unknown = sorted(set(data) - FEAST_FIELDS - IGNORED - OURS)
     if unknown:
         raise RequestError(
-            f"unknown field(s) in the request: {', '.join(unknown)} "
+            f"unknown field(s) in the request: {', '.join(shown(u) for u in unknown[:10])}{' ...' * (len(unknown) > 10)} "
             "(expected: features or feature_service, entities, full_feature_names, max_age)"
         )
     features = data.get("features")

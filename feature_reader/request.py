@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from feature_defs import Definitions, EntityDef, FeatureDef, SourceDef
-from feature_reader.errors import EntityKeyError, RequestError, UnknownNameError
+from feature_reader.errors import EntityKeyError, RequestError, UnknownNameError, shown
 from serializers.keys import entity_id
 
 _BAD_STRING_PART = re.compile(r"[:\x00-\x1f\x7f]")
@@ -27,7 +27,9 @@ class Column:
 
 
 def resolve_features(defs: Definitions, features: list[str] | None, feature_service: str | None) -> list[tuple[SourceDef, FeatureDef]]:
-    """The (source, feature) pairs named by references or a feature service, in order, each once."""
+    """The (source, feature) pairs named by references or a feature service, in order. A feature
+    named twice (the same reference, or a feature and its source's name) is a RequestError:
+    clients map the response's columns by position."""
     if feature_service is not None:
         if features:
             raise RequestError("give either features or feature_service, not both")
@@ -37,6 +39,7 @@ def resolve_features(defs: Definitions, features: list[str] | None, feature_serv
     if not features:
         raise RequestError("no features requested: give features (source:feature or a source name) or feature_service")
     out: dict[tuple[str, str], tuple[SourceDef, FeatureDef]] = {}
+    via: dict[tuple[str, str], str] = {}
     for ref in features:
         if not isinstance(ref, str):
             raise RequestError(f"a feature reference must be a string like 'source:feature', got {type(ref).__name__}")
@@ -52,7 +55,11 @@ def resolve_features(defs: Definitions, features: list[str] | None, feature_serv
                 raise UnknownNameError(f"feature of source {source_name!r}:", name, list(known))
             chosen = [known[name]]
         for f in chosen:
-            out.setdefault((source.name, f.name), (source, f))
+            if (source.name, f.name) in out:
+                first = via[(source.name, f.name)]
+                how = f"twice as {shown(ref)!r}" if first == ref else f"twice, as {shown(first)!r} and as {shown(ref)!r}"
+                raise RequestError(f"feature '{source.name}:{f.name}' is asked for {how}: ask for each once")
+            out[(source.name, f.name)], via[(source.name, f.name)] = (source, f), ref
     return list(out.values())
 
 
@@ -63,7 +70,7 @@ def _part(entity: EntityDef, key: str, kind: str, value: Any, row: int) -> Any:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise EntityKeyError(f"entity key {key!r} row {row}: expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
         if not -(2**63) <= int(value) < 2**63:
-            raise EntityKeyError(f"entity key {key!r} row {row}: {value} is outside int64")
+            raise EntityKeyError(f"entity key {key!r} row {row}: {shown(str(value), 40)} is outside int64")
         return int(value)
     if not isinstance(value, str):
         raise EntityKeyError(f"entity key {key!r} row {row}: expected a string, got {type(value).__name__}")
@@ -179,7 +186,8 @@ def parse_request(
     if entities.keys() != needed.keys():
         unknown = [k for k in entities if k not in needed]
         missing = [k for k in needed if k not in entities]
-        parts = ([f"unknown entity key(s) {', '.join(map(repr, unknown))}"] if unknown else []) + (
+        unknown_shown = ", ".join(repr(shown(k)) for k in unknown[:5]) + " ..." * (len(unknown) > 5)
+        parts = ([f"unknown entity key(s) {unknown_shown}"] if unknown else []) + (
             [f"missing {', '.join(map(repr, missing))}"] if missing else []
         )
         raise EntityKeyError(f"{'; '.join(parts)}: these features need the key column(s) {', '.join(map(repr, needed))}")

@@ -9,12 +9,18 @@ measured fastest among well-kept ones (bench/README.md, "The feature server"). R
   answers on the reader's own connections, else 503 naming the one that does not; the
   answer is kept ``server.health_cache_ms`` (unless a store call failed since), so probes at any rate cost one check per period;
 - ``GET /health/live`` (liveness): 200 while the process answers, whatever the stores;
-- ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight).
+- ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight);
+- ``GET /openapi.json``: the OpenAPI document of these routes (feature_reader/openapi.py).
+
+Every GET route answers HEAD too; a wrong method gets 405 with ``Allow``.
 
 Limits from ``server:`` in conf: body bytes (413), requests in flight (503 at once:
-back-pressure rather than a queue that grows), a deadline per request (504); entities per
-request from ``reader.max_entities`` (400). Errors are JSON ``{"error": ..., "type": ...}``
-naming the bad part; never a stack trace, a connection string or a password.
+back-pressure rather than a queue that grows; a request counts once its body is read),
+a deadline per request (504); entities per request from ``reader.max_entities`` (400).
+Connections (read timeout, idle timeout, header size and count, how many): one_write.py.
+A POST body must be JSON (415 otherwise). Errors are JSON ``{"error": ..., "type": ...}``
+naming the bad part, names cut to 100 characters; never a stack trace, a connection
+string or a password.
 """
 
 from __future__ import annotations
@@ -31,15 +37,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from feature_defs import load_definitions
 from feature_reader.auth import Authenticator, AuthError
-from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
+from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError, shown
 from feature_reader.feast_request import parse_body
+from feature_reader.openapi import openapi_json
 from feature_reader.reader import COUNTERS, AsyncFeatureReader
 from fm_config import load_config
 
 log = logging.getLogger("feature_reader.server")
 
 ONLINE = "/get-online-features"
-ROUTES = {ONLINE: b"POST", "/health": b"GET", "/health/live": b"GET", "/health/ready": b"GET", "/metrics": b"GET"}
+ROUTES = {ONLINE: b"POST", "/health": b"GET", "/health/live": b"GET", "/health/ready": b"GET", "/metrics": b"GET", "/openapi.json": b"GET"}
+"""Route -> its method; every GET route answers HEAD too (uvicorn sends the head only)."""
 JSON = b"application/json"
 GC_THRESHOLDS = (700, 10, 1000)
 """Python's defaults but the last: a full collection after 1,000 middle ones, not 10."""
@@ -47,9 +55,15 @@ BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, message: str, kind: str):
+    def __init__(self, status: int, message: str, kind: str, headers: tuple = ()):
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.kind, self.headers = status, kind, list(headers)
+
+
+def allowed(path: str) -> tuple[bytes, ...]:
+    """The methods a route answers."""
+    method = ROUTES[path]
+    return (method, b"HEAD") if method == b"GET" else (method,)
 
 
 class _ReaderCounters:
@@ -104,21 +118,28 @@ class FeatureServer:
         if scope["type"] != "http":
             return
         start = time.perf_counter()
-        extra = None
         path = scope["path"]
         route = path if path in ROUTES else "other"
+        extra: list = []
         try:
             status, body, kind = await self._answer(scope, receive, path)
         except _Refused as exc:
-            status, body, kind = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON
+            status, body, kind, extra = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON, exc.headers
+        except asyncio.CancelledError:  # uvicorn's shutdown grace ran out while this was being answered
+            log.warning("%s %s cancelled: the shutdown grace (server.shutdown_grace_ms) ran out", scope["method"], shown(path))
+            status, body, kind = 503, orjson.dumps({"error": "the server is stopping", "type": "ShuttingDown"}), JSON
+            extra = [(b"connection", b"close")]
         except AuthError as exc:  # 401 with its WWW-Authenticate, 403, or 503 while the JWKS cannot be fetched
-            status, body, kind = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON
-            extra = exc.headers
+            status, body, kind, extra = exc.status, orjson.dumps({"error": str(exc), "type": exc.kind}), JSON, exc.headers
         except Exception as exc:  # a bug: logged by type and first line, answered without details
-            log.error("%s %s failed: %s: %s", scope["method"], path, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            log.error("%s %s failed: %s: %s", scope["method"], shown(path), type(exc).__name__, shown(str(exc).split("\n")[0], 200))
             status, body, kind = 500, orjson.dumps({"error": "internal error (logged by the server)", "type": "InternalError"}), JSON
-        headers = [(b"content-type", kind), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": status, "headers": headers + extra if extra else headers})
+        await send(
+            {
+                "type": "http.response.start", "status": status,
+                "headers": [(b"content-type", kind), (b"content-length", b"%d" % len(body)), *extra],
+            }
+        )  # fmt: skip
         await send({"type": "http.response.body", "body": body})
         series = self._series.get((route, status))
         if series is None:  # labels() takes a lock and builds the key each call: kept per (route, status)
@@ -128,9 +149,11 @@ class FeatureServer:
     async def _answer(self, scope: dict, receive, path: str) -> tuple[int, bytes, bytes]:
         method = scope["method"].encode()
         if path not in ROUTES:
-            raise _Refused(404, f"no route {path}; routes: {', '.join(ROUTES)}", "NotFound")
-        if method != ROUTES[path]:
-            raise _Refused(405, f"{path} takes {ROUTES[path].decode()}, not {method.decode()}", "MethodNotAllowed")
+            raise _Refused(404, f"no route {shown(path)}; routes: {', '.join(ROUTES)}", "NotFound")
+        methods = allowed(path)
+        if method not in methods:
+            names = ", ".join(m.decode() for m in methods)
+            raise _Refused(405, f"{path} takes {names}, not {shown(method.decode())}", "MethodNotAllowed", [(b"allow", names.encode())])
         grants = await self.auth.authenticate(path, scope["headers"]) if self.auth else None
         if path == ONLINE:
             return await self._online(scope, receive, grants)
@@ -138,6 +161,8 @@ class FeatureServer:
             return (*await self._ready(), JSON)
         if path == "/health/live":
             return 200, b'{"status":"alive"}', JSON
+        if path == "/openapi.json":
+            return 200, openapi_json(), JSON
         return 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
 
     async def _ready(self) -> tuple[int, bytes]:
@@ -159,11 +184,12 @@ class FeatureServer:
         return status, body
 
     async def _online(self, scope: dict, receive, grants=None) -> tuple[int, bytes, bytes]:
+        _json_only(scope["headers"], self.settings.require_content_type)
+        body = await self._body(scope, receive)  # not in flight yet: the connection's read timeout bounds this
         if self.in_flight >= self.settings.max_in_flight:
             raise _Refused(503, f"overloaded: {self.in_flight} requests in flight (server.max_in_flight); retry later", "Overloaded")
         self.in_flight += 1
         try:
-            body = await self._body(scope, receive)
             try:
                 args = parse_body(body)
                 if grants is not None:
@@ -190,8 +216,9 @@ class FeatureServer:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 raise _Refused(
-                    413, f"the request body is {int(value):,} bytes; the limit is {limit:,} (server.max_body_bytes)", "BodyTooLarge"
-                )
+                    413, f"the request body is {int(value):,} bytes; the limit is {limit:,} (server.max_body_bytes)", "BodyTooLarge",
+                    [(b"connection", b"close")],  # its body is not read: the connection cannot carry another request
+                )  # fmt: skip
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -200,7 +227,8 @@ class FeatureServer:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise _Refused(413, f"the request body passes {limit:,} bytes (server.max_body_bytes)", "BodyTooLarge")
+                text = f"the request body passes {limit:,} bytes (server.max_body_bytes)"
+                raise _Refused(413, text, "BodyTooLarge", [(b"connection", b"close")])
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
@@ -223,6 +251,21 @@ class FeatureServer:
                 return
 
 
+def _json_only(headers: list, required: bool) -> None:
+    """415 unless the body is declared JSON. A missing Content-Type passes unless ``required``:
+    Feast's remote online-store client sends none."""
+    for name, value in headers:
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media == JSON or (media.startswith(b"application/") and media.endswith(b"+json")):
+                return
+            raise _Refused(415, f"the request body must be JSON (Content-Type: application/json), not {shown(media.decode('latin-1'))}",
+                           "UnsupportedMediaType")  # fmt: skip
+    if required:
+        raise _Refused(415, "the request has no Content-Type; send Content-Type: application/json (server.require_content_type)",
+                       "UnsupportedMediaType")  # fmt: skip
+
+
 def serve(env: str | None, host: str | None, port: int | None, workers: int = 1, insecure_no_auth: bool = False) -> None:
     """Run the server until SIGTERM or Ctrl-C (in-flight requests finish first)."""
     serve_conf(load_config(env), host, port, workers, insecure_no_auth)
@@ -231,11 +274,12 @@ def serve(env: str | None, host: str | None, port: int | None, workers: int = 1,
 def serve_conf(conf, host: str | None = None, port: int | None = None, workers: int = 1, insecure_no_auth: bool = False) -> None:
     """``serve`` on a loaded conf (the load benchmark builds its own); AuthConfigError when it must not start."""
     import os
+    from functools import partial
 
     import uvicorn
 
     from feature_reader.auth import AuthConfigError, check_start
-    from feature_reader.one_write import OneWriteProtocol
+    from feature_reader.one_write import Limits, OneWriteProtocol
     from feature_reader.tls import check_tls_files, uvicorn_options
 
     host = host or conf.server.host
@@ -245,18 +289,20 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     if failed:
         raise AuthConfigError("server.tls: " + "; ".join(failed))
     tls = uvicorn_options(conf.server.tls, conf.path)
+    _open_files(conf.server.max_connections)
     # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
     options: dict[str, Any] = dict(
         host=host,
         port=port,
         loop="uvloop",
-        http=OneWriteProtocol,
+        http=partial(OneWriteProtocol, limits=Limits.from_settings(conf.server)),
         ws="none",
         access_log=False,
         proxy_headers=False,
         lifespan="on",
         log_level="warning",
-        timeout_graceful_shutdown=30,
+        timeout_keep_alive=conf.server.idle_timeout_ms / 1000,
+        timeout_graceful_shutdown=conf.server.shutdown_grace_ms / 1000,
         **tls,
     )
     scheme = "https" if tls else "http"
@@ -264,13 +310,30 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     if tls.get("ssl_ca_certs"):
         who += f", client certificates {conf.server.tls.client_cert}"
     print(f"[serve] Feast's feature-server API on {scheme}://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}; {who}): "
-          f"POST /get-online-features, GET /health[/live|/ready], GET /metrics. Ctrl-C or SIGTERM stops it.", flush=True)  # fmt: skip
+          f"POST /get-online-features, GET /health[/live|/ready], GET /metrics, GET /openapi.json. Ctrl-C or SIGTERM stops it.",
+          flush=True)  # fmt: skip
     if workers > 1:
         os.environ["FM_SERVE_ENV"] = conf.env
         uvicorn.run("feature_reader.server:_app_from_env", factory=True, workers=workers, **options)
     else:
         uvicorn.run(FeatureServer(_reader(conf)), **options)
     print("[serve] stopped", flush=True)
+
+
+def _open_files(connections: int) -> None:
+    """The soft open-file limit raised to what server.max_connections needs, plus room for the
+    stores' connections and the process's own files, as far as the hard limit allows."""
+    import resource
+
+    want = connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised < want:
+        print(f"[serve] warning: open files are limited to {raised} (ulimit -n); server.max_connections {connections} needs {want}: "
+              f"connections past the limit fail to be accepted", flush=True)  # fmt: skip
 
 
 def _reader(conf) -> AsyncFeatureReader:

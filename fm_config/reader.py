@@ -172,5 +172,19 @@ class ServerSettings(Settings):
     """``/health`` and ``/health/ready`` answer from the last store check for this long
     (unless a store call failed since: probes at any rate cost the stores one check per
     period; 0: every probe checks)."""
+    read_timeout_ms: float = Field(10_000.0, gt=0)
+    """A request's head and body must arrive within this of its first byte; past it 408 and the connection closes."""
+    idle_timeout_ms: float = Field(65_000.0, gt=0)
+    """A connection with no request under way is closed after this (longer than a load balancer's usual 60 s, so it closes first)."""
+    max_connections: int = Field(1024, ge=1)
+    """Open connections per worker; a new one past this is answered 503 and closed."""
+    max_header_bytes: int = Field(16_384, ge=1024)
+    """The request line and headers together; more is refused with 431 and the connection closes."""
+    max_headers: int = Field(100, ge=1)
+    """Header lines in one request; more is refused with 431."""
+    shutdown_grace_ms: float = Field(10_000.0, ge=0)
+    """On SIGTERM, requests being answered get this long to finish; then they are answered 503 and the process stops."""
+    require_content_type: bool = False
+    """A POST with no Content-Type is refused (415) too; off since Feast's remote client sends none (any other non-JSON type is 415)."""
     tls: ServerTlsSettings = ServerTlsSettings()
     auth: ServerAuthSettings = ServerAuthSettings()

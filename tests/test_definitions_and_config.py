@@ -509,3 +509,17 @@ def test_unreadable_definition_files_are_named_not_crashes(tmp_path):
         f"{folder / 'b_dangling.yaml'}: cannot read: No such file or directory (a symlink to {tmp_path / 'gone.yaml'})",
         f"{folder / 'c_pipe.yaml'}: not a regular file (a FIFO, socket or device): expected YAML text",
     ]
+
+
+def test_a_feature_service_listing_a_feature_twice_is_refused(tmp_path):
+    """Readers map a response's columns by position: a feature twice, by the same reference or
+    through its source's name, is a mistake in the definitions."""
+    folder = write_defs(tmp_path, source("    - {name: a, type: float}\n    - {name: b, type: float}\n"))
+    (folder / "services.yaml").write_text(
+        "feature_services:\n  - {name: twice, features: [src:a, src:b, src:a]}\n  - {name: both, features: [src:b, src]}\n"
+    )
+    text = problems_of(folder)
+    assert "feature service 'twice': feature 'src:a' is listed twice ('src:a' and 'src:a')" in text
+    assert "feature service 'both': feature 'src:b' is listed twice ('src:b' and 'src')" in text
+    (folder / "services.yaml").write_text("feature_services:\n  - {name: once, features: [src:a, src:b]}\n")
+    assert load_definitions(folder).services["once"].features == ["src:a", "src:b"]

@@ -174,12 +174,76 @@ def test_the_body_is_the_get_commands_body(served, written, tmp_path):
             "BodyTooLarge",
             "the limit is 4,096 (server.max_body_bytes)",
         ),
+        # a feature twice: refused (clients read columns by position), naming it and how
+        ({"features": ["every_type:n", "every_type:n"], "entities": {"consumer_id": [1]}}, 400, "RequestError",
+         "feature 'every_type:n' is asked for twice as 'every_type:n'"),
+        ({"features": ["every_type:s", "every_type"], "entities": {"consumer_id": [1]}}, 400, "RequestError",
+         "feature 'every_type:s' is asked for twice, as 'every_type:s' and as 'every_type'"),
+        # keys past int64 reported by their digits (orjson made a float of 2^64), long ones cut
+        ({"features": ["every_type:n"], "entities": {"consumer_id": [1, 2**64]}}, 422, "EntityKeyError",
+         "entity key 'consumer_id' row 1: 18446744073709551616 is outside int64"),
+        ({"features": ["every_type:n"], "entities": {"consumer_id": [-(2**63) - 1]}}, 422, "EntityKeyError",
+         "row 0: -9223372036854775809 is outside int64"),
+        (b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + b"7" * 4000 + b"]}}", 422, "EntityKeyError",
+         "row 0: " + "7" * 40 + "...(4,000 characters) is outside int64"),
+        # names from the request are cut in messages
+        ({"features": ["every_type:" + "q" * 3000], "entities": {"consumer_id": [1]}}, 404, "UnknownNameError",
+         "unknown feature of source 'every_type': '" + "q" * 100 + "...(3,000 characters)'"),
+        ({"features": ["w" * 3000], "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "...(3,000 characters)'"),
+        ({"feature_service": "v" * 3000, "entities": {"consumer_id": [1]}}, 404, "UnknownNameError", "...(3,000 characters)'"),
+        ({"features": ["every_type:n"], "entities": {"k" * 3000: [1]}}, 422, "EntityKeyError", "...(3,000 characters)'"),
+        ({"features": ["every_type:n"], "entities": {"consumer_id": [1]}, "u" * 3000: 1}, 400, "RequestError", "...(3,000 characters)"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_get_4xx_naming_the_bad_part(served, payload, status, kind, text):
     got, body = served.post(payload)
     error = json.loads(body)
     assert (got, error["type"]) == (status, kind) and text in error["error"], error
+    assert len(body) < 600, body  # whatever the request repeated
+
+
+def _raw(served, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def test_methods_head_content_types_and_the_openapi_document(served):
+    # 405 says what is allowed
+    status, headers, body = _raw(served, "GET", "/get-online-features")
+    assert (status, headers.get("allow"), json.loads(body)["type"]) == (405, "POST", "MethodNotAllowed")
+    for path in ("/health", "/metrics", "/openapi.json"):
+        status, headers, _ = _raw(served, "POST", path, b"{}", {"content-type": "application/json"})
+        assert (status, headers.get("allow")) == (405, "GET, HEAD")
+        # HEAD answers as GET, without the body
+        got, got_headers, got_body = _raw(served, "GET", path)
+        status, headers, body = _raw(served, "HEAD", path)
+        assert (status, body, headers["content-type"]) == (got, b"", got_headers["content-type"])
+        assert int(headers["content-length"]) > 0
+    assert _raw(served, "HEAD", "/health")[1]["content-length"] == _raw(served, "GET", "/health")[1]["content-length"]
+    # a body not declared JSON: 415, whatever it holds (a browser page may POST these to any origin unasked)
+    ask = json.dumps({"features": ["every_type:n"], "entities": {"consumer_id": [1]}}).encode()
+    for media in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml"):
+        status, _, body = _raw(served, "POST", "/get-online-features", ask, {"content-type": media})
+        error = json.loads(body)
+        assert (status, error["type"]) == (415, "UnsupportedMediaType") and media.split(";")[0] in error["error"], error
+    # JSON with parameters, and no Content-Type at all (Feast's remote client sends none): served
+    assert _raw(served, "POST", "/get-online-features", ask, {"content-type": "application/json; charset=utf-8"})[0] == 200
+    assert _raw(served, "POST", "/get-online-features", ask, {})[0] == 200
+    # the route table and the document agree
+    from feature_reader.server import ROUTES
+
+    status, _, body = _raw(served, "GET", "/openapi.json")
+    document = json.loads(body)
+    assert status == 200 and document["openapi"].startswith("3.") and set(document["paths"]) == set(ROUTES)
+    assert {m.upper() for m in document["paths"]["/health"]} == {"GET", "HEAD"}
+    # a route's name from the request is cut too
+    status, _, body = _raw(served, "GET", "/" + "r" * 5000)
+    assert status == 404 and len(body) < 600 and "...(5,001 characters)" in json.loads(body)["error"]
 
 
 def test_routes_methods_health_and_metrics(served):
