@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve check-feast-client
+.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-soak check-feast-client
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
@@ -70,6 +70,9 @@ clean:
 bench-serve: services-start  ## the feature server under open-loop load (vegeta) beside feast serve: JSON, chart and targets (about 35 minutes)
 	$(BIN)/pip install -q -r bench/requirements.txt
 	$(BIN)/python -m bench.serve_load --output bench/results/serve_results.json
+
+bench-soak: setup           ## the feature server under open-loop load while Redis, PostgreSQL and Redis Cluster fail one at a time (about 7 minutes)
+	$(BIN)/python -m bench.soak --output bench/results/soak_results.json
 
 check-feast-client: services-start  ## Feast's own HTTP client (remote online store, its own venv) reads the same values from our server as from feast serve
 	$(BIN)/python -m bench.feast_client
