@@ -125,6 +125,13 @@ def _describe(eid: int, got: tuple, statuses: set, old: tuple | None, new: tuple
     }  # fmt: skip
 
 
+def _error_type(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body).get("type"))
+    except (ValueError, AttributeError):
+        return body[:40].decode(errors="replace")
+
+
 async def run(spec: dict) -> dict:
     from bench.soak.data import NEW_DATE, OLD_DATE, expected, features
 
@@ -139,7 +146,7 @@ async def run(spec: dict) -> dict:
         streams.append({"pool": Pool(host, int(port)), "rate": s["rate"], "head": head, "bodies": bodies, "ids": s["ids"]})
     records: list[list] = []
     detail: list = []
-    samples: dict[int, str] = {}
+    samples: dict[str, str] = {}
     tasks: set[asyncio.Task] = set()
 
     async def one(i: int, n: int, sched: float) -> None:
@@ -155,8 +162,10 @@ async def run(spec: dict) -> dict:
             status, data = CONNECT_ERROR, type(exc).__name__.encode()
         latency = time.time() - sched
         counts = check(data, s["ids"][k], old, new, detail) if status == 200 else (0, 0, 0, 0)
-        if status != 200 and status not in samples:
-            samples[status] = data[:300].decode(errors="replace")
+        if status != 200:
+            kind = f"{status} {_error_type(data)}"
+            if kind not in samples:
+                samples[kind] = data[:300].decode(errors="replace")
         records.append([i, round(sched, 4), round(latency * 1000, 3), status, *counts])
 
     start, stop = spec["start"], Path(spec["stop"])
@@ -180,7 +189,7 @@ async def run(spec: dict) -> dict:
         nexts[i] += 1
     if tasks:
         await asyncio.wait(tasks)
-    return {"records": records, "wrong_detail": detail, "error_samples": {str(k): v for k, v in samples.items()}}
+    return {"records": records, "wrong_detail": detail, "error_samples": samples}
 
 
 def main(argv: list[str]) -> int:
