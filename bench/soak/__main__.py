@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{report['requests']:,} requests, {report['answers_200']:,} answered 200; {report['checked']} checked "
           f"({report['entities_checked']:,} entities)")  # fmt: skip
     print_targets(report["targets"])
+    if report["machine"]:
+        m = report["machine"]
+        before, after = m["load_average_at_warm_up"][0], m["load_average_at_end"][0]
+        print(f"\n{m['cpus']} CPUs; load average {before:.1f} after the warm-up, {after:.1f} at the end")
     if report["wrong_detail"]:
         print("\nfirst wrong answers:", json.dumps(report["wrong_detail"][:3]))
     if report["error_samples"]:

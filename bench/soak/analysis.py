@@ -73,7 +73,8 @@ def analyse(raw: dict, allowance: float) -> dict:
         "errors_outside_windows": len(outside),
         "errors_outside_windows_first": [{"at_s": round(r[SCHED] - raw["start"], 2), "status": r[STATUS]} for r in outside[:10]],
         "allowance_seconds": allowance, "faults": faults, "p99_outside_windows": p99, "streams": by_stream, "rss": rss,
-        "shutdown_seconds": raw["shutdown_seconds"], "wrong_detail": raw["wrong_detail"], "error_samples": raw["error_samples"],
+        "shutdown_seconds": raw["shutdown_seconds"], "machine": raw.get("machine"),
+        "wrong_detail": raw["wrong_detail"], "error_samples": raw["error_samples"],
     }  # fmt: skip
 
 

@@ -170,6 +170,7 @@ def soak(workdir: Path, plan: Plan, spark=None, log=print) -> dict:
         sampler.start()
         time.sleep(max(0.0, spec["start"] - time.time()) + plan.warm_up)
         warmed = time.time()
+        load_before = os.getloadavg()
         windows: list[faults.Window] = []
         for name in plan.faults:
             if load.poll() is not None:
@@ -192,6 +193,7 @@ def soak(workdir: Path, plan: Plan, spark=None, log=print) -> dict:
             "streams": [{k: s[k] for k in ("name", "shape", "keys", "server", "rate")} for s in streams],
             "start": spec["start"], "warmed": warmed, "end": end,
             "windows": [w.__dict__ for w in windows], "rss_mib": rss, "shutdown_seconds": shutdown,
+            "machine": {"cpus": os.cpu_count(), "load_average_at_warm_up": load_before, "load_average_at_end": os.getloadavg()},
             **answers,
         }  # fmt: skip
     finally:
