@@ -47,3 +47,27 @@ def test_the_server_recovers_from_store_faults_and_slow_clients_and_never_answer
     slow = next(f for f in report["faults"] if f["fault"] == "200 slow clients")
     assert slow["errors"] == 0, summary  # slow clients cost only themselves
     assert all(s is not None for s in report["shutdown_seconds"].values()), report["shutdown_seconds"]
+
+
+def test_the_check_finds_wrong_values_mixes_and_missing_entities():
+    """The soak's check of an answer can fail: a wrong value, old and new values mixed in one
+    entity, a present entity answered NOT_FOUND, an absent one answered, a wrong entity column."""
+    from bench.soak.load import check
+
+    old, new = {1: (0.5, 3, [1, 2]), 2: (1.5, 4, [3])}, {1: (2.0, 4, [2, 1]), 2: (4.0, 5, [3])}
+
+    def body(ids: list[int], rows: list[tuple], statuses: str = "PRESENT") -> bytes:
+        columns = [{"values": [r[j] for r in rows], "statuses": [statuses] * len(rows)} for j in range(3)]
+        return json.dumps({"results": [{"values": ids}, *columns]}).encode()
+
+    detail: list = []
+    assert check(body([1, 2], [old[1], new[2]]), [1, 2], old, new, detail) == (1, 1, 0, 0)
+    assert check(body([9], [(None, None, None)], "NOT_FOUND"), [9], old, new, detail) == (0, 0, 1, 0)
+    assert detail == []
+    assert check(body([1], [(0.5, 3, [2, 1])]), [1], old, new, detail) == (0, 0, 0, 1)  # a list from the new date
+    assert detail[-1]["problem"] == "a mix of old and new values"
+    assert check(body([1], [(0.25, 3, [1, 2])]), [1], old, new, detail) == (0, 0, 0, 1)
+    assert detail[-1]["problem"] == "wrong values" and detail[-1]["first_wrong"]["got"] == 0.25
+    assert check(body([1], [(None, None, None)], "NOT_FOUND"), [1], old, new, detail) == (0, 0, 0, 1)
+    assert check(body([9], [old[1]]), [9], old, new, detail) == (0, 0, 0, 1)
+    assert check(body([2, 1], [old[1], old[2]]), [1, 2], old, new, detail) == (0, 0, 0, 2)  # not the request's entities
