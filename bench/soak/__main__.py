@@ -24,12 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allowance", type=float, default=2.0, help="seconds after a store is back that errors still count as the fault's (2)")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench" / "soak")
     p.add_argument("--output", type=Path, help="write the report as JSON here")
+    p.add_argument("--analyse", type=Path, metavar="RAW", help="only analyse the raw material of an earlier soak (WORKDIR/soak-raw.json)")
     args = p.parse_args(argv)
     plan.entities, plan.warm_up, plan.quiet = args.entities, args.warm_up, args.quiet
     plan.faults = tuple(f for f in args.faults.split(",") if f)
     plan.rates = {k: max(1, round(v * args.scale)) for k, v in plan.rates.items()}
     plan.cluster_rate = max(1, round(plan.cluster_rate * args.scale))
-    raw = soak(args.workdir.resolve(), plan, log=lambda m: print(m, flush=True))
+    if args.analyse:
+        raw = json.loads(args.analyse.read_text())
+    else:
+        raw = soak(args.workdir.resolve(), plan, log=lambda m: print(m, flush=True))
+        (args.workdir / "soak-raw.json").write_text(json.dumps(raw))
     report = analyse(raw, args.allowance)
     report["targets"] = goals(report)
     print_faults(report)

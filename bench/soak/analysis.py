@@ -7,6 +7,8 @@ P99_GOALS_MS = {1: 2.0, 100: 10.0}
 1 x 50 p99 <= 2 ms at 1,000/s, 100 x 50 p99 <= 10 ms at 100/s, cache off, on an idle core."""
 RECOVERY_GOAL_S = 2.0
 RSS_GROWTH_GOAL = 0.10
+GAP = 1.0
+"""Seconds without an error (a few hundred requests) that mark a recovery's end."""
 STREAM, SCHED, LATENCY, STATUS, OLD, NEW, ABSENT, WRONG = range(8)
 
 
@@ -15,6 +17,18 @@ def _p(values: list[float], q: float) -> float | None:
         return None
     values = sorted(values)
     return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
+
+def _recovered(errors: list[float], back: float, until: float) -> tuple[float, bool]:
+    """When the errors after the store came back stopped: the first error-free GAP seconds
+    after ``back`` begins at the returned time (a stray error later, as a busy machine makes,
+    is counted outside the windows, not as a slow recovery). True when still failing at ``until``."""
+    last = back
+    for t in errors:
+        if t - last > GAP:
+            break
+        last = t
+    return last, until - last <= GAP
 
 
 def analyse(raw: dict, allowance: float) -> dict:
@@ -35,9 +49,8 @@ def analyse(raw: dict, allowance: float) -> dict:
         until = windows[i + 1]["start"] if i + 1 < len(windows) else raw["end"]
         mine = [r for r in records if r[SCHED] + r[LATENCY] / 1000 >= w["start"] and r[SCHED] < until]
         failed = [r for r in mine if r[STATUS] != 200]
-        after = [r[SCHED] for r in failed if r[SCHED] > w["back"]]
-        recovery = round(max(after) - w["back"], 2) if after else 0.0
-        persisted = bool(after) and max(after) > until - 1.0  # still failing at the end of the quiet period
+        recovered, persisted = _recovered(sorted(r[SCHED] for r in failed if r[SCHED] > w["back"]), w["back"], until)
+        recovery = round(recovered - w["back"], 2)
         statuses: dict[str, int] = {}
         for r in failed:
             statuses[str(r[STATUS])] = statuses.get(str(r[STATUS]), 0) + 1
@@ -73,7 +86,7 @@ def analyse(raw: dict, allowance: float) -> dict:
         "errors_outside_windows": len(outside),
         "errors_outside_windows_first": [{"at_s": round(r[SCHED] - raw["start"], 2), "status": r[STATUS]} for r in outside[:10]],
         "allowance_seconds": allowance, "faults": faults, "p99_outside_windows": p99, "streams": by_stream, "rss": rss,
-        "shutdown_seconds": raw["shutdown_seconds"], "machine": raw.get("machine"),
+        "shutdown_seconds": raw["shutdown_seconds"], "machine": raw.get("machine"), "rss_series_mib": raw["rss_mib"],
         "wrong_detail": raw["wrong_detail"], "error_samples": raw["error_samples"],
     }  # fmt: skip
 
