@@ -3,8 +3,8 @@ answers before it took; latency counted from that time, so a stall is not hidden
 keep-alive HTTP/1.1 connections on raw asyncio streams, and every 200 answer checked.
 
 Run as a process of its own (``python -m bench.soak.load SPEC``), so the fault driver's
-blocking calls never delay a request. SPEC (JSON): streams (name, url, rate, entity id
-lists sent round-robin), the table the expected values come from, the wall-clock start,
+blocking calls never delay a request. SPEC (JSON): streams (url, rate, and either entity id
+lists sent round-robin or how to draw ids afresh for each request), the table the expected values come from, the wall-clock start,
 and a stop file: the load runs until that file exists, then waits for the answers in
 flight and writes one record per request to ``out``.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,17 @@ def _describe(eid: int, got: tuple, statuses: set, old: tuple | None, new: tuple
     }  # fmt: skip
 
 
+def draw_ids(rng: random.Random, shape: int, entities: int, absent_share: float, absent: int = 1000) -> list[int]:
+    """``shape`` distinct ids uniform over the table's ``entities``; ``absent_share`` of them
+    drawn from ``absent`` ids past its end (not in the table)."""
+    ids: list[int] = []
+    while len(ids) < shape:
+        i = entities + rng.randrange(absent) if rng.random() < absent_share else rng.randrange(entities)
+        if i not in ids:
+            ids.append(i)
+    return ids
+
+
 def _error_type(body: bytes) -> str:
     try:
         return str(orjson.loads(body).get("type"))
@@ -142,8 +154,11 @@ async def run(spec: dict) -> dict:
     for s in spec["streams"]:
         host, port = s["url"].split("//", 1)[1].split(":")
         head = (f"POST /get-online-features HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: ").encode()
-        bodies = [orjson.dumps({"features": names, "entities": {"entity_id": ids}}) for ids in s["ids"]]
-        streams.append({"pool": Pool(host, int(port)), "rate": s["rate"], "head": head, "bodies": bodies, "ids": s["ids"]})
+        bodies = [orjson.dumps({"features": names, "entities": {"entity_id": ids}}) for ids in s.get("ids", ())]
+        draw = s.get("draw")
+        rng = random.Random(draw["seed"]) if draw else None
+        streams.append({"pool": Pool(host, int(port)), "rate": s["rate"], "head": head, "bodies": bodies, "ids": s.get("ids"),
+                        "draw": draw, "rng": rng})  # fmt: skip
     records: list[list] = []
     detail: list = []
     samples: dict[str, str] = {}
@@ -151,8 +166,12 @@ async def run(spec: dict) -> dict:
 
     async def one(i: int, n: int, sched: float) -> None:
         s = streams[i]
-        k = n % len(s["bodies"])
-        body = s["bodies"][k]
+        if s["draw"] is None:  # hot: a few bodies, round-robin
+            ids = s["ids"][n % len(s["bodies"])]
+            body = s["bodies"][n % len(s["bodies"])]
+        else:  # cold: drawn afresh for each request, over the whole table
+            ids = draw_ids(s["rng"], **{k: v for k, v in s["draw"].items() if k != "seed"})
+            body = orjson.dumps({"features": names, "entities": {"entity_id": ids}})
         try:
             async with asyncio.timeout(TIMEOUT):
                 status, data = await s["pool"].request(s["head"] + b"%d\r\n\r\n" % len(body), body)
@@ -161,7 +180,7 @@ async def run(spec: dict) -> dict:
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             status, data = CONNECT_ERROR, type(exc).__name__.encode()
         latency = time.time() - sched
-        counts = check(data, s["ids"][k], old, new, detail) if status == 200 else (0, 0, 0, 0)
+        counts = check(data, ids, old, new, detail) if status == 200 else (0, 0, 0, 0)
         if status != 200:
             kind = f"{status} {_error_type(data)}"
             if kind not in samples:

@@ -24,7 +24,8 @@ HOT = 200
 """Hot keys: this many entities (cached after their first read)."""
 ABSENT = 0.02
 """Share of the cold keys that are not in the table (their Redis miss is read from PostgreSQL)."""
-BODIES = 2000
+BODIES = 200
+"""Hot bodies, sent round-robin."""
 
 
 @dataclass
@@ -56,20 +57,14 @@ class Stack:
     redis_keys: int = 0
 
 
-def _ids(rng: random.Random, plan: Plan, shape: int, keys: str) -> list[list[int]]:
-    hot = rng.sample(range(plan.entities), HOT)
-    out = []
-    for _ in range(BODIES):
-        if keys == "hot":
-            out.append(rng.sample(hot, shape))
-            continue
-        ids: list[int] = []
-        while len(ids) < shape:
-            i = plan.entities + rng.randrange(1000) if rng.random() < ABSENT else rng.randrange(plan.entities)
-            if i not in ids:
-                ids.append(i)
-        out.append(ids)
-    return out
+def _ids(rng: random.Random, plan: Plan, shape: int, keys: str) -> dict:
+    """A stream's entities: hot, a few bodies over HOT entities sent round-robin (cached after
+    their first read); cold, ids drawn afresh for each request over the whole table (2%
+    not in it), so most are not in the cache, stale entries included."""
+    if keys == "hot":
+        hot = rng.sample(range(plan.entities), HOT)
+        return {"ids": [rng.sample(hot, shape) for _ in range(BODIES)]}
+    return {"draw": {"shape": shape, "entities": plan.entities, "absent_share": ABSENT, "seed": rng.randrange(1 << 30)}}
 
 
 def _start_server(conf_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
@@ -139,7 +134,7 @@ def soak(workdir: Path, plan: Plan, spark=None, log=print) -> dict:
         rng = random.Random(38)
         streams = [
             {"name": f"{shape} x 50, {keys}", "shape": shape, "keys": keys, "server": "standalone", "url": url, "rate": rate,
-             "ids": _ids(rng, plan, shape, keys)}
+             **_ids(rng, plan, shape, keys)}
             for (shape, keys), rate in plan.rates.items()
         ]  # fmt: skip
         if with_cluster:
@@ -148,13 +143,14 @@ def soak(workdir: Path, plan: Plan, spark=None, log=print) -> dict:
             cluster_conf = write_conf(workdir / "conf-cluster", cluster_settings)
             servers["cluster"], curl = _start_server(cluster_conf, workdir / "serve-cluster.log")
             streams.append({"name": "1 x 50, cold, cluster", "shape": 1, "keys": "cold", "server": "cluster", "url": curl,
-                            "rate": plan.cluster_rate, "ids": _ids(rng, plan, 1, "cold")})  # fmt: skip
+                            "rate": plan.cluster_rate, **_ids(rng, plan, 1, "cold")})  # fmt: skip
         from bench.standard import SOURCE
 
         stop = workdir / "load.stop"
         stop.unlink(missing_ok=True)
         out = workdir / "load.json"
-        spec = {"streams": [{k: s[k] for k in ("url", "rate", "ids")} for s in streams], "table": str(workdir / "data" / SOURCE),
+        wire = [{k: s[k] for k in ("url", "rate", "ids", "draw") if k in s} for s in streams]
+        spec = {"streams": wire, "table": str(workdir / "data" / SOURCE),
                 "start": time.time() + 5, "stop": str(stop), "out": str(out)}  # fmt: skip
         (workdir / "load-spec.json").write_text(json.dumps(spec))
         load = subprocess.Popen([sys.executable, "-m", "bench.soak.load", str(workdir / "load-spec.json")])
