@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost check-feast-client
+.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-soak check-feast-client
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
@@ -73,6 +73,9 @@ bench-serve: services-start  ## the feature server under open-loop load (vegeta)
 
 bench-serve-cost: setup     ## what TLS and bearer tokens cost the feature server: CPU per request and p50/p99 against plain HTTP, modes alternated (about 5 minutes)
 	$(BIN)/python -m bench.serve_cost --output bench/results/serve_cost.json
+
+bench-soak: setup           ## the feature server under open-loop load while Redis, PostgreSQL and Redis Cluster fail one at a time (about 7 minutes)
+	$(BIN)/python -m bench.soak --output bench/results/soak_results.json
 
 check-feast-client: services-start  ## Feast's own HTTP client (remote online store, its own venv) reads the same values from our server as from feast serve, also over HTTPS with a bearer token
 	$(BIN)/python -m bench.feast_client

@@ -238,3 +238,23 @@ def start_s3(log: Path) -> S3Server:
                 server.process.kill()
                 raise RuntimeError(f"moto_server did not start on port {port}: see {log}") from None
             time.sleep(0.2)
+
+
+def restart_redis(server: RedisServer, tmp: Path, *args: str, down: float = 0.0) -> RedisServer:
+    """Stop ``server`` (SIGTERM: with --appendonly yes it flushes its log first), wait ``down``
+    seconds, and start it again on the same port with ``args``: what it persisted comes back."""
+    server.stop()
+    time.sleep(down)
+    return start_redis(tmp, *args, port=server.port)
+
+
+def restart_postgres(server: PostgresServer, down: float = 0.0) -> None:
+    """Stop ``server`` (fast shutdown: sessions are cut), wait ``down`` seconds, start it again
+    with the options it ran with (pg_ctl restart reads them from postmaster.opts)."""
+    pg_ctl = str(server.bin_dir / "pg_ctl")
+    out = _as_postgres([pg_ctl, "-D", str(server.data_dir), "-m", "fast", "-w", "stop"])
+    assert out.returncode == 0, f"PostgreSQL did not stop: {out.stdout} {out.stderr}"
+    time.sleep(down)
+    log = server.data_dir / "server.log"
+    out = _as_postgres([pg_ctl, "-D", str(server.data_dir), "-l", str(log), "-w", "restart"])
+    assert out.returncode == 0, f"PostgreSQL did not start again: {out.stdout} {out.stderr}"

@@ -1,0 +1,10 @@
+"""`make bench-soak`: the feature server under steady open-loop load while faults are
+injected one at a time (bench/README.md "The feature server under faults").
+
+- data.py: the standard table for two dates, written by the real job; the expected values,
+  read independently from the table's Parquet files;
+- load.py: the open-loop load (its own process), every 200 answer checked;
+- faults.py: Redis paused, Redis restarted, PostgreSQL restarted, a Redis Cluster primary
+  killed, the nightly run, slow clients;
+- run.py: servers, `materialize serve`, the timeline; analysis.py: the report and its goals.
+"""

@@ -1,0 +1,151 @@
+"""The faults the soak injects, one at a time. Each returns its window: when the fault
+began and when the store (or the clients) were back, wall-clock seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+
+@dataclass
+class Window:
+    name: str
+    start: float
+    back: float
+    notes: dict = field(default_factory=dict)
+
+
+def redis_paused(redis, seconds: float) -> Window:
+    """SIGSTOP then SIGCONT: a server that holds its connections open and answers nothing."""
+    start = time.time()
+    os.kill(redis.process.pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(redis.process.pid, signal.SIGCONT)
+    return Window("redis paused", start, time.time(), {"paused_seconds": seconds})
+
+
+def redis_restarted(stack, down: float) -> Window:
+    """SIGTERM, ``down`` seconds, the same server started again on its port (appendonly: data comes back)."""
+    from throwaway.servers import restart_redis
+
+    start = time.time()
+    stack.redis = restart_redis(stack.redis, stack.redis_dir, *stack.redis_args, down=down)
+    back = time.time()
+    keys = stack.redis.client().dbsize()
+    return Window("redis restarted", start, back, {"down_seconds": down, "keys_after_restart": keys, "keys_before": stack.redis_keys})
+
+
+def postgres_restarted(pg, down: float) -> Window:
+    from throwaway.servers import restart_postgres
+
+    start = time.time()
+    restart_postgres(pg, down)
+    return Window("postgres restarted", start, time.time(), {"down_seconds": down})
+
+
+def cluster_failover(cluster) -> Window:
+    """SIGKILL the primary owning slot 0; back once its replica is promoted and every live node agrees."""
+    primary = cluster.primaries()[0]
+    replica = cluster.replica_of(primary)
+    start = time.time()
+    cluster.kill(primary)
+    deadline = time.monotonic() + 60
+    while True:  # the live nodes notice only after the node timeout: until then they still say ok
+        try:
+            if replica in cluster.primaries() and primary not in cluster.primaries():
+                break
+        except redis.RedisError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the replica {replica} of the killed primary {primary} was not promoted within 60 s")
+        time.sleep(0.05)
+    cluster.wait_ok(timeout=60, without=(primary,))
+    back = time.time()
+    return Window("redis cluster primary killed", start, back, {"killed": primary, "promoted": replica, "primaries": cluster.primaries()})
+
+
+def nightly_run(conf_dir: Path, date, log: Path) -> Window:
+    """`materialize run` for the new date: the real job writing new values for the same keys."""
+    import sys
+
+    exe = str(Path(sys.executable).parent / "materialize")
+    start = time.time()
+    with log.open("wb") as out:
+        done = subprocess.run(
+            [exe, "run", "--env", "soak", "--date", date.isoformat()],
+            env={**os.environ, "FM_CONF_DIR": str(conf_dir)}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    notes = {"job_seconds": round(time.time() - start, 1), "job_exit": done.returncode}
+    if done.returncode != 0:
+        notes["job_error"] = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return Window("nightly run", start, time.time(), notes)
+
+
+HEAD = b"POST /get-online-features HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
+
+
+def slow_clients(port: int, count: int, seconds: float) -> Window:
+    """``count`` connections for ``seconds``: a third trickle their headers (a line a second),
+    a third send their headers and half a body then hold, a third connect and send nothing.
+    Notes how many the server had closed by the end (a server that bounds them closes them)."""
+    start = time.time()
+    conns: list[tuple[int, socket.socket]] = []
+    refused = 0
+    for i in range(count):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            refused += 1
+            continue
+        kind = i % 3
+        try:
+            if kind == 0:
+                s.sendall(HEAD)
+            elif kind == 1:
+                s.sendall(HEAD + b"Content-Length: 2000\r\n\r\n" + b'{"features": ["bench_standard:f00"], "entities"')
+        except OSError:
+            pass
+        conns.append((kind, s))
+    stop = threading.Event()
+    closed = set()
+
+    def trickle() -> None:
+        n = 0
+        while not stop.wait(1.0):
+            n += 1
+            for j, (kind, s) in enumerate(conns):
+                if kind == 0 and j not in closed:
+                    try:
+                        s.sendall(b"X-Slow-%d: 1\r\n" % n)
+                    except OSError:
+                        closed.add(j)
+
+    worker = threading.Thread(target=trickle, daemon=True)
+    worker.start()
+    time.sleep(seconds)
+    stop.set()
+    worker.join()
+    for j, (_, s) in enumerate(conns):
+        s.setblocking(False)
+        try:
+            s.recv(1)  # an answer (408, 400) or the end of the stream: the server let it go
+            closed.add(j)
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed.add(j)
+        s.close()
+    return Window(
+        "200 slow clients" if count == 200 else f"{count} slow clients", start, time.time(),
+        {"clients": count, "refused_at_connect": refused, "closed_by_server": len(closed), "held_seconds": seconds},
+    )  # fmt: skip
