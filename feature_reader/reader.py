@@ -23,7 +23,7 @@ from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
 from feature_reader.errors import ReadTimeout, RequestError, StoreError
 from feature_reader.redis_reads import AsyncRedisReads, RedisReads
-from feature_reader.request import ReadRequest, parse_request
+from feature_reader.request import ReadRequest, SelectionMemo, parse_request
 from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, OnlineFeatures
 from feature_reader.response import STALE as STALE_STATUS
 from feature_reader.rows import SourceRow, Unit
@@ -35,7 +35,18 @@ from stores.redis import connect, is_cluster
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 """--store names (and the conf's sink names) -> sink name."""
 
-COUNTERS = ("hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors")
+COUNTERS = (
+    "hits",
+    "misses",
+    "coalesced",
+    "early_refreshes",
+    "store_reads",
+    "entities_read",
+    "errors",
+    "stale_served",
+    "decode_errors",
+    "bad_freshness",
+)
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
 
@@ -201,7 +212,19 @@ class _Core:
             max_age = min(limits) if limits else None
             rs = [rows[keys[(name, eid)]] for eid in req.ids[source.entity]]
             as_of = [r.as_of for r in rs]
-            withheld = [NOT_FOUND if t is None else OUTSIDE_MAX_AGE if max_age is not None and now - t > max_age else None for t in as_of]
+            withheld = [
+                NOT_FOUND
+                if t is None
+                else INVALID
+                if r.bad_as_of
+                else OUTSIDE_MAX_AGE
+                if max_age is not None and now - t > max_age
+                else None
+                for t, r in zip(as_of, rs)
+            ]
+            if INVALID in withheld:  # an unusable freshness value: the source's cells of that entity are INVALID, no time shown
+                as_of = [None if w is INVALID else t for w, t in zip(withheld, as_of)]
+                self.count(bad_freshness=withheld.count(INVALID))
             layout = rs[0].names
             if all(r.complete and not r.stale and r.names is layout for r in rs) and not any(withheld):
                 if feats == layout.order and positions[-1] - positions[0] == len(positions) - 1:  # the whole read, in order
@@ -240,7 +263,7 @@ class _Base:
     def __init__(self, conf: RunConf, defs: Definitions, cache: bool | None, clock, redis_url: str | None, cluster: bool | None, kinds):
         self.conf, self.defs = conf, defs
         self._core = _Core(conf, defs, cache=cache, clock=clock)
-        self._selections: dict = {}
+        self._selections = SelectionMemo(max_bytes=conf.reader.max_memo_bytes)
         redis_reads, sql_reads = kinds
         timeout = conf.reader.timeout_ms / 1000
         self._stores: dict[str, Any] = {}
@@ -262,6 +285,7 @@ class _Base:
         return parse_request(
             self.defs, entities or {}, features, feature_service=feature_service, full_feature_names=full_feature_names,
             max_entities=self.conf.reader.max_entities, max_age_seconds=max_age, memo=self._selections,
+            max_features=self.conf.reader.max_features, max_key_bytes=self.conf.reader.max_key_bytes,
         )  # fmt: skip
 
     def _store(self, name: str):
@@ -271,7 +295,7 @@ class _Base:
 
     @property
     def stats(self) -> dict[str, int]:
-        """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors."""
+        """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors, bad_freshness."""
         with self._core._counting:
             return {name: self._core.counters.get(name, 0) for name in COUNTERS}
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from feature_defs import load_definitions
 from feature_reader.errors import EntityKeyError, ReadTimeout, RequestError, StoreError, UnknownNameError
@@ -58,6 +58,11 @@ class _ReaderCounters:
         stats = self.reader.stats
         for name in COUNTERS:
             yield CounterMetricFamily(f"feature_reader_{name}", f"reader.stats['{name}']", value=stats[name])
+        cache = self.reader.cache
+        if cache is not None:
+            cache.sweep()  # entries past their stale window leave even when nothing is read
+            yield GaugeMetricFamily("feature_reader_cache_entries", "Entries in the L1 cache", value=len(cache))
+            yield GaugeMetricFamily("feature_reader_cache_bytes", "Bytes the L1 cache holds (reader.cache.max_bytes)", value=cache.bytes)
 
 
 class FeatureServer:
