@@ -52,10 +52,8 @@ SWEEP_PER_PUT = 2
 
 
 def key_bytes(key: Hashable) -> int:
-    """A key's bytes: a tuple and its strings (an entity id; the shared parts are counted too, a little over)."""
-    if type(key) is tuple:
-        return sys.getsizeof(key) + sum(sys.getsizeof(p) for p in key if type(p) is str)
-    return sys.getsizeof(key)
+    """A key's bytes: a tuple and its parts (the entity id; the parts shared by many keys are counted too, a little over)."""
+    return sys.getsizeof(key) + sum(map(sys.getsizeof, key)) if type(key) is tuple else sys.getsizeof(key)
 
 
 FRESH, REFRESH, STALE, MISS = "fresh", "refresh", "stale", "miss"

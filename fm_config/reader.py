@@ -22,7 +22,7 @@ class CacheSettings(Settings):
     """NOT_FOUND answers are cached this long (0: not cached)."""
     max_entries: int = Field(100_000, ge=1)
     max_bytes: int = Field(256 << 20, ge=1024)
-    """Approximate bytes of the cached values; least recently used entries leave first."""
+    """Bytes the cache holds: each entry's values, its key and the cache's own bookkeeping; least recently used entries leave first."""
     early_refresh_beta: float = Field(1.0, ge=0)
     """Probabilistic early refresh (XFetch): a hot entry is re-read shortly before it expires,
     more eagerly the longer its read took, times this (0: off)."""
