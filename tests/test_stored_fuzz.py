@@ -9,6 +9,7 @@ cell reads as stored. Seeded, so every run sees the same data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import math
@@ -296,6 +297,15 @@ def _redis_keys(defs, conf) -> dict[str, str]:
     return {s: key_prefix(defs.entities[defs.sources[s].entity].prefix, conf.redis.namespace) for s in ("every_type", "pair_daily")}
 
 
+@contextlib.contextmanager
+def _restoring(restore, *args):
+    """The stored data as written again when the block ends, failed or not (the next test reads it)."""
+    try:
+        yield
+    finally:
+        restore(*args)
+
+
 def _restore_redis(client, kept: dict) -> None:
     for k, stored in kept.items():
         client.delete(k)
@@ -325,7 +335,7 @@ def test_random_bytes_in_redis_fields_cost_only_their_cell_or_their_source(writt
     }
     rng = random.Random(38)
     bad_sources = 0
-    with FeatureReader(conf, defs, cache=False, clock=lambda: NOW) as reader:
+    with _restoring(_restore_redis, client, kept), FeatureReader(conf, defs, cache=False, clock=lambda: NOW) as reader:
         # the data as written reads as written first (the expectation of test_reader, derived independently)
         every, _ = _read(reader, "redis")
         for name, (_, statuses) in EXPECTED.items():
@@ -346,7 +356,6 @@ def test_random_bytes_in_redis_fields_cost_only_their_cell_or_their_source(writt
             if round_ % 10 == 0:
                 _check(*_read_async(conf, defs, "redis"), expected, defs, f"async redis round {round_}")
         assert bad_sources > 20  # the rounds did plant unusable freshness values
-        _restore_redis(client, kept)
         assert reader.stats["bad_freshness"] == bad_sources
         assert reader.stats["decode_errors"] > 100
 
@@ -367,7 +376,7 @@ def test_random_json_and_as_of_times_in_sql_rows_cost_only_their_cell_or_their_s
         )
         AS_OF_SQL.append(("written", AS_OF))
         bad_sources = 0
-        with FeatureReader(conf, defs, cache=False, clock=lambda: NOW) as reader:
+        with _restoring(_restore_sql, conn, kept), FeatureReader(conf, defs, cache=False, clock=lambda: NOW) as reader:
             for round_ in range(120):
                 _restore_sql(conn, kept)
                 for _ in range(rng.randrange(1, 5)):
@@ -388,7 +397,6 @@ def test_random_json_and_as_of_times_in_sql_rows_cost_only_their_cell_or_their_s
                 bad_sources += _check(*_read(reader, "sql"), expected, defs, f"sql round {round_}")
                 if round_ % 10 == 0:
                     _check(*_read_async(conf, defs, "sql"), expected, defs, f"async sql round {round_}")
-            _restore_sql(conn, kept)
             assert bad_sources > 10
             assert reader.stats["bad_freshness"] == bad_sources
 
