@@ -314,8 +314,11 @@ def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
     if kind == "embedding":
         if len(value) != feature.dimension or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             return BAD
-        with np.errstate(over="ignore"):
-            arr = np.asarray(value, np.float32)  # beyond float32 becomes inf: refused below
+        try:
+            with np.errstate(over="ignore"):
+                arr = np.asarray(value, np.float32)  # beyond float32 becomes inf: refused below
+        except OverflowError:  # an int beyond float64
+            return BAD
         if not np.isfinite(arr).all():
             return BAD
         return arr.tolist() if as_list else _frozen(arr)

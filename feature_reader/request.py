@@ -234,8 +234,8 @@ def parse_request(
     for entity in involved.values():
         cols = [_column(entity, k.name, k.type, entities[k.name]) for k in entity.keys]
         ids[entity.name] = got = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
-        # an id of int keys is at most 20 characters each; a character at most 4 bytes: only a long id is encoded to measure it
-        if (21 * len(entity.keys) > max_key_bytes or any(k.type != "int" for k in entity.keys)) and max(map(len, got)) * 4 > max_key_bytes:
+        # one int key: at most 20 characters (max_key_bytes is at least 64); a character is at most 4 bytes: only a long id is measured
+        if (len(entity.keys) > 1 or entity.keys[0].type != "int") and max(map(len, got)) * 4 > max_key_bytes:
             _check_key_bytes(entity, got, max_key_bytes)
     if max_age_seconds is not None and (
         not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0

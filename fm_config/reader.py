@@ -53,7 +53,7 @@ class ReaderSettings(Settings):
     max_features: int = Field(1000, ge=1)
     """Feature references in one request (a feature service counts as none: it is the
     definitions'); more is a RequestError. Raise it if a model lists more features one by one."""
-    max_key_bytes: int = Field(1024, ge=16)
+    max_key_bytes: int = Field(1024, ge=64)
     """Bytes of one entity's id (its key parts joined by ':'); a longer one is an EntityKeyError naming its row."""
     max_memo_bytes: int = Field(16 << 20, ge=1 << 16)
     """Bytes of the resolved feature lists a reader keeps between requests (up to 512 lists)."""
