@@ -26,7 +26,7 @@ from feature_reader.redis_reads import AsyncRedisReads, RedisReads
 from feature_reader.request import ReadRequest, SelectionMemo, parse_request
 from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, OnlineFeatures
 from feature_reader.response import STALE as STALE_STATUS
-from feature_reader.rows import SourceRow, Unit
+from feature_reader.rows import UNUSABLE_AS_OF, SourceRow, Unit
 from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
 from fm_config import RunConf, load_config
@@ -35,18 +35,8 @@ from stores.redis import connect, is_cluster
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 """--store names (and the conf's sink names) -> sink name."""
 
-COUNTERS = (
-    "hits",
-    "misses",
-    "coalesced",
-    "early_refreshes",
-    "store_reads",
-    "entities_read",
-    "errors",
-    "stale_served",
-    "decode_errors",
-    "bad_freshness",
-)
+COUNTERS = ("hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors")
+COUNTERS += ("bad_freshness",)  # (source, entity) pairs answered INVALID for an unusable freshness value
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
 
@@ -212,18 +202,10 @@ class _Core:
             max_age = min(limits) if limits else None
             rs = [rows[keys[(name, eid)]] for eid in req.ids[source.entity]]
             as_of = [r.as_of for r in rs]
-            withheld = [
-                NOT_FOUND
-                if t is None
-                else INVALID
-                if r.bad_as_of
-                else OUTSIDE_MAX_AGE
-                if max_age is not None and now - t > max_age
-                else None
-                for t, r in zip(as_of, rs)
-            ]
-            if INVALID in withheld:  # an unusable freshness value: the source's cells of that entity are INVALID, no time shown
-                as_of = [None if w is INVALID else t for w, t in zip(withheld, as_of)]
+            withheld = [NOT_FOUND if t is None else OUTSIDE_MAX_AGE if max_age is not None and now - t > max_age else None for t in as_of]
+            if UNUSABLE_AS_OF in as_of:  # an unusable freshness value: the source's cells of that entity are INVALID, no time shown
+                withheld = [INVALID if t == UNUSABLE_AS_OF else w for t, w in zip(as_of, withheld)]
+                as_of = [None if t == UNUSABLE_AS_OF else t for t in as_of]
                 self.count(bad_freshness=withheld.count(INVALID))
             layout = rs[0].names
             if all(r.complete and not r.stale and r.names is layout for r in rs) and not any(withheld):

@@ -40,9 +40,6 @@ class SourceRow(NamedTuple):
     """Every value read is a value (no None, no BAD): the result takes its columns at once."""
     stale: bool = False
     """Served from an expired cache entry because its store failed (stale-if-error)."""
-    bad_as_of: bool = False
-    """The source's freshness value is stored but unusable (no number, or past year 9999):
-    every cell of the source is INVALID for this entity, counted in ``bad_freshness``."""
 
     def get(self, name: str) -> Any:
         at = self.names.get(name)
@@ -50,6 +47,11 @@ class SourceRow(NamedTuple):
 
 
 NOT_FOUND_ROW = SourceRow(None, (), Layout([]), 64)
-BAD_AS_OF_ROW = SourceRow(0, (), Layout([]), 64, bad_as_of=True)
-"""A source whose freshness value is unusable: nothing of it is trusted, and it is not
-NOT_FOUND either (the store holds something): not read again from the next store."""
+UNUSABLE_AS_OF = -62135596801
+"""The as-of time of a source whose freshness value is stored but unusable (no number, or
+outside years 1..9999): one second before any as-of time a store may hold, an int like
+the others, so the usual rows pay nothing to tell it apart."""
+BAD_AS_OF_ROW = SourceRow(UNUSABLE_AS_OF, (), Layout([]), 64)
+"""A source whose freshness value is unusable: every cell of it INVALID for the entity,
+counted in ``bad_freshness``; not NOT_FOUND either (the store holds something), so not
+read again from the next store."""
