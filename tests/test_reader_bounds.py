@@ -15,7 +15,7 @@ import pytest
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from feature_reader import EntityKeyError, FeatureReader, RequestError
-from feature_reader.cache import L1Cache
+from feature_reader.cache import SWEEP_EVERY, SWEEP_SIZE, L1Cache
 from feature_reader.rows import NOT_FOUND_ROW
 from fm_config.reader import CacheSettings
 
@@ -56,15 +56,18 @@ def test_the_cache_counts_keys_and_drops_entries_past_their_stale_window_unasked
         cache.put(key, NOT_FOUND_ROW, size=NOT_FOUND_ROW.size, negative=True, delta=0.001)
     # each entry counts at least its entity id: 3,000 of them do not fit in 4 MB
     assert cache.bytes <= 4 * MB and len(cache) * 1000 <= cache.bytes and len(cache) < 3000 and cache.evictions > 0
-    kept = len(cache)
+    kept, evicted = len(cache), cache.evictions
     clock.now += 1 + 2 + 0.5  # past the negative TTL and the stale window: nothing looks these up again
-    for n in range(10):  # each put drops some of them (more than it adds)
+    puts = 4 * SWEEP_EVERY
+    for n in range(puts):  # every few puts drop more of them than the puts add
         cache.put((("redis",), "s", f"new-{n}", "*"), NOT_FOUND_ROW, size=64, negative=True, delta=0.001)
-    assert len(cache) == kept - 2 * 10 + 10
-    assert cache.sweep() == kept - 20 and len(cache) == 10  # the rest at once
-    assert cache.bytes == sum(e.size for e in cache._entries.values()) and 10 * 64 < cache.bytes < 10 * 600
+    swept = ((3000 + puts) // SWEEP_EVERY - 3000 // SWEEP_EVERY) * SWEEP_SIZE
+    evicted = cache.evictions - evicted  # the first puts into the full cache make room by the usual eviction
+    assert swept >= 2 * puts and len(cache) == kept - swept - evicted + puts
+    assert cache.sweep() == kept - swept - evicted and len(cache) == puts  # the rest at once
+    assert cache.bytes == sum(e.size for e in cache._entries.values()) and puts * (64 + 240) < cache.bytes < puts * 700
     clock.now += 3.6
-    assert cache.sweep() == 10 and cache.bytes == 0
+    assert cache.sweep() == puts and cache.bytes == 0
 
 
 DEFS = """entities:
