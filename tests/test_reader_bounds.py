@@ -15,7 +15,7 @@ import pytest
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from feature_reader import EntityKeyError, FeatureReader, RequestError
-from feature_reader.cache import SWEEP_EVERY, SWEEP_SIZE, L1Cache
+from feature_reader.cache import L1Cache
 from feature_reader.rows import NOT_FOUND_ROW
 from fm_config.reader import CacheSettings
 
@@ -58,6 +58,8 @@ def test_the_cache_counts_keys_and_drops_entries_past_their_stale_window_unasked
     assert cache.bytes <= 4 * MB and len(cache) * 1000 <= cache.bytes and len(cache) < 3000 and cache.evictions > 0
     kept, evicted = len(cache), cache.evictions
     clock.now += 1 + 2 + 0.5  # past the negative TTL and the stale window: nothing looks these up again
+    from feature_reader.cache import SWEEP_EVERY, SWEEP_SIZE  # here: the module's other tests import without them
+
     puts = 4 * SWEEP_EVERY
     for n in range(puts):  # every few puts drop more of them than the puts add
         cache.put((("redis",), "s", f"new-{n}", "*"), NOT_FOUND_ROW, size=64, negative=True, delta=0.001)
