@@ -29,7 +29,7 @@ class SourceRow(NamedTuple):
     """A tuple, not a dataclass: a batch makes one per entity, and tuples are cheap to make."""
 
     as_of: int | None
-    """The source's freshness value (UTC epoch seconds); None: NOT_FOUND."""
+    """The source's freshness value (UTC epoch seconds); None: NOT_FOUND; UNUSABLE_AS_OF: stored but unusable."""
     values: tuple
     """The values read, in the order of ``names`` (None: not stored; decode.BAD: did not decode)."""
     names: Mapping[str, int]
