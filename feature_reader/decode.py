@@ -22,12 +22,38 @@ from serializers.scalar import INT64_MAX, INT64_MIN, DecodeError
 BAD = object()
 """A stored value that did not decode (its status says so, a counter counts it)."""
 
+MIN_AS_OF, MAX_AS_OF = -62135596800, 253402300799
+"""0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: the as-of times a timestamp can show
+(Python's datetime and Feast's protobuf Timestamp); past them (milliseconds written where
+seconds belong) a source's freshness is unusable."""
+
 _FLOAT_CHARS = b"0123456789.-+eE"
 _INT_CHARS = b"0123456789-"
 _BOOLS = {b"1": True, b"0": False}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 SMALL = 8
 """Columns of at most this many values skip the one-matrix paths (numpy's fixed costs)."""
+
+
+def as_of(raw: bytes | None) -> int | object | None:
+    """A stored freshness value (decimal epoch seconds, as every writer writes it) as an int;
+    None: not stored; :data:`BAD`: anything else, or out of :data:`MIN_AS_OF`..:data:`MAX_AS_OF`."""
+    if raw is None:
+        return None
+    if 0 < len(raw) <= 11 and raw.isdigit():  # the common case: ASCII digits, at most 11 of them: within range
+        return int(raw)
+    body = raw[1:] if raw[:1] == b"-" else raw
+    if not 0 < len(body) <= 12 or not body.isdigit():  # int() would take spaces, '_' and '+' too
+        return BAD
+    value = int(raw)
+    return value if MIN_AS_OF <= value <= MAX_AS_OF else BAD
+
+
+def as_of_seconds(value: Any) -> int | object:
+    """The SQL store's as-of time (epoch seconds as a float8: infinity is a timestamptz too) as an int, or :data:`BAD`."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not MIN_AS_OF <= value <= MAX_AS_OF:
+        return BAD
+    return round(value)
 
 
 def _slow(feature: FeatureDef, raws: list, as_list: bool) -> list:
@@ -288,8 +314,11 @@ def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
     if kind == "embedding":
         if len(value) != feature.dimension or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             return BAD
-        with np.errstate(over="ignore"):
-            arr = np.asarray(value, np.float32)  # beyond float32 becomes inf: refused below
+        try:
+            with np.errstate(over="ignore"):
+                arr = np.asarray(value, np.float32)  # beyond float32 becomes inf: refused below
+        except OverflowError:  # an int beyond float64
+            return BAD
         if not np.isfinite(arr).all():
             return BAD
         return arr.tolist() if as_list else _frozen(arr)

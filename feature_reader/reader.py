@@ -27,10 +27,10 @@ from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
 from feature_reader.errors import ReadTimeout, RequestError, StoreError, StoreUnavailable
 from feature_reader.redis_reads import AsyncRedisReads, RedisReads
-from feature_reader.request import ReadRequest, parse_request
+from feature_reader.request import ReadRequest, SelectionMemo, parse_request
 from feature_reader.response import INVALID, NOT_FOUND, NULL_VALUE, OUTSIDE_MAX_AGE, PRESENT, OnlineFeatures
 from feature_reader.response import STALE as STALE_STATUS
-from feature_reader.rows import SourceRow, Unit
+from feature_reader.rows import UNUSABLE_AS_OF, SourceRow, Unit
 from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
 from fm_config import RunConf, load_config
@@ -42,7 +42,7 @@ STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 
 COUNTERS = (
     "hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors",
-    "fallbacks", "breaker_opens", "breaker_skips",
+    "fallbacks", "breaker_opens", "breaker_skips", "bad_freshness",
 )  # fmt: skip
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
@@ -236,6 +236,10 @@ class _Core:
             rs = [rows[keys[(name, eid)]] for eid in req.ids[source.entity]]
             as_of = [r.as_of for r in rs]
             withheld = [NOT_FOUND if t is None else OUTSIDE_MAX_AGE if max_age is not None and now - t > max_age else None for t in as_of]
+            if UNUSABLE_AS_OF in as_of:  # an unusable freshness value: the source's cells of that entity are INVALID, no time shown
+                withheld = [INVALID if t == UNUSABLE_AS_OF else w for t, w in zip(as_of, withheld)]
+                as_of = [None if t == UNUSABLE_AS_OF else t for t in as_of]
+                self.count(bad_freshness=withheld.count(INVALID))
             layout = rs[0].names
             if all(r.complete and not r.stale and r.names is layout for r in rs) and not any(withheld):
                 if feats == layout.order and positions[-1] - positions[0] == len(positions) - 1:  # the whole read, in order
@@ -279,7 +283,7 @@ class _Base:
     def __init__(self, conf: RunConf, defs: Definitions, cache: bool | None, clock, redis_url: str | None, cluster: bool | None, kinds):
         self.conf, self.defs = conf, defs
         self._core = _Core(conf, defs, cache=cache, clock=clock)
-        self._selections: dict = {}
+        self._selections = SelectionMemo(max_bytes=conf.reader.max_memo_bytes)
         self._kinds = kinds
         settings = conf.reader
         self._timeouts = dict(timeout=settings.timeout_ms / 1000, connect_timeout=settings.connect_timeout_ms / 1000)
@@ -346,6 +350,7 @@ class _Base:
         return parse_request(
             self.defs, entities or {}, features, feature_service=feature_service, full_feature_names=full_feature_names,
             max_entities=self.conf.reader.max_entities, max_age_seconds=max_age, memo=self._selections,
+            max_features=self.conf.reader.max_features, max_key_bytes=self.conf.reader.max_key_bytes,
         )  # fmt: skip
 
     def _configured(self, name: str) -> None:
@@ -360,7 +365,8 @@ class _Base:
     @property
     def stats(self) -> dict[str, int]:
         """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors,
-        fallbacks (store reads handed to the other store), breaker_opens, breaker_skips (store calls not made: breaker open)."""
+        fallbacks (store reads handed to the other store), breaker_opens, breaker_skips (store calls not made: breaker open),
+        bad_freshness ((source, entity) pairs answered INVALID for an unusable freshness value)."""
         with self._core._counting:
             return {name: self._core.counters.get(name, 0) for name in COUNTERS}
 

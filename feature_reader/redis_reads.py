@@ -17,9 +17,10 @@ import redis
 
 from feature_defs import Definitions, FeatureDef
 from feature_reader.decode import BAD, ColumnDecoder
+from feature_reader.decode import as_of as stored_as_of
 from feature_reader.errors import ReadTimeout, StoreError
 from feature_reader.redis_pipe import RedisPipe
-from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
+from feature_reader.rows import BAD_AS_OF_ROW, NOT_FOUND_ROW, Layout, SourceRow, Unit
 from fm_config.redis import RedisConnection
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
@@ -120,12 +121,9 @@ class _Plan:
             sample = [sum(map(len, filter(None, raw[:width]))) for raw in slices[:8]]
             size = sum(sample) // len(sample) + PER_VALUE_BYTES * width
             for n, (unit, fresh, values) in enumerate(zip(units, columns[0], rows)):
-                try:
-                    as_of = None if fresh is None else int(fresh)
-                except ValueError:
-                    as_of = None  # a freshness value no writer wrote: nothing of the source is trusted
-                if as_of is None:
-                    out[unit] = NOT_FOUND_ROW
+                as_of = stored_as_of(fresh)
+                if as_of is None or as_of is BAD:
+                    out[unit] = NOT_FOUND_ROW if as_of is None else BAD_AS_OF_ROW
                     continue
                 out[unit] = SourceRow(as_of, values, fields.names, size, n not in holes)
         return out
@@ -133,12 +131,9 @@ class _Plan:
 
 def _row(fields: _Fields, raw: list, as_list: bool) -> SourceRow:
     """One entity's reply (its freshness value first) as a row."""
-    try:
-        as_of = None if raw[0] is None else int(raw[0])
-    except ValueError:
-        as_of = None
-    if as_of is None:
-        return NOT_FOUND_ROW
+    as_of = stored_as_of(raw[0])
+    if as_of is None or as_of is BAD:  # nothing stored, or a freshness value no writer wrote: nothing of the source is trusted
+        return NOT_FOUND_ROW if as_of is None else BAD_AS_OF_ROW
     values, complete = fields.decoder.decode_row(raw[1:], as_list)
     size = sum(map(len, filter(None, raw))) + PER_VALUE_BYTES * len(raw)
     return SourceRow(as_of, tuple(values), fields.names, size, complete)
@@ -221,14 +216,17 @@ class _Reads:
         self.connect_timeout = connect_timeout
         self.where = server_address(config.url)
         self._fields: dict[tuple, _Fields] = {}
+        self._held = 0  # fields held by self._fields
 
     def fields(self, source: str, feats: list[FeatureDef]) -> _Fields:
         # keyed by the list's identity: the reader hands over the same lists again (a
         # source's, or a request's kept selection); the entry holds the list, so its id stays its own
         got = self._fields.get((source, id(feats)))
         if got is None or got.feats is not feats:
-            if len(self._fields) > 1024:  # requests name few feature sets; bound it anyway
+            if len(self._fields) > 1024 or self._held > 100_000:  # requests name few feature sets; bound it anyway (by fields too)
                 self._fields.clear()
+                self._held = 0
+            self._held += len(feats)
             got = self._fields[(source, id(feats))] = _Fields(source, feats)
         return got
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ from feature_defs import Definitions, EntityDef, FeatureDef, SourceDef
 from feature_reader.errors import EntityKeyError, RequestError, UnknownNameError, shown
 from serializers.keys import entity_id
 
-_BAD_STRING_PART = re.compile(r"[:\x00-\x1f\x7f]")
+_BAD_STRING_PART = re.compile(r"[:\x00-\x1f\x7f\ud800-\udfff]")  # lone surrogates: no UTF-8 (a key is UTF-8)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def _part(entity: EntityDef, key: str, kind: str, value: Any, row: int) -> Any:
     if not isinstance(value, str):
         raise EntityKeyError(f"entity key {key!r} row {row}: expected a string, got {type(value).__name__}")
     if _BAD_STRING_PART.search(value):
-        raise EntityKeyError(f"entity key {key!r} row {row}: a key part holds no ':' or control characters")
+        raise EntityKeyError(f"entity key {key!r} row {row}: a key part holds no ':' or control characters (nor lone surrogates)")
     return value
 
 
@@ -143,7 +144,31 @@ def select(defs: Definitions, features: list[str] | None, feature_service: str |
     return Selection(columns, {s.name: s for s, _ in pairs}, involved, needed, groups, names, asked, fields)
 
 
-def _selection(defs: Definitions, features, feature_service, full_feature_names, memo: dict | None) -> Selection:
+class SelectionMemo(dict):
+    """Resolved feature references kept between requests (models repeat a few lists), bounded
+    by entries and by the bytes of what it keeps; when full it is emptied whole (the lists in
+    use come back at once)."""
+
+    PER_COLUMN = 400
+    """Bytes a resolved column costs beyond its reference: the column, its name, its places in the selection."""
+
+    def __init__(self, max_entries: int = 512, max_bytes: int = 16 << 20):
+        super().__init__()
+        self.max_entries, self.max_bytes, self.bytes = max_entries, max_bytes, 0
+
+    def keep(self, key: tuple, selection: Selection) -> None:
+        refs = key[0] if isinstance(key[0], tuple) else ()
+        size = sys.getsizeof(refs) + sum(map(sys.getsizeof, refs)) + self.PER_COLUMN * len(selection.columns) + 200
+        if size > self.max_bytes // 4:  # a list this large is not worth keeping
+            return
+        if len(self) >= self.max_entries or self.bytes + size > self.max_bytes:
+            self.clear()
+            self.bytes = 0
+        self[key] = selection
+        self.bytes += size
+
+
+def _selection(defs: Definitions, features, feature_service, full_feature_names, memo: SelectionMemo | None) -> Selection:
     if memo is None:
         return select(defs, features, feature_service, full_feature_names)
     try:
@@ -153,9 +178,7 @@ def _selection(defs: Definitions, features, feature_service, full_feature_names,
         return select(defs, features, feature_service, full_feature_names)
     if got is None:
         got = select(defs, features, feature_service, full_feature_names)
-        if len(memo) >= 512:
-            memo.clear()
-        memo[key] = got
+        memo.keep(key, got)
     return got
 
 
@@ -164,6 +187,15 @@ def _column(entity: EntityDef, key: str, kind: str, values: list) -> list:
     if kind == "int" and all(type(v) is int for v in values) and -(2**63) <= min(values) and max(values) < 2**63:
         return values  # the common case, checked at once
     return [_part(entity, key, kind, v, i) for i, v in enumerate(values)]
+
+
+def _check_key_bytes(entity: EntityDef, ids: list[str], limit: int) -> None:
+    for row, eid in enumerate(ids):
+        size = len(eid.encode("utf-8"))
+        if size > limit:
+            raise EntityKeyError(
+                f"entity {entity.name!r} row {row}: its key is {size:,} bytes; the limit is {limit:,} (reader.max_key_bytes)"
+            )
 
 
 def parse_request(
@@ -175,10 +207,14 @@ def parse_request(
     full_feature_names: bool = False,
     max_entities: int = 1000,
     max_age_seconds: float | None = None,
-    memo: dict | None = None,
+    memo: SelectionMemo | None = None,
+    max_features: int = 1000,
+    max_key_bytes: int = 1024,
 ) -> ReadRequest:
     """Check a request against the definitions; every problem is a RequestError naming the
     bad part. ``memo`` keeps resolved feature references between calls."""
+    if isinstance(features, list) and len(features) > max_features:  # before anything is made of them
+        raise RequestError(f"{len(features):,} feature references in one request; the limit is {max_features:,} (reader.max_features)")
     selection = _selection(defs, features, feature_service, full_feature_names, memo)
     if not isinstance(entities, dict) or not entities:
         raise EntityKeyError('entities must be a non-empty object of key columns, e.g. {"consumer_id": [1, 2]}')
@@ -205,7 +241,10 @@ def parse_request(
     ids: dict[str, list[str]] = {}
     for entity in involved.values():
         cols = [_column(entity, k.name, k.type, entities[k.name]) for k in entity.keys]
-        ids[entity.name] = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
+        ids[entity.name] = got = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
+        # one int key: at most 20 characters (max_key_bytes is at least 64); a character is at most 4 bytes: only a long id is measured
+        if (len(entity.keys) > 1 or entity.keys[0].type != "int") and max(map(len, got)) * 4 > max_key_bytes:
+            _check_key_bytes(entity, got, max_key_bytes)
     if max_age_seconds is not None and (
         not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0
     ):

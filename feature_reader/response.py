@@ -113,4 +113,7 @@ def _native(value: Any) -> Any:
 def _timestamp(epoch: int | None) -> str:
     if not epoch:
         return EPOCH
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):  # the stores refuse such as-of times (decode.MAX_AS_OF); a body is never lost to one
+        return EPOCH

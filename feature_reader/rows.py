@@ -29,7 +29,7 @@ class SourceRow(NamedTuple):
     """A tuple, not a dataclass: a batch makes one per entity, and tuples are cheap to make."""
 
     as_of: int | None
-    """The source's freshness value (UTC epoch seconds); None: NOT_FOUND."""
+    """The source's freshness value (UTC epoch seconds); None: NOT_FOUND; UNUSABLE_AS_OF: stored but unusable."""
     values: tuple
     """The values read, in the order of ``names`` (None: not stored; decode.BAD: did not decode)."""
     names: Mapping[str, int]
@@ -47,3 +47,11 @@ class SourceRow(NamedTuple):
 
 
 NOT_FOUND_ROW = SourceRow(None, (), Layout([]), 64)
+UNUSABLE_AS_OF = -62135596801
+"""The as-of time of a source whose freshness value is stored but unusable (no number, or
+outside years 1..9999): one second before any as-of time a store may hold, an int like
+the others, so the usual rows pay nothing to tell it apart."""
+BAD_AS_OF_ROW = SourceRow(UNUSABLE_AS_OF, (), Layout([]), 64)
+"""A source whose freshness value is unusable: every cell of it INVALID for the entity,
+counted in ``bad_freshness``; not NOT_FOUND either (the store holds something), so not
+read again from the next store."""

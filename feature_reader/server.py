@@ -82,6 +82,11 @@ class _ReaderCounters:
         for store, state in self.reader.breaker_states.items():
             breakers.add_metric([store], state)
         yield breakers
+        cache = self.reader.cache
+        if cache is not None:
+            cache.sweep()  # entries past their stale window leave even when nothing is read
+            yield GaugeMetricFamily("feature_reader_cache_entries", "Entries in the L1 cache", value=len(cache))
+            yield GaugeMetricFamily("feature_reader_cache_bytes", "Bytes the L1 cache holds (reader.cache.max_bytes)", value=cache.bytes)
 
 
 class FeatureServer:

@@ -19,14 +19,16 @@ import psycopg
 from psycopg import sql
 
 from feature_defs import Definitions, FeatureDef
-from feature_reader.decode import BAD, from_json
+from feature_reader.decode import BAD, as_of_seconds, from_json
 from feature_reader.errors import ReadTimeout, StoreError
-from feature_reader.rows import NOT_FOUND_ROW, Layout, SourceRow, Unit
+from feature_reader.rows import BAD_AS_OF_ROW, NOT_FOUND_ROW, Layout, SourceRow, Unit
 from fm_config.sql import SqlConnection
 from stores.sql import connect, connect_async, is_transient, server_address, table_identifier
 
+# the as-of time as a float8: a timestamptz may be 'infinity' (or past year 9999), which a
+# bigint cast refuses, failing the whole batch; checked per row instead (decode.as_of_seconds)
 QUERY = (
-    "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::bigint FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
+    "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::float8 FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
 )
 
 
@@ -48,10 +50,14 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
         if hit is None:
             out[unit] = NOT_FOUND_ROW
             continue
-        text, as_of = hit
+        text, stored = hit
+        as_of = as_of_seconds(stored)
+        if as_of is BAD:
+            out[unit] = BAD_AS_OF_ROW
+            continue
         try:
             doc = json.loads(text)  # exact ints, beyond 2^53 too
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             doc = None
         feats = features[unit.source]
         if not isinstance(doc, dict):
@@ -59,7 +65,7 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
         else:
             values = tuple(None if doc.get(f.name) is None else from_json(f, doc[f.name], as_list=as_list) for f in feats)
         complete = all(v is not None and v is not BAD for v in values)
-        out[unit] = SourceRow(int(as_of), values, names[unit.source], len(text) + 48 * len(feats), complete)
+        out[unit] = SourceRow(as_of, values, names[unit.source], len(text) + 48 * len(feats), complete)
     return out
 
 

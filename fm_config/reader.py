@@ -24,7 +24,7 @@ class CacheSettings(Settings):
     """NOT_FOUND answers are cached this long (0: not cached)."""
     max_entries: int = Field(100_000, ge=1)
     max_bytes: int = Field(256 << 20, ge=1024)
-    """Approximate bytes of the cached values; least recently used entries leave first."""
+    """Bytes the cache holds: each entry's values, its key and the cache's own bookkeeping; least recently used entries leave first."""
     early_refresh_beta: float = Field(1.0, ge=0)
     """Probabilistic early refresh (XFetch): a hot entry is re-read shortly before it expires,
     more eagerly the longer its read took, times this (0: off)."""
@@ -66,6 +66,13 @@ class ReaderSettings(Settings):
     """Consecutive failed calls that open a store's circuit breaker: its calls then fail at
     once (or go to the fallback) for ``breaker_cooldown_ms``, then one call probes it."""
     breaker_cooldown_ms: float = Field(1000.0, gt=0)
+    max_features: int = Field(1000, ge=1)
+    """Feature references in one request (a feature service counts as none: it is the
+    definitions'); more is a RequestError. Raise it if a model lists more features one by one."""
+    max_key_bytes: int = Field(1024, ge=64)
+    """Bytes of one entity's id (its key parts joined by ':'); a longer one is an EntityKeyError naming its row."""
+    max_memo_bytes: int = Field(16 << 20, ge=1 << 16)
+    """Bytes of the resolved feature lists a reader keeps between requests (up to 512 lists)."""
 
 
 class ServerTlsSettings(Settings):
