@@ -42,7 +42,7 @@ test:                       ## set up (with the S3 test server), lint, and run t
 
 test-fast: setup            ## lint, then the tests without Spark or a venv of their own (about two minutes): formats, sinks, clusters, CLI, config, docs
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest -m "not spark and not install"
+	$(BIN)/python -m pytest -m "not spark and not install and not slow"
 
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)

@@ -13,6 +13,10 @@ them) for ``--seconds`` after a warm-up; the modes alternate, in a rotated order
 ``--rounds`` rounds. Per mode: the server's CPU seconds per request (/proc/<pid>/stat,
 user + system), p50 and p99, as the median over rounds with the spread (min-max), and as
 ratios against plain HTTP's median. Goal: auth with a cached token at most 10% more CPU per request.
+
+``--before DIR`` adds a fifth mode, ``before``: plain HTTP served by the code checked out in
+DIR (e.g. ``git worktree add /tmp/before <commit>``), alternated with the others in the same
+run, so what a change costs with TLS and auth off is measured against the code before it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import datetime as dt
 import ipaddress
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -133,6 +138,14 @@ def _serve_child(spec: str) -> None:
     serve_conf(conf, "127.0.0.1", port)
 
 
+BEFORE_CHILD = (
+    "import json, sys; from pathlib import Path; from bench.reads import _reader_conf; from feature_reader.server import serve_conf; "
+    "url, defs, port = json.loads(sys.argv[1])[:3]; "
+    "serve_conf(_reader_conf(url, Path(defs), cache={'enabled': True}, max_entities=1000), '127.0.0.1', port)"
+)
+"""The server of another checkout, plain HTTP (its code may know nothing of TLS or auth)."""
+
+
 def _targets(path: Path, url: str, bodies: list[bytes], tokens: list[str] | None) -> Path:
     import base64
 
@@ -160,7 +173,7 @@ def _wait(url: str, process: subprocess.Popen, context) -> None:
     raise RuntimeError(f"the server did not answer {url}")
 
 
-def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path, log=print) -> dict:
+def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path, log=print, before: Path | None = None) -> dict:
     import ssl
 
     from bench.serve_load import _bodies, _stop
@@ -173,7 +186,8 @@ def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path
     vegeta_bin()
     redis = start_redis(workdir / "cost-redis", "--hash-max-listpack-value", "256", "--logfile", str(workdir / "cost-redis.log"))
     subprocess.run(["taskset", "-p", "-c", LOAD_CPU, str(redis.process.pid)], check=True, stdout=subprocess.DEVNULL)
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    modes = (*MODES, "before") if before else MODES
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     try:
         defs = write_definitions(workdir / "cost-defs")
         log(f"writing {entities:,} entities of the standard shape into Redis")
@@ -183,12 +197,16 @@ def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path
         pki = _pki(workdir / "cost-pki")
         context = ssl.create_default_context(cafile=f"{pki['folder']}/ca.pem")
         for r in range(rounds):
-            for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:  # rotated: no mode always first or last
+            for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # rotated: no mode always first or last
                 port = free_port()
                 scheme = "https" if "tls" in mode else "http"
                 spec = json.dumps([redis.url, str(defs), port, mode, pki["folder"]])
                 run = ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.serve_cost", "--serve-child", spec]
-                process = subprocess.Popen(run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
+                environ = None
+                if mode == "before":
+                    run = ["taskset", "-c", SERVER_CPU, sys.executable, "-c", BEFORE_CHILD, spec]
+                    environ = {**os.environ, "PYTHONPATH": str(before)}
+                process = subprocess.Popen(run, cwd=before if mode == "before" else PROJECT_ROOT, stdout=subprocess.DEVNULL, env=environ,
                                            stderr=open(workdir / f"cost-{mode}.log", "w"), start_new_session=True)  # fmt: skip
                 try:
                     _wait(f"{scheme}://127.0.0.1:{port}/health", process, context if scheme == "https" else None)
@@ -212,6 +230,7 @@ def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path
     finally:
         redis.stop()
     return {"entities": entities, "rate": rate, "seconds": seconds, "rounds": rounds, "vegeta": MODULE, "runs": runs,
+            "before": str(before) if before else None,
             "summary": summarize(runs), "in_process": in_process(pki["folder"], pki["tokens"])}  # fmt: skip
 
 
@@ -275,12 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of the four modes (default 3)")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench")
     p.add_argument("--output", type=Path, help="write the results here as JSON")
+    p.add_argument("--before", type=Path, help="also serve plain HTTP from the code checked out in this folder (the code before a change)")
     p.add_argument("--serve-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_child:
         _serve_child(args.serve_child)
         return 0
-    result = measure(args.entities, args.rate, args.seconds, args.rounds, args.workdir.resolve(), log=lambda m: print(m, flush=True))
+    before = args.before.resolve() if args.before else None
+    result = measure(args.entities, args.rate, args.seconds, args.rounds, args.workdir.resolve(), log=lambda m: print(m, flush=True),
+                     before=before)  # fmt: skip
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1) + "\n")

@@ -27,6 +27,7 @@ SOURCE = "consumer_daily"
 TARGET = ["redis://h:6379/0"]
 
 
+@pytest.mark.slow
 def test_two_processes_claiming_at_once_get_one_lease(tmp_path):
     """Two Python processes with their own JVMs meet at a barrier and claim the same lease:
     exactly one wins; the other is told who holds it."""

@@ -123,6 +123,7 @@ def _measure(mode: str, url: str, defs: Path, rounds: int) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_many_distinct_long_not_found_keys_keep_the_cache_and_rss_within_its_bound(redis_server, wide_defs):
     """200,000 distinct ~1 KB NOT_FOUND keys (200 MB of ids) into a 16 MB cache: the cache
     accounts at least each id it keeps, stays within 16 MB, and the process grows by little
@@ -133,6 +134,7 @@ def test_many_distinct_long_not_found_keys_keep_the_cache_and_rss_within_its_bou
     assert got["growth"] < 16 * MB + 40 * MB, got
 
 
+@pytest.mark.slow
 def test_many_distinct_long_feature_lists_keep_the_memo_and_rss_within_its_bound(redis_server, wide_defs):
     """600 distinct lists of 1,000 references (60 KB each, as fresh strings): the memo of
     resolved lists keeps at most reader.max_memo_bytes (16 MB) of them (before: up to 512
