@@ -100,7 +100,11 @@ def check(entities: int, workdir: Path, log=print) -> dict:
                 url, ca = f"https://127.0.0.1:{port}", f"{pki['folder']}/ca.pem"
                 servers[label] = {"url": url, "cert": ca, "token_env": "FM_BENCH_TOKEN"}
                 servers["ours-tls-no-token"] = {"url": url, "cert": ca}
-                _wait_https(f"{url}/health", process, ca)
+                import ssl
+
+                from bench.serve_cost import wait_answering
+
+                wait_answering(f"{url}/health", process, ssl.create_default_context(cafile=ca))
             else:
                 servers[label] = {"url": f"http://127.0.0.1:{port}"}
                 _wait_http(f"{servers[label]['url']}/health", process, f"{label} server")
@@ -127,23 +131,6 @@ def check(entities: int, workdir: Path, log=print) -> dict:
         "complete": complete,
         "ours_sample": {k: ours[k] for k in ("entity_id", names[0], names[-1])},
     }
-
-
-def _wait_https(url: str, process: subprocess.Popen, ca: str, timeout: float = 120) -> None:
-    import ssl
-    import time
-    import urllib.request
-
-    context, end = ssl.create_default_context(cafile=ca), time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode} before answering")
-        try:
-            with urllib.request.urlopen(url, timeout=1, context=context):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"the server did not answer {url} within {timeout:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

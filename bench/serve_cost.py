@@ -158,7 +158,8 @@ def _targets(path: Path, url: str, bodies: list[bytes], tokens: list[str] | None
     return path
 
 
-def _wait(url: str, process: subprocess.Popen, context) -> None:
+def wait_answering(url: str, process: subprocess.Popen, context=None) -> None:
+    """Until ``url`` answers (``context``: its TLS trust); a server that exits first or never answers is an error."""
     import urllib.request
 
     end = time.monotonic() + 120
@@ -209,7 +210,7 @@ def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path
                 process = subprocess.Popen(run, cwd=before if mode == "before" else PROJECT_ROOT, stdout=subprocess.DEVNULL, env=environ,
                                            stderr=open(workdir / f"cost-{mode}.log", "w"), start_new_session=True)  # fmt: skip
                 try:
-                    _wait(f"{scheme}://127.0.0.1:{port}/health", process, context if scheme == "https" else None)
+                    wait_answering(f"{scheme}://127.0.0.1:{port}/health", process, context if scheme == "https" else None)
                     url = f"{scheme}://127.0.0.1:{port}/get-online-features"
                     targets = _targets(workdir / f"cost-targets-{mode}.json", url, bodies, pki["tokens"] if "auth" in mode else None)
                     extra = ("-root-certs", f"{pki['folder']}/ca.pem") if scheme == "https" else ()

@@ -59,12 +59,13 @@ def serve(tmp: Path, env: str, settings: dict, password: str | None = None, work
     return start_serving([MATERIALIZE, "serve", "--env", env, "--workers", str(workers)], environ, tmp / f"serve-{env}.log")
 
 
-def start_serving(command: list[str], environ: dict[str, str], log: Path, cwd: Path | None = None) -> Served:
-    """``command --port P`` on a free port (another if that one was taken first), once /health answers."""
+def start_serving(command: list[str], environ: dict[str, str], log: Path, cwd: Path | None = None, served_as=Served):
+    """``command --port P`` on a free port (another if that one was taken first), once /health
+    answers; ``served_as(port, process, log)`` is what is returned (its ``request`` asks /health)."""
 
-    def start(port: int) -> Served:
+    def start(port: int):
         process = subprocess.Popen([*command, "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ, cwd=cwd)
-        served = Served(port, process, log)
+        served = served_as(port, process, log)
         deadline = time.monotonic() + 60
         while process.poll() is None:
             try:

@@ -29,10 +29,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from throwaway.servers import again_if_port_taken, free_port, start_failed
+from throwaway.servers import free_port
 
 from .conftest import env_conf
-from .test_server import MATERIALIZE
+from .test_server import MATERIALIZE, start_serving
 from .test_tls import _builder, _pem, _pem_key, make_ca, make_server_cert
 
 ISSUER = "https://idp.test"
@@ -151,21 +151,8 @@ def start(tmp: Path, settings: dict, context: ssl.SSLContext | None, *args: str)
     environ = {**os.environ, "FM_CONF_DIR": str(folder)}
     log = tmp / f"serve-{folder.name}.log"
 
-    def attempt(port: int) -> Https:
-        command = [MATERIALIZE, "serve", "--env", "t", "--port", str(port), *args]
-        process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=environ)
-        served = Https(port, process, log, context)
-        deadline = time.monotonic() + 60
-        while process.poll() is None:
-            try:
-                served.request("GET", "/health", timeout=2)
-                return served
-            except OSError:
-                assert time.monotonic() < deadline, f"the server never answered: {log.read_text()}"
-                time.sleep(0.2)
-        raise start_failed(f"the server exited: {log.read_text()}", log)
-
-    return again_if_port_taken(lambda: attempt(free_port()))
+    command = [MATERIALIZE, "serve", "--env", "t", *args]
+    return start_serving(command, environ, log, served_as=lambda port, process, log: Https(port, process, log, context))
 
 
 def _trusting(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
