@@ -79,16 +79,19 @@ def start_serving(command: list[str], environ: dict[str, str], log: Path, cwd: P
     return again_if_port_taken(lambda: start(free_port()))
 
 
-@pytest.fixture(scope="module")
-def written(spark, tmp_path_factory, redis_server, pg_server):
-    redis_server.client(5).flushdb()
+def write_sample_into(spark, tmp_path_factory, redis_server, pg_server, db: int, name: str):
+    """The sample written by the real job into Redis database ``db`` and an emptied PostgreSQL."""
+    redis_server.client(db).flushdb()
     with pg_server.connect() as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
-    root = tmp_path_factory.mktemp("served")
-    return write_sample(
-        spark, root, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/5", password_env=None, mode="standalone"), pg_server.dsn
-    )
+    redis = RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + f"/{db}", password_env=None, mode="standalone")
+    return write_sample(spark, tmp_path_factory.mktemp(name), redis, pg_server.dsn)
+
+
+@pytest.fixture(scope="module")
+def written(spark, tmp_path_factory, redis_server, pg_server):
+    return write_sample_into(spark, tmp_path_factory, redis_server, pg_server, 5, "served")
 
 
 def _settings(conf, **extra) -> dict:

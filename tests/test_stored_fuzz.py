@@ -22,13 +22,12 @@ import numpy as np
 import pytest
 
 from feature_reader import AsyncFeatureReader, FeatureReader
-from fm_config.redis import RedisSettings
 from serializers import DecodeError, decode, encode, field_id, freshness_field
 from serializers.keys import redis_key
 
 from .conftest import env_conf
-from .test_reader import AS_OF, EXPECTED, write_sample
-from .test_server import MATERIALIZE, _settings, serve
+from .test_reader import AS_OF, EXPECTED
+from .test_server import MATERIALIZE, _settings, serve, write_sample_into
 
 NOW = AS_OF + 60
 MAX_AS_OF = int(dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp())
@@ -54,14 +53,7 @@ AS_OF_SQL = [  # (timestamptz literal, epoch seconds; None: unusable)
 
 @pytest.fixture(scope="module")
 def written(spark, tmp_path_factory, redis_server, pg_server):
-    redis_server.client(6).flushdb()
-    with pg_server.connect() as conn:
-        conn.execute("DROP SCHEMA public CASCADE")
-        conn.execute("CREATE SCHEMA public")
-    root = tmp_path_factory.mktemp("stored-fuzz")
-    return write_sample(
-        spark, root, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/6", password_env=None, mode="standalone"), pg_server.dsn
-    )
+    return write_sample_into(spark, tmp_path_factory, redis_server, pg_server, 6, "stored-fuzz")
 
 
 def _stored_as_of(raw: bytes | None):
