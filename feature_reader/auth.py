@@ -337,6 +337,8 @@ class Authenticator:
             raise unauthorized("the token's signature does not verify") from None
         except jwt.PyJWTError as exc:
             raise unauthorized(f"the token is invalid: {type(exc).__name__}") from None
+        except (TypeError, ValueError):  # PyJWT's own, for an algorithm of another key type (ES256 on an RSA key without "alg")
+            raise unauthorized(f"the token's algorithm {algorithm} does not fit its key") from None
         return float(claims["exp"]) + s.leeway_seconds, self._grants(claims)
 
     async def _key(self, kid: str):

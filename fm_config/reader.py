@@ -3,7 +3,9 @@ per-call deadline, and the in-process cache (``conf/base/materialize.yaml``)."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -107,6 +109,21 @@ class Grant(Settings):
     feature_services: list[str] = []
 
 
+def _fetched_safely(url: str) -> bool:
+    """https, or http to a loopback host (by the parsed host: http://localhost@elsewhere/ is elsewhere)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return True
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    if parts.hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return False
+
+
 _SAFE_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 
 
@@ -152,7 +169,7 @@ class ServerAuthSettings(Settings):
             return self
         if (self.jwks_file is None) == (self.jwks_url is None):
             raise KeyProblem("jwks_file", "server.auth.mode jwt needs exactly one of jwks_file or jwks_url")
-        if self.jwks_url and not self.jwks_url.startswith(("https://", "http://127.0.0.1", "http://localhost")):
+        if self.jwks_url and not _fetched_safely(self.jwks_url):
             raise KeyProblem(
                 "jwks_url", "server.auth.jwks_url must be https:// (keys fetched in clear could be replaced; http on loopback only)"
             )

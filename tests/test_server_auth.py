@@ -428,6 +428,45 @@ def test_a_cached_token_expires_with_the_token(signer, tmp_path):
         asyncio.run(auth.authenticate("/get-online-features", [(b"authorization", b"Basic abc")]))
 
 
+def test_a_token_whose_algorithm_does_not_fit_its_key_gets_401(signer, tmp_path):
+    """In process: a JWKS key without "alg" (common) and a token naming another accepted
+    algorithm for its kid (ES256 on an RSA key): PyJWT raises TypeError, once a 500."""
+    import asyncio
+
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from feature_defs import DEFAULT_DIR, load_definitions
+    from feature_reader.auth import Authenticator, AuthError
+    from fm_config.reader import ServerAuthSettings
+
+    rsa_jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(rsa.generate_private_key(65537, 2048).public_key()))
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{**rsa_jwk, "kid": "r1", "use": "sig"}]}))  # no "alg"
+    auth = Authenticator(ServerAuthSettings(**_auth({"jwks_file": str(path)})), load_definitions(DEFAULT_DIR), Path)
+    token = signer.token(["analyst"], kid="r1")  # ES256, signed by an EC key
+    with pytest.raises(AuthError, match="the token's algorithm ES256 does not fit its key") as refused:
+        asyncio.run(auth.authenticate("/get-online-features", [(b"authorization", f"Bearer {token}".encode())]))
+    assert refused.value.status == 401
+
+
+@pytest.mark.parametrize(
+    "url, ok",
+    [("https://idp.example/jwks", True), ("http://127.0.0.1:8080/jwks", True), ("http://localhost/jwks", True),
+     ("http://[::1]/jwks", True), ("http://localhost@idp.example/jwks", False), ("http://127.0.0.1.evil.example/jwks", False),
+     ("http://idp.example/jwks", False), ("ftp://127.0.0.1/jwks", False)],
+)  # fmt: skip
+def test_a_jwks_url_in_clear_is_refused_unless_its_host_is_loopback(url, ok):
+    from fm_config.base import ConfigError
+    from fm_config.reader import ServerAuthSettings
+
+    settings = dict(mode="jwt", jwks_url=url, issuer=ISSUER, audience=[AUDIENCE], grants=GRANTS)
+    if ok:
+        assert ServerAuthSettings(**settings).jwks_url == url
+    else:
+        with pytest.raises((ConfigError, ValueError), match="jwks_url must be https"):
+            ServerAuthSettings(**settings)
+
+
 # --- materialize doctor: the server's port, TLS files and keys ---------------------------------
 
 
