@@ -32,6 +32,8 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from fm_config.reader import ServerSettings
+
 LINGER = 2.0
 """Seconds a refused connection is read (and dropped) before it closes."""
 
@@ -40,11 +42,11 @@ LINGER = 2.0
 class Limits:
     """A connection's bounds (seconds, bytes, counts); from ``server:`` in conf."""
 
-    read_timeout: float = 10.0
-    idle_timeout: float = 65.0
-    max_header_bytes: int = 16384
-    max_headers: int = 100
-    max_connections: int = 1024
+    read_timeout: float
+    idle_timeout: float
+    max_header_bytes: int
+    max_headers: int
+    max_connections: int
 
     @classmethod
     def from_settings(cls, server) -> Limits:
@@ -86,7 +88,7 @@ class _OneWrite:
 
 
 class OneWriteProtocol(HttpToolsProtocol):
-    limits = Limits()
+    limits = Limits.from_settings(ServerSettings())  # the defaults of server: in conf, when uvicorn is not handed others
 
     def __init__(self, *args, limits: Limits | None = None, **kwargs):
         super().__init__(*args, **kwargs)

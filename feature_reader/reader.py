@@ -179,7 +179,9 @@ class _Core:
                 self.count(store_reads=1, entities_read=len(units))
                 try:
                     rows = yield ("read", store, units, features)
-                except StoreError:
+                except StoreError as exc:
+                    if isinstance(exc, StoreUnavailable):  # skipped by the breaker: the store was not asked
+                        self.count(store_reads=-1, entities_read=-len(units))
                     if asked is not None or not self.settings.fallback:
                         raise
                     spare = stores[at + 1] if at + 1 < len(stores) else self._spare(left, store)
@@ -509,6 +511,7 @@ class AsyncFeatureReader(_Base):
         super().__init__(conf, defs, cache, clock, redis_url, cluster, (AsyncRedisReads, AsyncSqlReads))
         self._flights = AsyncFlights() if conf.reader.single_flight else NoFlights()
         self._warming: list[asyncio.Task] = []
+        self._making_task: asyncio.Future | None = None
 
     def warm(self) -> None:
         """Open the stores' connections in the background (on the reader's event loop; the
@@ -527,7 +530,15 @@ class AsyncFeatureReader(_Base):
             pass
 
     async def _store_now(self, name: str):
-        return self._stores[name] or await asyncio.to_thread(self._made_or_error)
+        made = self._stores[name]
+        if made is not None:
+            return made
+        # one attempt at a time, shared: a burst of requests while Redis is down must not queue
+        # one thread each (each may wait the connect timeout) in the default executor
+        if self._making_task is None or self._making_task.done():
+            self._making_task = asyncio.ensure_future(asyncio.to_thread(self._made_or_error))
+            self._making_task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning when all waiters left
+        return await asyncio.shield(self._making_task)
 
     async def _read_store(self, name: str, units, features):
         """One store call, through its breaker: skipped at once while the breaker is open."""

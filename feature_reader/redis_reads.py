@@ -295,8 +295,14 @@ class RedisReads(_Reads):
             if ok:
                 self._idle.append(conn)
             else:  # replies may be left unread on it
-                conn.disconnect()
-                self.client.connection_pool.release(conn)
+                self._drop(conn)
+
+    def _drop(self, conn) -> None:
+        """Close a connection and give it back: the pool reconnects it under the connect
+        timeout (redis-py sets the socket's timeout from ``socket_timeout`` as it connects)."""
+        conn.disconnect()
+        conn.socket_timeout = self.connect_timeout
+        self.client.connection_pool.release(conn)
 
     def _take(self):
         try:
@@ -334,8 +340,7 @@ class RedisReads(_Reads):
                 if ok:
                     self._idle.append(conn)
                 else:
-                    conn.disconnect()
-                    self.client.connection_pool.release(conn)
+                    self._drop(conn)
 
     def close(self) -> None:
         while self._idle:

@@ -306,7 +306,6 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
         proxy_headers=False,
         lifespan="on",
         log_level="warning",
-        timeout_keep_alive=conf.server.idle_timeout_ms / 1000,
         timeout_graceful_shutdown=conf.server.shutdown_grace_ms / 1000,
         **tls,
     )
