@@ -25,6 +25,7 @@ from feature_defs.models import (
     value_type_problem,
     yaml_text,
 )
+from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, read_lock
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml, read_file, written_at
 from serializers import freshness_field_name
 
@@ -60,6 +61,10 @@ class Definitions:
     """sha256 of the definition files' contents: identifies this set of definitions."""
     services: dict[str, FeatureServiceDef] = field(default_factory=dict)
     """Named feature sets for readers (``feature_services:`` files)."""
+    lines: dict[str, int] = field(default_factory=dict)
+    """Line of each definition, by the same keys and 'source:NAME:FEATURE'."""
+    lock: Lock | None = None
+    """The folder's stored.lock (what the stores hold under each stored name), if it has one."""
     extra_expectations: tuple = ()
     """(``file:line: source 'S': expectations[I] TYPE``, the expectation) of every source's own
     expectation whose column and values passed the load's checks: what :meth:`check_expectations`
@@ -79,6 +84,12 @@ class Definitions:
     @cached_property
     def _expectation_problems(self) -> tuple[str, ...]:
         return tuple(f"{where}: {problem}" for where, extra in self.extra_expectations if (problem := _great_expectations_problem(extra)))
+
+    def place(self, source: SourceDef, feature) -> str:
+        """``file:line: source 'S': feature 'F'``, for messages about one feature."""
+        line = self.lines.get(f"source:{source.name}:{feature.name}")
+        path = self.files.get(f"source:{source.name}", "")
+        return f"{path}{f':{line}' if line else ''}: source {source.name!r}: feature {feature.name!r}"
 
     def source(self, name: str) -> SourceDef:
         try:
@@ -105,7 +116,9 @@ class Definitions:
             raise UnknownNameError(f"unknown feature service {name!r}; defined: {', '.join(sorted(self.services)) or 'none'}") from None
 
 
-def load_definitions(directory: Path | str | None = None) -> Definitions:
+def load_definitions(directory: Path | str | None = None, *, check_lock: bool = True) -> Definitions:
+    """Load and check every definition file of ``directory``; with ``check_lock`` (all but
+    ``materialize defs --lock``), also against its stored.lock when there is one."""
     directory = Path(directory) if directory else DEFAULT_DIR
     files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
     if not files:
@@ -167,16 +180,30 @@ def load_definitions(directory: Path | str | None = None) -> Definitions:
     extra_expectations: list = []
     problems.extend(_cross_checks(entities, sources, where, lines, nodes, extra_expectations))
     problems.extend(_service_problems(services, sources, _Places(where, lines, nodes)))
+    lock = None
+    try:
+        lock = read_lock(directory)
+        if lock is not None:
+            digest.update(LOCK_NAME.encode() + b"\0" + (directory / LOCK_NAME).read_bytes() + b"\0")
+    except LockFileError as exc:
+        problems.append(str(exc))
     if problems:
         raise DefinitionError(problems)
-    return Definitions(
+    defs = Definitions(
         entities=entities,
         sources=sources,
         files=where,
+        lines={k: v for k, v in lines.items() if v},
         digest=digest.hexdigest(),
         services=services,
         extra_expectations=tuple(extra_expectations),
+        lock=lock,
     )
+    if check_lock and lock is not None:
+        found = changes(defs, lock)
+        if found:
+            raise DefinitionError([c.line() for c in found])
+    return defs
 
 
 def _service_problems(services, sources, places) -> list[str]:

@@ -11,6 +11,8 @@ from feature_defs.yamlio import KeyProblem
 from serializers import field_id_int, freshness_field_name
 
 FeatureName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}$")]
+# A feature name, or one with a version after "@" (recent_store_ids@2): never another feature's name.
+StoredName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}(@[1-9][0-9]{0,5})?$")]
 # Identifiers end up in SQL and Delta paths: keep them boring.
 Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")]
 Prefix = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
@@ -97,6 +99,10 @@ class EntityDef(_Strict):
 class FeatureDef(_Strict):
     name: FeatureName
     type: FeatureType
+    stored_as: StoredName | None = None
+    """The name its values are stored under (Redis field id, SQL JSON key); defaults to name.
+    A new one gives the feature fresh storage (a change of type); an old feature's keeps its
+    values under a new name (a rename). See stored.lock in the definitions' README."""
     column: Identifier | None = None
     """Source column (wide layout) or feature_name value (long layout); defaults to name."""
     dimension: PositiveInt | None = None
@@ -170,8 +176,25 @@ class FeatureDef(_Strict):
         return {k: v for k, v in opts.items() if v is not None}
 
     @property
+    def stored_name(self) -> str:
+        """What its values are stored under: the Redis field id is xxh32 of it, the SQL JSON key is it."""
+        return self.stored_as or self.name
+
+    @property
+    def encoding(self) -> str:
+        """How its values are stored, as recorded in stored.lock: the type and the options
+        that change the bytes (float/float32, embedding/32, int_list/snappy)."""
+        detail = {
+            "float": self.precision if self.precision == "float32" else None,
+            "embedding": self.dimension,
+            "int_list": self.compression or "snappy",
+            "string_list": self.compression or "snappy",
+        }.get(self.type)
+        return self.type if detail is None else f"{self.type}/{detail}"
+
+    @property
     def field_id(self) -> int:
-        return field_id_int(self.name)
+        return field_id_int(self.stored_name)
 
 
 def expectation_class_name(snake: str) -> str:

@@ -44,7 +44,7 @@ class _Fields:
 
     def __init__(self, source: str, feats: list[FeatureDef]):
         self.feats = feats
-        self.ids = [freshness_field(source)] + [field_id(f.name) for f in feats]
+        self.ids = [freshness_field(source)] + [field_id(f.stored_name) for f in feats]
         self.wire = _bulk(self.ids)
         self.names = Layout([f.name for f in feats])
         self.decoder = ColumnDecoder(feats)

@@ -63,7 +63,7 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
         if not isinstance(doc, dict):
             values = tuple(from_json(f, object()) for f in feats)  # every value BAD
         else:
-            values = tuple(None if doc.get(f.name) is None else from_json(f, doc[f.name], as_list=as_list) for f in feats)
+            values = tuple(None if doc.get(f.stored_name) is None else from_json(f, doc[f.stored_name], as_list=as_list) for f in feats)
         complete = all(v is not None and v is not BAD for v in values)
         out[unit] = SourceRow(as_of, values, names[unit.source], len(text) + 48 * len(feats), complete)
     return out

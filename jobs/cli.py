@@ -280,10 +280,14 @@ def _defs_command(sub) -> None:
     defs = sub.add_parser(
         "defs",
         help="check the feature definitions and list field ids",
-        description="Load and check feature_defs; print every feature with its type, options and field id.",
+        description="Load and check feature_defs; print every feature with its type, options, stored name and field id. "
+        "With --lock, record the definitions in feature_defs/stored.lock (what the stores hold under each stored name): "
+        "new features, safe changes (int -> float, renames that keep their stored_as) and removals; a change that would "
+        "make old values read differently is refused, one line per feature with the way forward.",
     )
     _common(defs)
     defs.add_argument("--source", help="only this source")
+    defs.add_argument("--lock", action="store_true", help="write feature_defs/stored.lock from the definitions (commit it with them)")
 
 
 def _load(args, *, expectations: bool | None = False):
@@ -306,15 +310,22 @@ def _load(args, *, expectations: bool | None = False):
     if getattr(args, "wait_for_lease", None) is not None:
         overrides["lease"] = {"wait_seconds": args.wait_for_lease}
     conf = load_config(args.env, overrides)
-    defs = load_definitions(conf.path(conf.definitions_dir))
+    defs = load_definitions(conf.path(conf.definitions_dir), check_lock=not getattr(args, "lock", False))
     if expectations or (expectations is None and conf.quality.expectations):
         defs.check_expectations()
     return conf, defs
 
 
 def cmd_defs(args) -> int:
-    _, defs = _load(args, expectations=True)
+    conf, defs = _load(args, expectations=True)
+    if args.lock:
+        from feature_defs import DEFAULT_DIR
+
+        return _lock_defs(conf.path(conf.definitions_dir) or DEFAULT_DIR, defs)
     from serializers import field_id_int, freshness_field_name
+
+    if defs.lock is None:
+        print("warning: no feature_defs/stored.lock: changes of type or options cannot be checked; write it with `materialize defs --lock`")
 
     for source in defs.sources.values():
         if args.source and source.name != args.source:
@@ -326,7 +337,26 @@ def cmd_defs(args) -> int:
         print(f"  {freshness_field_name(source.name):<34} {'freshness':<12} field id {field_id_int(freshness_field_name(source.name)):>10}")
         for f in source.features:
             opts = ", ".join(f"{k}={v}" for k, v in f.options.items())
-            print(f"  {f.name:<34} {f.type:<12} field id {f.field_id:>10}  {opts}")
+            stored = f"  stored as {f.stored_name}" if f.stored_as else ""
+            print(f"  {f.name:<34} {f.type:<12} field id {f.field_id:>10}  {opts}{stored}")
+    return EXIT_OK
+
+
+def _lock_defs(directory, defs) -> int:
+    """``defs --lock``: record what is lockable; refuse (writing nothing) what is not."""
+    from feature_defs import DefinitionError
+    from feature_defs.stored_lock import LOCK_NAME, changes, locked, write_lock
+
+    found = changes(defs, defs.lock) if defs.lock else []
+    refused = [c for c in found if not c.lockable]
+    if refused:
+        raise DefinitionError([c.line() for c in refused] + [f"nothing written to {directory / LOCK_NAME}"])
+    lock = locked(defs, defs.lock)
+    path = write_lock(directory, lock)
+    for c in found:
+        print(f"  {c.where}: {c.text}")
+    names = sum(len(n) for n in lock.entities.values())
+    print(f"{'wrote' if defs.lock is None else 'updated'} {path}: {names} stored names, {len(found)} change(s)")
     return EXIT_OK
 
 

@@ -368,7 +368,7 @@ def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataF
 
 
 def feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:
-    return tuple(FeatureSpec(f.name, f.type, f.options) for f in source.features)
+    return tuple(FeatureSpec(f.name, f.type, f.options, f.stored_as) for f in source.features)
 
 
 def _json_map_partition(specs: tuple[FeatureSpec, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

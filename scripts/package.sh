@@ -32,10 +32,10 @@ import hashlib, os, sys, time, tomllib, zipfile
 from pathlib import Path
 
 zip_path = Path(sys.argv[1])
-LAYOUT = "2"  # bump when the selection or layout below changes: rebuilds the zip
+LAYOUT = "3"  # bump when the selection or layout below changes: rebuilds the zip
 # the wheel's top-level packages (pyproject.toml): not tests, bench or throwaway
 PACKAGES = tuple(sorted({p.split(".")[0] for p in tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["packages"]}))
-SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
+SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed", ".lock")
 files = sorted(
     p for pkg in PACKAGES for p in Path(pkg).rglob("*")
     if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts
@@ -156,9 +156,9 @@ import hashlib, os, sys, time, tomllib, zipfile
 from pathlib import Path
 
 bundle, runtime, project_zip, conf = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-LAYOUT = "2"  # bump when the selection or layout below changes
+LAYOUT = "3"  # bump when the selection or layout below changes
 PACKAGES = tuple(sorted({p.split(".")[0] for p in tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["packages"]}))
-SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed")
+SUFFIXES = (".py", ".pyi", ".yaml", ".yml", ".proto", ".typed", ".lock")
 if not (conf / "base").is_dir():
     sys.exit(f"{conf}: not a conf folder (no base/ in it)")
 files = [(p, str(p)) for pkg in PACKAGES for p in sorted(Path(pkg).rglob("*")) if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts]

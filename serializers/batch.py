@@ -16,12 +16,19 @@ class FeatureSpec:
     """What the encoder needs of one feature (small and picklable)."""
 
     name: str
+    """The column holding its values (the feature's name)."""
     type: str
     options: dict[str, Any] = field(default_factory=dict)
+    stored_name: str | None = None
+    """What its values are stored under (field id, JSON key), when not ``name``."""
+
+    @property
+    def stored(self) -> str:
+        return self.stored_name or self.name
 
     @property
     def field(self) -> bytes:
-        return field_id(self.name)
+        return field_id(self.stored)
 
 
 @dataclass

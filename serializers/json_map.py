@@ -73,7 +73,7 @@ def json_value_column(spec: FeatureSpec, arr: pa.Array) -> tuple[pa.Array, int]:
 
 
 def encode_json_maps(batch: pa.RecordBatch | pa.Table, specs: Sequence[FeatureSpec]) -> tuple[pa.Array, np.ndarray]:
-    """One compact JSON object per row over ``specs`` (columns looked up by feature name).
+    """One compact JSON object per row over ``specs`` (columns looked up by feature name, keyed by stored name).
 
     Returns (string array of objects, per row the number of NaN/inf values omitted).
     Null features are omitted; a row with no written feature is ``{}``.
@@ -86,7 +86,7 @@ def encode_json_maps(batch: pa.RecordBatch | pa.Table, specs: Sequence[FeatureSp
         if dropped:
             lost = pc.and_(pc.is_valid(column), pc.is_null(values))
             non_finite += np.asarray(lost.to_numpy(zero_copy_only=False), np.int32)
-        fragments.append(pc.binary_join_element_wise(json.dumps(spec.name) + ":", values, ",", ""))
+        fragments.append(pc.binary_join_element_wise(json.dumps(spec.stored) + ":", values, ",", ""))
     if not fragments:
         return pa.array(["{}"] * batch.num_rows, pa.string()), non_finite
     # Each fragment ends in ','; nulls become '' and the last ',' is trimmed (no value ends

@@ -120,7 +120,7 @@ def plan_backfill(
     if present and not isinstance(present[0], dt.date):
         raise BackfillError(f"source {source.name!r}: date column {source.date_column!r} holds {type(present[0]).__name__}, not dates")
     to_write = [d for d in present if d <= end and d not in done]
-    current = {f.name for f in source.features}
+    current = {f.stored_name for f in source.features}
     plan = Plan(
         source=source.name, start=start, end=end, mode=mode, sinks=list(conf.sinks), dates_with_data=present,
         already_written=[d for d in present if d <= end and d in done], to_write=to_write,
@@ -188,7 +188,7 @@ def recorded_run(
         entry = ledger.start(
             Entry(
                 kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
-                definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.name for f in source.features],
+                definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
                 targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
             )
         )  # fmt: skip

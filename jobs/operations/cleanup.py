@@ -223,7 +223,7 @@ def plan_cleanup(
     writes, legacy = ledger.redis_writes(entity.name, target)
     current_sources = {s.name: s for s in defs.sources.values() if s.entity == entity.name}
     # A name whose field id a current feature or freshness field shares would delete live data: never stale.
-    live_ids = {field_id(f.name) for s in current_sources.values() for f in s.features} | {
+    live_ids = {field_id(f.stored_name) for s in current_sources.values() for f in s.features} | {
         field_id(freshness_field_name(s)) for s in current_sources
     }
     stale_by_source: dict[str, list[tuple[RedisWrite, set[str]]]] = {}

@@ -131,7 +131,7 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
             continue
         if stored.get(conf.freshness_field) != as_of:
             out.add(key, freshness_field_name(source.name), as_of, stored.get(conf.freshness_field))
-        by_name = {f.name: stored.get(field_id(f.name)) for f in source.features}
+        by_name = {f.name: stored.get(field_id(f.stored_name)) for f in source.features}
         _compare(source, key, row, by_name, out, lambda f, raw: decode(f.type, raw, **f.options))
     return out
 
@@ -155,8 +155,9 @@ def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mism
             continue
         if int(as_of.timestamp()) != want:
             out.add(key, "as_of", want, int(as_of.timestamp()))
-        _compare(source, key, row, features, out, lambda f, value: value)
-        for extra in features:  # _compare pops every defined feature
+        by_name = {f.name: features.pop(f.stored_name) for f in source.features if f.stored_name in features}
+        _compare(source, key, row, by_name, out, lambda f, value: value)
+        for extra in features:  # what no defined feature is stored under
             out.add(key, extra, None, features[extra])
     return out
 

@@ -72,7 +72,7 @@ def redis_sink_config(
     return RedisSinkConfig(
         **{f.name: getattr(connection, f.name) for f in fields(RedisConnection)},
         key_prefix=key_prefix(entity.prefix, settings.namespace) if entity else "",
-        fields=tuple(field_id(f.name) for f in source.features) if source else (),
+        fields=tuple(field_id(f.stored_name) for f in source.features) if source else (),
         freshness_field=freshness_field(source.name) if source else b"",
         as_of=as_of_epoch(date) if date else 0,
         ttl_seconds=entity.ttl_seconds if entity else None,
