@@ -25,7 +25,7 @@ from feature_defs.models import (
     value_type_problem,
     yaml_text,
 )
-from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, read_lock
+from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, next_stored_name, read_lock
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml, read_file, written_at
 from serializers import freshness_field_name
 
@@ -177,9 +177,6 @@ def load_definitions(directory: Path | str | None = None, *, check_lock: bool = 
         except ValidationError as exc:
             problems.extend(describe_validation_error(exc, path, node))
 
-    extra_expectations: list = []
-    problems.extend(_cross_checks(entities, sources, where, lines, nodes, extra_expectations))
-    problems.extend(_service_problems(services, sources, _Places(where, lines, nodes)))
     lock = None
     try:
         lock = read_lock(directory)
@@ -187,6 +184,9 @@ def load_definitions(directory: Path | str | None = None, *, check_lock: bool = 
             digest.update(LOCK_NAME.encode() + b"\0" + (directory / LOCK_NAME).read_bytes() + b"\0")
     except LockFileError as exc:
         problems.append(str(exc))
+    extra_expectations: list = []
+    problems.extend(_cross_checks(entities, sources, where, lines, nodes, extra_expectations, lock))
+    problems.extend(_service_problems(services, sources, _Places(where, lines, nodes)))
     if problems:
         raise DefinitionError(problems)
     defs = Definitions(
@@ -294,7 +294,7 @@ class _Places:
         return f"{path}:{line}" if line else str(path)
 
 
-def _cross_checks(entities, sources, where, lines, nodes, extra_expectations: list) -> list[str]:
+def _cross_checks(entities, sources, where, lines, nodes, extra_expectations: list, lock: Lock | None = None) -> list[str]:
     places = _Places(where, lines, nodes)
     problems = []
     for source in sources.values():
@@ -310,7 +310,8 @@ def _cross_checks(entities, sources, where, lines, nodes, extra_expectations: li
         problems += _feature_name_problems(source, places)
     problems += _prefix_problems(entities, places)
     for entity in entities.values():
-        problems += _field_id_problems(entity, [s for s in sources.values() if s.entity == entity.name], places)
+        held = set(lock.entities.get(entity.name, {})) if lock else set()
+        problems += _field_id_problems(entity, [s for s in sources.values() if s.entity == entity.name], places, held)
     return problems
 
 
@@ -391,9 +392,11 @@ def _prefix_problems(entities, places: _Places) -> list[str]:
     return problems
 
 
-def _field_id_problems(entity, sources, places: _Places) -> list[str]:
-    """Names and field ids are unique per entity type, across all of its sources."""
-    problems, owners, ids = [], {}, {}
+def _field_id_problems(entity, sources, places: _Places, held: set[str] = frozenset()) -> list[str]:
+    """Names, stored names and field ids are unique per entity type, across all of its sources
+    (``held``: the stored names the lock knows, never suggested)."""
+    problems, owners, ids, stored = [], {}, {}, {}
+    taken = held | {f.stored_name for s in sources for f in s.features}
     for source in sources:
         skey = f"source:{source.name}"
         ts_name = freshness_field_name(source.name)
@@ -410,6 +413,13 @@ def _field_id_problems(entity, sources, places: _Places) -> list[str]:
                 problems.append(f"{places.at(fkey)}: entity {entity.name!r}: {label} is also defined by source {owners[feature.name]!r}")
                 continue
             owners[feature.name] = source.name
+            if feature.stored_name in stored:
+                problems.append(
+                    f"{places.at(fkey)}: entity {entity.name!r}: {label} is stored as {feature.stored_name!r}, like "
+                    f"{stored[feature.stored_name]}: give it fresh storage with `stored_as: {next_stored_name(feature.stored_name, taken)}`"
+                )
+                continue
+            stored[feature.stored_name] = label
             if feature.field_id in ids and not ids[feature.field_id].startswith(f"feature {feature.name!r}"):
                 problems.append(
                     f"{places.at(fkey)}: field id collision in entity {entity.name!r}: {label} and {ids[feature.field_id]} "

@@ -104,18 +104,20 @@ def next_stored_name(name: str, taken: set[str]) -> str:
     return f"{base}@{max([1, *versions]) + 1}"
 
 
-def changes(defs, lock: Lock) -> list[Change]:
-    """Every difference between the definitions and the lock."""
+def changes(defs, lock: Lock | None) -> list[Change]:
+    """Every difference between the definitions and the lock (none yet: every feature is new)."""
+    lock = lock or Lock()
     out: list[Change] = []
+    lock_path = Path(next(iter(defs.files.values()), "")).parent / LOCK_NAME
     for entity in defs.entities:
         held = lock.entities.get(entity, {})
-        used: set[str] = set()
+        used = {f.stored_name for s in defs.sources_of(entity) for f in s.features}
+        orphans = {n: e for n, e in held.items() if not e.retired and n not in used}
         defined = {f.name for s in defs.sources_of(entity) for f in s.features}
         retired_ids = {field_id_int(n): n for n, s in held.items() if s.retired}
         for source in defs.sources_of(entity):
             for f in source.features:
                 name, enc, at = f.stored_name, f.encoding, defs.place(source, f)
-                used.add(name)
                 entry = held.get(name)
                 fresh = f"`stored_as: {next_stored_name(name, set(held))}`"
                 if entry is None:
@@ -123,7 +125,9 @@ def changes(defs, lock: Lock) -> list[Change]:
                     if other is not None:
                         out.append(Change(entity, at, f"stored name {name!r} has the field id of {other!r}, retired: set {fresh}", False))
                     else:
-                        out.append(Change(entity, at, f"new, stored as {name!r} ({enc})", True))
+                        was = sorted(n for n, e in orphans.items() if e.source == source.name and e.encoding == enc)
+                        hint = f"; if it is {orphans[was[0]].feature!r} renamed, keep its values with `stored_as: {was[0]}`" if was else ""
+                        out.append(Change(entity, at, f"new, stored as {name!r} ({enc}){hint}", True))
                 elif entry.retired:
                     out.append(
                         Change(
@@ -164,14 +168,12 @@ def changes(defs, lock: Lock) -> list[Change]:
                         what.append(f"renamed from {entry.feature!r}, keeping its stored values")
                     if what:
                         out.append(Change(entity, at, ", ".join(what), True))
-        for name, entry in held.items():
-            if entry.retired or name in used:
-                continue
+        for name, entry in orphans.items():
             gone = "removed" if entry.feature not in defined else f"no longer stored as {name!r}"
             out.append(
                 Change(
                     entity,
-                    f"{LOCK_NAME}: {entity}: source {entry.source!r}: feature {entry.feature!r}",
+                    f"{lock_path}: source {entry.source!r}: feature {entry.feature!r}",
                     f"{gone}: its stored name {name!r} is retired (never served again; `materialize cleanup` deletes the values)",
                     True,
                 )
