@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import types as T
 
 from feature_defs import DEFAULT_DIR, load_definitions
+from feature_defs.stored_lock import locked, read_lock, write_lock
 from jobs.cli import EXIT_FAILED, main
 from jobs.operations.ledger import Ledger
 
@@ -31,6 +32,7 @@ def many(tmp_path, monkeypatch, sample_root, redis_server):
     defs = tmp_path / "defs"
     shutil.copytree(DEFAULT_DIR, defs, ignore=shutil.ignore_patterns("*.py", "*.md", "__pycache__"))
     (defs / "missing.yaml").write_text(MISSING)
+    write_lock(defs, locked(load_definitions(defs, check_lock=False), read_lock(defs)))  # as `materialize defs --lock` does
     conf = env_conf(tmp_path / "conf", "many",
         f"data_root: {sample_root}\nquarantine_root: {tmp_path / 'quarantine'}\nledger_root: {tmp_path / 'ledger'}\n"
         f"reports_dir: {tmp_path / 'reports'}\ndefinitions_dir: {defs}\nsinks: [redis]\n"
