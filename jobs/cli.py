@@ -377,6 +377,7 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     """Run ``action(spark, conf, defs, name)`` per source, ``parallel_sources`` at a time in one
     Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
     Each source's summary is printed when it ends, in the order they end."""
+    from feature_defs import DefinitionError
     from jobs.operations.lease import LeaseHeld
     from jobs.pipeline.gate.checks import QualityGateError
     from jobs.pipeline.report.stage import report_dir
@@ -408,6 +409,8 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         if all(isinstance(errors[name], LeaseHeld) for name in failed):
             return EXIT_LEASE_HELD
+        if all(isinstance(errors[name], DefinitionError) for name in failed):
+            return EXIT_USAGE  # definitions the stores cannot take: a retry cannot help
         gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
     return EXIT_OK

@@ -492,3 +492,41 @@ def test_the_field_id_and_json_key_are_the_stored_names(tmp_path):
     )
     batch = pa.RecordBatch.from_pydict({"recent_store_ids": pa.array([[1, 2]], pa.list_(pa.int64())), "n": [3]})
     assert encode_json_maps(batch, specs)[0].to_pylist() == ['{"recent_store_ids@2":[1,2],"n":3}']
+
+
+@pytest.mark.spark
+def test_without_the_lock_the_ledger_refuses_what_the_stores_cannot_take(spark, tmp_path, redis_server):
+    """stored.lock deleted (or regenerated from scratch): the run checks the ledger, which
+    records each stored name's encoding; it refuses before recording or writing anything."""
+    from jobs.operations.backfill import recorded_run
+    from jobs.operations.ledger import Ledger
+
+    spark.createDataFrame(ROWS, TABLE).write.format("delta").save(str(tmp_path / "evolving"))
+    conf = RunConf(
+        data_root=str(tmp_path),
+        ledger_root=str(tmp_path / "ledger"),
+        quarantine_root=str(tmp_path / "quarantine"),
+        reports_dir=str(tmp_path / "reports"),
+        redis=RedisSettings(url=redis_server.url, password_env=None),
+        sinks=["redis"],
+        quality=QualityConf(expectations=False),
+    )
+    ledger = Ledger.of(spark, conf)
+    folder = define(tmp_path / "defs", "name: tags, type: string_list, column: tags_text", "name: b, type: int")
+    recorded_run(spark, conf, load_definitions(folder), ledger, "run", "evolving", DAYS[0], report=False)
+    define(folder, "name: tags, type: string_list, column: tags_text")
+    recorded_run(spark, conf, load_definitions(folder), ledger, "run", "evolving", DAYS[1], report=False)
+    define(folder, "name: tags, type: int_list, column: tags_ids", "name: b, type: int")
+    assert read_lock(folder) is None
+    with pytest.raises(DefinitionError) as err:
+        recorded_run(spark, conf, load_definitions(folder), ledger, "run", "evolving", DAYS[2], report=False)
+    first, second = (re.sub(r"\(run \w+\)", "(run R)", line) for line in err.value.problems[:2])
+    assert first == (
+        "source 'evolving': feature 'tags': the stores hold 'tags' as string_list/snappy (the run of 2026-11-19 (run R)), "
+        "defined now as int_list/snappy: its values would be read as int_list/snappy; set `stored_as: tags@2`, or change it back"
+    )
+    assert second == (
+        "source 'evolving': feature 'b': 'b' was left out by the run of 2026-11-19 (run R) and is back: the values written "
+        "before are still stored (with that newer as-of); set `stored_as: b@2`"
+    )
+    assert [s["start_date"] for s in ledger.write_steps("consumer")] == DAYS[:2]  # the refused run recorded nothing

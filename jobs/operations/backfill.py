@@ -19,9 +19,10 @@ from typing import Literal
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from feature_defs import Definitions
+from feature_defs import DefinitionError, Definitions
 from fm_config import RunConf
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
+from jobs.operations.written_as import written_as_problems
 from jobs.pipeline.read import read_source
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.run import run_source
@@ -185,10 +186,14 @@ def recorded_run(
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
     # one writer per (source, store): taken before anything is recorded or written
     with ledger.leases(conf.lease.seconds).hold(source.name, sorted(targets.values()), kind, wait=conf.lease.wait_seconds):
+        problems = written_as_problems(source, ledger.write_steps(source.entity))
+        if problems:
+            raise DefinitionError(problems)  # nothing recorded, nothing written
         entry = ledger.start(
             Entry(
                 kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
                 definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
+                encodings={f.stored_name: f.encoding for f in source.features},
                 targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
             )
         )  # fmt: skip

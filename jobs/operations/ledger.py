@@ -64,6 +64,7 @@ SCHEMA = T.StructType(
         T.StructField("recorded_at", T.TimestampType(), False),
         T.StructField("keys_from", T.StringType()),
         T.StructField("cleanup", T.StringType()),
+        T.StructField("encodings", T.StringType()),
     ]
 )
 STATUSES = ("running", "succeeded", "failed")
@@ -180,6 +181,8 @@ class Entry:
     error: str | None = None
     keys_from: dict[str, Any] = field(default_factory=dict)
     """Write steps: the table, key and date columns its keys come from (see keys_from())."""
+    encodings: dict[str, str] = field(default_factory=dict)
+    """Write steps: each stored name's encoding (FeatureDef.encoding), as stored.lock records it."""
     cleanup: dict[str, Any] | None = None
     """Cleanups: {"cleaned": {source: {fields, keys, fields_removed, steps}}, "left": {source: {fields, keys, fields_removed, reason}}}."""
 
@@ -193,6 +196,7 @@ class Entry:
             self.features, self.error, dt.datetime.now(dt.UTC),
             json.dumps(self.keys_from, sort_keys=True) if self.keys_from else None,
             json.dumps(self.cleanup, sort_keys=True) if self.cleanup is not None else None,
+            json.dumps(self.encodings, sort_keys=True) if self.encodings else None,
         )  # fmt: skip
 
 
@@ -301,6 +305,16 @@ class Ledger:
             if all(w in by_target for w in wanted):
                 out[day] = set.intersection(*(by_target[w] for w in wanted))
         return out
+
+    def write_steps(self, entity: str) -> list[dict]:
+        """Every step that wrote (or may have written) sources of ``entity``, oldest first,
+        with its stored names and their encodings."""
+        rows = self.steps().where((F.col("entity") == entity) & (F.col("kind") != "cleanup") & F.col("source").isNotNull())
+        columns = ("run_id", "kind", "source", "start_date", "status", "features", "encodings")
+        found = [r.asDict() for r in rows.orderBy("started_at", "run_id").select(*columns).collect()]
+        for step in found:
+            step["encodings"] = json.loads(step["encodings"]) if step["encodings"] else None
+        return found
 
     def running(self, source: str) -> list[dict]:
         """Steps of ``source`` still marked running: live elsewhere, or crashed."""
