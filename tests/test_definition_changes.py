@@ -498,7 +498,7 @@ def test_the_field_id_and_json_key_are_the_stored_names(tmp_path):
 def test_without_the_lock_the_ledger_refuses_what_the_stores_cannot_take(spark, tmp_path, redis_server):
     """stored.lock deleted (or regenerated from scratch): the run checks the ledger, which
     records each stored name's encoding; it refuses before recording or writing anything."""
-    from jobs.operations.backfill import recorded_run
+    from jobs.operations.backfill import plan_backfill, recorded_run
     from jobs.operations.ledger import Ledger
 
     spark.createDataFrame(ROWS, TABLE).write.format("delta").save(str(tmp_path / "evolving"))
@@ -530,3 +530,6 @@ def test_without_the_lock_the_ledger_refuses_what_the_stores_cannot_take(spark, 
         "before are still stored (with that newer as-of); set `stored_as: b@2`"
     )
     assert [s["start_date"] for s in ledger.write_steps("consumer")] == DAYS[:2]  # the refused run recorded nothing
+    plan = plan_backfill(spark, conf, load_definitions(folder), ledger, "evolving", DAYS[0], DAYS[2], "replay", force=True)
+    assert [re.sub(r"\(run \w+\)", "(run R)", line) for line in plan.refused[:2]] == [first, second]
+    assert f"  refused: {err.value.problems[0]}" in plan.describe()

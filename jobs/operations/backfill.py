@@ -55,6 +55,8 @@ class Plan:
     feature_bytes: int = 0
     """Estimated bytes of feature values those rows carry (JSON size of a sample)."""
     running: list[dict] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    """What the ledger says the stores cannot take of today's definitions: every step would be refused."""
 
     @property
     def steps(self) -> list[tuple[dt.date, dt.date | None]]:
@@ -85,6 +87,8 @@ class Plan:
             steps = ", ".join(f"{a}..{b}" if b else str(a) for a, b in self.steps)
             lines.append(f"  steps:            {steps}")
             lines.append(f"  estimated:        {self.rows:,} rows read, about {self.feature_bytes:,} bytes of feature values")
+        for problem in self.refused:
+            lines.append(f"  refused: {problem}")
         for r in self.running:
             lines.append(
                 f"  note: step {r['run_id'][:8]} ({r['kind']} {r['start_date']}..{r['end_date']}) "
@@ -127,7 +131,7 @@ def plan_backfill(
         already_written=[d for d in present if d <= end and d in done], to_write=to_write,
         reapply=[d for d in present if to_write and d > to_write[0] and d in done],
         fewer_features={d: sorted(current - written[d]) for d in present if d in done and current - written[d]},
-        running=ledger.running(source.name),
+        running=ledger.running(source.name), refused=written_as_problems(source, ledger.write_steps(source.entity)),
     )  # fmt: skip
     if plan.to_write:
         step_dates = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
