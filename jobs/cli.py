@@ -393,7 +393,9 @@ def cmd_run(args) -> int:
     check_date(args.date)  # before Spark starts
 
     def run(spark, conf, defs, name):
-        return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
+        return recorded_run(
+            spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url, guard_skipped_newer=True
+        )
 
     # the ledger made before the sources run at once: two first appends would both create it
     return _each_source(args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create(), expectations=None)

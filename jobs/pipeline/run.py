@@ -21,6 +21,7 @@ from jobs.pipeline.quarantine import reason_counts, write_quarantine
 from jobs.pipeline.read import read
 from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.report.summary import RunSummary
+from jobs.pipeline.snapshot_order import check_mostly_newer
 from jobs.pipeline.verify import verify_writes
 from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
@@ -41,12 +42,15 @@ def run_source(
     report: bool = True,
     after_write: Callable[[RunSummary], None] | None = None,
     end: dt.date | None = None,
+    guard_skipped_newer: bool = False,
 ) -> RunSummary:
     """Materialize one source for one date; the summary is written even on failure.
 
     With ``end``, the dates ``date``..``end`` in one pass: each entity's latest good row
     (see :func:`prepare`). ``after_write`` runs between the writes and their verification
     (for integrations that want to act on a written snapshot, and for tests).
+    ``guard_skipped_newer`` (a run, not a backfill step): fail when more than
+    ``quality.max_skipped_newer`` of the entities held a newer snapshot (:mod:`snapshot_order`).
     A date past tomorrow (UTC) is refused before anything is read (FutureDateError).
     """
     check_date(end or date)
@@ -68,6 +72,8 @@ def run_source(
             if conf.quality.verify_sample:
                 with ctx.stage(summary, "verify"):
                     verify_writes(ctx, prepared.good, summary)
+            if guard_skipped_newer:
+                check_mostly_newer(ctx, summary)
         finally:
             if docs:
                 with summary.stage("gate"):  # the gate's data docs: the wait for them, if any
