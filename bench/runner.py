@@ -160,7 +160,9 @@ def _baselines(spark, conf, defs, source, entity, redis_url: str, workdir: Path)
     commands = []
     for e in encoded:
         keys = pc.binary_join_element_wise(prefix, e.ids.cast(pa.binary()), b"")
-        commands.append(entity_commands(keys, e.columns, sink.fields, sink.freshness_field, str(as_of_epoch(DATE)).encode()))
+        commands.append(
+            entity_commands(keys, e.columns, sink.fields, sink.freshness_field, str(as_of_epoch(DATE)).encode(), horizon=sink.horizon)
+        )
     out["resp_values_per_s"] = values / (time.perf_counter() - start)
     written = sum(int(c.values_set.sum()) for c in commands)
 

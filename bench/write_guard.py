@@ -30,6 +30,7 @@ import redis
 
 from bench.baselines import raw_load
 from serializers.batch import FeatureSpec, encode_batch
+from serializers.horizon import as_of_horizon
 from serializers.resp import EntityCommands, entity_commands
 from serializers.scalar import field_id
 from throwaway.servers import start_redis
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         keys = pc.binary_join_element_wise(b"b:", encoded.ids.cast(pa.binary()), b"")
         ttl = np.full(len(keys), TTL, np.int64)
         for stamp in guarded:
-            guarded[stamp].append(entity_commands(keys, encoded.columns, fields, fresh, stamp, ttl))
+            guarded[stamp].append(entity_commands(keys, encoded.columns, fields, fresh, stamp, ttl, horizon=as_of_horizon()))
         plain.append(plain_commands(keys.to_pylist(), [c.to_pylist() for c in encoded.columns], fields, fresh, newer))
 
     workdir = Path(tempfile.mkdtemp(prefix="fm-bench-guard-"))

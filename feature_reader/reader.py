@@ -34,6 +34,7 @@ from feature_reader.rows import UNUSABLE_AS_OF, SourceRow, Unit
 from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
 from fm_config import RunConf, load_config
+from serializers.horizon import as_of_horizon
 from stores.redis import connect, is_cluster
 from stores.redis import server_address as redis_server_address
 
@@ -226,6 +227,7 @@ class _Core:
 
     def _assemble(self, req: ReadRequest, keys: dict[tuple[str, str], Key], rows: dict[Key, SourceRow]) -> OnlineFeatures:
         now = self.clock()
+        horizon = as_of_horizon(now, self.settings.clock_skew_seconds)
         width = len(req.columns)
         values: list = [None] * width
         statuses: list = [None] * width
@@ -238,9 +240,11 @@ class _Core:
             rs = [rows[keys[(name, eid)]] for eid in req.ids[source.entity]]
             as_of = [r.as_of for r in rs]
             withheld = [NOT_FOUND if t is None else OUTSIDE_MAX_AGE if max_age is not None and now - t > max_age else None for t in as_of]
-            if UNUSABLE_AS_OF in as_of:  # an unusable freshness value: the source's cells of that entity are INVALID, no time shown
-                withheld = [INVALID if t == UNUSABLE_AS_OF else w for t, w in zip(as_of, withheld)]
-                as_of = [None if t == UNUSABLE_AS_OF else t for t in as_of]
+            # an unusable freshness value, or one beyond the horizon (later than any date a run
+            # accepts: corrupt, serializers/horizon.py): the source's cells of that entity are INVALID, no time shown
+            if UNUSABLE_AS_OF in as_of or max(filter(None, as_of), default=0) > horizon:
+                withheld = [INVALID if t is not None and (t == UNUSABLE_AS_OF or t > horizon) else w for t, w in zip(as_of, withheld)]
+                as_of = [None if w == INVALID else t for t, w in zip(as_of, withheld)]
                 self.count(bad_freshness=withheld.count(INVALID))
             layout = rs[0].names
             if all(r.complete and not r.stale and r.names is layout for r in rs) and not any(withheld):
@@ -368,7 +372,7 @@ class _Base:
     def stats(self) -> dict[str, int]:
         """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors,
         fallbacks (store reads handed to the other store), breaker_opens, breaker_skips (store calls not made: breaker open),
-        bad_freshness ((source, entity) pairs answered INVALID for an unusable freshness value)."""
+        bad_freshness ((source, entity) pairs answered INVALID for an unusable freshness value, or one beyond the horizon)."""
         with self._core._counting:
             return {name: self._core.counters.get(name, 0) for name in COUNTERS}
 

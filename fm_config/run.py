@@ -64,6 +64,9 @@ class QualityConf(Settings):
     """Entities may differ from the previous successful run by at most this fraction; None: no check."""
     verify_sample: int = Field(1000, ge=0)
     """Entities read back from each store after the write and compared with the source (0: off)."""
+    max_skipped_newer: float = Field(0.5, ge=0, le=1)
+    """A run (not a backfill) fails when a store left more than this fraction of its entities
+    because it holds a newer snapshot of the source: the run changed almost nothing (1: off)."""
     data_docs: bool = True
     """Write the great-expectations HTML data docs next to each run's summary."""
 

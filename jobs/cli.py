@@ -79,7 +79,9 @@ def _run_command(sub) -> None:
         description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.",
     )
     _common(run)
-    run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
+    run.add_argument(
+        "--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD; at most tomorrow (UTC)"
+    )
     run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
     _parallel(run)
     run.add_argument(
@@ -102,7 +104,7 @@ def _validate_command(sub) -> None:
         "reports/<source>/<date>/validation.json and the HTML data docs to reports/<source>/<date>/data_docs/.",
     )
     _common(val)
-    val.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
+    val.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD; at most tomorrow (UTC)")
     val.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
     _parallel(val)
 
@@ -119,7 +121,7 @@ def _backfill_command(sub) -> None:
     _common(back)
     back.add_argument("--source", required=True, help="the source (ETL table)")
     back.add_argument("--start", required=True, type=_date, help="first date, YYYY-MM-DD")
-    back.add_argument("--end", required=True, type=_date, help="last date, YYYY-MM-DD (not in the future)")
+    back.add_argument("--end", required=True, type=_date, help="last date, YYYY-MM-DD; at most tomorrow (UTC)")
     back.add_argument(
         "--sink", choices=["redis", "cockroach", "all"], default="all", help="store(s) to write (default: the configured sinks)"
     )
@@ -167,7 +169,7 @@ def _verify_command(sub) -> None:
         "decode it and compare it with the source rows; writes nothing. Report: reports/<source>/<date>/verification.json.",
     )
     _common(ver)
-    ver.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD")
+    ver.add_argument("--date", required=True, type=_date, help="the snapshot date, YYYY-MM-DD; at most tomorrow (UTC)")
     ver.add_argument("--source", action="append", help="source to check; repeat for several (default: all configured)")
     _parallel(ver)
     ver.add_argument("--redis-url", help="Redis URL overriding the config")
@@ -419,9 +421,14 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
 def cmd_run(args) -> int:
     from jobs.operations.backfill import recorded_run
     from jobs.operations.ledger import Ledger
+    from serializers.horizon import check_date
+
+    check_date(args.date)  # before Spark starts
 
     def run(spark, conf, defs, name):
-        return recorded_run(spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url)
+        return recorded_run(
+            spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url, guard_skipped_newer=True
+        )
 
     # the ledger made before the sources run at once: two first appends would both create it
     return _each_source(args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create(), expectations=None)
@@ -429,7 +436,9 @@ def cmd_run(args) -> int:
 
 def cmd_verify(args) -> int:
     from jobs.pipeline.run import verify_source
+    from serializers.horizon import check_date
 
+    check_date(args.date)
     return _each_source(
         args,
         lambda spark, conf, defs, name: verify_source(spark, conf, defs, name, args.date, redis_url=args.redis_url),
@@ -480,7 +489,9 @@ def cmd_backfill(args) -> int:
     from jobs.operations.lease import LeaseHeld
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
+    from serializers.horizon import check_date
 
+    check_date(args.end, "--end")  # before Spark starts
     conf, defs = _load(args, expectations=None)
     defs.source(args.source)
     spark = build_spark(conf.spark, conf.locations(defs))
@@ -664,7 +675,9 @@ def cmd_doctor(args) -> int:
 
 def cmd_validate(args) -> int:
     from jobs.pipeline.run import validate_source
+    from serializers.horizon import check_date
 
+    check_date(args.date)
     return _each_source(
         args, lambda spark, conf, defs, name: validate_source(spark, conf, defs, name, args.date), "validation.json", expectations=True
     )
@@ -679,12 +692,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from feature_defs import DefinitionError
     from feature_defs.loader import UnknownNameError
     from fm_config import ConfigError
+    from serializers.horizon import FutureDateError
 
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
         commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema, "doctor": cmd_doctor}
         return {**commands, "get": cmd_get, "serve": cmd_serve, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
-    except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError) as exc:
+    except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError, FutureDateError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,17 +10,19 @@ Per entity (FORMAT.md), one ``EVALSHA`` of :data:`WRITE_SCRIPT`, which on
 the server, atomically:
 
 - leaves the hash as it is (replies 0) when its freshness field for this source holds a
-  later as-of time than this write's: an older snapshot never replaces a newer one,
-  whoever writes it and in whatever order;
+  later as-of time than this write's, up to the horizon: an older snapshot never replaces
+  a newer one, whoever writes it and in whatever order;
 - else ``HSET``s every non-null feature and the freshness field, ``HDEL``s the source's
   null features, and ``EXPIRE``s the key (``PERSIST`` when the entity type has no TTL),
-  and replies 1.
+  and replies 1, or 2 when the stored as-of time was beyond the horizon: later than any
+  date a run accepts (``serializers.horizon``), so corrupt, and replaced.
 
 The script declares its flags (``#!lua``), so Redis refuses it whole with ``OOM`` before
 it runs when memory is full: an entity gets all of its commands or none.
 
-Arguments: ``KEYS[1]`` the key; ``ARGV`` the TTL (0: none), the number of (field, value)
-pairs, the pairs with the freshness field last, then the fields to delete. A value's
+Arguments: ``KEYS[1]`` the key; ``ARGV`` the TTL (0: none), the horizon (UTC epoch seconds,
+from the writer's clock, not the server's), the number of (field, value) pairs, the pairs
+with the freshness field last, then the fields to delete. A value's
 argument is written as ``\\r\\n$4\\r\\n<fid>\\r\\n$<len>\\r\\n<value>``: the CRLF that ends
 each argument leads the next one, so a null value (no argument at all) is an empty piece,
 and the freshness argument, always present, closes the pairs.
@@ -40,21 +42,25 @@ CRLF = b"\r\n"
 _NULL = pa.scalar(None, pa.binary())
 
 WRITE_SCRIPT = b"""#!lua
-local last = 2 + 2 * tonumber(ARGV[2])
+local last = 3 + 2 * tonumber(ARGV[3])
 local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[last - 1]))
-if stored and stored > tonumber(ARGV[last]) then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3, last))
+local reply = 1
+if stored and stored > tonumber(ARGV[last]) then
+  if stored <= tonumber(ARGV[2]) then return 0 end
+  reply = 2
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4, last))
 if #ARGV > last then redis.call('HDEL', KEYS[1], unpack(ARGV, last + 1)) end
 local ttl = tonumber(ARGV[1])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
-return 1
+return reply
 """
 """The conditional write of one entity and source (see the module docstring)."""
 WRITE_SCRIPT_SHA = hashlib.sha1(WRITE_SCRIPT).hexdigest().encode()
 MAX_FEATURES = 3000
 """Features of one source in one script call: Lua's unpack takes about 8,000 values."""
-WRITTEN, SKIPPED_NEWER = 1, 0
-"""The script's replies."""
+WRITTEN, SKIPPED_NEWER, REPLACED_FUTURE = 1, 0, 2
+"""The script's replies (REPLACED_FUTURE: written over an as-of time beyond the horizon)."""
 
 
 def bulk(value: bytes) -> bytes:
@@ -123,12 +129,15 @@ def entity_commands(
     freshness_field: bytes,
     freshness: bytes | pa.Array,
     ttl: pa.Array | np.ndarray | None = None,
+    *,
+    horizon: int,
 ) -> EntityCommands:
     """The RESP command of each entity (see the module docstring).
 
     ``keys``: binary, the full Redis key per entity. ``columns``: encoded feature values
     (binary, null where not written) in the order of ``fields``. ``freshness``: the as-of
     value, one for all or one per entity. ``ttl``: seconds per entity, or None.
+    ``horizon``: a stored as-of time later than this is replaced (``serializers.horizon``).
     """
     if len(fields) > MAX_FEATURES:
         raise ValueError(f"{len(fields)} features in one source: at most {MAX_FEATURES} fit one write script call")
@@ -143,11 +152,20 @@ def entity_commands(
 
     seconds = _decimal(np.zeros(n, np.int64) if ttl is None else ttl)
     pairs = _decimal(values_set + 1)
-    # EVALSHA sha 1 key ttl pairs, the pairs' 2 arguments each, the deletes
+    # EVALSHA sha 1 key ttl horizon pairs, the pairs' 2 arguments each, the deletes
     head = b"\r\n$7\r\nEVALSHA\r\n$40\r\n" + WRITE_SCRIPT_SHA + b"\r\n$1\r\n1\r\n"
     pieces: list = [
-        _join(b"*", _decimal(2 * values_set + nulls + 8), head, key_arg, CRLF),
-        _join(b"$", _decimal(pc.binary_length(seconds)), CRLF, seconds, CRLF, b"$", _decimal(pc.binary_length(pairs)), CRLF, pairs),
+        _join(b"*", _decimal(2 * values_set + nulls + 9), head, key_arg, CRLF),
+        _join(
+            b"$",
+            _decimal(pc.binary_length(seconds)),
+            CRLF,
+            seconds,
+            CRLF + bulk(b"%d" % horizon) + b"$",
+            _decimal(pc.binary_length(pairs)),
+            CRLF,
+            pairs,
+        ),
     ]
     for fid, col in zip(fields, columns):
         pieces += [_value_heads(b"\r\n$4\r\n" + fid + b"\r\n$", col), col]

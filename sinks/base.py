@@ -47,6 +47,9 @@ class RedisWriteStats(WriteStats):
     """Redis Cluster: entities sent again to another node after MOVED/ASK."""
     skipped_newer: int = 0
     """Entities left as they were: the store holds a newer snapshot of the source."""
+    replaced_future: int = 0
+    """Entities written over an as-of time beyond the horizon (later than any date a run
+    accepts: corrupt); counted in ``entities`` too."""
     unreachable: int = 0
     """Redis Cluster: entities not written because their slots' primary was down and no
     replica took over within redis.failover_timeout (the writer then ends with an error)."""
@@ -58,6 +61,9 @@ class SqlWriteStats(WriteStats):
     """Rows written (inserted, or replacing an older or equal snapshot)."""
     rows_skipped_newer: int = 0
     """Rows left as they were: the table holds a newer snapshot of the entity and source."""
+    rows_replaced_future: int = 0
+    """Rows written over an as_of beyond the horizon (later than any date a run accepts:
+    corrupt); counted in ``rows_upserted`` too."""
     duplicates: int = 0
     """Repeated keys in the input; the last row of a key wins."""
     statements: int = 0

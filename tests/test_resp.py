@@ -11,6 +11,7 @@ from serializers.resp import WRITE_SCRIPT, WRITE_SCRIPT_SHA, entity_commands
 
 FIELDS = [b"\x01\x02\x03\x04", b"abcd", b"\x00\x00\x00\x00"]
 FRESH = b"TSTS"
+HORIZON = 1795392000
 
 
 def pack(*args: bytes) -> bytes:
@@ -22,7 +23,8 @@ def expected(key: bytes, values: list[bytes | None], stamp: bytes, ttl: int | No
     pairs = [x for fid, value in zip(FIELDS, values) if value is not None for x in (fid, value)]
     nulls = [fid for fid, value in zip(FIELDS, values) if value is None]
     ttl_arg = str(ttl or 0).encode()
-    return pack(b"EVALSHA", WRITE_SCRIPT_SHA, b"1", key, ttl_arg, str(len(pairs) // 2 + 1).encode(), *pairs, FRESH, stamp, *nulls)
+    count = str(len(pairs) // 2 + 1).encode()
+    return pack(b"EVALSHA", WRITE_SCRIPT_SHA, b"1", key, ttl_arg, str(HORIZON).encode(), count, *pairs, FRESH, stamp, *nulls)
 
 
 def test_script_sha_is_the_sha1_of_the_script():
@@ -47,7 +49,7 @@ def test_entity_commands_match_redis_py_packing(ttl, per_row_stamp):
     columns = [pa.array([values[j] for _, values in ROWS], pa.binary()) for j in range(len(FIELDS))]
     stamps = [1700000000, 5, 1800000000, 1700000000]
     freshness = pa.array(stamps, pa.int64()) if per_row_stamp else b"1700000000"
-    cmds = entity_commands(keys, columns, FIELDS, FRESH, freshness, None if ttl is None else np.array(ttl))
+    cmds = entity_commands(keys, columns, FIELDS, FRESH, freshness, None if ttl is None else np.array(ttl), horizon=HORIZON)
     for i, (key, values) in enumerate(ROWS):
         stamp = str(stamps[i]).encode() if per_row_stamp else b"1700000000"
         assert cmds.wire[i].as_py() == expected(key, values, stamp, None if ttl is None else ttl[i])

@@ -81,6 +81,13 @@ def test_upsert_text_is_conditional_on_as_of_in_both_dialects():
         "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
         "WHERE stored.as_of <= excluded.as_of"
     )
+    # the rows it left, sent again: only a stored as_of beyond the horizon (the last parameter) is replaced
+    assert upsert(table, 1, beyond_horizon=True).as_string(None) == (
+        'INSERT INTO "consumer_features" AS stored ("entity_key", "source", "features", "as_of") '
+        "VALUES (%s, %s, %s::JSONB, %s) "
+        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
+        "WHERE stored.as_of > %s"
+    )
 
 
 def test_create_table_text_per_dialect():

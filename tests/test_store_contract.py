@@ -29,6 +29,7 @@ from .expected import expected_hash, row_of
 from .test_redis_sink import FRESH, SPECS, sink_config, things
 
 T1, T2 = 1700000000, 1700086400
+T2099 = 4102531200  # 2099-01-02T00:00:00Z: the as-of time of `run --date 2099-01-01`
 N = 23
 PASSWORD = "s3cret-contract-pw"
 
@@ -42,6 +43,8 @@ class Store:
     """The stats column counting entities written."""
     skipped: str
     """The stats column counting entities left because the store holds a newer snapshot."""
+    replaced: str
+    """The stats column counting entities written over an as-of time beyond the horizon."""
     plan: object
     """plan(as_of, **config overrides) -> a write plan."""
     unreachable: object
@@ -69,7 +72,7 @@ def _redis_store(name: str, url: str, clients) -> Store:
         return {i: clients(f"t:{i}".encode()).hgetall(f"t:{i}") for i in ids}
 
     return Store(
-        name, "entities", "skipped_newer", plan,
+        name, "entities", "skipped_newer", "replaced_future", plan,
         unreachable=lambda: plan(T1, url="redis://127.0.0.1:1/0", retries=1, socket_timeout=1.0),
         refused=lambda: plan(T1, username="nobody", password=PASSWORD),
         rows=lambda batch: batch, stored=stored, expected=_redis_expected,
@@ -124,7 +127,7 @@ def _sql_store(dsn: str, conn) -> Store:
         return {k: v for k, v in values.items() if v is not None}, as_of
 
     return Store(
-        "sql", "rows_upserted", "rows_skipped_newer", plan,
+        "sql", "rows_upserted", "rows_skipped_newer", "rows_replaced_future", plan,
         unreachable=lambda: plan(T1, dsn="postgresql://postgres@127.0.0.1:1/features", connect_timeout=1, retries=1),
         refused=lambda: plan(T1, dsn=dsn.replace("postgres@", "nobody@", 1) if "postgres@" in dsn else f"{dsn} user=nobody"),
         rows=rows, stored=stored, expected=expected,
@@ -169,6 +172,26 @@ def test_an_older_snapshot_is_left_out_and_counted(store):
     assert (row[store.written], row[store.skipped], row["error"]) == (0, N, None)
     ids = newer.column("_id").to_pylist()
     assert store.stored(ids) == {i: store.expected(newer, n, T2) for n, i in enumerate(ids)}
+
+
+def test_a_stored_as_of_beyond_the_horizon_is_replaced_and_counted(store):
+    """A snapshot later than any date a run accepts (2099) is corrupt: the next write replaces
+    it; a later one up to the horizon is newer and stays. The horizon is the writer's (its clock)."""
+    later, older = things(N), things(N, offset=0)
+    older = older.set_column(1, "score", pa.array([float(-n) for n in range(N)], pa.float64()))
+    ids = later.column("_id").to_pylist()
+    _run(store.plan(T2099), _split(store, later))
+    row = _run(store.plan(T1), _split(store, older))  # the horizon of today's clock
+    assert (row[store.written], row[store.skipped], row[store.replaced], row["error"]) == (N, 0, N, None)
+    assert store.stored(ids) == {i: store.expected(older, n, T1) for n, i in enumerate(ids)}
+    # at the horizon: newer, left; one second past it: replaced
+    _run(store.plan(T2), _split(store, later))
+    row = _run(store.plan(T1, horizon=T2), _split(store, older))
+    assert (row[store.written], row[store.skipped], row[store.replaced]) == (0, N, 0)
+    assert store.stored(ids) == {i: store.expected(later, n, T2) for n, i in enumerate(ids)}
+    row = _run(store.plan(T1, horizon=T2 - 1), _split(store, older))
+    assert (row[store.written], row[store.skipped], row[store.replaced]) == (N, 0, N)
+    assert store.stored(ids) == {i: store.expected(older, n, T1) for n, i in enumerate(ids)}
 
 
 def test_an_empty_partition_reports_zeros(store):

@@ -32,6 +32,8 @@ from .test_server import MATERIALIZE, _settings, serve, write_sample_into
 NOW = AS_OF + 60
 MAX_AS_OF = int(dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp())
 MIN_AS_OF = int(dt.datetime(1, 1, 1, tzinfo=dt.UTC).timestamp())
+HORIZON = int(dt.datetime.combine(dt.datetime.fromtimestamp(NOW + 300, dt.UTC).date() + dt.timedelta(2), dt.time(), dt.UTC).timestamp())
+"""The latest as-of time a store may hold at NOW (that of tomorrow's date, clocks 300 s apart): later is corrupt."""
 FLT_MAX = float(np.finfo(np.float32).max)
 CONSUMERS = [1, 2, 3, 4]
 PAIRS = [("eu", 7), ("us", 7), ("eu", 8)]
@@ -40,14 +42,15 @@ DEEP = "[" * 2000 + "]" * 2000
 FRESHNESS = [
     b"99999999999999", str(AS_OF * 1000).encode(), str(AS_OF).encode(), b"-1", b"", b"0", b"253402300799", b"253402300800",
     b"-62135596800", b"-62135596801", b"1.7e9", b" 1700000000", b"1_700_000_000", b"+1700000000", "١٧٠٠".encode(), b"9" * 40,
-    b"0x10", b"\xff\xfe", str(AS_OF - 10).encode(), b"-0",
+    b"0x10", b"\xff\xfe", str(AS_OF - 10).encode(), b"-0", str(HORIZON).encode(), str(HORIZON + 1).encode(),
 ]  # fmt: skip
 NUMBERISH = [b"1e999", b"-0", b"+1", b" 1", b"1_0", b"nan", b"inf", b"-inf", b"9" * 30, b"9" * 5000, b"0x10", b"1.", b".", b"-",
              b"e5", b"3.4e38", b"3.5e38", b"1" * 400, b"true", b"1", b"0", b"\x00", b"00"]  # fmt: skip
 AS_OF_SQL = [  # (timestamptz literal, epoch seconds; None: unusable)
     ("infinity", None), ("-infinity", None), ("294276-12-31 23:59:59+00", None), ("10000-01-01 00:00:00+00", None),
-    ("9999-12-31 23:59:59+00", MAX_AS_OF), ("0001-01-01 00:00:00+00", MIN_AS_OF), ("0002-01-01 00:00:00+00 BC", None),
+    ("9999-12-31 23:59:59+00", None), ("0001-01-01 00:00:00+00", MIN_AS_OF), ("0002-01-01 00:00:00+00 BC", None),  # 9999: past the horizon
     ("1970-01-01 00:00:00+00", 0), (dt.datetime.fromtimestamp(AS_OF - 100, dt.UTC).isoformat(), AS_OF - 100),
+    (dt.datetime.fromtimestamp(HORIZON, dt.UTC).isoformat(), HORIZON), (dt.datetime.fromtimestamp(HORIZON + 1, dt.UTC).isoformat(), None),
 ]  # fmt: skip
 
 
@@ -65,7 +68,7 @@ def _stored_as_of(raw: bytes | None):
     if not digits or not all(c in "0123456789" for c in digits) or len(digits) > 12:
         return "bad"
     value = int(text)
-    return value if MIN_AS_OF <= value <= MAX_AS_OF else "bad"
+    return value if MIN_AS_OF <= value <= min(MAX_AS_OF, HORIZON) else "bad"
 
 
 def _bytes_cell(feature, raw):

@@ -21,10 +21,12 @@ from jobs.pipeline.quarantine import reason_counts, write_quarantine
 from jobs.pipeline.read import read
 from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.report.summary import RunSummary
+from jobs.pipeline.snapshot_order import check_mostly_newer
 from jobs.pipeline.verify import verify_writes
 from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
 from jobs.progress import progress
+from serializers.horizon import check_date
 from sinks.sql.preflight import dialect_of
 from stores.sql import connect as sql_connect
 
@@ -40,13 +42,18 @@ def run_source(
     report: bool = True,
     after_write: Callable[[RunSummary], None] | None = None,
     end: dt.date | None = None,
+    guard_skipped_newer: bool = False,
 ) -> RunSummary:
     """Materialize one source for one date; the summary is written even on failure.
 
     With ``end``, the dates ``date``..``end`` in one pass: each entity's latest good row
     (see :func:`prepare`). ``after_write`` runs between the writes and their verification
     (for integrations that want to act on a written snapshot, and for tests).
+    ``guard_skipped_newer`` (a run, not a backfill step): fail when more than
+    ``quality.max_skipped_newer`` of the entities held a newer snapshot (:mod:`snapshot_order`).
+    A date past tomorrow (UTC) is refused before anything is read (FutureDateError).
     """
+    check_date(end or date)
     source = defs.source(source_name)
     if conf.quality.expectations:
         defs.check_expectations()  # before anything is written (once per definitions)
@@ -65,6 +72,8 @@ def run_source(
             if conf.quality.verify_sample:
                 with ctx.stage(summary, "verify"):
                     verify_writes(ctx, prepared.good, summary)
+            if guard_skipped_newer:
+                check_mostly_newer(ctx, summary)
         finally:
             if docs:
                 with summary.stage("gate"):  # the gate's data docs: the wait for them, if any
@@ -138,6 +147,7 @@ def _write_stores(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> N
 
 def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
     """The checks of a run without any write: status 'passed' or 'failed', report in validation.json."""
+    check_date(date)
     source = defs.source(source_name)
     defs.check_expectations()
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date)
@@ -154,6 +164,7 @@ def verify_source(
 ) -> RunSummary:
     """Read back a sample of the date's snapshot from every configured store and compare it
     with the source rows (what a run does after writing), without writing; verification.json."""
+    check_date(date)
     source = defs.source(source_name)
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, redis_url=redis_url)
     summary = new_summary(ctx, conf.env)

@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
+from jobs.pipeline.snapshot_order import future_warning
 from jobs.progress import progress
 from sinks.errors import CapacityError, from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
@@ -20,6 +21,7 @@ from sinks.redis.preflight import check_after_write, preflight
 _SUMMED = (
     "entities",
     "skipped_newer",
+    "replaced_future",
     "values_set",
     "values_deleted",
     "non_finite",
@@ -76,6 +78,8 @@ def _sum_writers(ctx: RunContext, parts: list, seconds: float, stats: dict, summ
             f"redis: {stats['skipped_newer']:,} entities already hold a newer snapshot of {ctx.source.name} than {ctx.date} "
             "and were left as they are"
         )
+    if stats["replaced_future"]:
+        summary.warnings.append(future_warning("redis", stats["replaced_future"], "entities", ctx))
     errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
     raise_first(
         errors,

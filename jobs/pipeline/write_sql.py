@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
+from jobs.pipeline.snapshot_order import future_warning
 from jobs.progress import progress
 from sinks.errors import from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
@@ -26,6 +27,7 @@ from stores.sql import connect
 _SUMMED = (
     "rows_upserted",
     "rows_skipped_newer",
+    "rows_replaced_future",
     "statements",
     "transactions",
     "retries",
@@ -78,6 +80,8 @@ def write_sql(ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summar
         summary.warnings.append(
             f"{dialect}: {stats['rows_skipped_newer']:,} rows already hold a newer snapshot of {source.name} and were left as they are"
         )
+    if stats["rows_replaced_future"]:
+        summary.warnings.append(future_warning(dialect, stats["rows_replaced_future"], "rows", ctx))
     errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
     raise_first(
         errors,

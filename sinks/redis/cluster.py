@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import redis
 
 from serializers.batch import EncodedBatch
-from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT
+from serializers.resp import REPLACED_FUTURE, SKIPPED_NEWER, WRITE_SCRIPT
 from sinks.base import RedisWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.redis.config import RedisSinkConfig
@@ -333,7 +333,7 @@ class RedisClusterSink:
             sub = _take(batch, share)
             keys = pc.binary_join_element_wise(self._prefix, sub.ids.cast(pa.binary()), b"")
             freshness = str(c.as_of).encode() if as_of is None else as_of.take(pa.array(share))
-            commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys))
+            commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys), horizon=c.horizon)
             client = connect(c, target)
             try:
                 client.script_load(WRITE_SCRIPT)  # the importing node may never have run it
@@ -359,7 +359,10 @@ class RedisClusterSink:
                     outcome.progress += 1
                 elif refused is None:
                     values = int(commands.values_set[i])
-                    self._own.add(RedisWriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values))
+                    replaced = int(reply == REPLACED_FUTURE)
+                    self._own.add(
+                        RedisWriteStats(entities=1, values_set=values, values_deleted=len(c.fields) - values, replaced_future=replaced)
+                    )
                     outcome.progress += 1
                 elif isinstance(refused, _RESEND):  # the migration ended or was rolled back
                     outcome.retry.append(share[i : i + 1])

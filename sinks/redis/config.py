@@ -8,12 +8,13 @@ not carried, only where it is) with what a write needs on top.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from feature_defs import EntityDef, SourceDef
 from fm_config import RunConf
 from fm_config.redis import RedisConnection
 from serializers import field_id
+from serializers.horizon import as_of_horizon
 from serializers.keys import as_of_epoch, freshness_field, key_prefix
 
 
@@ -27,6 +28,9 @@ class RedisSinkConfig(RedisConnection):
     """Field id of this source's freshness field."""
     as_of: int
     """Snapshot as-of time, UTC epoch seconds (the freshness value)."""
+    horizon: int = field(default_factory=as_of_horizon)
+    """A stored as-of time later than this is beyond any date a run accepts: corrupt, and
+    replaced (serializers/horizon.py). From the driver's clock when the config is made."""
     ttl_seconds: int | None = None
     ttl_jitter: float = 0.1
     """EXPIRE gets ttl + up to this fraction of ttl, fixed per key (reruns set the same)."""

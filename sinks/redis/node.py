@@ -26,7 +26,7 @@ import redis
 import xxhash
 
 from serializers.batch import EncodedBatch
-from serializers.resp import SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
+from serializers.resp import REPLACED_FUTURE, SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
 from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis.config import RedisSinkConfig
@@ -169,7 +169,7 @@ class RedisSink:
         c = self.config
         keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"")
         freshness = str(c.as_of).encode() if as_of is None else as_of
-        commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys))
+        commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys), horizon=c.horizon)
         bounds = [(start, min(len(commands), start + c.chunk_entities)) for start in range(0, len(commands), c.chunk_entities)]
         batch_stats = RedisWriteStats(non_finite=batch.non_finite)
         self.stats.non_finite += batch.non_finite
@@ -307,7 +307,7 @@ class RedisSink:
         """Read one chunk's replies and count what it wrote; stop on the first refused command.
 
         One reply per entity: 1 written, 0 left as it was (the hash holds a newer snapshot
-        of this source), or an error, in which case the script did nothing (it is refused
+        of this source), 2 written over an as-of time beyond the horizon, or an error, in which case the script did nothing (it is refused
         before it runs). ``values_deleted`` counts the null features cleared whether or not
         the field was there, so a resent chunk or a retried task counts the same as a clean run."""
         start, stop = bound
@@ -317,8 +317,9 @@ class RedisSink:
         if any(isinstance(r, hiredis.ReplyError) and str(r).startswith("NOSCRIPT") for r in replies):
             # the server lost its script cache (SCRIPT FLUSH, a restart): reconnect, load, resend
             raise redis.ConnectionError(f"Redis at {server_address(self.config.url)} answered NOSCRIPT: the write script is loaded again")
-        written = np.fromiter((r == WRITTEN and not isinstance(r, hiredis.ReplyError) for r in replies), bool, stop - start)
-        skipped = sum(1 for r in replies if r == SKIPPED_NEWER and not isinstance(r, hiredis.ReplyError))
+        ok = [r if not isinstance(r, hiredis.ReplyError) else None for r in replies]
+        written = np.fromiter((r == WRITTEN or r == REPLACED_FUTURE for r in ok), bool, stop - start)
+        skipped, replaced = ok.count(SKIPPED_NEWER), ok.count(REPLACED_FUTURE)
         refused = None
         for i, reply in enumerate(replies):
             if not isinstance(reply, hiredis.ReplyError):
@@ -335,9 +336,10 @@ class RedisSink:
             values_set=int(values_set[written].sum()),
             values_deleted=int((len(self.config.fields) - values_set[written]).sum()),
             skipped_newer=skipped,
+            replaced_future=replaced,
         )
         batch_stats.add(chunk)
-        for name in ("entities", "values_set", "values_deleted", "skipped_newer"):
+        for name in ("entities", "values_set", "values_deleted", "skipped_newer", "replaced_future"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(chunk, name))
         if refused is None:
             return

@@ -8,13 +8,14 @@ carried, only where it is) with what a write needs on top.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from psycopg import sql
 
 from feature_defs import EntityDef, SourceDef
 from fm_config import RunConf
 from fm_config.sql import SqlConnection
+from serializers.horizon import as_of_horizon
 from serializers.keys import as_of_epoch
 from sinks.sql import statements as stmts
 from sinks.sql.statements import Dialect
@@ -26,6 +27,9 @@ class SqlSinkConfig(SqlConnection):
     source: str
     as_of: int
     """Snapshot as-of time, UTC epoch seconds."""
+    horizon: int = field(default_factory=as_of_horizon)
+    """A stored as_of later than this is beyond any date a run accepts: corrupt, and
+    replaced (serializers/horizon.py). From the driver's clock when the config is made."""
     dialect: Dialect
     batch_rows: int = 25
     """Rows per upsert statement."""

@@ -38,23 +38,31 @@ def create_table(table: sql.Identifier, dialect: Dialect) -> sql.Composed:
     ).format(table=table, text=sql.SQL(text))
 
 
-def upsert(table: sql.Identifier, rows: int) -> sql.Composed:
+def upsert(table: sql.Identifier, rows: int, beyond_horizon: bool = False) -> sql.Composed:
     """A full-row upsert of ``rows`` rows that never replaces a newer snapshot.
 
     Parameters are (key, source, json, as_of) per row. A row whose stored ``as_of`` is later
     than the new one is left as it is (the statement's row count leaves it out); an equal
     one is written again, so a rerun repeats itself. CockroachDB's ``UPSERT`` cannot carry
     that condition, so both dialects send the same ``INSERT ... ON CONFLICT ... WHERE``,
-    which CockroachDB supports."""
+    which CockroachDB supports.
+
+    ``beyond_horizon``: the same rows, sent again when the first statement left some, with
+    one more parameter, the horizon: only stored rows whose ``as_of`` is later than it
+    (beyond any date a run accepts: corrupt) are replaced, and its row count counts them.
+    Two statements rather than one ``WHERE ... OR stored.as_of > horizon``, so the replaced
+    rows are counted apart (neither dialect's RETURNING sees the old row) at no cost to the
+    usual batch, which leaves none."""
     if rows < 1:
         raise ValueError("an upsert needs at least one row")
     columns = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
     values = sql.SQL(", ").join([sql.SQL("(%s, %s, %s::JSONB, %s)")] * rows)
+    condition = "stored.as_of > %s" if beyond_horizon else "stored.as_of <= excluded.as_of"
     return sql.SQL(
         "INSERT INTO {table} AS stored ({columns}) VALUES {values} "
         "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
-        "WHERE stored.as_of <= excluded.as_of"
-    ).format(table=table, columns=columns, values=values)
+        "WHERE {condition}"
+    ).format(table=table, columns=columns, values=values, condition=sql.SQL(condition))
 
 
 def split_at(table: sql.Identifier, keys: Sequence[str], expires: dt.datetime) -> sql.Composed:

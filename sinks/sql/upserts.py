@@ -44,8 +44,9 @@ class SqlSink:
         self._keys: list[str] = []
         self._maps: list[str] = []
         self._as_ofs: list[dt.datetime] = []
-        self._statements: dict[int, sql.Composed] = {}
+        self._statements: dict[tuple[int, bool], sql.Composed] = {}
         self._as_of = dt.datetime.fromtimestamp(conf.as_of, dt.UTC)
+        self._horizon = dt.datetime.fromtimestamp(conf.horizon, dt.UTC)
 
     def __enter__(self) -> SqlSink:
         self.open()
@@ -106,10 +107,24 @@ class SqlSink:
         while self._keys:
             self._send(min(len(self._keys), self._per_transaction))
 
-    def _statement(self, rows: int) -> sql.Composed:
-        if rows not in self._statements:
-            self._statements[rows] = stmts.upsert(self.conf.table_id, rows)
-        return self._statements[rows]
+    def _statement(self, rows: int, beyond_horizon: bool = False) -> sql.Composed:
+        if (rows, beyond_horizon) not in self._statements:
+            self._statements[rows, beyond_horizon] = stmts.upsert(self.conf.table_id, rows, beyond_horizon)
+        return self._statements[rows, beyond_horizon]
+
+    def _upserts(self, cur: psycopg.Cursor, full: list, last: list | None, rows: int, beyond_horizon: bool) -> int:
+        """The transaction's statements (full ones pipelined, then a shorter last one); rows written.
+        ``beyond_horizon``: the same rows again, replacing only stored rows beyond the horizon."""
+        size, extra = self.conf.batch_rows, [self._horizon] if beyond_horizon else []
+        written = 0
+        if full:
+            groups = [[*group, *extra] for group in full] if extra else full
+            cur.executemany(self._statement(size, beyond_horizon), groups)  # pipelined: one round trip
+            written += cur.rowcount  # summed over the statements
+        if last is not None:
+            cur.execute(self._statement(rows % size, beyond_horizon), [*last, *extra])
+            written += cur.rowcount
+        return written
 
     def _send(self, rows: int) -> None:
         """Upsert the first ``rows`` buffered rows: full statements, then a shorter last one."""
@@ -123,30 +138,32 @@ class SqlSink:
         full = params if rows % size == 0 else params[:-1]
         last = None if rows % size == 0 else params[-1]
 
-        def execute() -> int:
-            """Rows written; the others hold a newer snapshot (the upsert's WHERE left them)."""
+        def execute() -> tuple[int, int | None]:
+            """Rows the upsert wrote, and rows it left (they hold a later as_of) that were
+            beyond the horizon and replaced by the second upsert (None: not needed); the
+            others hold a newer snapshot."""
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.conf)
                 self.stats.reconnects += 1
             conn = self._conn
             if len(params) == 1:  # one statement: its own implicit transaction
-                return conn.execute(self._statement(rows), params[0]).rowcount
-            written = 0
+                written = conn.execute(self._statement(rows), params[0]).rowcount
+                if written == rows:
+                    return written, None
+                return written, conn.execute(self._statement(rows, True), [*params[0], self._horizon]).rowcount
             with conn.transaction(), conn.cursor() as cur:
-                if full:
-                    cur.executemany(self._statement(size), full)  # pipelined: one round trip
-                    written += cur.rowcount  # summed over the statements
-                if last is not None:
-                    cur.execute(self._statement(rows % size), last)
-                    written += cur.rowcount
-            return written
+                written = self._upserts(cur, full, last, rows, False)
+                replaced = None if written == rows else self._upserts(cur, full, last, rows, True)
+            return written, replaced
 
         keys = self._keys
-        written = self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[rows - 1]!r}")
+        written, replaced = self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[rows - 1]!r}")
         del self._keys[:rows], self._maps[:rows], self._as_ofs[:rows]
-        self.stats.rows_upserted += written
-        self.stats.rows_skipped_newer += rows - written
-        self.stats.statements += len(params)
+        self.stats.statements += len(params) * (1 if replaced is None else 2)
+        replaced = replaced or 0
+        self.stats.rows_upserted += written + replaced
+        self.stats.rows_skipped_newer += rows - written - replaced
+        self.stats.rows_replaced_future += replaced
         self.stats.transactions += 1
 
     def _on_retry(self, attempt: int, exc: BaseException) -> None:
