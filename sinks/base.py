@@ -58,6 +58,8 @@ class SqlWriteStats(WriteStats):
     """Rows written (inserted, or replacing an older or equal snapshot)."""
     rows_skipped_newer: int = 0
     """Rows left as they were: the table holds a newer snapshot of the entity and source."""
+    expiry_followed: int = 0
+    """Rows of other sources of the entities written whose expiry moved to the write's (the entity's TTL)."""
     duplicates: int = 0
     """Repeated keys in the input; the last row of a key wins."""
     statements: int = 0

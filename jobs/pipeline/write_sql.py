@@ -26,6 +26,7 @@ from stores.sql import connect
 _SUMMED = (
     "rows_upserted",
     "rows_skipped_newer",
+    "expiry_followed",
     "statements",
     "transactions",
     "retries",

@@ -5,9 +5,12 @@ multi-row upsert of ``batch_rows`` distinct keys (CockroachDB rejects an upsert 
 names one key twice), and ``statements_per_transaction`` statements go out pipelined in
 one short transaction: committing each statement on its own is bound by the server's
 fsync (about half the rate, measured by `python -m bench`). With 1, each statement is its
-own implicit transaction. Every statement is a full-row upsert and can be repeated, so
-after a dropped connection or a serialization failure the sink reconnects and sends the
-same transaction again.
+own transaction (with the expiry step below, when there is one). Every statement is a
+full-row upsert and can be repeated, so after a dropped connection or a serialization
+failure the sink reconnects and sends the same transaction again. Each row expires its TTL after the write (the seconds its Redis key
+gets), and, when other sources write the entity type too, the transaction ends by moving
+the expiry of the written entities' rows of other sources to theirs (statements.follow_expiry):
+the entity's TTL, as in Redis.
 
 Driver-side steps (:mod:`sinks.sql.preflight`) run before any partition writes.
 """
@@ -24,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from serializers.keys import ttl_with_jitter
 from sinks.base import SqlWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.retry import call_with_retries
@@ -44,7 +48,9 @@ class SqlSink:
         self._keys: list[str] = []
         self._maps: list[str] = []
         self._as_ofs: list[dt.datetime] = []
+        self._ttls: list[int | None] = []
         self._statements: dict[int, sql.Composed] = {}
+        self._follow = stmts.follow_expiry(conf.table_id)
         self._as_of = dt.datetime.fromtimestamp(conf.as_of, dt.UTC)
 
     def __enter__(self) -> SqlSink:
@@ -80,19 +86,29 @@ class SqlSink:
         else:
             micros = pc.multiply(as_ofs.take(kept).cast(pa.int64()), 1_000_000)
             stamps = micros.cast(pa.timestamp("us", tz="UTC")).to_pylist()
+        ttls = self._ttls_of(key_list)
         self.stats.duplicates += len(keys) - len(kept)
         if self._keys and self._keys[-1] == key_list[0]:
             # the previous batch ended with this key: its row is replaced
             self._maps[-1], self._as_ofs[-1] = doc_list[0], stamps[0]
-            key_list, doc_list, stamps = key_list[1:], doc_list[1:], stamps[1:]
+            key_list, doc_list, stamps, ttls = key_list[1:], doc_list[1:], stamps[1:], ttls[1:]
             self.stats.duplicates += 1
         self._keys += key_list
         self._maps += doc_list
         self._as_ofs += stamps
+        self._ttls += ttls
         while len(self._keys) > self._per_transaction:
             # Keep the newest row buffered: the next batch may repeat its key.
             self._send(self._per_transaction)
         return self.stats
+
+    def _ttls_of(self, keys: list[str]) -> list[int | None]:
+        """Each row's TTL in seconds (None: the entity type has none): its Redis key's."""
+        c = self.conf
+        if not c.ttl_seconds:
+            return [None] * len(keys)
+        prefix = c.key_prefix.encode("utf-8")
+        return [ttl_with_jitter(prefix + k.encode("utf-8"), c.ttl_seconds, c.ttl_jitter) for k in keys]
 
     def add(self, key: str, features_json: str, as_of: int | None = None) -> None:
         """Queue one row (``write_batch`` of one)."""
@@ -118,33 +134,41 @@ class SqlSink:
         for first in range(0, rows, size):
             group: list[Any] = []
             for i in range(first, min(rows, first + size)):
-                group += (self._keys[i], self.conf.source, self._maps[i], self._as_ofs[i])
+                group += (self._keys[i], self.conf.source, self._maps[i], self._as_ofs[i], self._ttls[i])
             params.append(group)
         full = params if rows % size == 0 else params[:-1]
         last = None if rows % size == 0 else params[-1]
 
-        def execute() -> int:
-            """Rows written; the others hold a newer snapshot (the upsert's WHERE left them)."""
+        def execute() -> tuple[int, int]:
+            """Rows written (the others hold a newer snapshot: the upsert's WHERE left them),
+            and rows of other sources whose expiry followed."""
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.conf)
                 self.stats.reconnects += 1
             conn = self._conn
-            if len(params) == 1:  # one statement: its own implicit transaction
-                return conn.execute(self._statement(rows), params[0]).rowcount
-            written = 0
+            if len(params) == 1 and not self.conf.follow_expiry:  # one statement: its own implicit transaction
+                return len(conn.execute(self._statement(rows), params[0]).fetchall()), 0
+            written: list[str] = []
             with conn.transaction(), conn.cursor() as cur:
                 if full:
-                    cur.executemany(self._statement(size), full)  # pipelined: one round trip
-                    written += cur.rowcount  # summed over the statements
+                    cur.executemany(self._statement(size), full, returning=True)  # pipelined: one round trip
+                    while True:  # one result per statement: the keys it wrote
+                        written += [r[0] for r in cur.fetchall()]
+                        if not cur.nextset():
+                            break
                 if last is not None:
                     cur.execute(self._statement(rows % size), last)
-                    written += cur.rowcount
-            return written
+                    written += [r[0] for r in cur.fetchall()]
+                if not written or not self.conf.follow_expiry:
+                    return len(written), 0
+                cur.execute(self._follow, {"keys": written, "source": self.conf.source})
+                return len(written), cur.rowcount
 
         keys = self._keys
-        written = self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[rows - 1]!r}")
-        del self._keys[:rows], self._maps[:rows], self._as_ofs[:rows]
+        written, followed = self._with_retries(execute, f"batch of {rows} rows, keys {keys[0]!r}..{keys[rows - 1]!r}")
+        del self._keys[:rows], self._maps[:rows], self._as_ofs[:rows], self._ttls[:rows]
         self.stats.rows_upserted += written
+        self.stats.expiry_followed += followed
         self.stats.rows_skipped_newer += rows - written
         self.stats.statements += len(params)
         self.stats.transactions += 1
