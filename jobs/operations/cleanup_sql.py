@@ -181,11 +181,11 @@ def stale_keys_statement(table: sql.Identifier, first: bool, dry_run: bool) -> s
     ).format(table=table, range=_range(first))
 
 
-def strip_statement(table: sql.Identifier) -> sql.Composed:
+def strip_statement(table: sql.Identifier, first: bool) -> sql.Composed:
     """Remove these keys from these rows of one source (parameters: stale, source, keys)."""
     return sql.SQL(
-        "UPDATE {table} SET features = features - %(stale)s::TEXT[] WHERE source = %(source)s AND entity_key = ANY(%(keys)s)"
-    ).format(table=table)
+        "UPDATE {table} SET features = features - %(stale)s::TEXT[] WHERE {range} AND source = %(source)s AND entity_key = ANY(%(keys)s)"
+    ).format(table=table, range=_range(first))
 
 
 # -- the walk ----------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def _clean_page(conn: psycopg.Connection, plan: SqlCleanupPlan, bounds: dict, fi
                 page.keys[source].update({name: len(keys) for name in stale})
                 page.stripped += len(keys)
                 if not dry_run:
-                    conn.execute(strip_statement(table), {"stale": list(stale), "source": source, "keys": keys})
+                    conn.execute(strip_statement(table, first), {**bounds, "stale": list(stale), "source": source, "keys": keys})
     return page
 
 
