@@ -11,6 +11,7 @@ import json
 import math
 import queue
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -27,19 +28,48 @@ from stores.sql import connect, connect_async, is_transient, server_address, tab
 
 # the as-of time as a float8: a timestamptz may be 'infinity' (or past year 9999), which a
 # bigint cast refuses, failing the whole batch; checked per row instead (decode.as_of_seconds)
-QUERY = (
+LEGACY_QUERY = (
     "SELECT entity_key, source, features::text, extract(epoch FROM as_of)::float8 FROM {} WHERE entity_key = ANY(%s) AND source = ANY(%s)"
 )
+# A row past its expiry is not served, as Redis serves no expired key, whether or not the
+# store's TTL job (CockroachDB) or `materialize cleanup` (PostgreSQL) deleted it yet.
+QUERY = LEGACY_QUERY + " AND (expires_at IS NULL OR expires_at > now())"
+LEGACY_RETRY_SECONDS = 60.0
 
 
-def _statements(defs: Definitions, schema: str | None, units: Sequence[Unit]) -> list[tuple[sql.Composed, list[str], list[str]]]:
+class _Layouts:
+    """Tables found without ``expires_at`` (made before it, not yet brought up to the layout by
+    a run or the schema step): read without the filter, and asked again after a while."""
+
+    def __init__(self) -> None:
+        self._legacy: dict[str, float] = {}
+
+    def query(self, table: str) -> str:
+        since = self._legacy.get(table)
+        if since is not None and time.monotonic() - since < LEGACY_RETRY_SECONDS:
+            return LEGACY_QUERY
+        self._legacy.pop(table, None)
+        return QUERY
+
+    def legacy(self, table: str) -> None:
+        self._legacy[table] = time.monotonic()
+
+
+def _statements(
+    defs: Definitions, schema: str | None, units: Sequence[Unit], layouts: _Layouts
+) -> list[tuple[str, sql.Composed, sql.Composed, list[str], list[str]]]:
+    """Per table: its name, the query to send, the one without the expiry filter, keys, sources."""
     by_table: dict[str, tuple[set, set]] = defaultdict(lambda: (set(), set()))
     for unit in units:
         table = defs.entities[defs.sources[unit.source].entity].sql_table
         keys, sources = by_table[table]
         keys.add(unit.entity_id)
         sources.add(unit.source)
-    return [(sql.SQL(QUERY).format(table_identifier(t, schema)), sorted(k), sorted(s)) for t, (k, s) in by_table.items()]
+    out = []
+    for t, (k, s) in by_table.items():
+        name = table_identifier(t, schema)
+        out.append((t, sql.SQL(layouts.query(t)).format(name), sql.SQL(LEGACY_QUERY).format(name), sorted(k), sorted(s)))
+    return out
 
 
 def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDef]], as_list: bool) -> dict[Unit, SourceRow]:
@@ -100,6 +130,7 @@ class SqlReads:
         self.defs, self.where = defs, server_address(config)
         self._idle: queue.LifoQueue = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(connections)
+        self._layouts = _Layouts()
 
     def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
@@ -110,11 +141,14 @@ class SqlReads:
                 conn = self._idle.get_nowait()
             except queue.Empty:
                 conn = connect(self.config)  # a refused login or TLS failure: terminal, named
-            for query, keys, sources in _statements(self.defs, self.config.schema, units):
+            for table, query, legacy, keys, sources in _statements(self.defs, self.config.schema, units, self._layouts):
                 try:
                     rows = conn.execute(query, (keys, sources)).fetchall()
                 except psycopg.errors.UndefinedTable:
                     rows = []  # nothing written to this table yet: every entity NOT_FOUND
+                except psycopg.errors.UndefinedColumn:  # a table of the layout before expires_at
+                    self._layouts.legacy(table)
+                    rows = conn.execute(legacy, (keys, sources)).fetchall()
                 _found(rows, found)
             self._idle.put(conn)
             conn = None
@@ -171,6 +205,7 @@ class AsyncSqlReads:
         self.connect_timeout = connect_timeout
         self._idle: list[psycopg.AsyncConnection] = []
         self._slots = asyncio.Semaphore(connections)
+        self._layouts = _Layouts()
 
     async def read(self, units: Sequence[Unit], features: dict[str, list[FeatureDef]], as_list: bool = False) -> dict[Unit, SourceRow]:
         found: dict[Unit, tuple[str, int]] = {}
@@ -181,12 +216,15 @@ class AsyncSqlReads:
                 conn = self._idle.pop() if self._idle else await self._connect()
                 # the server's statement_timeout is the deadline; this bounds a lost peer
                 async with asyncio.timeout(self.timeout * 2 + 1):
-                    for query, keys, sources in _statements(self.defs, self.config.schema, units):
+                    for table, query, legacy, keys, sources in _statements(self.defs, self.config.schema, units, self._layouts):
                         try:
                             cur = await conn.execute(query, (keys, sources))
                             rows = await cur.fetchall()
                         except psycopg.errors.UndefinedTable:
                             rows = []
+                        except psycopg.errors.UndefinedColumn:
+                            self._layouts.legacy(table)
+                            rows = await (await conn.execute(legacy, (keys, sources))).fetchall()
                         _found(rows, found)
                 self._idle.append(conn)
                 conn = None

@@ -149,16 +149,24 @@ def _runs_command(sub) -> None:
 def _cleanup_command(sub) -> None:
     clean = sub.add_parser(
         "cleanup",
-        help="delete Redis fields of features no longer defined",
-        description="Delete, from the Redis hashes of one entity type, the fields of features that the ledger shows were "
-        "written but that are no longer defined (and the freshness fields of removed sources). Keys come from the tables "
-        "and dates the ledger recorded for the steps that wrote them, not from a SCAN; a source whose keys cannot be found "
-        "is reported, recorded as left and exits 1.",
+        help="delete what no definition reads any more, and expired SQL rows",
+        description="Clean one entity type in the configured stores. Redis: delete the fields of features that the ledger "
+        "shows were written but that are no longer defined (and the freshness fields of removed sources); keys come from "
+        "the tables and dates the ledger recorded for the steps that wrote them, not from a SCAN; a source whose keys "
+        "cannot be found is reported, recorded as left and exits 1. SQL: walk the entity table in pages and delete rows "
+        "past their expiry (the entity TTL) and rows of removed sources, and remove the JSON keys of removed features; "
+        "run it as a role that may DELETE (fm_cleanup in conf/base/sql-grants.sql), e.g. --sql-dsn "
+        "postgresql://fm_cleanup@db:26257/features --sql-password-env FM_SQL_CLEANUP_PASSWORD.",
     )
     _common(clean)
     clean.add_argument("--entity", required=True, help="entity type, e.g. consumer")
-    clean.add_argument("--dry-run", action="store_true", help="print the stale fields and the number of keys; delete nothing")
+    clean.add_argument("--dry-run", action="store_true", help="print what would be deleted (the SQL table is read through); delete nothing")
+    clean.add_argument(
+        "--sink", choices=["redis", "cockroach", "all"], default="all", help="store(s) to clean (default: the configured sinks)"
+    )
     clean.add_argument("--redis-url", help="Redis URL overriding the config")
+    clean.add_argument("--sql-dsn", help="connection string of a role that may DELETE, overriding sql.dsn (no password in it)")
+    clean.add_argument("--sql-password-env", help="env var holding that role's password, overriding sql.password_env")
 
 
 def _verify_command(sub) -> None:
@@ -179,7 +187,8 @@ def _schema_command(sub) -> None:
     schema = sub.add_parser(
         "schema",
         help="create (or check) the SQL store's entity tables, as a role that may create tables",
-        description="The schema step: create each entity table the sources write when it is missing, and check the "
+        description="The schema step: create each entity table the sources write when it is missing, bring a table made "
+        "before the expires_at column up to the layout (and, on CockroachDB, set its row-level TTL), and check the "
         "columns of those that exist. The nightly run needs no right to create tables; run this under the owner role "
         "(conf/README.md 'Least privilege'), e.g. --sql-dsn postgresql://fm_schema@db:26257/features "
         "--sql-password-env FM_SQL_SCHEMA_PASSWORD.",
@@ -560,23 +569,38 @@ def cmd_runs(args) -> int:
 
 
 def cmd_cleanup(args) -> int:
-    from jobs.operations.cleanup import plan_cleanup, recorded_cleanup
+    from jobs.operations.cleanup import CleanupPlan, plan_cleanup, recorded_cleanup
+    from jobs.operations.cleanup_sql import clean_sql, plan_sql_cleanup
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
     spark = build_spark(conf.spark, conf.locations(defs))
     ledger = Ledger.of(spark, conf)
-    plan, keys = plan_cleanup(spark, conf, defs, ledger, args.entity, args.redis_url)
+    if "redis" in conf.sinks:
+        plan, keys = plan_cleanup(spark, conf, defs, ledger, args.entity, args.redis_url)
+    else:
+        plan, keys = CleanupPlan(entity=defs.entity(args.entity).name), {}
+    sql_plan = plan_sql_cleanup(conf, defs, args.entity) if "cockroach" in conf.sinks else None
     try:
-        print(plan.describe(), flush=True)
-        if not plan.parts:
-            print("nothing to delete")
-            return EXIT_OK
+        if plan.target:
+            print(plan.describe(), flush=True)
+            if not plan.parts:
+                print("nothing to delete in Redis")
+        if sql_plan is not None:
+            print(sql_plan.describe(), flush=True)
         if args.dry_run:
+            if sql_plan is not None:
+                counted = clean_sql(conf, sql_plan, dry_run=True)
+                print("\n".join(counted.describe()))
+                if counted.error is not None:
+                    print(f"error: SQL table {counted.table}: {' '.join(str(counted.error).split())}", file=sys.stderr)
+                    return EXIT_FAILED
             print("dry run: nothing deleted")
             return EXIT_OK
-        result = recorded_cleanup(conf, defs, ledger, plan, keys, args.redis_url)
+        if not plan.parts and sql_plan is None:
+            return EXIT_OK
+        result = recorded_cleanup(conf, defs, ledger, plan, keys, args.redis_url, sql_plan)
     finally:
         for frame in keys.values():
             frame.unpersist()
@@ -586,12 +610,21 @@ def cmd_cleanup(args) -> int:
         print(f"removed {result.fields_removed:,} fields from {result.keys:,} keys in {result.seconds:.1f}s; "
               f"Redis memory {result.memory_before:,} -> {result.memory_after:,} B "
               f"(freed {max(0, result.memory_before - result.memory_after):,} B)")  # fmt: skip
+    if result.sql is not None:
+        print("\n".join(result.sql.describe()))
     for source, done in sorted(result.left.items()):
         print(
             f"error: not cleaned: {source} ({', '.join(done['fields'])}): {done['reason']}; recorded as left for a later cleanup",
             file=sys.stderr,
         )
-    return EXIT_FAILED if result.left else EXIT_OK
+    failed_sql = result.sql is not None and result.sql.error is not None
+    if failed_sql:
+        print(
+            f"error: SQL table {result.sql.table}: {' '.join(str(result.sql.error).split())}; what was done is recorded, "
+            "run the cleanup again to go on",
+            file=sys.stderr,
+        )
+    return EXIT_FAILED if result.left or failed_sql else EXIT_OK
 
 
 def cmd_schema(args) -> int:

@@ -4,11 +4,16 @@ Redis: one hash per entity at ``[<namespace>:]<entity prefix>:<entity id>``; the
 is the key parts joined by ``:`` (ints in decimal). SQL: one row per (entity id, source).
 Each source writes its freshness field ``_ts:<source>`` (field id as for a feature) holding
 the snapshot's as-of time: the end of its date, UTC, in epoch seconds (decimal text).
+An entity type's TTL counts from each write, plus a share of jitter fixed per Redis key; the
+SQL rows of that entity get the same seconds (``ttl_with_jitter``), so both stores retire it
+together.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+
+import xxhash
 
 from serializers.scalar import field_id
 
@@ -43,3 +48,10 @@ def freshness_field(source: str) -> bytes:
 def as_of_epoch(date: dt.date) -> int:
     """A date's snapshot is as of the end of that day, UTC (the next midnight)."""
     return int(dt.datetime.combine(date + dt.timedelta(days=1), dt.time(), tzinfo=dt.UTC).timestamp())
+
+
+def ttl_with_jitter(key: bytes, ttl: int, jitter: float) -> int:
+    """An entity's TTL in seconds from a write: ``ttl`` plus a share of up to ``jitter``*ttl
+    fixed by its Redis key (xxh32), so expiries spread out yet a rerun sets the same."""
+    span = int(ttl * jitter)
+    return ttl + (xxhash.xxh32_intdigest(key) % (span + 1) if span else 0)

@@ -64,6 +64,8 @@ class SqlWriteStats(WriteStats):
     rows_replaced_future: int = 0
     """Rows written over an as_of beyond the horizon (later than any date a run accepts:
     corrupt); counted in ``rows_upserted`` too."""
+    expiry_followed: int = 0
+    """Rows of other sources of the entities written whose expiry moved to the write's (the entity's TTL)."""
     duplicates: int = 0
     """Repeated keys in the input; the last row of a key wins."""
     statements: int = 0

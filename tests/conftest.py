@@ -183,7 +183,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "conf" / "base" / "redis-acl.txt"
 GRANTS_FILE = ROOT / "conf" / "base" / "sql-grants.sql"
 PLACEHOLDER = ">CHANGE_ME"
-ROLES = ("fm_schema", "fm_writer", "fm_reader")
+ROLES = ("fm_schema", "fm_writer", "fm_reader", "fm_cleanup")
 ACL_USERS = ("fm_writer", "fm_reader")
 
 
@@ -220,7 +220,7 @@ def sql_roles(pg_server, pg_db, monkeypatch, tmp_path):
     yield {role: f"postgresql://{role}@127.0.0.1:{pg_server.port}/{pg_server.database}" for role in ROLES}
     for role in ROLES:  # one at a time: PostgreSQL 15 trips over the shared default ACL otherwise
         pg_db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-    pg_db.execute("DROP ROLE fm_schema, fm_writer, fm_reader")
+    pg_db.execute(sql.SQL("DROP ROLE {}").format(sql.SQL(", ").join(map(sql.Identifier, ROLES))))
 
 
 def pytest_collection_modifyitems(config, items):

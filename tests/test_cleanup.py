@@ -12,6 +12,7 @@ import redis
 from pyspark.sql import types as T
 
 from feature_defs import load_definitions
+from fm_config.sql import SqlSettings
 from jobs.cli import main
 from jobs.operations.backfill import recorded_run
 from jobs.operations.cleanup import plan_cleanup, recorded_cleanup
@@ -55,11 +56,21 @@ def written(spark, run_conf, sample_root, redis_db, tmp_path, monkeypatch):
     """consumer_daily (DAY2) and a source 'tiny' (DAY1..DAY2, one latest-mode step) written
     to the session's Redis with a ledger; ``materialize cleanup --env ci`` sees the
     definitions in tmp_path/defs."""
+    return write_sources(spark, run_conf, sample_root, tmp_path, monkeypatch)
+
+
+def write_sources(spark, run_conf, sample_root, tmp_path, monkeypatch, sql_dsn: str | None = None):
+    """consumer_daily and tiny written to Redis (and, with ``sql_dsn``, to that SQL store), and the env 'ci' that sees them."""
     defs = tiny_consumer_source(spark, tmp_path, TINY_FEATURES, TINY_SCHEMA, TINY_ROWS)
     (tmp_path / "defs" / "consumer_daily.yaml").write_text(DEFS.files["source:consumer_daily"].read_text())
     (tmp_path / "consumer_daily").symlink_to(sample_root / "consumer_daily")
     defs = load_definitions(tmp_path / "defs")
     conf = run_conf.model_copy(update={"data_root": str(tmp_path), "ledger_root": str(tmp_path / "ledger")})
+    sinks, sql = "[redis]", ""
+    if sql_dsn:
+        conf = conf.model_copy(update={"sinks": ["redis", "cockroach"], "sql": SqlSettings(dsn=sql_dsn, password_env=None)})
+        sql = f"sql:\n  dsn: {sql_dsn}\n  password_env: null\n  batch_rows: 10\n  statements_per_transaction: 10\n"
+        sinks = "[redis, cockroach]"
     ledger = Ledger(spark, conf.ledger_path)
     recorded_run(spark, conf, defs, ledger, "run", "consumer_daily", DAY2)
     recorded_run(spark, conf, defs, ledger, "backfill-latest", "tiny", DAY1, DAY2, dates=[DAY1, DAY2])
@@ -68,7 +79,7 @@ def written(spark, run_conf, sample_root, redis_db, tmp_path, monkeypatch):
         "ci",
         f"data_root: {tmp_path}\nledger_root: {conf.ledger_path}\n"
         f"definitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
-        f"sinks: [redis]\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n",
+        f"sinks: {sinks}\nredis:\n  url: {conf.redis.url}\n  pipeline_entities: 4\n{sql}",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     return conf, ledger
@@ -219,3 +230,72 @@ def test_a_ledger_written_before_keys_were_recorded_is_read_and_not_trusted_blin
     assert [p.source for p in again.parts] == ["gone"] and keys == {}
     [last] = [r for r in ledger.list() if r["run_id"] not in ("r1", "r2", "c1")]
     assert json.loads(last["cleanup"])["cleaned"]["consumer_daily"]["steps"] == ["r1"]
+
+
+def sql_rows(conn) -> dict[tuple[str, str], tuple[dict, object]]:
+    rows = conn.execute("SELECT entity_key, source, features::text, expires_at FROM consumer_features").fetchall()
+    return {(key, source): (json.loads(doc), expires) for key, source, doc, expires in rows}
+
+
+def test_cleanup_cleans_the_sql_store_in_the_same_step(
+    spark, run_conf, sample_root, redis_db, pg_server, pg_db, tmp_path, monkeypatch, capsys
+):
+    """Rows of a removed source, rows past their expiry and the JSON keys of a removed feature
+    leave the SQL table, in pages, beside the Redis cleanup, counted in the summary and the ledger."""
+    conf, ledger = write_sources(spark, run_conf, sample_root, tmp_path, monkeypatch, sql_dsn=pg_server.dsn)
+    expired = sorted(k for k, s in sql_rows(pg_db) if s == "consumer_daily")[:7]
+    # the TTL passed for these (the database's clock is what a TTL is judged by)
+    pg_db.execute(
+        "UPDATE consumer_features SET expires_at = now() - INTERVAL '1 second' WHERE source = 'consumer_daily' AND entity_key = ANY(%s)",
+        (expired,),
+    )
+    before, redis_before = sql_rows(pg_db), raw(redis_db)
+    tiny_rows = [k for k in before if k[1] == "tiny"]
+    assert len(tiny_rows) == len(TINY_WRITTEN_IDS) and len(before) > len(tiny_rows) + 100
+    # tiny wrote after consumer_daily: the consumers both wrote share tiny's expiry, as in one Redis hash
+    shared = {k for k, s in tiny_rows} & {k for k, s in before if s == "consumer_daily"} - set(expired)
+    assert len(shared) >= 3 and all(before[(k, "consumer_daily")][1] == before[(k, "tiny")][1] for k in shared)
+    defs = tmp_path / "defs"
+    (defs / "tiny.yaml").unlink()
+    text = (defs / "consumer_daily.yaml").read_text()
+    (defs / "consumer_daily.yaml").write_text(text.replace("    - {name: tip_rate_30d, type: float}\n", ""))
+
+    kept = {k: v for k, v in before.items() if k[1] == "consumer_daily" and k[0] not in expired}
+    stripped = sorted(k for k, (features, _) in kept.items() if "tip_rate_30d" in features)
+    assert 50 < len(stripped) < len(kept)  # some rows never had it (a null value is left out)
+    n_tiny, n_stripped = len(tiny_rows), len(stripped)
+    counts = [
+        f"SQL consumer_features: {{}} {len(expired)} expired rows and {n_tiny} rows of sources no longer defined (tiny: {n_tiny})",
+        f"SQL consumer_features: {{}} {n_stripped} JSON keys no longer stored from {n_stripped} rows "
+        f"(consumer_daily.tip_rate_30d: {n_stripped})",
+    ]
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--dry-run", "--sink", "cockroach"]) == 0
+    out = capsys.readouterr().out
+    assert counts[0].format("would delete") in out and counts[1].format("would remove") in out
+    assert sql_rows(pg_db) == before
+
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 0
+    out = capsys.readouterr().out
+    assert counts[0].format("deleted") in out and counts[1].format("removed") in out
+    pages = -(-len(before) // 100)  # sql.batch_rows * sql.statements_per_transaction rows per page
+    assert f"SQL consumer_features: visited {len(before):,} rows in {pages} pages" in out
+    after = {k: (f, e) for k, (f, e) in kept.items()}
+    for k in stripped:
+        after[k] = ({n: v for n, v in after[k][0].items() if n != "tip_rate_30d"}, after[k][1])
+    assert sql_rows(pg_db) == after
+    assert raw(redis_db) == without(redis_before, [*TINY_FIELDS, "tip_rate_30d"])  # and Redis, in the same step
+
+    [done] = cleanups(ledger)
+    assert done["status"] == "succeeded" and sorted(done["sinks"]) == ["cockroach", "redis"]
+    assert json.loads(done["targets"]) == {"redis": conf.redis.url, "cockroach": pg_server.dsn}
+    assert json.loads(done["written"])["cockroach"] == {"rows_deleted": len(expired) + len(tiny_rows), "keys_removed": len(stripped)}
+    record = done["cleanup"]["sql"]
+    assert (record["table"], record["rows_visited"], record["pages"], record["error"]) == ("consumer_features", len(before), pages, None)
+    assert (record["expired_rows"], record["removed_sources"]) == (len(expired), {"tiny": len(tiny_rows)})
+    assert (record["keys_removed"], record["rows_stripped"]) == ({"consumer_daily": {"tip_rate_30d": len(stripped)}}, len(stripped))
+
+    # nothing is left for another cleanup
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--sink", "cockroach"]) == 0
+    out = capsys.readouterr().out
+    assert "deleted 0 expired rows and 0 rows of sources no longer defined\n" in out and "removed 0 JSON keys" in out
+    assert sql_rows(pg_db) == after

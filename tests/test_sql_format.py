@@ -10,7 +10,17 @@ import pytest
 
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
-from sinks.sql.statements import create_table, dialect_from_version, quantile_keys, split_at, table_identifier, upsert
+from sinks.sql.statements import (
+    add_expiry_column,
+    create_table,
+    dialect_from_version,
+    follow_expiry,
+    quantile_keys,
+    set_row_ttl,
+    split_at,
+    table_identifier,
+    upsert,
+)
 from stores.sql import is_transient
 
 SPECS = [
@@ -73,30 +83,104 @@ def test_dialect_from_version():
 
 def test_upsert_text_is_conditional_on_as_of_in_both_dialects():
     # CockroachDB's blind UPSERT would let an older snapshot replace a newer one: both
-    # dialects send the conditional form (valid on CockroachDB too)
+    # dialects send the conditional form (valid on CockroachDB too); a row past its expiry
+    # is gone, as its Redis key would be, and any snapshot replaces it
     table = table_identifier("consumer_features")
     assert upsert(table, 2).as_string(None) == (
-        'INSERT INTO "consumer_features" AS stored ("entity_key", "source", "features", "as_of") '
-        "VALUES (%s, %s, %s::JSONB, %s), (%s, %s, %s::JSONB, %s) "
-        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
-        "WHERE stored.as_of <= excluded.as_of"
+        'INSERT INTO "consumer_features" AS stored ("entity_key", "source", "features", "as_of", "expires_at") '
+        "VALUES (%s, %s, %s::JSONB, %s, now() + %s::FLOAT8 * INTERVAL '1 second'), "
+        "(%s, %s, %s::JSONB, %s, now() + %s::FLOAT8 * INTERVAL '1 second') "
+        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of, "
+        "expires_at = excluded.expires_at "
+        "WHERE stored.as_of <= excluded.as_of OR stored.expires_at <= now() "
+        "RETURNING entity_key"
     )
     # the rows it left, sent again: only a stored as_of beyond the horizon (the last parameter) is replaced
     assert upsert(table, 1, beyond_horizon=True).as_string(None) == (
-        'INSERT INTO "consumer_features" AS stored ("entity_key", "source", "features", "as_of") '
-        "VALUES (%s, %s, %s::JSONB, %s) "
-        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of "
-        "WHERE stored.as_of > %s"
+        'INSERT INTO "consumer_features" AS stored ("entity_key", "source", "features", "as_of", "expires_at") '
+        "VALUES (%s, %s, %s::JSONB, %s, now() + %s::FLOAT8 * INTERVAL '1 second') "
+        "ON CONFLICT (entity_key, source) DO UPDATE SET features = excluded.features, as_of = excluded.as_of, "
+        "expires_at = excluded.expires_at "
+        "WHERE stored.as_of > %s "
+        "RETURNING entity_key"
+    )
+
+
+def test_a_write_moves_the_expiry_of_the_entitys_other_sources_unless_gone():
+    assert follow_expiry(table_identifier("consumer_features")).as_string(None) == (
+        'UPDATE "consumer_features" AS other SET expires_at = mine.expires_at FROM "consumer_features" AS mine '
+        "WHERE mine.entity_key = ANY(%(keys)s) AND mine.source = %(source)s "
+        "AND other.entity_key = ANY(%(keys)s) AND other.source <> %(source)s AND other.entity_key = mine.entity_key "
+        "AND (other.expires_at IS NULL OR other.expires_at > now()) "
+        "AND other.expires_at IS DISTINCT FROM mine.expires_at"
     )
 
 
 def test_create_table_text_per_dialect():
     table = table_identifier("store_features", "fm")
+    # CockroachDB: its TTL job deletes the rows past expires_at (a NULL never expires)
     assert create_table(table, "cockroach").as_string(None) == (
         'CREATE TABLE IF NOT EXISTS "fm"."store_features" (entity_key STRING NOT NULL, source STRING NOT NULL, '
-        "features JSONB NOT NULL, as_of TIMESTAMPTZ NOT NULL, PRIMARY KEY (entity_key, source))"
+        "features JSONB NOT NULL, as_of TIMESTAMPTZ NOT NULL, expires_at TIMESTAMPTZ, PRIMARY KEY (entity_key, source)) "
+        "WITH (ttl_expiration_expression = 'expires_at', ttl_job_cron = '@daily')"
     )
-    assert "entity_key TEXT NOT NULL, source TEXT NOT NULL" in create_table(table, "postgres").as_string(None)
+    assert create_table(table, "postgres").as_string(None) == (
+        'CREATE TABLE IF NOT EXISTS "fm"."store_features" (entity_key TEXT NOT NULL, source TEXT NOT NULL, '
+        "features JSONB NOT NULL, as_of TIMESTAMPTZ NOT NULL, expires_at TIMESTAMPTZ, PRIMARY KEY (entity_key, source))"
+    )
+
+
+def test_cockroach_row_ttl_and_the_expiry_column_of_an_older_table():
+    table = table_identifier("consumer_features")
+    assert set_row_ttl(table).as_string(None) == (
+        "ALTER TABLE \"consumer_features\" SET (ttl_expiration_expression = 'expires_at', ttl_job_cron = '@daily')"
+    )
+    # the rows already there expire one TTL from the change; no default is kept
+    assert [s.as_string(None) for s in add_expiry_column(table, 2592000)] == [
+        "ALTER TABLE \"consumer_features\" ADD COLUMN IF NOT EXISTS expires_at TIMESTAMPTZ DEFAULT now() + 2592000 * INTERVAL '1 second'",
+        'ALTER TABLE "consumer_features" ALTER COLUMN expires_at DROP DEFAULT',
+    ]
+    assert [s.as_string(None) for s in add_expiry_column(table, None)] == [
+        'ALTER TABLE "consumer_features" ADD COLUMN IF NOT EXISTS expires_at TIMESTAMPTZ'
+    ]
+
+
+def test_cleanup_statements_are_bounded_to_one_page_of_the_primary_key():
+    from jobs.operations.cleanup_sql import expired_statement, page_query, removed_sources_statement, stale_keys_statement, strip_statement
+
+    table = table_identifier("consumer_features")
+    page = "(entity_key, source) > (%(after_key)s, %(after_source)s) AND (entity_key, source) <= (%(last_key)s, %(last_source)s)"
+    assert page_query(table, first=False).as_string(None) == (
+        'SELECT entity_key, source FROM "consumer_features" WHERE (entity_key, source) > (%(after_key)s, %(after_source)s) '
+        "ORDER BY entity_key, source LIMIT %(limit)s"
+    )
+    assert page_query(table, first=True).as_string(None) == (
+        'SELECT entity_key, source FROM "consumer_features" ORDER BY entity_key, source LIMIT %(limit)s'
+    )
+    assert removed_sources_statement(table, False, dry_run=False).as_string(None) == (
+        f'DELETE FROM "consumer_features" WHERE {page} AND source <> ALL(%(defined)s) RETURNING source'
+    )
+    assert expired_statement(table, False, dry_run=False).as_string(None) == (
+        f'DELETE FROM "consumer_features" WHERE {page} AND source = ANY(%(defined)s) AND expires_at <= now()'
+    )
+    assert expired_statement(table, True, dry_run=True).as_string(None) == (
+        'SELECT count(*) FROM "consumer_features" WHERE (entity_key, source) <= (%(last_key)s, %(last_source)s) '
+        "AND source = ANY(%(defined)s) AND expires_at <= now()"
+    )
+    assert stale_keys_statement(table, False, dry_run=False).as_string(None) == (
+        f'SELECT entity_key, (features - %(stored)s::TEXT[])::TEXT FROM "consumer_features" WHERE {page} AND source = %(source)s '
+        "AND (expires_at IS NULL OR expires_at > now()) AND features - %(stored)s::TEXT[] <> '{}'::JSONB FOR UPDATE"
+    )
+    assert strip_statement(table, False).as_string(None) == (
+        f'UPDATE "consumer_features" SET features = features - %(stale)s::TEXT[] WHERE {page} '
+        "AND source = %(source)s AND entity_key = ANY(%(keys)s)"
+    )
+
+
+def test_readers_leave_out_rows_past_their_expiry():
+    from feature_reader.sql_reads import QUERY
+
+    assert QUERY.endswith(" WHERE entity_key = ANY(%s) AND source = ANY(%s) AND (expires_at IS NULL OR expires_at > now())")
 
 
 def test_split_at_text_with_quantiles_and_expiration():

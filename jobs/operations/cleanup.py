@@ -1,4 +1,6 @@
-"""Stale-field cleanup: delete the Redis fields of features an entity type no longer has.
+"""Stale-field cleanup: delete the Redis fields of features an entity type no longer has
+(here), and clean the SQL store's entity table (cleanup_sql.py: expired rows, rows of removed
+sources, JSON keys of removed features), recorded as one ledger step.
 
 No SCAN of the keyspace (the job's Redis user may not). Everything comes from the ledger:
 the steps that wrote to this Redis, with the field names no cleanup has removed since;
@@ -30,6 +32,7 @@ from feature_defs import Definitions, EntityDef, SourceDef
 from fm_config import RunConf
 from fm_config.locations import Location
 from jobs import transforms as tf
+from jobs.operations.cleanup_sql import SqlCleanupPlan, SqlCleanupResult, clean_sql
 from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
 from serializers import field_id, freshness_field_name
 from serializers.keys import redis_key
@@ -278,6 +281,8 @@ class CleanupResult:
     memory_after: int | None = None
     seconds: float = 0.0
     error: Exception | None = None
+    sql: SqlCleanupResult | None = None
+    """The SQL store's part, when it was cleaned."""
 
     @property
     def keys(self) -> int:
@@ -289,11 +294,12 @@ class CleanupResult:
 
     def incomplete(self) -> Exception | None:
         """The error to record: the one that stopped the cleanup, or what was left."""
-        if self.error is not None or not self.left:
+        if self.error is not None:
             return self.error
-        return CleanupIncomplete(
-            "not cleaned: " + "; ".join(f"{s} ({', '.join(d['fields'])}): {d['reason']}" for s, d in sorted(self.left.items()))
-        )
+        left = [f"{s} ({', '.join(d['fields'])}): {d['reason']}" for s, d in sorted(self.left.items())]
+        if self.sql is not None and self.sql.error is not None:
+            left.append(f"SQL table {self.sql.table}: {type(self.sql.error).__name__}: {self.sql.error}")
+        return CleanupIncomplete("not cleaned: " + "; ".join(left)) if left else None
 
 
 def clean(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: dict[str, DataFrame], redis_url: str | None = None) -> CleanupResult:
@@ -323,19 +329,32 @@ def clean(conf: RunConf, entity: EntityDef, plan: CleanupPlan, keys: dict[str, D
 
 
 def recorded_cleanup(
-    conf: RunConf, defs: Definitions, ledger: Ledger, plan: CleanupPlan, keys: dict[str, DataFrame], redis_url: str | None = None
+    conf: RunConf,
+    defs: Definitions,
+    ledger: Ledger,
+    plan: CleanupPlan,
+    keys: dict[str, DataFrame],
+    redis_url: str | None = None,
+    sql_plan: SqlCleanupPlan | None = None,
 ) -> CleanupResult:
-    """clean() with a ledger entry that records only what was done: the sources cleaned (with
-    the steps whose keys were visited), and what was left and why, for a later cleanup."""
+    """clean() (Redis, when the plan has a target) and clean_sql() (when given), with a ledger
+    entry that records only what was done: the sources cleaned in Redis (with the steps whose
+    keys were visited), what was left and why, for a later cleanup, and the SQL store's counts."""
     today = dt.datetime.now(dt.UTC).date()
+    targets = ({"redis": plan.target} if plan.target else {}) | ({"cockroach": sql_plan.target} if sql_plan else {})
     entry = ledger.start(
-        Entry(kind="cleanup", source=None, entity=plan.entity, start_date=today, end_date=today, sinks=["redis"],
-              definitions_hash=defs.digest, config_hash=config_hash(conf), features=plan.fields, targets={"redis": plan.target})
+        Entry(kind="cleanup", source=None, entity=plan.entity, start_date=today, end_date=today, sinks=list(targets),
+              definitions_hash=defs.digest, config_hash=config_hash(conf), features=plan.fields, targets=targets)
     )  # fmt: skip
     result = clean(conf, defs.entities[plan.entity], plan, keys, redis_url)
+    if sql_plan is not None:
+        result.sql = clean_sql(conf, sql_plan)
     entry.features = [n for done in result.cleaned.values() for n in done["fields"]]
     entry.entities = result.keys
-    entry.written = {"redis": {"keys": result.keys, "fields_removed": result.fields_removed}}
+    entry.written = {"redis": {"keys": result.keys, "fields_removed": result.fields_removed}} if plan.target else {}
     entry.cleanup = {"cleaned": result.cleaned, "left": result.left}
+    if result.sql is not None:
+        entry.written["cockroach"] = {"rows_deleted": result.sql.rows_deleted, "keys_removed": result.sql.keys_removed_total}
+        entry.cleanup["sql"] = result.sql.record()
     ledger.finish(entry, error=result.incomplete())
     return result

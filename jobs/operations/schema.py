@@ -2,7 +2,8 @@
 
 The nightly writer needs no DDL rights: it checks its table and writes rows
 (conf/base/sql-grants.sql). Creating a table is this step's job, run when an entity type
-is added, under a role that may create tables; ``--sql-dsn`` and ``--sql-password-env``
+is added, under a role that may create tables, and so is bringing a table made before the
+``expires_at`` column up to the layout (and CockroachDB's row-level TTL: its owner's); ``--sql-dsn`` and ``--sql-password-env``
 give it credentials other than the writer's.
 """
 
@@ -30,7 +31,8 @@ def table_sources(defs: Definitions, source_names: Sequence[str]) -> dict[str, S
 
 
 def ensure_tables(conf: RunConf, defs: Definitions, source_names: Sequence[str]) -> dict[str, str]:
-    """Create the missing entity tables and check every table's columns: table -> 'created' or 'exists'."""
+    """Create the missing entity tables, bring older ones up to the layout and check every
+    table's columns: table -> 'created', 'exists', or 'exists; ' and what was changed."""
     sources = table_sources(defs, source_names)
     if not sources:
         return {}
@@ -43,5 +45,7 @@ def ensure_tables(conf: RunConf, defs: Definitions, source_names: Sequence[str])
         dialect = dialect_of(conf.sql, conn)
         for source in sources.values():
             sink_conf = sql_sink_config(conf, source, defs.entity_of(source), dialect=dialect)
-            done[sink_conf.table_name] = "created" if ensure_schema(conn, sink_conf) else "exists"
+            notes: list[str] = []
+            created = ensure_schema(conn, sink_conf, notes)
+            done[sink_conf.table_name] = "; ".join(["created" if created else "exists", *notes])
     return done

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
@@ -28,6 +28,8 @@ class RunContext:
     """A range run (backfill, latest mode): the dates date..end in one pass."""
     redis_url: str | None = None
     """Overrides redis.url (the CLI's --redis-url)."""
+    shared_entity: bool = True
+    """Other sources write this entity type too: a SQL write moves the expiry of their rows (sinks/sql/statements.follow_expiry)."""
 
     def redis_config(self) -> RedisSinkConfig:
         """The Redis writer's config for this source and date (before the preflight)."""
@@ -35,7 +37,7 @@ class RunContext:
 
     def sql_config(self) -> SqlSinkConfig:
         """The SQL writer's config for this source and date (before the preflight)."""
-        return sql_sink_config(self.conf, self.source, self.entity, self.date)
+        return replace(sql_sink_config(self.conf, self.source, self.entity, self.date), follow_expiry=self.shared_entity)
 
     @contextmanager
     def stage(self, summary, name: str) -> Iterator[None]:

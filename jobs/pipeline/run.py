@@ -58,7 +58,8 @@ def run_source(
     if conf.quality.expectations:
         defs.check_expectations()  # before anything is written (once per definitions)
         quality.prefetch()
-    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url)
+    shared = len(defs.sources_of(source.entity)) > 1  # the entity's SQL rows of other sources share its expiry
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url, shared_entity=shared)
     summary = new_summary(ctx, conf.env)
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded", conf.files) as step:

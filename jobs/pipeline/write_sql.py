@@ -28,6 +28,7 @@ _SUMMED = (
     "rows_upserted",
     "rows_skipped_newer",
     "rows_replaced_future",
+    "expiry_followed",
     "statements",
     "transactions",
     "retries",

@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
-import xxhash
 
 from serializers.batch import EncodedBatch
+from serializers.keys import ttl_with_jitter
 from serializers.resp import REPLACED_FUTURE, SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
 from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
@@ -64,12 +64,6 @@ class RedisRestarted(TransientSinkError):
 
 class KeysEvicted(TerminalSinkError):
     """Redis evicted keys during the write: some entities this run wrote may be gone."""
-
-
-def ttl_with_jitter(key: bytes, ttl: int, jitter: float) -> int:
-    """ttl plus a per-key share of up to ``jitter``*ttl: spread out, yet repeatable."""
-    span = int(ttl * jitter)
-    return ttl + (xxhash.xxh32_intdigest(key) % (span + 1) if span else 0)
 
 
 def entity_ttls(config: RedisSinkConfig, keys: pa.Array) -> np.ndarray | None:

@@ -16,7 +16,7 @@ from feature_defs import EntityDef, SourceDef
 from fm_config import RunConf
 from fm_config.sql import SqlConnection
 from serializers.horizon import as_of_horizon
-from serializers.keys import as_of_epoch
+from serializers.keys import as_of_epoch, key_prefix
 from sinks.sql import statements as stmts
 from sinks.sql.statements import Dialect
 
@@ -31,6 +31,14 @@ class SqlSinkConfig(SqlConnection):
     """A stored as_of later than this is beyond any date a run accepts: corrupt, and
     replaced (serializers/horizon.py). From the driver's clock when the config is made."""
     dialect: Dialect
+    ttl_seconds: int | None = None
+    """The entity type's TTL: each row written expires this long (plus jitter) after the write."""
+    ttl_jitter: float = 0.1
+    key_prefix: str = ""
+    """The entity type's Redis key prefix: a row's jitter is its Redis key's (serializers.keys.ttl_with_jitter)."""
+    follow_expiry: bool = True
+    """Move the expiry of the written entities' rows of other sources to theirs (False: the
+    entity type has no other source, and the UPDATE that would find nothing is not sent)."""
     batch_rows: int = 25
     """Rows per upsert statement."""
     statements_per_transaction: int = 20
@@ -65,6 +73,9 @@ def sql_sink_config(
         source=source.name if source else "",
         as_of=as_of_epoch(date) if date else 0,
         dialect=dialect,
+        ttl_seconds=entity.ttl_seconds if entity else None,
+        ttl_jitter=conf.redis.ttl_jitter,
+        key_prefix=key_prefix(entity.prefix, conf.redis.namespace) if entity else "",
         batch_rows=settings.batch_rows,
         statements_per_transaction=settings.statements_per_transaction,
         retries=settings.retries,

@@ -1,6 +1,7 @@
 """Driver side, before any store is written: the dialect, the entity table (created only
-when missing, its columns and this role's privileges checked), and on CockroachDB the
-pre-split at key quantiles. Never inside partitions.
+when missing, brought up to the layout when it lacks ``expires_at``, its columns and this
+role's privileges checked), and on CockroachDB the row-level TTL and the pre-split at key
+quantiles. Never inside partitions.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ def preflight(settings: SqlSettings, config: SqlSinkConfig, warnings: list[str])
     """Connect, learn the dialect, check the entity table: the config the writers get. A
     table the writer may not use stops the run here, with nothing written to either store."""
 
+    notes: list[str] = []
+
     def check() -> SqlSinkConfig:
+        notes.clear()
         with connect(config) as conn:
             checked = replace(config, dialect=dialect_of(settings, conn))
-            ensure_schema(conn, checked)
+            ensure_schema(conn, checked, notes)
             return checked
 
     try:
@@ -45,6 +49,7 @@ def preflight(settings: SqlSettings, config: SqlSinkConfig, warnings: list[str])
         )
     except psycopg.Error as exc:
         raise TerminalSinkError(f"cannot connect to the SQL store ({settings.dsn}): {str(exc).strip()}") from exc
+    warnings += [f"table {checked.table_name}: {note}" for note in notes]
     if conninfo_to_dict(settings.dsn).get("sslmode", "prefer") != "verify-full" and not is_loopback(settings.dsn):
         warnings.append(f"sql.dsn does not use sslmode=verify-full: the SQL store's certificate is not verified ({settings.dsn})")
     return checked
@@ -79,24 +84,34 @@ def table_columns(conn: psycopg.Connection, conf: SqlSinkConfig) -> set[str]:
     return {r[0] for r in rows}
 
 
-def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
-    """Check the entity table's columns; create the table only when it is missing.
+def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig, notes: list[str] | None = None) -> bool:
+    """Check the entity table's columns; create the table only when it is missing, and add
+    ``expires_at`` to a table made before it (serializers/FORMAT.md, "SQL layout").
 
     Checking first lets a writer role without CREATE on the schema run: PostgreSQL 15
     refuses it CREATE TABLE IF NOT EXISTS even when the table exists. Returns whether
-    the table was created here."""
+    the table was created here; ``notes`` gets what else was changed, or should be."""
     created = False
+    found: set[str] = set()
     try:
         found = table_columns(conn, conf)
         if not found:
             conn.execute(stmts.create_table(conf.table_id, conf.dialect))
             created = True
             found = table_columns(conn, conf)
+        elif "expires_at" not in found and set(stmts.COLUMNS) - {"expires_at"} <= found:
+            for statement in stmts.add_expiry_column(conf.table_id, conf.ttl_seconds):
+                conn.execute(statement)
+            found = table_columns(conn, conf)
+            if notes is not None:
+                expiry = f"in {conf.ttl_seconds:,} s from now" if conf.ttl_seconds else "never (no TTL)"
+                notes.append(f"added column expires_at (the entity TTL); its rows expire {expiry}")
     except psycopg.errors.InsufficientPrivilege as exc:
+        what = "has no column expires_at (the entity TTL's)" if found else "does not exist (or this role has no privilege on it)"
         raise TerminalSinkError(
-            f"table {conf.table_name} does not exist (or this role has no privilege on it) and this role may not create it "
+            f"table {conf.table_name} {what} and this role may not {'alter' if found else 'create'} it "
             f"([{exc.sqlstate}] {exc.diag.message_primary or str(exc).strip()}): "
-            f"run the schema step, `{SCHEMA_STEP}`, under a role that may create tables, "
+            f"run the schema step, `{SCHEMA_STEP}`, under {'the role that owns it' if found else 'a role that may create tables'}, "
             "and grant this role the writer's privileges (conf/base/sql-grants.sql)"
         ) from exc
     except psycopg.Error as exc:
@@ -122,7 +137,37 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
             f"table {conf.table_name}: this role lacks {', '.join(lacking)} on it, which the upsert needs: "
             "grant it SELECT, INSERT, UPDATE (conf/base/sql-grants.sql)"
         )
+    if conf.dialect == "cockroach" and not created:
+        ensure_row_ttl(conn, conf, notes)
     return created
+
+
+def has_row_ttl(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
+    """CockroachDB: whether the table's TTL job deletes rows by ``expires_at`` (its storage
+    parameters, which CockroachDB shows in pg_class.reloptions)."""
+    rows = conn.execute(
+        "SELECT c.reloptions FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = %s AND n.nspname = COALESCE(%s, current_schema())",
+        (conf.table, conf.schema),
+    ).fetchall()
+    return any(o.startswith("ttl_expiration_expression=") and "expires_at" in o for (options,) in rows for o in options or ())
+
+
+def ensure_row_ttl(conn: psycopg.Connection, conf: SqlSinkConfig, notes: list[str] | None) -> None:
+    """CockroachDB: set the row-level TTL on a table that lacks it; a role that may not is told
+    (readers never serve expired rows, but the table keeps them until the schema step runs)."""
+    try:
+        if has_row_ttl(conn, conf):
+            return
+        conn.execute(stmts.set_row_ttl(conf.table_id))
+        if notes is not None:
+            notes.append("row-level TTL on expires_at set")
+    except psycopg.errors.InsufficientPrivilege:
+        if notes is not None:
+            notes.append(
+                "no row-level TTL: expired rows are not served but stay stored; "
+                f"run the schema step, `{SCHEMA_STEP}`, under the table owner"
+            )
 
 
 def missing_privileges(conn: psycopg.Connection, conf: SqlSinkConfig) -> list[str]:
