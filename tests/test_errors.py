@@ -48,8 +48,8 @@ def test_stats_schemas_are_the_stats_types_fields():
     redis_fields = ["entities", "values_set", "values_deleted", "non_finite", "bytes_sent", "round_trips", "retries", "redirects",
                     "skipped_newer", "replaced_future", "unreachable", "peak_rss", "seconds", "stopped", "error_kind", "error"]  # fmt: skip
     assert _STATS_ARROW.names == redis_fields
-    sql_fields = ["rows_upserted", "rows_skipped_newer", "rows_replaced_future", "duplicates", "statements", "transactions", "retries",
-                  "reconnects",
+    sql_fields = ["rows_upserted", "rows_skipped_newer", "rows_replaced_future", "expiry_followed", "duplicates", "statements",
+                  "transactions", "retries", "reconnects",
                   "non_finite", "bytes_sent", "peak_rss", "seconds", "stopped", "error_kind", "error"]  # fmt: skip
     assert _SQL_STATS_ARROW.names == sql_fields
     for arrow, ddl in ((_STATS_ARROW, STATS_SCHEMA), (_SQL_STATS_ARROW, SQL_STATS_SCHEMA)):
