@@ -40,12 +40,14 @@ def run_source(
     report: bool = True,
     after_write: Callable[[RunSummary], None] | None = None,
     end: dt.date | None = None,
+    on_summary: Callable[[RunSummary], None] | None = None,
 ) -> RunSummary:
     """Materialize one source for one date; the summary is written even on failure.
 
     With ``end``, the dates ``date``..``end`` in one pass: each entity's latest good row
     (see :func:`prepare`). ``after_write`` runs between the writes and their verification
-    (for integrations that want to act on a written snapshot, and for tests).
+    (for integrations that want to act on a written snapshot, and for tests). ``on_summary``
+    gets the new summary before anything runs (the ledger's findings about the stores).
     """
     source = defs.source(source_name)
     if conf.quality.expectations:
@@ -53,6 +55,8 @@ def run_source(
         quality.prefetch()
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url)
     summary = new_summary(ctx, conf.env)
+    if on_summary:
+        on_summary(summary)
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
