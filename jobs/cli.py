@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from jobs.exit_codes import EXIT_FAILED, EXIT_GATE_FAILED, EXIT_LEASE_HELD, EXIT_NOT_READY, EXIT_OK, EXIT_USAGE
+from jobs.exit_codes import EXIT_FAILED, EXIT_GATE_FAILED, EXIT_LEASE_HELD, EXIT_NOT_READY, EXIT_OK, EXIT_STORE_LOST, EXIT_USAGE
 
 
 def _date(text: str) -> dt.date:
@@ -76,7 +76,9 @@ def _run_command(sub) -> None:
     run = sub.add_parser(
         "run",
         help="materialize one date of one or all sources",
-        description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.",
+        description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary. "
+        "Each store is first compared with what the run ledger recorded: one that lost data written before (emptied, "
+        "restarted without persistence) is named with the backfill that restores it, and the run exits 6 after writing.",
     )
     _common(run)
     run.add_argument(
@@ -116,7 +118,8 @@ def _backfill_command(sub) -> None:
         description="Write the dates --start..--end of one source. 'latest' (default) writes, in one pass, each entity's "
         "latest good row across the range (the state applying the dates in order leaves, one write per entity); "
         "'replay' runs the dates one by one. Dates the ledger shows as written to the same sinks are skipped unless "
-        "--force, so a failed backfill resumes where it stopped when run again.",
+        "--force, so a failed backfill resumes where it stopped when run again; dates a store has lost since they "
+        "were written are written again.",
     )
     _common(back)
     back.add_argument("--source", required=True, help="the source (ETL table)")
@@ -402,11 +405,12 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     spark = build_spark(conf.spark, conf.locations(defs))
     if setup:
         setup(spark, conf)
-    printing, errors = threading.Lock(), {}
+    printing, errors, lost = threading.Lock(), {}, {}
 
     def done(name: str, summary, exc: Exception | None) -> None:
         report = report_dir(conf, name, args.date) / report_name
         errors[name] = exc
+        lost[name] = getattr(summary, "store_loss", None)
         with printing:
             print(f"== {name} {args.date} (env {conf.env})", flush=True)
             if exc is None:
@@ -424,7 +428,16 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
             return EXIT_USAGE  # definitions the stores cannot take: a retry cannot help
         gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
-    return EXIT_OK
+    return _store_lost([loss for name in names for loss in lost.get(name) or []])
+
+
+def _store_lost(losses: list[dict]) -> int:
+    """Written, but a store had lost data written before: said last, on stderr, with the backfill."""
+    for loss in losses:
+        print(f"store lost data: {loss['sink']} at {loss['target']}: {loss['ranges']}: {loss['evidence']}", file=sys.stderr)
+    for command in dict.fromkeys(loss["restore"] for loss in losses):
+        print(f"restore it: {command}", file=sys.stderr)
+    return EXIT_STORE_LOST if losses else EXIT_OK
 
 
 def cmd_run(args) -> int:
@@ -490,7 +503,9 @@ def cmd_report(args) -> int:
         return EXIT_FAILED
     print(summary.table())
     print(f"report: {path}")
-    return EXIT_OK if summary.status == "succeeded" else EXIT_FAILED
+    if summary.status != "succeeded":
+        return EXIT_FAILED
+    return _store_lost(summary.store_loss)
 
 
 def cmd_backfill(args) -> int:
@@ -530,7 +545,7 @@ def cmd_backfill(args) -> int:
         return EXIT_FAILED
     for summary in summaries:
         print(summary.table())
-    return EXIT_OK
+    return _store_lost(summaries[-1].store_loss if summaries else [])
 
 
 def bench_moved(rest: Sequence[str]) -> int:

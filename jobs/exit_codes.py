@@ -12,3 +12,6 @@ EXIT_GATE_FAILED = 4
 """Every failure was the data-quality gate (nothing written): retrying the same data cannot help."""
 EXIT_LEASE_HELD = 5
 """Another run holds the source's lease on a store (nothing was written)."""
+EXIT_STORE_LOST = 6
+"""Every source ran, but a store had lost data written before (emptied, restarted without
+persistence, failed over to an empty replica): the output names the backfill that restores it."""

@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from feature_defs import DefinitionError, Definitions
 from fm_config import RunConf
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
+from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
 from jobs.operations.written_as import written_as_problems
 from jobs.pipeline.read import read_source
 from jobs.pipeline.report.summary import RunSummary
@@ -58,6 +59,10 @@ class Plan:
     running: list[dict] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     """What the ledger says the stores cannot take of today's definitions: every step would be refused."""
+    lost: list[Finding] = field(default_factory=list)
+    """Stores that lost dates the ledger shows written to them (those dates are to write again)."""
+    unchecked: str | None = None
+    """Why the stores could not be compared with the ledger, if they could not."""
 
     @property
     def steps(self) -> list[tuple[dt.date, dt.date | None]]:
@@ -82,6 +87,10 @@ class Plan:
         ]
         if self.reapply:
             lines.append(f"  applied again:    {fmt(self.reapply)} (already written, later than a date to write: keeps the order)")
+        for f in self.lost:
+            lines.append(f"  lost:             {date_ranges(f.lost)} ({f.sink} at {f.target} no longer holds them: {f.evidence})")
+        if self.unchecked:
+            lines.append(f"  note: the stores could not be compared with the ledger ({self.unchecked}); each step compares before writing")
         for day, missing in sorted(self.fewer_features.items()):
             lines.append(f"  note: {day} was written without {', '.join(missing)} (older definitions): --force writes it with today's")
         if self.to_write:
@@ -117,7 +126,14 @@ def plan_backfill(
     # a date past the latest accepted (a typo the ledger recorded before runs refused it) is
     # never applied again: the stores treat its as-of time as corrupt
     latest = latest_date()
-    written = {d: names for d, names in ledger.written_dates(source.name, sink_targets(conf, redis_url)).items() if d <= latest}
+    steps = ledger.source_steps(source.name)
+    written = {d: names for d, names in ledger.written_dates(source.name, sink_targets(conf, redis_url), steps).items() if d <= latest}
+    try:  # a store that lost what the ledger says it holds: its dates are not written (store_state.py)
+        findings, unchecked = [f for f in check_stores(conf, defs, source.name, steps, redis_url) if f.lost], None
+    except Exception as exc:  # noqa: BLE001 (the plan stands without it; the steps compare again before writing)
+        findings, unchecked = [], f"{type(exc).__name__}: {exc}"
+    lost_now = {d for f in findings for d in f.found_now}
+    written = {d: names for d, names in written.items() if d not in lost_now}
     done = set() if force else set(written)
     horizon = max([end, *written])
     raw = read_source(spark, conf, source)
@@ -133,7 +149,8 @@ def plan_backfill(
         already_written=[d for d in present if d <= end and d in done], to_write=to_write,
         reapply=[d for d in present if to_write and d > to_write[0] and d in done],
         fewer_features={d: sorted(current - written[d]) for d in present if d in done and current - written[d]},
-        running=ledger.running(source.name), refused=written_as_problems(source, ledger.write_steps(source.entity)),
+        running=[r for r in steps if r["status"] == "running"], lost=findings, unchecked=unchecked,
+        refused=written_as_problems(source, ledger.write_steps(source.entity)),
     )  # fmt: skip
     if plan.to_write:
         step_dates = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
@@ -183,11 +200,15 @@ def recorded_run(
     end: dt.date | None = None,
     *,
     dates: list[dt.date] | None = None,
+    writing: list[dt.date] | None = None,
     **run_kwargs,
 ) -> RunSummary:
     """run_source with a ledger entry: 'running' before, 'succeeded'/'failed' after.
 
-    ``dates``: the dates with data the step covers (default: ``start``)."""
+    ``dates``: the dates with data the step covers (default: ``start``). Before writing, the
+    stores are compared with what the ledger recorded (store_state.py): a loss found is
+    recorded with the step, and the summary names the losses that ``writing`` (the dates
+    the whole command writes; default ``dates``) leaves, with the backfill that restores them."""
     source = defs.source(source_name)
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
     # one writer per (source, store): taken before anything is recorded or written
@@ -195,16 +216,20 @@ def recorded_run(
         problems = written_as_problems(source, ledger.write_steps(source.entity))
         if problems:
             raise DefinitionError(problems)  # nothing recorded, nothing written
-        entry = ledger.start(
-            Entry(
-                kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
-                definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
-                encodings={f.stored_name: f.encoding for f in source.features},
-                targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
-            )
+        entry = Entry(
+            kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
+            definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
+            encodings={f.stored_name: f.encoding for f in source.features},
+            targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
         )  # fmt: skip
+        losses, notes = _check_stores(conf, defs, ledger, entry, writing or dates or [start], run_kwargs.get("redis_url"))
+        ledger.start(entry)  # with the stores as found, and any loss: recorded even if the step dies
+
+        def note(summary: RunSummary) -> None:
+            summary.store_loss, summary.warnings[:0] = losses, notes
+
         try:
-            summary = run_source(spark, conf, defs, source.name, start, end=end, **run_kwargs)
+            summary = run_source(spark, conf, defs, source.name, start, end=end, on_summary=note, **run_kwargs)
         except BaseException as exc:
             try:
                 ledger.finish(entry, error=exc)
@@ -216,11 +241,33 @@ def recorded_run(
     return summary
 
 
+def _check_stores(
+    conf: RunConf, defs: Definitions, ledger: Ledger, entry: Entry, writing: list[dt.date], redis_url: str | None
+) -> tuple[list[dict], list[str]]:
+    """The stores against the ledger, before a step writes: fills ``entry.stores`` (what was
+    found, and a loss); returns the losses left after ``writing`` and warnings. A store that
+    cannot be asked is a warning here: the write itself says what is wrong with it."""
+    try:
+        findings = check_stores(conf, defs, entry.source, ledger.source_steps(entry.source), redis_url)
+    except Exception as exc:  # noqa: BLE001 (a check that could not finish must not stop the write)
+        log.warning("could not compare the stores with the ledger: %s", exc)
+        return [], [f"could not compare the stores with what the ledger recorded: {type(exc).__name__}: {exc}"]
+    for f in findings:
+        if f.seen is not None:
+            entry.stores.setdefault(f.sink, {})["before"] = f.seen
+        if f.found_now:
+            entry.stores.setdefault(f.sink, {})["lost"] = f.recorded()
+            log.error("%s", f.text())
+    losses = outstanding(findings, writing, conf.env, list(conf.sinks), redis_url)
+    return losses, [f.warning for f in findings if f.warning]
+
+
 def run_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: Ledger, plan: Plan, **run_kwargs) -> list[RunSummary]:
     """Run the plan's steps in order, each recorded in the ledger; stop at the first failure."""
     summaries: list[RunSummary] = []
     targets = sorted(sink_targets(conf, run_kwargs.get("redis_url")).values())
     progress = Progress(len(plan.steps), f"backfill {plan.source}")
+    writing = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
     # the lease is held across the steps: no other run writes the source between two of them
     with (
         ledger.leases(conf.lease.seconds).hold(plan.source, targets, f"backfill-{plan.mode}", wait=conf.lease.wait_seconds),
@@ -238,6 +285,7 @@ def run_backfill(spark: SparkSession, conf: RunConf, defs: Definitions, ledger: 
                     start,
                     end,
                     dates=plan.dates_of(start, end),
+                    writing=writing,
                     **run_kwargs,
                 )
             except Exception as exc:

@@ -32,6 +32,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
     """Every check, in the order a run needs them (each one's own errors become its FAIL),
     then the read side's (doctor_reads.py)."""
     from jobs.operations.doctor_reads import check_redis_transport, read_side_steps
+    from jobs.operations.doctor_stores import check_stored_data
 
     steps: list[tuple[str, Callable[[], list[Check]]]] = [("spark", lambda: check_spark(conf))]
     steps += [(f"source {name}", lambda name=name: [check_source(conf, defs, defs.source(name))]) for name in sources]
@@ -42,6 +43,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
         steps.append(("redis", lambda: check_redis(conf, defs, sources)))
     if "cockroach" in sinks:
         steps.append(("sql", lambda: check_sql(conf, defs, sources)))
+    steps.append(("stored data", lambda: check_stored_data(conf, defs, sources, sinks)))  # against the ledger
     steps += read_side_steps(conf, defs, sources, sinks)
     steps.append(("server", lambda: check_server(conf)))
     for name, step in steps:

@@ -12,6 +12,10 @@ records what it did (``cleanup``): per source, the fields deleted, on how many k
 which write steps, and what it could not clean and why. Cleanup plans from these, so a
 field is recorded as cleaned only once every key the ledger says it was written to was
 visited.
+
+A write step also records, per store, what identified it and what it held before and after
+the write (``stores``), and a loss it found: store_state.py compares, and written_dates
+does not count a date a store lost after it was written.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -33,10 +38,12 @@ from pyspark.sql import types as T
 
 from feature_defs import EntityDef, SourceDef
 from fm_config import PROJECT_ROOT, RunConf
-from fm_config.locations import Location
+from fm_config.locations import Files, Location
 from jobs.pipeline.read import source_path
 from jobs.transforms import key_columns
 from serializers import freshness_field_name
+
+log = logging.getLogger(__name__)
 
 SCHEMA = T.StructType(
     [
@@ -65,6 +72,7 @@ SCHEMA = T.StructType(
         T.StructField("keys_from", T.StringType()),
         T.StructField("cleanup", T.StringType()),
         T.StructField("encodings", T.StringType()),
+        T.StructField("stores", T.StringType()),
     ]
 )
 STATUSES = ("running", "succeeded", "failed")
@@ -185,6 +193,9 @@ class Entry:
     """Write steps: each stored name's encoding (FeatureDef.encoding), as stored.lock records it."""
     cleanup: dict[str, Any] | None = None
     """Cleanups: {"cleaned": {source: {fields, keys, fields_removed, steps}}, "left": {source: {fields, keys, fields_removed, reason}}}."""
+    stores: dict[str, Any] = field(default_factory=dict)
+    """Write steps, per sink: what identified the store and what it held before and after the
+    write, and a loss found before it (jobs/operations/store_state.py)."""
 
     def row(self) -> tuple:
         # aware datetimes: PySpark would read naive ones in the driver's local time zone
@@ -197,14 +208,17 @@ class Entry:
             json.dumps(self.keys_from, sort_keys=True) if self.keys_from else None,
             json.dumps(self.cleanup, sort_keys=True) if self.cleanup is not None else None,
             json.dumps(self.encodings, sort_keys=True) if self.encodings else None,
+            json.dumps(self.stores, sort_keys=True, default=str) if self.stores else None,
         )  # fmt: skip
 
 
 class Ledger:
-    def __init__(self, spark: SparkSession, path: Path | str):
+    def __init__(self, spark: SparkSession, path: Path | str, files: Files | None = None):
         self.spark = spark
         self.path = str(path)
         self._leases = None
+        self.files = files or Files()
+        """How the driver reads the table's files without Spark (source_steps)."""
 
     def leases(self, seconds: float):
         """The writers' leases beside this ledger (one object per ledger: a backfill's steps run inside its lease)."""
@@ -216,7 +230,7 @@ class Ledger:
 
     @classmethod
     def of(cls, spark: SparkSession, conf: RunConf) -> Ledger:
-        return cls(spark, conf.ledger_path)
+        return cls(spark, conf.ledger_path, conf.files)
 
     def exists(self) -> bool:
         """Whether the table is there: a fresh ledger (no table yet) reads as empty, locally or on object storage."""
@@ -258,6 +272,9 @@ class Ledger:
                 }
                 for name, stats in summary.sinks.items()
             }
+            for name, stats in summary.sinks.items():
+                if stats.get("store"):  # what the store held after the write (sinks/*/identity.py)
+                    entry.stores.setdefault(name, {})["after"] = stats["store"]
         self.record(entry)
 
     def steps(self) -> DataFrame:
@@ -280,24 +297,34 @@ class Ledger:
             df = df.where(F.col("source") == source)
         return [r.asDict() for r in df.orderBy(F.col("started_at").desc()).limit(last).collect()]
 
-    def written_dates(self, source: str, targets: dict[str, str]) -> dict[dt.date, set[str]]:
+    def source_steps(self, source: str) -> list[dict]:
+        """Every step of ``source`` in its latest state, as dicts: read without Spark
+        (ledger_files.py, milliseconds where a Spark query takes seconds), else with it."""
+        from jobs.operations.ledger_files import read_steps
+
+        try:
+            return read_steps(self.files, self.path, tuple(SCHEMA.fieldNames()), source)
+        except OSError as exc:  # a log feature that reader does not follow, a filesystem it cannot reach
+            log.info("reading the ledger with Spark: %s", exc)
+        return [r.asDict() for r in self.steps().where(F.col("source") == source).collect()]
+
+    def written_dates(self, source: str, targets: dict[str, str], steps: list[dict] | None = None) -> dict[dt.date, set[str]]:
         """Dates of ``source`` that succeeded steps wrote to every one of these sink targets,
-        with the features they wrote (a latest-mode step counts for each date it read)."""
-        rows = (
-            self.steps()
-            .where(
-                (F.col("source") == source)
-                & (F.col("status") == "succeeded")
-                & F.col("kind").isin("run", "backfill-replay", "backfill-latest")
-            )
-            .select("dates", "targets", "features")
-            .collect()
-        )
+        with the features they wrote (a latest-mode step counts for each date it read); not
+        a date whose data a store lost after it was written (store_state.py). ``steps``:
+        the source's steps when already read (source_steps)."""
+        rows = [r for r in (self.source_steps(source) if steps is None else steps) if r["kind"] in WRITE_KINDS]
+        losses = {(sink, target): loss_events(rows, sink, target) for sink, target in targets.items()}
         covered: dict[dt.date, dict[str, set[str]]] = {}
         for r in rows:
+            if r["status"] != "succeeded":
+                continue
             wrote = {sink: canonical_target(sink, t) for sink, t in json.loads(r["targets"] or "{}").items()}
             for day in r["dates"] or []:
                 for sink, target in wrote.items():
+                    events = next((e for (s, t), e in losses.items() if s == sink and canonical_target(s, t) == target), [])
+                    if lost_later(events, day, r["started_at"]):
+                        continue
                     covered.setdefault(day, {}).setdefault(f"{sink}={target}", set()).update(r["features"] or [])
         out: dict[dt.date, set[str]] = {}
         for day, by_target in covered.items():
@@ -352,6 +379,42 @@ class Ledger:
                 where = json.loads(r["keys_from"]) if r["keys_from"] else None
                 writes.append(RedisWrite(r["run_id"], r["source"], frozenset(names), where, dates, r["start_date"], r["end_date"]))
         return writes, legacy
+
+
+# -- what the stores lost (jobs/operations/store_state.py finds it; written_dates honours it) --
+
+WRITE_KINDS = ("run", "backfill-replay", "backfill-latest")
+Event = tuple[dt.datetime, frozenset[dt.date], dict]
+"""A loss recorded on a store: the start of the step that found it, the dates lost, that step."""
+
+
+def aware(when: dt.datetime) -> dt.datetime:
+    """A ledger time as UTC (PySpark gives naive local times, the file reader UTC ones)."""
+    return when.astimezone(dt.UTC)
+
+
+def stores_of(step) -> dict[str, Any]:
+    return json.loads(step["stores"]) if step.get("stores") else {}
+
+
+def on_target(step, sink: str, target: str) -> bool:
+    return canonical_target(sink, json.loads(step["targets"] or "{}").get(sink)) == canonical_target(sink, target)
+
+
+def loss_events(steps, sink: str, target: str) -> list[Event]:
+    """Losses recorded on this store (``stores.<sink>.lost`` of the steps that found them), oldest first."""
+    out = []
+    for r in steps:
+        lost = stores_of(r).get(sink, {}).get("lost")
+        if lost and on_target(r, sink, target):
+            out.append((aware(r["started_at"]), frozenset(dt.date.fromisoformat(d) for d in lost["dates"]), r))
+    return sorted(out, key=lambda e: e[0])
+
+
+def lost_later(events: list[Event], day: dt.date, started_at: dt.datetime) -> bool:
+    """Whether a loss found after this step started took the date it wrote (the step that
+    found a loss writes after finding it: its own date counts)."""
+    return any(day in dates and at > aware(started_at) for at, dates, _ in events)
 
 
 def _may_have_written(step, target: str) -> bool:

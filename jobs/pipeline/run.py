@@ -43,6 +43,7 @@ def run_source(
     after_write: Callable[[RunSummary], None] | None = None,
     end: dt.date | None = None,
     guard_skipped_newer: bool = False,
+    on_summary: Callable[[RunSummary], None] | None = None,
 ) -> RunSummary:
     """Materialize one source for one date; the summary is written even on failure.
 
@@ -52,6 +53,8 @@ def run_source(
     ``guard_skipped_newer`` (a run, not a backfill step): fail when more than
     ``quality.max_skipped_newer`` of the entities held a newer snapshot (:mod:`snapshot_order`).
     A date past tomorrow (UTC) is refused before anything is read (FutureDateError).
+    ``on_summary`` gets the new summary before anything runs (the ledger's findings about
+    the stores).
     """
     check_date(end or date)
     source = defs.source(source_name)
@@ -61,6 +64,8 @@ def run_source(
     shared = len(defs.sources_of(source.entity)) > 1  # the entity's SQL rows of other sources share its expiry
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url, shared_entity=shared)
     summary = new_summary(ctx, conf.env)
+    if on_summary:
+        on_summary(summary)
     report_file = report_dir(conf, source.name, date, end) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)

@@ -13,6 +13,7 @@ from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import future_warning
+from jobs.pipeline.store_record import redis_after
 from jobs.progress import progress
 from sinks.errors import CapacityError, from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
@@ -37,13 +38,14 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
     """Check the servers (capacity, eviction policy), take the baselines, write from inside
     the partitions, then check the servers again. Returns the summary's Redis stats."""
     summary.sinks["redis"] = stats = {}
+    sample = _sample(ctx, good, summary.entities)
     checked = preflight(
         ctx.conf.redis,
         ctx.redis_config(),
         ctx.entity,
         tf.feature_specs(ctx.source),
         entities=summary.entities,
-        sample=_sample(ctx, good, summary.entities),
+        sample=sample,
         as_of_column=tf.AS_OF if tf.AS_OF in good.columns else None,
         report=stats,
         warnings=summary.warnings,
@@ -53,6 +55,7 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
         parts = good.mapInArrow(partial(write_partition, checked.plan), partition_schema(checked.plan)).collect()
     _sum_writers(ctx, parts, time.perf_counter() - start, stats, summary)
     stats["memory_after"] = check_after_write(checked.plan.sink, checked.baselines, checked.guard_evictions, stats)
+    stats["store"] = redis_after(checked.plan.sink, sample, summary)
     stopped = [p["stopped"] for p in parts if p["stopped"]]
     if stopped:
         raise CapacityError(

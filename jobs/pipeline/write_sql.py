@@ -15,6 +15,7 @@ from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import future_warning
+from jobs.pipeline.store_record import sql_after
 from jobs.progress import progress
 from sinks.errors import from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
@@ -89,4 +90,5 @@ def write_sql(ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summar
         f"SQL write to {sink_conf.table_name} failed in {len(errors)} of {len(parts)} writer(s) after "
         f"{stats['rows_upserted']:,} of {summary.entities:,} rows were upserted (a rerun repeats them safely)",
     )
+    stats["store"] = sql_after(ctx, sink_conf, rows, summary)
     return stats

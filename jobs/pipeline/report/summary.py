@@ -51,6 +51,9 @@ class RunSummary:
     quarantine_table: str = ""
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    store_loss: list[dict[str, Any]] = field(default_factory=list)
+    """Stores that lost data written before this run and not written again since: per store,
+    the dates, the evidence and the backfill that restores them (jobs/operations/store_state.py)."""
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
     """Wall seconds per stage, in run order: read, prepare, quarantine, gate (with the wait, if
@@ -174,5 +177,10 @@ class RunSummary:
         width = max(len(k) for k, _ in rows)
         lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
         lines += [f"  warning: {w}" for w in self.warnings]
+        for loss in self.store_loss:
+            lines.append(f"  STORE LOST DATA: {loss['sink']} at {loss['target']} no longer holds {self.source}'s data of {loss['ranges']}")
+            lines.append(f"    evidence: {loss['evidence']}")
+        if self.store_loss:
+            lines.append(f"    restore it: {self.store_loss[0]['restore']}")
         rule = "-" * (width + 30)
         return "\n".join([rule, *lines, rule])

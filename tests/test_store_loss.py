@@ -1,0 +1,225 @@
+"""A store emptied between nights (FLUSHALL, TRUNCATE, a restart without persistence) is
+named by the next run, by backfill plans and by doctor, with the backfill that restores it;
+a restart that kept the data is not. Real servers throughout."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+
+from feature_defs import load_definitions
+from fm_config import RunConf
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
+from jobs.cli import main
+from jobs.exit_codes import EXIT_OK, EXIT_STORE_LOST
+from jobs.operations.doctor import run_checks
+from jobs.operations.doctor_stores import check_stored_data
+from jobs.operations.ledger import Ledger, sink_targets
+from jobs.operations.ledger_files import read_steps
+from jobs.operations.store_state import compare
+from serializers.keys import as_of_epoch, freshness_field
+from sinks.redis import identity
+from sinks.redis.config import redis_sink_config
+from throwaway.servers import start_redis
+
+from .conftest import SAMPLE_DATES, env_conf
+
+DEFS = load_definitions()
+DAY1, DAY2 = SAMPLE_DATES
+SOURCE = "consumer_daily"
+
+
+def redis_state(client) -> dict:
+    """Every consumer hash, raw, and whether it has a TTL."""
+    return {k: (client.hgetall(k), client.ttl(k) > 0) for k in client.scan_iter(match="c:*")}
+
+
+def sql_state(conn) -> dict:
+    rows = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = %s", (SOURCE,))
+    return {k: (doc, as_of) for k, doc, as_of in rows}
+
+
+@pytest.fixture
+def cli(sample_root, redis_server, pg_server, pg_db, tmp_path, monkeypatch):
+    """A conf folder writing both stores (in-process CLI calls reuse the session's Spark)."""
+    folder = env_conf(
+        tmp_path / "conf",
+        "ci",
+        f"data_root: {sample_root}\nledger_root: {tmp_path / 'ledger'}\n"
+        f"quarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"sinks: [redis, cockroach]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
+        f"sql:\n  dsn: '{pg_server.dsn}'\n  password_env: null\n"
+        "quality:\n  max_bad_fraction: 0.05\n  expectations: false\n  verify_sample: 50\n",
+    )
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    from fm_config import load_config
+
+    return load_config("ci")
+
+
+def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_named_backfill_restores_it(spark, cli, redis_db, pg_db, capsys):
+    run = ["run", "--env", "ci", "--source", SOURCE, "--date"]
+    assert main([*run, str(DAY1)]) == EXIT_OK
+    night1_redis, night1_sql = redis_state(redis_db), sql_state(pg_db)
+    assert len(night1_redis) > 200 and len(night1_sql) == len(night1_redis)
+
+    redis_db.flushall()  # between nights, both stores lose what they held
+    pg_db.execute("TRUNCATE consumer_features")
+    capsys.readouterr()
+    # the night's run still writes its snapshot, and exits 6 naming the loss and the backfill
+    assert main([*run, str(DAY2)]) == EXIT_STORE_LOST
+    out, err = capsys.readouterr()
+    restore = f"materialize backfill --env ci --source {SOURCE} --start {DAY1} --end {DAY1}"
+    assert f"STORE LOST DATA: redis at {cli.redis.url} no longer holds {SOURCE}'s data of {DAY1}" in out
+    assert "STORE LOST DATA: cockroach at postgresql://" in out and f"restore it: {restore}" in out
+    assert f"restore it: {restore}" in err.splitlines()
+    redis_line = next(line for line in err.splitlines() if line.startswith("store lost data: redis"))
+    assert "db 0 holds 0 keys" in redis_line and "0 of 20 consumer_daily entities sampled by the run of" in redis_line
+    sql_line = next(line for line in err.splitlines() if line.startswith("store lost data: cockroach"))
+    assert "emptied or rewritten since (TRUNCATE" in sql_line
+    night2_redis, night2_sql = redis_state(redis_db), sql_state(pg_db)
+    fresh = freshness_field(SOURCE)
+    assert night2_redis and {h[fresh] for h, _ in night2_redis.values()} == {str(as_of_epoch(DAY2)).encode()}  # its snapshot alone
+
+    # the plan does not call the lost date written; the night's run wrote its own
+    plan = ["backfill", "--env", "ci", "--source", SOURCE, "--start", str(DAY1), "--end", str(DAY2)]
+    assert main([*plan, "--dry-run"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"already written:  {DAY2} (skipped" in out and f"to write:         {DAY1}\n" in out
+    assert f"lost:             {DAY1} (redis at {cli.redis.url} no longer holds them" in out
+
+    # doctor fails a check per store, naming the backfill (the ledger read without Spark)
+    checks = {c.name: c for c in run_checks(cli, DEFS, [SOURCE], ["redis", "cockroach"])}
+    for name in ("redis data consumer_daily", "sql data consumer_daily"):
+        assert checks[name].status == "fail" and f"lost {SOURCE}'s data of {DAY1}" in checks[name].detail, checks[name]
+        assert restore in checks[name].fix
+    ledger = Ledger.of(spark, cli)
+    by_spark = {r["run_id"]: (r["status"], r["stores"]) for r in ledger.steps().collect()}
+    without = read_steps(cli.files, str(cli.ledger_path), ("run_id", "status", "stores"))
+    assert {r["run_id"]: (r["status"], r["stores"]) for r in without} == by_spark and len(by_spark) == 2
+    assert set(ledger.written_dates(SOURCE, sink_targets(cli))) == {DAY2}  # the loss is in the ledger
+
+    # the named backfill restores both stores to what the two nights leave in stores never emptied
+    assert main(restore.split()[1:]) == EXIT_OK
+    assert redis_state(redis_db) == night1_redis | night2_redis
+    assert sql_state(pg_db) == night1_sql | night2_sql
+    assert set(ledger.written_dates(SOURCE, sink_targets(cli))) == {DAY1, DAY2}
+    checks = {c.name: c for c in check_stored_data(cli, DEFS, [SOURCE], ["redis", "cockroach"])}
+    assert checks["redis data consumer_daily"].status == checks["sql data consumer_daily"].status == "ok"
+    assert f"20 of 20 {SOURCE} entities sampled by the backfill-latest of {DAY1}..{DAY2} still hold its data" in (
+        checks["redis data consumer_daily"].detail
+    )
+
+
+def kill(server) -> None:
+    server.process.kill()  # no shutdown save
+    server.process.wait()
+
+
+def test_a_restart_loses_the_writes_since_its_last_save_and_names_only_their_dates(tmp_path):
+    """The comparison on a real redis-server killed and restarted (ledger rows as write steps record them)."""
+    server = start_redis(tmp_path / "redis")
+    try:
+        config = redis_sink_config(RunConf(redis=RedisSettings(url=server.url, password_env=None)))
+        fresh = freshness_field(SOURCE)
+        night1, night2 = [f"c:{i}" for i in range(40)], [f"c:{i}" for i in range(40, 80)]
+        now = dt.datetime.now(dt.UTC)
+
+        def write(keys: list[str], day: dt.date, hours_ago: int) -> dict:
+            for k in keys:
+                server.client().hset(k, mapping={fresh: b"1"})
+            after = {**identity.observe(config, False), "sample": keys[:32]}
+            ended = now - dt.timedelta(hours=hours_ago)
+            return {
+                "run_id": str(day), "kind": "run", "source": SOURCE, "status": "succeeded", "dates": [day],
+                "targets": json.dumps({"redis": server.url}), "started_at": ended - dt.timedelta(minutes=5), "ended_at": ended,
+                "stores": json.dumps({"redis": {"after": after}}),
+            }  # fmt: skip
+
+        steps = [write(night1, DAY1, 24)]
+        server.client().set("other-app", b"x")
+        server.client().save()  # an RDB snapshot holding the first night
+        steps.append(write(night2, DAY2, 1))
+        assert json.loads(steps[1]["stores"])["redis"]["after"]["keys"] == 81
+
+        def check(steps=steps, ttl=30 * 86400):
+            seen = identity.observe(config, False)
+            held = lambda sample: identity.holding(config, False, sample, fresh)  # noqa: E731
+            return compare(steps, SOURCE, "redis", server.url, seen, held, ttl_seconds=ttl, ttl_jitter=0.1)
+
+        assert check().lost == [] and check().warning is None
+        kill(server)  # restarted from the snapshot: the second night is gone, the first is not
+        server = start_redis(tmp_path / "redis", port=server.port)
+        second = check()
+        assert second.lost == second.found_now == [DAY2]
+        assert second.evidence.startswith(f"0 of 32 {SOURCE} entities sampled by the run of {DAY2} still hold its data; db 0 holds 41 keys")
+        assert "the run of 2026-11-20 left 81; another run id (127.0.0.1:" in second.evidence
+        assert "loaded 41 keys (AOF off, no RDB save points)" in second.evidence
+
+        kill(server)  # and without the snapshot: both nights
+        (tmp_path / "redis" / "dump.rdb").unlink()
+        server = start_redis(tmp_path / "redis", port=server.port)
+        both = check()
+        assert both.lost == [DAY1, DAY2] and "db 0 holds 0 keys" in both.evidence and "loaded 0 keys" in both.evidence
+        # keys past the TTL had expired anyway: with a TTL of 2 hours the first night is not lost
+        assert check(ttl=2 * 3600).lost == [DAY2]
+
+        # a few deleted is a warning; a last write older than the keys' TTL cannot tell
+        for k in night1 + night2:
+            server.client().hset(k, mapping={fresh: b"1"})
+        server.client().delete(*night2[:3])
+        partial = check()
+        assert partial.lost == [] and "29 of 32" in partial.warning
+        server.client().flushall()
+        past = check(ttl=3600)
+        assert past.lost == [] and "older than the keys' TTL" in past.evidence
+    finally:
+        server.stop()
+
+
+def test_a_dropped_or_recreated_sql_table_is_a_loss_of_every_date_written_to_it(pg_server, pg_db):
+    """The comparison on a real PostgreSQL (ledger rows as write steps record them)."""
+    from sinks.sql import identity as sql_identity
+    from sinks.sql.config import sql_sink_config
+    from sinks.sql.statements import create_table
+    from stores.sql import connect
+
+    conf = RunConf(sql=SqlSettings(dsn=pg_server.dsn, password_env=None))
+    config = sql_sink_config(conf, DEFS.source(SOURCE), DEFS.entities["consumer"])
+    pg_db.execute(create_table(config.table_id, "postgres"))
+    now = dt.datetime.now(dt.UTC)
+    steps = []
+    for n, day in enumerate(SAMPLE_DATES):
+        keys = [str(i) for i in range(40 * n, 40 * n + 40)]
+        pg_db.cursor().executemany("INSERT INTO consumer_features VALUES (%s, %s, '{}', now())", [(k, SOURCE) for k in keys])
+        with connect(config) as conn:
+            after = {**sql_identity.observe(conn, config), "sample": keys[:32]}
+        ended = now - dt.timedelta(days=len(SAMPLE_DATES) - n)
+        steps.append({
+            "run_id": str(day), "kind": "run", "source": SOURCE, "status": "succeeded", "dates": [day],
+            "targets": json.dumps({"cockroach": pg_server.dsn}), "started_at": ended, "ended_at": ended,
+            "stores": json.dumps({"cockroach": {"after": after}}),
+        })  # fmt: skip
+    assert json.loads(steps[1]["stores"])["cockroach"]["after"]["rows"] == 80
+
+    def check():
+        with connect(config) as conn:
+            seen = sql_identity.observe(conn, config)
+            return compare(steps, SOURCE, "cockroach", pg_server.dsn, seen, lambda keys: sql_identity.holding(conn, config, keys))
+
+    assert check().lost == []
+    pg_db.execute("DROP TABLE consumer_features")
+    gone = check()  # no TTL on rows: every date written is lost
+    assert gone.lost == gone.found_now == list(SAMPLE_DATES)
+    assert (
+        gone.evidence
+        == f"0 of 32 {SOURCE} entities sampled by the run of {DAY2} still hold its data; its table is gone, the run of {DAY2} left 80"
+    )
+    pg_db.execute(create_table(config.table_id, "postgres"))
+    again = check()
+    assert again.lost == list(SAMPLE_DATES) and again.evidence.endswith(
+        "0 rows of it now, the run of 2026-11-20 left 80; the table was dropped and made again"
+    )
