@@ -419,6 +419,7 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
                 print(f"error: {name}: {type(exc).__name__}: {exc}\nreport: {report}", file=sys.stderr, flush=True)
 
     for_each_source(names, lambda name: action(spark, conf, defs, name), conf.parallel_sources, done)
+    store_lost = _store_lost([loss for name in names for loss in lost.get(name) or []])  # said even when a source failed
     failed = [name for name in names if errors.get(name) is not None]
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
@@ -428,7 +429,7 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
             return EXIT_USAGE  # definitions the stores cannot take: a retry cannot help
         gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
-    return _store_lost([loss for name in names for loss in lost.get(name) or []])
+    return store_lost
 
 
 def _store_lost(losses: list[dict]) -> int:

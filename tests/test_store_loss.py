@@ -20,16 +20,21 @@ from jobs.operations.doctor_stores import check_stored_data
 from jobs.operations.ledger import Ledger, sink_targets
 from jobs.operations.ledger_files import read_steps
 from jobs.operations.store_state import compare
-from serializers.keys import as_of_epoch, freshness_field
+from serializers.keys import freshness_field
 from sinks.redis import identity
 from sinks.redis.config import redis_sink_config
 from throwaway.servers import start_redis
 
-from .conftest import SAMPLE_DATES, env_conf
+from .conftest import SAMPLE_DATES, env_conf, tiny_consumer_source
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES
 SOURCE = "consumer_daily"
+
+
+TINY = "tiny"
+"""A consumer source of two features: a run of it costs a fraction of consumer_daily's."""
+TINY_ROWS = [(i, DAY1, i / 3, f"d1-{i}") for i in range(1, 41)] + [(i, DAY2, i / 7, f"d2-{i}") for i in range(21, 61)]
 
 
 def redis_state(client) -> dict:
@@ -38,33 +43,39 @@ def redis_state(client) -> dict:
 
 
 def sql_state(conn) -> dict:
-    rows = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = %s", (SOURCE,))
+    rows = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = %s", (TINY,))
     return {k: (doc, as_of) for k, doc, as_of in rows}
 
 
 @pytest.fixture
-def cli(sample_root, redis_server, pg_server, pg_db, tmp_path, monkeypatch):
-    """A conf folder writing both stores (in-process CLI calls reuse the session's Spark)."""
+def tiny(spark, redis_server, pg_server, pg_db, tmp_path, monkeypatch):
+    """The source 'tiny' and a conf folder writing it to both stores (in-process CLI calls
+    reuse the session's Spark). Returns the conf and the definitions."""
+    features = "    - {name: tiny_score, type: float}\n    - {name: tiny_label, type: string}\n"
+    defs = tiny_consumer_source(spark, tmp_path, features, "consumer_id long, ds date, tiny_score double, tiny_label string", TINY_ROWS)
     folder = env_conf(
         tmp_path / "conf",
         "ci",
-        f"data_root: {sample_root}\nledger_root: {tmp_path / 'ledger'}\n"
+        f"data_root: {tmp_path}\ndefinitions_dir: {tmp_path / 'defs'}\nledger_root: {tmp_path / 'ledger'}\n"
         f"quarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
         f"sinks: [redis, cockroach]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
         f"sql:\n  dsn: '{pg_server.dsn}'\n  password_env: null\n"
-        "quality:\n  max_bad_fraction: 0.05\n  expectations: false\n  verify_sample: 50\n",
+        "quality:\n  expectations: false\n  verify_sample: 20\n",
     )
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
     from fm_config import load_config
 
-    return load_config("ci")
+    return load_config("ci"), defs
 
 
-def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_named_backfill_restores_it(spark, cli, redis_db, pg_db, capsys):
-    run = ["run", "--env", "ci", "--source", SOURCE, "--date"]
+def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_named_backfill_restores_it(
+    spark, tiny, redis_db, pg_db, capsys
+):
+    conf, defs = tiny
+    run = ["run", "--env", "ci", "--source", TINY, "--date"]
     assert main([*run, str(DAY1)]) == EXIT_OK
     night1_redis, night1_sql = redis_state(redis_db), sql_state(pg_db)
-    assert len(night1_redis) > 200 and len(night1_sql) == len(night1_redis)
+    assert len(night1_redis) == len(night1_sql) == 40
 
     redis_db.flushall()  # between nights, both stores lose what they held
     pg_db.execute("TRUNCATE consumer_features")
@@ -72,45 +83,48 @@ def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_name
     # the night's run still writes its snapshot, and exits 6 naming the loss and the backfill
     assert main([*run, str(DAY2)]) == EXIT_STORE_LOST
     out, err = capsys.readouterr()
-    restore = f"materialize backfill --env ci --source {SOURCE} --start {DAY1} --end {DAY1}"
-    assert f"STORE LOST DATA: redis at {cli.redis.url} no longer holds {SOURCE}'s data of {DAY1}" in out
+    restore = f"materialize backfill --env ci --source {TINY} --start {DAY1} --end {DAY1}"
+    assert f"STORE LOST DATA: redis at {conf.redis.url} no longer holds {TINY}'s data of {DAY1}" in out
     assert "STORE LOST DATA: cockroach at postgresql://" in out and f"restore it: {restore}" in out
     assert f"restore it: {restore}" in err.splitlines()
     redis_line = next(line for line in err.splitlines() if line.startswith("store lost data: redis"))
-    assert "db 0 holds 0 keys" in redis_line and "0 of 20 consumer_daily entities sampled by the run of" in redis_line
+    assert f"0 of 20 {TINY} entities sampled by the run of {DAY1} still hold its data; db 0 holds 0 keys, the run of {DAY1} left 40" in (
+        redis_line
+    )
     sql_line = next(line for line in err.splitlines() if line.startswith("store lost data: cockroach"))
-    assert "emptied or rewritten since (TRUNCATE" in sql_line
+    assert sql_line.endswith(
+        f"0 rows of it now, the run of {DAY1} left 40; the table was emptied or rewritten since (TRUNCATE, VACUUM FULL)"
+    )
     night2_redis, night2_sql = redis_state(redis_db), sql_state(pg_db)
-    fresh = freshness_field(SOURCE)
-    assert night2_redis and {h[fresh] for h, _ in night2_redis.values()} == {str(as_of_epoch(DAY2)).encode()}  # its snapshot alone
+    assert set(night2_redis) == {f"c:{i}".encode() for i in range(21, 61)} and len(night2_sql) == 40  # its snapshot alone
 
     # the plan does not call the lost date written; the night's run wrote its own
-    plan = ["backfill", "--env", "ci", "--source", SOURCE, "--start", str(DAY1), "--end", str(DAY2)]
+    plan = ["backfill", "--env", "ci", "--source", TINY, "--start", str(DAY1), "--end", str(DAY2)]
     assert main([*plan, "--dry-run"]) == EXIT_OK
     out = capsys.readouterr().out
     assert f"already written:  {DAY2} (skipped" in out and f"to write:         {DAY1}\n" in out
-    assert f"lost:             {DAY1} (redis at {cli.redis.url} no longer holds them" in out
+    assert f"lost:             {DAY1} (redis at {conf.redis.url} no longer holds them: found at " in out
 
     # doctor fails a check per store, naming the backfill (the ledger read without Spark)
-    checks = {c.name: c for c in run_checks(cli, DEFS, [SOURCE], ["redis", "cockroach"])}
-    for name in ("redis data consumer_daily", "sql data consumer_daily"):
-        assert checks[name].status == "fail" and f"lost {SOURCE}'s data of {DAY1}" in checks[name].detail, checks[name]
+    checks = {c.name: c for c in run_checks(conf, defs, [TINY], ["redis", "cockroach"])}
+    for name in ("redis data tiny", "sql data tiny"):
+        assert checks[name].status == "fail" and f"lost {TINY}'s data of {DAY1}: found at " in checks[name].detail, checks[name]
         assert restore in checks[name].fix
-    ledger = Ledger.of(spark, cli)
+    ledger = Ledger.of(spark, conf)
     by_spark = {r["run_id"]: (r["status"], r["stores"]) for r in ledger.steps().collect()}
-    without = read_steps(cli.files, str(cli.ledger_path), ("run_id", "status", "stores"))
+    without = read_steps(conf.files, str(conf.ledger_path), ("run_id", "status", "stores"))
     assert {r["run_id"]: (r["status"], r["stores"]) for r in without} == by_spark and len(by_spark) == 2
-    assert set(ledger.written_dates(SOURCE, sink_targets(cli))) == {DAY2}  # the loss is in the ledger
+    assert set(ledger.written_dates(TINY, sink_targets(conf))) == {DAY2}  # the loss is in the ledger
 
     # the named backfill restores both stores to what the two nights leave in stores never emptied
     assert main(restore.split()[1:]) == EXIT_OK
     assert redis_state(redis_db) == night1_redis | night2_redis
     assert sql_state(pg_db) == night1_sql | night2_sql
-    assert set(ledger.written_dates(SOURCE, sink_targets(cli))) == {DAY1, DAY2}
-    checks = {c.name: c for c in check_stored_data(cli, DEFS, [SOURCE], ["redis", "cockroach"])}
-    assert checks["redis data consumer_daily"].status == checks["sql data consumer_daily"].status == "ok"
-    assert f"20 of 20 {SOURCE} entities sampled by the backfill-latest of {DAY1}..{DAY2} still hold its data" in (
-        checks["redis data consumer_daily"].detail
+    assert set(ledger.written_dates(TINY, sink_targets(conf))) == {DAY1, DAY2}
+    checks = {c.name: c for c in check_stored_data(conf, defs, [TINY], ["redis", "cockroach"])}
+    assert checks["redis data tiny"].status == checks["sql data tiny"].status == "ok"
+    assert checks["redis data tiny"].detail.startswith(
+        f"{conf.redis.url}: 20 of 20 {TINY} entities sampled by the backfill-latest of {DAY1}..{DAY2} still hold its data"
     )
 
 

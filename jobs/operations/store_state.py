@@ -191,17 +191,20 @@ def describe(sink: str, after: dict[str, Any], seen: dict[str, Any], what: str) 
                 f"{seen.get('uptime', 0):,} s ago and loaded {seen.get('keys_loaded', 0):,} keys ({persistence_text(seen)})"
             )
         return text
-    rows = seen.get("rows")
-    text = (
-        f"{'about ' if seen.get('rows_estimated') else ''}{rows:,} rows of it now" if rows is not None else "its table is gone"
-    ) + f", {what} left {'about ' if after.get('rows_estimated') else ''}{after.get('rows') or 0:,}"
+    rows, gone = seen.get("rows"), seen.get("table_oid") is None
+    about = lambda seen: "about " if seen.get("rows_estimated") else ""  # noqa: E731
+    if gone:
+        text = "its table is gone"
+    else:
+        text = "rows of it now unknown" if rows is None else f"{about(seen)}{rows:,} rows of it now"
+    text += f", {what} left " + ("?" if after.get("rows") is None else f"{about(after)}{after['rows']:,}")
     if seen.get("server") and after.get("server") and seen["server"] != after["server"]:
         text += f"; another server or cluster (id {after['server']} -> {seen['server']})"
     elif seen.get("started") and after.get("started") and seen["started"] != after["started"]:
         text += f"; the server restarted at {seen['started']}"
-    if rows is not None and after.get("table_oid") and seen.get("table_oid") != after["table_oid"]:
+    if not gone and after.get("table_oid") and seen["table_oid"] != after["table_oid"]:
         text += "; the table was dropped and made again"
-    elif rows is not None and after.get("filenode") and seen.get("filenode") != after["filenode"]:
+    elif not gone and after.get("filenode") and seen.get("filenode") != after["filenode"]:
         text += "; the table was emptied or rewritten since (TRUNCATE, VACUUM FULL)"
     return text
 
