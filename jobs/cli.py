@@ -741,6 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from feature_defs import DefinitionError
     from feature_defs.loader import UnknownNameError
     from fm_config import ConfigError
+    from jobs.operations.local_commits import DeltaLogError
     from serializers.horizon import FutureDateError
 
     try:
@@ -751,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except DeltaLogError as exc:  # a ledger table's log a person has to look at: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except ModuleNotFoundError as exc:
         # the base install reads features; Spark commands need [spark], `serve` needs [server]
         from jobs.extras import TITLES, install_hint, missing_extra

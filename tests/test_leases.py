@@ -1,51 +1,125 @@
-"""One writer per (source, store): two real processes racing for a lease, a run refused
+"""One writer per (source, store): real processes racing for leases and ledger appends, a run refused
 while another holds it (the holder named), a wait that ends when the holder releases, a
 backfill holding it across its steps, and an expired lease taken over."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 import os
+import re
+import shutil
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
+from pathlib import Path
 
 import pytest
 
 from feature_defs import load_definitions
 from fm_config import PROJECT_ROOT
-from jobs.cli import EXIT_LEASE_HELD, main
+from jobs.cli import EXIT_FAILED, EXIT_LEASE_HELD, main
 from jobs.operations.backfill import plan_backfill, recorded_run, run_backfill
 from jobs.operations.lease import LeaseHeld, Leases
-from jobs.operations.ledger import Ledger, sink_targets
+from jobs.operations.ledger import SCHEMA as LEDGER_SCHEMA
+from jobs.operations.ledger import Entry, Ledger, sink_targets
+from jobs.operations.local_commits import DeltaLogError, commit_lock
 
 from .conftest import SAMPLE_DATES, env_conf, short_lived_jvm_options
+from .lease_racer import source_of
 
 DEFS = load_definitions()
 SOURCE = "consumer_daily"
 TARGET = ["redis://h:6379/0"]
 
 
+RACERS, ROUNDS = 4, 3
+
+
 @pytest.mark.slow
-def test_two_processes_claiming_at_once_get_one_lease(tmp_path):
-    """Two Python processes with their own JVMs meet at a barrier and claim the same lease:
-    exactly one wins; the other is told who holds it."""
-    barrier = tmp_path / "barrier"
+def test_processes_claiming_and_appending_at_once_get_one_winner_each_round_and_lose_no_commit(spark, tmp_path):
+    """RACERS processes, each with its own JVM, meet at a file barrier and at the same moment
+    claim the round's lease, then meet again and each append a ledger event; ROUNDS rounds,
+    the first of which makes both tables. Each round has exactly one winner and the others are
+    told who holds it (LeaseHeld: exit 5 from the CLI); no commit is lost and the logs read
+    whole afterwards (on a local disk two commits of one version both 'succeeded', and could
+    leave a file beside the other's checksum)."""
+    barrier, ledger = tmp_path / "barrier", tmp_path / "ledger"
     barrier.mkdir()
-    ledger = str(tmp_path / "ledger")
+    names = [f"p{i}" for i in range(RACERS)]
+    outs = _race(names, ledger, barrier)
+    rounds = {r: {name: outs[name][r] for name in names} for r in range(ROUNDS)}
+    for r, got in rounds.items():
+        winners = [name for name, line in got.items() if line["claim"] == "won"]
+        assert len(winners) == 1, (r, got)
+        held = f"held: source '{source_of(r)}' is being written to redis://h:6379/0 by run by {winners[0]} on "
+        assert all(line["claim"].startswith(held) for name, line in got.items() if name != winners[0]), (r, got)
+        assert [line["append"] for line in got.values()] == ["ok"] * RACERS, (r, got)
+
+    # read by this process, which has not read these tables before
+    events = spark.read.format("delta").load(str(ledger)).select("run_id").collect()
+    assert sorted(e["run_id"] for e in events) == sorted(f"{name}-{r}" for name in names for r in range(ROUNDS))
+    leases = Leases(spark, str(ledger), seconds=60)
+    assert {source_of(r): leases.holders(source_of(r)) for r in range(ROUNDS)} == {source_of(r): {} for r in range(ROUNDS)}
+    # one log version per commit made (a commit overwritten by another of the same version is missing):
+    # the ledger: one append per racer and round (the first makes the table); the leases: made once,
+    # one MERGE per claim, one DELETE per release
+    assert _versions(ledger) == list(range(RACERS * ROUNDS))
+    assert _versions(Path(leases.path)) == list(range(1 + RACERS * ROUNDS + ROUNDS))
+    for table in (ledger, Path(leases.path)):
+        assert _checksums_not_matching(table) == []
+
+
+def _race(names: list[str], ledger: Path, barrier: Path) -> dict[str, list[dict]]:
+    """Run the racers (tests/lease_racer.py) to the end: their lines, by name. One that fails
+    stops the others (they would wait at the barrier)."""
     env = {**os.environ, "SPARK_SUBMIT_OPTS": short_lived_jvm_options()}
-    racers = [
-        subprocess.Popen([sys.executable, "-m", "tests.lease_racer", ledger, str(barrier), name, "60"], cwd=PROJECT_ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for name in ("a", "b")
-    ]  # fmt: skip
-    outs = [r.communicate(timeout=240) for r in racers]
-    assert [r.returncode for r in racers] == [0, 0], [e[-2000:] for _, e in outs]
-    lines = sorted(o.strip().splitlines()[-1] for o, _ in outs)
-    assert lines[1] == "won", lines
-    winner = "a" if outs[0][0].strip().endswith("won") else "b"
-    assert lines[0].startswith(f"held: source '{SOURCE}' is being written to {TARGET[0]} by run by {winner} on "), lines
+    logs = {name: (barrier.parent / f"{name}.out", barrier.parent / f"{name}.err") for name in names}
+    racers = {}
+    for name, (out, err) in logs.items():
+        with out.open("w") as stdout, err.open("w") as stderr:
+            command = [sys.executable, "-m", "tests.lease_racer", str(ledger), str(barrier), name, str(RACERS), str(ROUNDS)]
+            racers[name] = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=stdout, stderr=stderr)
+    deadline = time.monotonic() + 900  # a shared machine: JVM starts and MERGEs can be slow
+    try:
+        while any(p.poll() is None for p in racers.values()) and time.monotonic() < deadline:
+            failed = [name for name, p in racers.items() if p.poll() not in (None, 0)]
+            assert not failed, {name: logs[name][1].read_text()[-3000:] for name in failed}
+            time.sleep(0.5)
+    finally:
+        for p in racers.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert {name: p.returncode for name, p in racers.items()} == dict.fromkeys(names, 0), {
+        name: logs[name][1].read_text()[-3000:] for name in names
+    }
+    lines = {name: [json.loads(line) for line in logs[name][0].read_text().splitlines() if line.startswith("{")] for name in names}
+    assert {name: [line["round"] for line in got] for name, got in lines.items()} == {name: list(range(ROUNDS)) for name in names}, lines
+    return lines
+
+
+def _checksums_not_matching(table: Path) -> list[str]:
+    """The files of the table's log whose Hadoop checksum file (``.<name>.crc``: "crc\\0", the
+    bytes per checksum, a CRC-32 per chunk) does not match them."""
+    wrong = []
+    for file in sorted((table / "_delta_log").iterdir()):
+        sidecar = file.with_name(f".{file.name}.crc")
+        if file.is_file() and sidecar.exists():
+            raw, data = sidecar.read_bytes(), file.read_bytes()
+            (chunk,) = struct.unpack(">i", raw[4:8])
+            sums = [zlib.crc32(data[i : i + chunk]) for i in range(0, len(data), chunk)]
+            if raw[:4] != b"crc\0" or raw[8:] != struct.pack(f">{len(sums)}I", *sums):
+                wrong.append(file.name)
+    return wrong
+
+
+def _versions(table: Path) -> list[int]:
+    return sorted(int(f.name[:20]) for f in (table / "_delta_log").iterdir() if re.fullmatch(r"\d{20}\.json", f.name))
 
 
 @pytest.fixture
@@ -172,3 +246,154 @@ def test_renewal_keeps_a_lease_past_its_first_expiry(spark, conf):
         with pytest.raises(LeaseHeld):
             Leases(spark, conf.ledger_path, seconds=5, holder="other:2:0000abcd").take(SOURCE, TARGET, "run")
     assert leases.holders(SOURCE) == {}
+
+
+# -- the commit lock, and logs left damaged by older versions --------------------------------------
+
+LOCKED_WRITER = """
+import os, sys, time
+from jobs.operations.local_commits import commit_lock
+table, log, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for _ in range(rounds):
+    with commit_lock(table):
+        with open(log, "a") as f:
+            f.write(f"in {os.getpid()}\\n")
+        time.sleep(0.02)
+        with open(log, "a") as f:
+            f.write(f"out {os.getpid()}\\n")
+"""
+
+
+def test_the_commit_lock_admits_one_process_at_a_time(tmp_path):
+    table, log = tmp_path / "ledger", tmp_path / "log"
+    writers = [
+        subprocess.Popen([sys.executable, "-c", LOCKED_WRITER, str(table), str(log), "5"], cwd=PROJECT_ROOT, stderr=subprocess.PIPE)
+        for _ in range(6)
+    ]
+    assert [w.wait(timeout=120) for w in writers] == [0] * 6, [w.stderr.read() for w in writers]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert len(lines) == 6 * 5 * 2
+    # each entry is followed by the same process's exit: no one was inside with another
+    assert all(a == ["in", pid] and b == ["out", pid] for (a, b), pid in zip(zip(lines[::2], lines[1::2]), (x[1] for x in lines[::2])))
+    assert (table / "_commits.lock").is_file() and not (table / "_delta_log").exists()
+
+
+def test_the_commit_lock_admits_one_thread_at_a_time_and_again_the_thread_that_holds_it(tmp_path):
+    table, inside, seen = str(tmp_path / "ledger"), [], []
+
+    def commit() -> None:
+        for _ in range(20):
+            with commit_lock(table), commit_lock(table):  # a claim that makes the table first takes it twice
+                inside.append(1)
+                seen.append(len(inside))
+                time.sleep(0.001)
+                inside.pop()
+
+    threads = [threading.Thread(target=commit) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert seen == [1] * 80
+
+
+def test_a_stuck_holder_is_named_and_a_dead_one_lets_go(tmp_path):
+    table = tmp_path / "ledger"
+    code = "import sys, time\nfrom jobs.operations.local_commits import commit_lock\nwith commit_lock(sys.argv[1]):\n"
+    code += "    print('held', flush=True)\n    time.sleep(600)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(table)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            DeltaLogError, match=rf"the commit lock {table}/_commits.lock has been held for over 0.5 s \(held by .* pid {holder.pid} "
+        ):
+            with commit_lock(str(table), timeout=0.5):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with commit_lock(str(table), timeout=60):  # the kernel let go of the killed holder's lock
+        pass
+
+
+def _forget_logs(spark) -> None:
+    """This JVM reads every Delta log afresh from disk, as a new process would."""
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
+def _swap_checksum(table: Path, version: int, other: int) -> Path:
+    """Put commit ``other``'s checksum file beside commit ``version``: what two commits of one
+    version at once left on a local disk (each renames its file, then its checksum file)."""
+    logs = table / "_delta_log"
+    shutil.copyfile(logs / f".{other:020d}.json.crc", logs / f".{version:020d}.json.crc")
+    return logs / f"{version:020d}.json"
+
+
+def _older_ledger(spark, path: Path, count: int) -> list[Entry]:
+    """A ledger of ``count`` events appended as an older version did (no lock, no check)."""
+    entries = [
+        Entry("run", SOURCE, "consumer", SAMPLE_DATES[0], SAMPLE_DATES[0], ["redis"], "d", "c", status="succeeded") for _ in range(count)
+    ]
+    for e in entries:
+        spark.createDataFrame([e.row()], LEDGER_SCHEMA).write.format("delta").mode("append").save(str(path))
+    return entries
+
+
+def test_a_ledger_commit_beside_another_commits_checksum_reads_whole_again(spark, tmp_path, caplog):
+    """Left by an older version's race: every read of the ledger failed on the checksum until the
+    file was deleted by hand. The first use of the ledger in a process finds and repairs it."""
+    path = tmp_path / "ledger"
+    entries = _older_ledger(spark, path, 2)
+    damaged = _swap_checksum(path, 1, 0)
+    _forget_logs(spark)
+    with pytest.raises(Exception, match=rf"ChecksumException: Checksum error: file:{damaged} "):  # what runs met
+        spark.read.format("delta").load(str(path)).count()
+    _forget_logs(spark)
+
+    ledger = Ledger(spark, path)
+    with caplog.at_level(logging.WARNING, logger="jobs.operations.local_commits"):
+        assert sorted(r["run_id"] for r in ledger.steps().collect()) == sorted(e.run_id for e in entries)
+    assert f"{damaged}: its checksum file .{damaged.name}.crc was another process's commit" in caplog.text
+    assert not damaged.with_name(f".{damaged.name}.crc").exists()
+    later = Entry("run", SOURCE, "consumer", SAMPLE_DATES[1], SAMPLE_DATES[1], ["redis"], "d", "c", status="succeeded")
+    ledger.record(later)  # and runs record again
+    _forget_logs(spark)
+    assert sorted(r["run_id"] for r in ledger.steps().collect()) == sorted(e.run_id for e in [*entries, later])
+    assert _checksums_not_matching(path) == []
+
+
+def test_a_leases_commit_beside_another_commits_checksum_is_repaired_when_a_claim_meets_it(spark, tmp_path, caplog):
+    """The leases table damaged after this process first checked it: the claim's read fails on
+    the checksum, the file is repaired and the claim made (not exit 1 with a Java trace)."""
+    leases = Leases(spark, str(tmp_path / "ledger"), seconds=60)
+    leases.take("other_source", TARGET, "run")  # versions 0 (made) and 1 (claimed)
+    leases.release("other_source", TARGET)  # 2
+    damaged = _swap_checksum(Path(leases.path), 2, 1)
+    _forget_logs(spark)
+    claimant = Leases(spark, str(tmp_path / "ledger"), seconds=60, holder="nightly:7:0000feed")
+    with caplog.at_level(logging.WARNING, logger="jobs.operations.local_commits"):
+        assert claimant.take(SOURCE, TARGET, "run") is False
+    assert f"{damaged}: its checksum file" in caplog.text
+    assert {t: h.holder for t, h in leases.holders(SOURCE).items()} == {TARGET[0]: "nightly:7:0000feed"}
+    assert _checksums_not_matching(Path(leases.path)) == []
+
+
+def test_a_torn_ledger_commit_stops_the_command_naming_the_file_and_the_fix(spark, tmp_path, monkeypatch, capsys):
+    """A commit that is not whole cannot be repaired: the command says which file and what to do
+    (exit 1, no Java trace), and so does the library (DeltaLogError)."""
+    path = tmp_path / "ledger"
+    _older_ledger(spark, path, 2)
+    commit = path / "_delta_log" / f"{1:020d}.json"
+    commit.write_bytes(commit.read_bytes()[:40])  # its checksum file no longer matches
+    _forget_logs(spark)
+    folder = env_conf(tmp_path / "conf", "torn", (
+        f"data_root: {tmp_path}\nledger_root: {path}\nreports_dir: {tmp_path / 'reports'}\nsinks: [redis]\n"
+        "redis: {url: 'redis://127.0.0.1:1/0', password_env: null}\nquality: {expectations: false}\n"
+    ))  # fmt: skip
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    assert main(["runs", "--env", "torn"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {commit} does not match its checksum file {commit.parent}/.{commit.name}.crc and cannot be repaired")
+    assert f"move {path} aside to start the table afresh" in err and "Traceback" not in err and "at org.apache" not in err
+    with pytest.raises(DeltaLogError, match=f"{commit} does not match"):
+        Ledger(spark, path).steps()

@@ -12,7 +12,10 @@ Delta's transaction log and the loser reads the winner's row. The table is parti
 source and every claim, renewal and release names its source's partition, so runs of
 different sources (``parallel_sources``) do not conflict (unpartitioned, the claims of three
 sources at once took up to 17 s of retries). On S3 that needs Delta's
-multi-cluster log store (conf/README.md, "Locations"), as concurrent ledger appends do.
+multi-cluster log store (conf/README.md, "Locations"), as concurrent ledger appends do. On
+a local disk every commit holds the table's commit lock (jobs/operations/local_commits.py):
+Hadoop's local file system cannot refuse a second commit of the same version, so two
+processes claiming at once would otherwise both win, and could leave the log unreadable.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
+
+from jobs.operations.local_commits import commit_lock, guarded
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +86,14 @@ class Leases:
         if self._delta is not None:
             return self._delta
         for attempt in range(5):
-            if DeltaTable.isDeltaTable(self.spark, self.path):
-                self._delta = DeltaTable.forPath(self.spark, self.path)
-                return self._delta
-            try:
-                self.spark.createDataFrame([], SCHEMA).write.format("delta").partitionBy("source").mode("append").save(self.path)
-            except Exception as exc:  # another process made it at the same moment
-                log.info("leases table %s made elsewhere meanwhile (%s)", self.path, type(exc).__name__)
+            with commit_lock(self.path):  # on a local disk, one process makes it: the others find it made
+                if guarded(self.path, lambda: DeltaTable.isDeltaTable(self.spark, self.path)):
+                    self._delta = DeltaTable.forPath(self.spark, self.path)
+                    return self._delta
+                try:
+                    self.spark.createDataFrame([], SCHEMA).write.format("delta").partitionBy("source").mode("append").save(self.path)
+                except Exception as exc:  # another process made it at the same moment (object stores)
+                    log.info("leases table %s made elsewhere meanwhile (%s)", self.path, type(exc).__name__)
             time.sleep(0.2 * attempt)
         return DeltaTable.forPath(self.spark, self.path)
 
@@ -95,10 +101,12 @@ class Leases:
         """The current rows of ``source``, by target (expired ones too)."""
         from delta.tables import DeltaTable
 
-        if not DeltaTable.isDeltaTable(self.spark, self.path):
-            return {}
-        rows = self.spark.read.format("delta").load(self.path).where(f"source = '{_quote(source)}'").collect()
-        return {r["target"]: Holder(**r.asDict()) for r in rows}
+        def read():
+            if not DeltaTable.isDeltaTable(self.spark, self.path):
+                return []
+            return self.spark.read.format("delta").load(self.path).where(f"source = '{_quote(source)}'").collect()
+
+        return {r["target"]: Holder(**r.asDict()) for r in guarded(self.path, read)}
 
     def _merge(self, source: str, targets: list[str], kind: str, now: dt.datetime, *, renew_only: bool) -> int:
         """The claim (or renewal) as one MERGE; returns the rows it wrote: one per target it got."""
@@ -109,19 +117,20 @@ class Leases:
             for t in targets
         ]
         claim = self.spark.createDataFrame(rows, SCHEMA).withColumn("now", F.lit(now))
-        table = self._table().alias("t")
-        # the literal source: Delta then checks a concurrent commit against this partition only
-        merge = table.merge(claim.alias("c"), f"t.source = '{_quote(source)}' AND t.source = c.source AND t.target = c.target")
-        if renew_only:
-            merge = merge.whenMatchedUpdate(condition="t.holder = c.holder", set={"expires_at": "c.expires_at"})
-        else:
-            # free, expired, or ours already (a nested take): the claim's row replaces it, keeping our taken_at
-            fields = {n: f"c.{n}" for n in SCHEMA.fieldNames()}
-            merge = merge.whenMatchedUpdate(
-                condition="t.expires_at < c.now OR t.holder = c.holder",
-                set={**fields, "taken_at": "CASE WHEN t.holder = c.holder THEN t.taken_at ELSE c.taken_at END"},
-            ).whenNotMatchedInsert(values=fields)
-        return int(merge.execute().first()["num_affected_rows"])
+        with commit_lock(self.path):  # read, write and commit: on a local disk no other process commits in between
+            table = self._table().alias("t")
+            # the literal source: Delta then checks a concurrent commit against this partition only
+            merge = table.merge(claim.alias("c"), f"t.source = '{_quote(source)}' AND t.source = c.source AND t.target = c.target")
+            if renew_only:
+                merge = merge.whenMatchedUpdate(condition="t.holder = c.holder", set={"expires_at": "c.expires_at"})
+            else:
+                # free, expired, or ours already (a nested take): the claim's row replaces it, keeping our taken_at
+                fields = {n: f"c.{n}" for n in SCHEMA.fieldNames()}
+                merge = merge.whenMatchedUpdate(
+                    condition="t.expires_at < c.now OR t.holder = c.holder",
+                    set={**fields, "taken_at": "CASE WHEN t.holder = c.holder THEN t.taken_at ELSE c.taken_at END"},
+                ).whenNotMatchedInsert(values=fields)
+            return int(guarded(self.path, merge.execute).first()["num_affected_rows"])
 
     def take(self, source: str, targets: list[str], kind: str, *, wait: float = 0, poll: float = 5) -> bool:
         """Hold every (source, target) or none: raises LeaseHeld naming the holder once ``wait``
@@ -195,9 +204,11 @@ class Leases:
         if not targets:
             return
         listed = ", ".join(f"'{_quote(t)}'" for t in targets)
-        for attempt in range(8):  # a delete loses commits to other claims as a MERGE does
+        condition = f"source = '{_quote(source)}' AND holder = '{_quote(self.holder)}' AND target IN ({listed})"
+        for attempt in range(8):  # a delete loses commits to other claims as a MERGE does (object stores)
             try:
-                self._table().delete(f"source = '{_quote(source)}' AND holder = '{_quote(self.holder)}' AND target IN ({listed})")
+                with commit_lock(self.path):
+                    guarded(self.path, lambda: self._table().delete(condition))
                 return
             except Exception as exc:
                 if not _is_conflict(exc) or attempt == 7:

@@ -16,6 +16,10 @@ visited.
 A write step also records, per store, what identified it and what it held before and after
 the write (``stores``), and a loss it found: store_state.py compares, and written_dates
 does not count a date a store lost after it was written.
+
+On a local disk every append holds the table's commit lock (jobs/operations/local_commits.py):
+two processes appending at once could otherwise both commit the same version (one event
+lost), or leave the log unreadable.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pyspark.sql import types as T
 from feature_defs import EntityDef, SourceDef
 from fm_config import PROJECT_ROOT, RunConf
 from fm_config.locations import Files, Location
+from jobs.operations.local_commits import commit_lock, guarded
 from jobs.pipeline.read import source_path
 from jobs.transforms import key_columns
 from serializers import freshness_field_name
@@ -244,17 +249,19 @@ class Ledger:
         """Make the table, or add the columns an older one lacks, before sources append at
         once: two appends that both make the table, or both change its schema, conflict."""
         empty = self.spark.createDataFrame([], SCHEMA).write.format("delta").mode("append")
-        if not self.exists():
-            empty.save(self.path)
-        elif set(SCHEMA.fieldNames()) - set(self.spark.read.format("delta").load(self.path).columns):
-            empty.option("mergeSchema", "true").save(self.path)
+        with commit_lock(self.path):  # on a local disk: one process makes it, the others then find it made
+            if not self.exists():
+                empty.save(self.path)
+            elif set(SCHEMA.fieldNames()) - set(guarded(self.path, lambda: self.spark.read.format("delta").load(self.path).columns)):
+                empty.option("mergeSchema", "true").save(self.path)
 
     def record(self, entry: Entry) -> None:
         """Append the entry's current state as an event (driver side, a blind Delta append)."""
         if entry.status not in STATUSES:
             raise ValueError(f"unknown status {entry.status!r}")
         df = self.spark.createDataFrame([entry.row()], SCHEMA)
-        df.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path)
+        with commit_lock(self.path):
+            guarded(self.path, lambda: df.write.format("delta").mode("append").option("mergeSchema", "true").save(self.path))
 
     def start(self, entry: Entry) -> Entry:
         self.record(entry)
@@ -281,7 +288,7 @@ class Ledger:
         """Every step in its latest state (one row per run_id)."""
         if not self.exists():
             return self.spark.createDataFrame([], SCHEMA)
-        events = self.spark.read.format("delta").load(self.path)
+        events = guarded(self.path, lambda: self.spark.read.format("delta").load(self.path))
         # a ledger written by an older version lacks the newer columns: they read as null
         for column in SCHEMA.fields:
             if column.name not in events.columns:
