@@ -23,7 +23,7 @@ backfill that restores it) until that backfill has run.
 
 Which dates: the dates the ledger shows written to the store whose last write's own sample
 is gone too (a restart from an older RDB snapshot lost only the writes since), or cannot
-tell; except, for Redis keys with a TTL, dates whose last write is older than the TTL (with
+tell; except, for an entity type with a TTL (Redis keys, SQL rows alike), dates whose last write is older than the TTL (with
 its jitter): their keys had expired anyway. The restoring backfill writes them in one latest-mode pass (each
 entity's latest row, as the store held it), with the dates written since applied in the
 same pass so no entity ends older. It needs no ``--force``: its plan finds the loss as the
@@ -254,7 +254,11 @@ def _check_sql(conf, source, entity, target: str, steps: list[dict]) -> Finding:
     with connect(config) as conn:
         config = replace(config, dialect=dialect_of(conf.sql, conn))
         seen = identity.observe(conn, config)
-        return compare(steps, source.name, "cockroach", target, seen, lambda sample: identity.holding(conn, config, sample))
+        # rows expire with the entity's TTL too (expires_at): dates older than it tell nothing
+        return compare(
+            steps, source.name, "cockroach", target, seen, lambda sample: identity.holding(conn, config, sample),
+            ttl_seconds=entity.ttl_seconds, ttl_jitter=conf.redis.ttl_jitter,
+        )  # fmt: skip
 
 
 def outstanding(findings: list[Finding], writing: Iterable[dt.date], env: str, all_sinks: list[str], redis_url: str | None) -> list[dict]:
