@@ -76,7 +76,8 @@ def _run_command(sub) -> None:
     run = sub.add_parser(
         "run",
         help="materialize one date of one or all sources",
-        description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary.",
+        description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary. "
+        "A date without rows is not ready: exit code 3, nothing written or recorded in the ledger.",
     )
     _common(run)
     run.add_argument("--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD")
@@ -114,7 +115,8 @@ def _backfill_command(sub) -> None:
         description="Write the dates --start..--end of one source. 'latest' (default) writes, in one pass, each entity's "
         "latest good row across the range (the state applying the dates in order leaves, one write per entity); "
         "'replay' runs the dates one by one. Dates the ledger shows as written to the same sinks are skipped unless "
-        "--force, so a failed backfill resumes where it stopped when run again.",
+        "--force, so a failed backfill resumes where it stopped when run again. Dates without rows are not ready: listed "
+        "and skipped (exit code 3 when no date of the range has rows).",
     )
     _common(back)
     back.add_argument("--source", required=True, help="the source (ETL table)")
@@ -194,7 +196,8 @@ def _ready_command(sub) -> None:
     ready = sub.add_parser(
         "ready",
         help="exit 0 when a source has rows for a date (for sensors)",
-        description="Exit 0 when the source table has rows for --date, 3 when it has none yet.",
+        description="Exit 0 when the source table has rows for --date (a long layout: rows of its defined feature names), "
+        "3 when it has none yet.",
     )
     _common(ready)
     ready.add_argument("--date", required=True, type=_date)
@@ -349,6 +352,7 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     Each source's summary is printed when it ends, in the order they end."""
     from jobs.operations.lease import LeaseHeld
     from jobs.pipeline.gate.checks import QualityGateError
+    from jobs.pipeline.read import SourceNotReady
     from jobs.pipeline.report.stage import report_dir
     from jobs.pipeline.run import for_each_source
     from jobs.spark import build_spark
@@ -369,6 +373,8 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
             print(f"== {name} {args.date} (env {conf.env})", flush=True)
             if exc is None:
                 print(f"{summary.table()}\nreport: {report}", flush=True)
+            elif isinstance(exc, SourceNotReady):  # no rows for the date: nothing written, nothing recorded
+                print(f"not ready: {name}: {exc}", file=sys.stderr, flush=True)
             else:
                 print(f"error: {name}: {type(exc).__name__}: {exc}\nreport: {report}", file=sys.stderr, flush=True)
 
@@ -378,6 +384,8 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         if all(isinstance(errors[name], LeaseHeld) for name in failed):
             return EXIT_LEASE_HELD
+        if all(isinstance(errors[name], SourceNotReady) for name in failed):
+            return EXIT_NOT_READY
         gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
     return EXIT_OK
@@ -439,11 +447,13 @@ def cmd_report(args) -> int:
         return EXIT_FAILED
     print(summary.table())
     print(f"report: {path}")
+    if summary.status == "not ready":
+        return EXIT_NOT_READY
     return EXIT_OK if summary.status == "succeeded" else EXIT_FAILED
 
 
 def cmd_backfill(args) -> int:
-    from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill
+    from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill, spans
     from jobs.operations.lease import LeaseHeld
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
@@ -463,9 +473,9 @@ def cmd_backfill(args) -> int:
         return EXIT_OK
     if not plan.to_write:
         if not plan.already_written:
-            print(f"nothing to write: source {args.source} has no rows dated {args.start}..{args.end}")
-        else:
-            print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
+            print(f"not ready: source {args.source} has no rows dated {args.start}..{args.end}: nothing to write", file=sys.stderr)
+            return EXIT_NOT_READY
+        print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
         return EXIT_OK
     try:
         summaries = run_backfill(spark, conf, defs, ledger, plan, redis_url=args.redis_url)
@@ -477,6 +487,8 @@ def cmd_backfill(args) -> int:
         return EXIT_FAILED
     for summary in summaries:
         print(summary.table())
+    if plan.no_rows:
+        print(f"not ready (no rows), skipped: {spans(plan.no_rows)}; the other dates are written")
     return EXIT_OK
 
 

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from feature_defs import Definitions
 from fm_config import RunConf
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
-from jobs.pipeline.read import read_source
+from jobs.pipeline.read import ensure_ready, read_source, source_rows
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.run import run_source
 
@@ -54,6 +54,8 @@ class Plan:
     feature_bytes: int = 0
     """Estimated bytes of feature values those rows carry (JSON size of a sample)."""
     running: list[dict] = field(default_factory=list)
+    no_rows: list[dt.date] = field(default_factory=list)
+    """Dates of --start..--end without rows: not ready, skipped (a later backfill writes them once they have rows)."""
 
     @property
     def steps(self) -> list[tuple[dt.date, dt.date | None]]:
@@ -76,6 +78,8 @@ class Plan:
             f"  already written:  {fmt(self.already_written)} (skipped; --force writes them again)",
             f"  to write:         {fmt(self.to_write)}",
         ]
+        if self.no_rows:
+            lines.append(f"  no rows:          {spans(self.no_rows)} (not ready: skipped; written by a backfill once they have rows)")
         if self.reapply:
             lines.append(f"  applied again:    {fmt(self.reapply)} (already written, later than a date to write: keeps the order)")
         for day, missing in sorted(self.fewer_features.items()):
@@ -116,7 +120,7 @@ def plan_backfill(
     raw = read_source(spark, conf, source)
     day = F.col(source.date_column)
     in_range = raw.where(day.between(F.lit(start), F.lit(horizon)))
-    present = sorted(r[0] for r in in_range.select(day).distinct().collect())
+    present = sorted(r[0] for r in source_rows(in_range, source).select(day).distinct().collect())
     if present and not isinstance(present[0], dt.date):
         raise BackfillError(f"source {source.name!r}: date column {source.date_column!r} holds {type(present[0]).__name__}, not dates")
     to_write = [d for d in present if d <= end and d not in done]
@@ -127,6 +131,7 @@ def plan_backfill(
         reapply=[d for d in present if to_write and d > to_write[0] and d in done],
         fewer_features={d: sorted(current - written[d]) for d in present if d in done and current - written[d]},
         running=ledger.running(source.name),
+        no_rows=sorted(set(days(start, end)) - set(present)),
     )  # fmt: skip
     if plan.to_write:
         step_dates = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
@@ -136,6 +141,21 @@ def plan_backfill(
         plan.rows = stats["n"]
         plan.feature_bytes = int((stats["avg"] or 0) * plan.rows)
     return plan
+
+
+def days(start: dt.date, end: dt.date) -> list[dt.date]:
+    return [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
+
+
+def spans(dates: list[dt.date]) -> str:
+    """Sorted dates with runs of consecutive days shortened: 2026-11-16..2026-11-18, 2026-11-20."""
+    runs: list[list[dt.date]] = []
+    for d in dates:
+        if runs and d - runs[-1][-1] == dt.timedelta(days=1):
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 class Progress:
@@ -183,6 +203,7 @@ def recorded_run(
     ``dates``: the dates with data the step covers (default: ``start``)."""
     source = defs.source(source_name)
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
+    ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
     # one writer per (source, store): taken before anything is recorded or written
     with ledger.leases(conf.lease.seconds).hold(source.name, sorted(targets.values()), kind, wait=conf.lease.wait_seconds):
         entry = ledger.start(
