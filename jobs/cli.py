@@ -78,7 +78,8 @@ def _run_command(sub) -> None:
         help="materialize one date of one or all sources",
         description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary. "
         "Each store is first compared with what the run ledger recorded: one that lost data written before (emptied, "
-        "restarted without persistence) is named with the backfill that restores it, and the run exits 6 after writing.",
+        "restarted without persistence) is named with the backfill that restores it, and the run exits 6 after writing. "
+        "A date without rows is not ready: exit code 3, nothing written or recorded in the ledger.",
     )
     _common(run)
     run.add_argument(
@@ -119,7 +120,8 @@ def _backfill_command(sub) -> None:
         "latest good row across the range (the state applying the dates in order leaves, one write per entity); "
         "'replay' runs the dates one by one. Dates the ledger shows as written to the same sinks are skipped unless "
         "--force, so a failed backfill resumes where it stopped when run again; dates a store has lost since they "
-        "were written are written again.",
+        "were written are written again. Dates without rows are not ready: listed "
+        "and skipped (exit code 3 when no date of the range has rows).",
     )
     _common(back)
     back.add_argument("--source", required=True, help="the source (ETL table)")
@@ -208,7 +210,8 @@ def _ready_command(sub) -> None:
     ready = sub.add_parser(
         "ready",
         help="exit 0 when a source has rows for a date (for sensors)",
-        description="Exit 0 when the source table has rows for --date, 3 when it has none yet.",
+        description="Exit 0 when the source table has rows for --date (a long layout: rows of its defined feature names), "
+        "3 when it has none yet.",
     )
     _common(ready)
     ready.add_argument("--date", required=True, type=_date)
@@ -394,6 +397,7 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     from feature_defs import DefinitionError
     from jobs.operations.lease import LeaseHeld
     from jobs.pipeline.gate.checks import QualityGateError
+    from jobs.pipeline.read import SourceNotReady
     from jobs.pipeline.report.stage import report_dir
     from jobs.pipeline.run import for_each_source
     from jobs.spark import build_spark
@@ -415,6 +419,8 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
             print(f"== {name} {args.date} (env {conf.env})", flush=True)
             if exc is None:
                 print(f"{summary.table()}\nreport: {report}", flush=True)
+            elif isinstance(exc, SourceNotReady):  # no rows for the date: nothing written, nothing recorded
+                print(f"not ready: {name}: {exc}", file=sys.stderr, flush=True)
             else:
                 print(f"error: {name}: {type(exc).__name__}: {exc}\nreport: {report}", file=sys.stderr, flush=True)
 
@@ -427,6 +433,8 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
             return EXIT_LEASE_HELD
         if all(isinstance(errors[name], DefinitionError) for name in failed):
             return EXIT_USAGE  # definitions the stores cannot take: a retry cannot help
+        if all(isinstance(errors[name], SourceNotReady) for name in failed):
+            return EXIT_NOT_READY
         gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
         return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
     return store_lost
@@ -504,13 +512,15 @@ def cmd_report(args) -> int:
         return EXIT_FAILED
     print(summary.table())
     print(f"report: {path}")
+    if summary.status == "not ready":
+        return EXIT_NOT_READY
     if summary.status != "succeeded":
         return EXIT_FAILED
     return _store_lost(summary.store_loss)
 
 
 def cmd_backfill(args) -> int:
-    from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill
+    from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill, spans
     from jobs.operations.lease import LeaseHeld
     from jobs.operations.ledger import Ledger
     from jobs.spark import build_spark
@@ -532,9 +542,9 @@ def cmd_backfill(args) -> int:
         return EXIT_OK
     if not plan.to_write:
         if not plan.already_written:
-            print(f"nothing to write: source {args.source} has no rows dated {args.start}..{args.end}")
-        else:
-            print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
+            print(f"not ready: source {args.source} has no rows dated {args.start}..{args.end}: nothing to write", file=sys.stderr)
+            return EXIT_NOT_READY
+        print(f"nothing to write: every date with data in {args.start}..{args.end} is already written (--force to write again)")
         return EXIT_OK
     try:
         summaries = run_backfill(spark, conf, defs, ledger, plan, redis_url=args.redis_url)
@@ -546,6 +556,8 @@ def cmd_backfill(args) -> int:
         return EXIT_FAILED
     for summary in summaries:
         print(summary.table())
+    if plan.no_rows:
+        print(f"not ready (no rows), skipped: {spans(plan.no_rows)}; the other dates are written")
     return _store_lost(summaries[-1].store_loss if summaries else [])
 
 

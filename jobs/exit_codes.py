@@ -7,7 +7,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 """Bad arguments, or a name that is not defined."""
 EXIT_NOT_READY = 3
-"""`materialize ready`: the date's partition has no rows yet."""
+"""The date's partition has no rows yet (`ready`; `run` and `validate`, which then write and record
+nothing; `backfill` when no date of its range has rows): retrying later can help."""
 EXIT_GATE_FAILED = 4
 """Every failure was the data-quality gate (nothing written): retrying the same data cannot help."""
 EXIT_LEASE_HELD = 5

@@ -8,7 +8,7 @@ snapshot -> check_schema -> tag_key_problems -> latest rows -> (pivot long rows)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial, reduce
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -143,7 +143,9 @@ def _collect_reasons(df: DataFrame, reasons: list[Column]) -> DataFrame:
     if reasons:
         # Only a row with a problem builds the array: filter() runs its lambda interpreted,
         # and ran on every row (a third of computing a 1M-entity snapshot, bench/stage_profile.py).
-        problem = reduce(lambda a, b: a | b, [r.isNotNull() for r in reasons])
+        # "Any reason" is one flat coalesce: OR-ing them nested two per reason and feature, and
+        # a source of 200 float features overflowed the JVM's stack converting the tree.
+        problem = F.coalesce(*reasons).isNotNull() if len(reasons) > 1 else reasons[0].isNotNull()
         tagged = F.when(problem, F.filter(F.array(*reasons), lambda r: r.isNotNull())).otherwise(none)
     if REASONS in df.columns:
         tagged = F.concat(F.col(REASONS), tagged)
@@ -209,8 +211,14 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     latest = latest_per_key(df, source, keys, unique)
     typed, reasons = {}, []
+    found = {c.name: c.dataType for c in df.schema.fields}
     for f in source.features:  # SQL text: one JVM call per expression, not one per operator
         raw, type_name = ident(f.source_column), spark_type(f).simpleString()
+        if found[f.source_column] == spark_type(f):
+            # Already of its type: nothing to cast, so nothing that could fail or overflow. (A
+            # source of 1,000 features spent most of its checks' planning on these no-ops.)
+            typed[f.name] = raw
+            continue
         typed[f.name] = f"try_cast({raw} AS {type_name})"
         # a failed cast is bad input: read as a null it would delete the stored value
         reasons.append(_reason(f"{raw} IS NOT NULL AND {typed[f.name]} IS NULL", f"{f.name}: does not fit {type_name}"))

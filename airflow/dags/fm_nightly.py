@@ -51,6 +51,9 @@ def _source_tasks(source: str) -> None:
             if done.returncode == fm.EXIT_GATE_FAILED:
                 # Not retried: the same data fails again. The failed checks are in the log above.
                 raise AirflowFailException(f"the data-quality gate failed for {source} {day}; nothing was written (see the log)")
+            if done.returncode == fm.EXIT_NOT_READY:
+                # The sensor saw rows and now there are none: the partition is being rewritten. Retried.
+                raise RuntimeError(f"{source} has no rows for {day} (not ready, exit code 3); nothing was written (retried)")
             if done.returncode:
                 raise RuntimeError(f"`materialize validate` failed with exit code {done.returncode} (retried)")
 

@@ -24,7 +24,7 @@ from fm_config import RunConf
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
 from jobs.operations.written_as import written_as_problems
-from jobs.pipeline.read import read_source
+from jobs.pipeline.read import ensure_ready, read_source, source_rows
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.run import run_source
 from serializers.horizon import check_date, latest_date
@@ -63,6 +63,8 @@ class Plan:
     """Stores that lost dates the ledger shows written to them (those dates are to write again)."""
     unchecked: str | None = None
     """Why the stores could not be compared with the ledger, if they could not."""
+    no_rows: list[dt.date] = field(default_factory=list)
+    """Dates of --start..--end without rows: not ready, skipped (a later backfill writes them once they have rows)."""
 
     @property
     def steps(self) -> list[tuple[dt.date, dt.date | None]]:
@@ -85,6 +87,8 @@ class Plan:
             f"  already written:  {fmt(self.already_written)} (skipped; --force writes them again)",
             f"  to write:         {fmt(self.to_write)}",
         ]
+        if self.no_rows:
+            lines.append(f"  no rows:          {spans(self.no_rows)} (not ready: skipped; written by a backfill once they have rows)")
         if self.reapply:
             lines.append(f"  applied again:    {fmt(self.reapply)} (already written, later than a date to write: keeps the order)")
         for f in self.lost:
@@ -139,7 +143,7 @@ def plan_backfill(
     raw = read_source(spark, conf, source)
     day = F.col(source.date_column)
     in_range = raw.where(day.between(F.lit(start), F.lit(horizon)))
-    present = sorted(r[0] for r in in_range.select(day).distinct().collect())
+    present = sorted(r[0] for r in source_rows(in_range, source).select(day).distinct().collect())
     if present and not isinstance(present[0], dt.date):
         raise BackfillError(f"source {source.name!r}: date column {source.date_column!r} holds {type(present[0]).__name__}, not dates")
     to_write = [d for d in present if d <= end and d not in done]
@@ -151,6 +155,7 @@ def plan_backfill(
         fewer_features={d: sorted(current - written[d]) for d in present if d in done and current - written[d]},
         running=[r for r in steps if r["status"] == "running"], lost=findings, unchecked=unchecked,
         refused=written_as_problems(source, ledger.write_steps(source.entity)),
+        no_rows=sorted(set(days(start, end)) - set(present)),
     )  # fmt: skip
     if plan.to_write:
         step_dates = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
@@ -160,6 +165,21 @@ def plan_backfill(
         plan.rows = stats["n"]
         plan.feature_bytes = int((stats["avg"] or 0) * plan.rows)
     return plan
+
+
+def days(start: dt.date, end: dt.date) -> list[dt.date]:
+    return [start + dt.timedelta(days=n) for n in range((end - start).days + 1)]
+
+
+def spans(dates: list[dt.date]) -> str:
+    """Sorted dates with runs of consecutive days shortened: 2026-11-16..2026-11-18, 2026-11-20."""
+    runs: list[list[dt.date]] = []
+    for d in dates:
+        if runs and d - runs[-1][-1] == dt.timedelta(days=1):
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 class Progress:
@@ -211,6 +231,7 @@ def recorded_run(
     the whole command writes; default ``dates``) leaves, with the backfill that restores them."""
     source = defs.source(source_name)
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
+    ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
     # one writer per (source, store): taken before anything is recorded or written
     with ledger.leases(conf.lease.seconds).hold(source.name, sorted(targets.values()), kind, wait=conf.lease.wait_seconds):
         problems = written_as_problems(source, ledger.write_steps(source.entity))

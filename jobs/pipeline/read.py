@@ -42,10 +42,52 @@ def read(ctx: RunContext) -> DataFrame:
     return raw
 
 
-def partition_rows(spark: SparkSession, conf: RunConf, source: SourceDef, date: dt.date) -> int:
-    """Whether the source has rows for ``date`` (0 or 1: stops at the first row)."""
+class SourceNotReady(RuntimeError):
+    """The source has no rows for the date (or range): nothing to write, nothing recorded.
+
+    Not a success: a date of 0 entities would read as every entity gone, and as the anchor of
+    the row-count band it would fail every later date. Exit code 3, as `materialize ready`."""
+
+    report_status = "not ready"
+    """What a report written for such a run says (jobs/pipeline/report/stage.py)."""
+
+
+def source_rows(raw: DataFrame, source: SourceDef) -> DataFrame:
+    """The rows of ``raw`` that belong to the source: a long layout's rows of its defined feature
+    names (a table shared by several sources has rows of other names, which are not this source's)."""
+    if source.layout == "long":
+        return raw.where(F.col(source.name_column).isin([f.source_column for f in source.features]))
+    return raw
+
+
+def partition_rows(spark: SparkSession, conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None) -> int:
+    """Whether the source has rows for ``date`` (or ``date``..``end``): 0 or 1, stops at the first
+    row. No table yet: 0."""
     try:
         raw = read_source(spark, conf, source)
     except SourceNotFound:
         return 0
-    return raw.where(F.col(source.date_column) == F.lit(date)).limit(1).count()
+    return _has_rows(raw, source, date, end)
+
+
+def _has_rows(raw: DataFrame, source: SourceDef, date: dt.date, end: dt.date | None) -> int:
+    day = F.col(source.date_column)
+    dated = raw.where(day.between(F.lit(date), F.lit(end)) if end else day == F.lit(date))
+    return source_rows(dated, source).limit(1).count()
+
+
+def not_ready(conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None) -> SourceNotReady:
+    """The error of a date (or range) without rows, naming source, date and table."""
+    dates = f"{date}..{end}" if end else str(date)
+    what = f"rows of its {len(source.features)} feature names ({source.name_column})" if source.layout == "long" else "rows"
+    return SourceNotReady(
+        f"source {source.name!r} has no {what} for {dates} ({source.date_column}) in {source_path(conf, source)}: "
+        "not ready; nothing was written or recorded (run it again once the partition has rows; `materialize ready` says when)"
+    )
+
+
+def ensure_ready(spark: SparkSession, conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None) -> None:
+    """Raise :class:`SourceNotReady` unless the source has rows for the date (or range); a table
+    that is not there is :class:`SourceNotFound` (a location to fix, not a date to wait for)."""
+    if not _has_rows(read_source(spark, conf, source), source, date, end):
+        raise not_ready(conf, source, date, end)

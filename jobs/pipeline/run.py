@@ -18,7 +18,7 @@ from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.gate.stage import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
 from jobs.pipeline.quarantine import reason_counts, write_quarantine
-from jobs.pipeline.read import read
+from jobs.pipeline.read import ensure_ready, not_ready, read
 from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import check_mostly_newer
@@ -95,6 +95,10 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
         with ctx.stage(summary, "prepare"):
             prepared = prepare(ctx, raw)
             summary.record(prepared.counts)
+        if not prepared.counts.snapshot_entities:  # no rows: not a success of 0 entities
+            for df in prepared.cached:
+                df.unpersist()
+            raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end)
         with ctx.stage(summary, "quarantine"):
             bad = prepared.counts.bad_rows
             if quarantine:
@@ -156,6 +160,7 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     check_date(date)
     source = defs.source(source_name)
     defs.check_expectations()
+    ensure_ready(spark, conf, source, date)  # no rows: not ready, and no report to say "passed" or "failed"
     ctx = RunContext(spark, conf, source, defs.entity_of(source), date)
     summary = new_summary(ctx, conf.env)
     with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed", conf.files) as step:

@@ -206,7 +206,9 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
 
 def previous_success(reports_path: str, source: str, date: dt.date, files: Files | None = None) -> tuple[str, int] | None:
     """(date, snapshot entities) of the latest successful run of ``source`` before ``date``,
-    from the reports where runs wrote them (a local folder or a URI)."""
+    from the reports where runs wrote them (a local folder or a URI). A run of 0 entities (an
+    empty date that older versions recorded as a success) anchors nothing: the search goes
+    on to the run before it, since no band around 0 admits a later date with rows."""
     files = files or Files()
     folder = Location(reports_path) / source
     try:
@@ -221,7 +223,7 @@ def previous_success(reports_path: str, source: str, date: dt.date, files: Files
             report = json.loads(files.read_bytes(folder / day / "summary.json"))
         except (OSError, ValueError):
             continue
-        if report.get("status") == "succeeded" and report.get("snapshot_entities") is not None:
+        if report.get("status") == "succeeded" and report.get("snapshot_entities"):
             return day, int(report["snapshot_entities"])
     return None
 

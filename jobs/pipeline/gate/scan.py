@@ -65,13 +65,14 @@ def _unexpected(check) -> str | None:
     return None
 
 
-def _profile_aggs(source: SourceDef) -> list[str]:
-    aggs: list[str] = []
+def _profile_aggs(source: SourceDef) -> dict[str, str]:
+    """The profile's aggregates: SQL text -> name (quoted)."""
+    aggs: list[tuple[str, str]] = []
     for f in source.features:
         c = ident(f.name)
 
-        def named(text: str, key: str, f=f) -> str:  # called in this iteration only
-            return f"{text} AS {ident(f'p|{f.name}|{key}')}"
+        def named(text: str, key: str, f=f) -> tuple[str, str]:  # called in this iteration only
+            return text, ident(f"p|{f.name}|{key}")
 
         aggs.append(named(f"count({c})", "n"))
         if f.type in NUMERIC:
@@ -87,7 +88,7 @@ def _profile_aggs(source: SourceDef) -> list[str]:
         elif f.type in LISTS:
             size = f"CASE WHEN {c} IS NOT NULL THEN size({c}) END"
             aggs += [named(f"min({size})", "len_min"), named(f"max({size})", "len_max"), named(f"avg({size})", "len_mean")]
-    return aggs
+    return dict(aggs)
 
 
 def _profile(row: dict, rows: int, source: SourceDef) -> dict[str, dict[str, Any]]:
@@ -105,23 +106,49 @@ def _profile(row: dict, rows: int, source: SourceDef) -> dict[str, dict[str, Any
 
 def scan(df: DataFrame, checks: list, source: SourceDef) -> tuple[dict[int, tuple[bool, dict]], dict[str, dict[str, Any]]]:
     """(success, great-expectations' result dict) per index of a scanned check, and the
-    profile: every figure from one aggregation of ``df``."""
-    aggs = ["count(1) AS rows", *_profile_aggs(source)]
+    profile: every figure from one aggregation of ``df``.
+
+    Each aggregate is computed once however many checks read it (a column's count of values
+    is the profile's), and a not-null check's nulls are the rows less that count: the plan
+    grows by the features, not by the checks on them (1,000 features made about 6,000
+    aggregates, each costing the planner and the code generator, before the data counted)."""
+    aggs = {"count(1)": "rows", **_profile_aggs(source)}
+
+    def aggregate(text: str, name: str) -> str:
+        """The name of the aggregate ``text`` (added under ``name`` when it is new)."""
+        return aggs.setdefault(text, ident(name))
+
+    names: dict[int, tuple[str, str | None]] = {}
     for i, check in enumerate(checks):
         if not scanned(check) or "column" not in check.kwargs:
             continue
-        aggs.append(f"count({ident(check.kwargs['column'])}) AS {ident(f'c|{i}|present')}")
-        bad = _unexpected(check)
-        if bad is not None:
-            aggs.append(f"sum(CAST({bad} AS BIGINT)) AS {ident(f'c|{i}|bad')}")
-    row = df.selectExpr(*aggs).first().asDict()  # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
+        present = aggregate(f"count({ident(check.kwargs['column'])})", f"c|{i}|present")
+        bad = _unexpected(check) if check.type != "expect_column_values_to_not_be_null" else None
+        names[i] = (present, bad and aggregate(f"sum(CAST({bad} AS BIGINT))", f"c|{i}|bad"))
+    # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
+    row = df.selectExpr(*[f"{text} AS {name}" for text, name in aggs.items()]).first().asDict()
     rows = row["rows"]
     types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}
-    out = {i: _result(check, row, i, rows, types) for i, check in enumerate(checks) if scanned(check)}
+    out = {}
+    for i, check in enumerate(checks):
+        if not scanned(check):
+            continue
+        counts = None
+        if i in names:
+            present, bad = names[i]
+            counts = (row[_unquoted(present)], None if bad is None else row[_unquoted(bad)] or 0)
+        out[i] = _result(check, counts, rows, types)
     return out, _profile(row, rows, source)
 
 
-def _result(check, row: dict, i: int, rows: int, types: dict[str, str]) -> tuple[bool, dict]:
+def _unquoted(name: str) -> str:
+    """An aggregate's name as the result row has it (ident() quotes it in the SQL text)."""
+    return name[1:-1].replace("``", "`") if name.startswith("`") else name
+
+
+def _result(check, counts: tuple[int, int | None] | None, rows: int, types: dict[str, str]) -> tuple[bool, dict]:
+    """A check's outcome from ``counts``: (values present, unexpected values present; None for a
+    not-null check, whose unexpected values are the nulls)."""
     k = check.kwargs
     if check.type == "expect_table_row_count_to_be_between":
         ok = (k.get("min_value") is None or rows >= k["min_value"]) and (k.get("max_value") is None or rows <= k["max_value"])
@@ -129,10 +156,11 @@ def _result(check, row: dict, i: int, rows: int, types: dict[str, str]) -> tuple
     if check.type == "expect_column_values_to_be_of_type":
         observed = types.get(k["column"])
         return observed == k["type_"], {"observed_value": observed}
-    present, bad = row[f"c|{i}|present"], row[f"c|{i}|bad"] or 0
+    present, bad = counts
     mostly = k.get("mostly", 1.0)
     if check.type == "expect_column_values_to_not_be_null":
         # nulls are the unexpected values: counted over every row
+        bad = rows - present
         ok = rows == 0 or (rows - bad) / rows >= mostly
         return ok, {"element_count": rows, "unexpected_count": bad, "unexpected_percent": 100.0 * bad / rows if rows else None}
     # other column checks ignore nulls: percentages of the values present

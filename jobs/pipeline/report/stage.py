@@ -32,7 +32,7 @@ class RecordedStep:
         if exc is None:
             summary.status = self.done
         else:
-            summary.status = "failed"
+            summary.status = getattr(exc, "report_status", "failed")  # e.g. "not ready": no rows for the date
             summary.error = f"{type(exc).__name__}: {exc}"
         if self.prepared:
             for df in self.prepared.cached:
