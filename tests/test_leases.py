@@ -127,7 +127,7 @@ def conf(run_conf, tmp_path):
     return run_conf.model_copy(update={"ledger_root": str(tmp_path / "ledger")})
 
 
-def _other_holds(spark, conf, seconds: float = 60) -> Leases:
+def _other_holds(spark, conf, seconds: float = 600) -> Leases:
     """The lease held by another (simulated) process: its own holder name in the table."""
     other = Leases(spark, conf.ledger_path, seconds=seconds, holder="otherhost:4242:cafe0001")
     other.take(SOURCE, sorted(sink_targets(conf).values()), "backfill-replay")
@@ -174,12 +174,14 @@ def test_a_run_while_another_writes_the_source_stops_naming_the_holder(spark, co
 
 
 def test_an_expired_lease_is_taken_over_and_the_old_holder_finds_it_lost(spark, conf):
-    other = Leases(spark, conf.ledger_path, seconds=5, holder="crashed:1:dead0001")
+    other = Leases(spark, conf.ledger_path, seconds=600, holder="crashed:1:dead0001")
     other.take(SOURCE, TARGET, "run")
     mine = Leases(spark, conf.ledger_path, seconds=60)
     with pytest.raises(LeaseHeld, match="by run on"):
         mine.take(SOURCE, TARGET, "run")
-    time.sleep(5.5)  # the crashed holder renews no more
+    # the crashed holder renews no more: its lease runs out (set in the past rather than waited
+    # for, so a claim slower than the lease on a busy machine cannot find it expired too early)
+    Leases(spark, conf.ledger_path, seconds=-1, holder=other.holder).take(SOURCE, TARGET, "run")
     assert mine.take(SOURCE, TARGET, "backfill-latest", wait=0) is False
     assert mine.holders(SOURCE)[TARGET[0]].holder == mine.holder
     assert other.renew(SOURCE, TARGET, "run") is False  # the old holder, back, learns it lost the lease
