@@ -14,6 +14,8 @@ import json
 import math
 from collections import Counter
 
+import pytest
+
 from jobs.pipeline.run import run_source
 from serializers import field_id
 
@@ -74,6 +76,7 @@ def value(entity: int, i: int):
     ][k]
 
 
+@pytest.mark.slow
 def test_a_source_of_1000_features_of_every_type_is_written_and_checked(spark, sql_conf, redis_db, pg_db, tmp_path):
     features = "".join(f"    - {{name: f{i}, {KINDS[kind(i)][0]}}}\n" for i in range(N))
     schema = "consumer_id long, " + ", ".join(f"f{i} {KINDS[kind(i)][1]}" for i in range(N)) + ", ds date"

@@ -76,18 +76,25 @@ def _has_rows(raw: DataFrame, source: SourceDef, date: dt.date, end: dt.date | N
     return source_rows(dated, source).limit(1).count()
 
 
-def not_ready(conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None) -> SourceNotReady:
+def not_ready(
+    conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None, done: str = "nothing was written or recorded"
+) -> SourceNotReady:
     """The error of a date (or range) without rows, naming source, date and table."""
     dates = f"{date}..{end}" if end else str(date)
     what = f"rows of its {len(source.features)} feature names ({source.name_column})" if source.layout == "long" else "rows"
     return SourceNotReady(
         f"source {source.name!r} has no {what} for {dates} ({source.date_column}) in {source_path(conf, source)}: "
-        "not ready; nothing was written or recorded (run it again once the partition has rows; `materialize ready` says when)"
+        f"not ready; {done} (run it again once the partition has rows; `materialize ready` says when)"
     )
 
 
 def ensure_ready(spark: SparkSession, conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None) -> None:
-    """Raise :class:`SourceNotReady` unless the source has rows for the date (or range); a table
-    that is not there is :class:`SourceNotFound` (a location to fix, not a date to wait for)."""
-    if not _has_rows(read_source(spark, conf, source), source, date, end):
+    """Raise :class:`SourceNotReady` unless the source has rows for the date (or range). A table
+    that is not there is left to the run's read, which fails naming it (a location to fix, not
+    a date to wait for; a run records that failure)."""
+    try:
+        raw = read_source(spark, conf, source)
+    except SourceNotFound:
+        return
+    if not _has_rows(raw, source, date, end):
         raise not_ready(conf, source, date, end)

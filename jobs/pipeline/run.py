@@ -98,7 +98,7 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
         if not prepared.counts.snapshot_entities:  # no rows: not a success of 0 entities
             for df in prepared.cached:
                 df.unpersist()
-            raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end)
+            raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end, done="nothing was written")
         with ctx.stage(summary, "quarantine"):
             bad = prepared.counts.bad_rows
             if quarantine:
