@@ -42,6 +42,6 @@ def expected_hash(
             value = list(value)  # a pandas row holds numpy arrays
         data = encode(feature.type, value, **feature.options)
         if data is not None:
-            out[field_id(feature.name)] = data
+            out[field_id(feature.stored_name)] = data
     out[freshness_field] = str(as_of).encode()
     return out
