@@ -19,16 +19,16 @@ class FeatureSpec:
     """The column holding its values (the feature's name)."""
     type: str
     options: dict[str, Any] = field(default_factory=dict)
-    stored_name: str | None = None
+    stored_as: str | None = None
     """What its values are stored under (field id, JSON key), when not ``name``."""
 
     @property
-    def stored(self) -> str:
-        return self.stored_name or self.name
+    def stored_name(self) -> str:
+        return self.stored_as or self.name
 
     @property
     def field(self) -> bytes:
-        return field_id(self.stored)
+        return field_id(self.stored_name)
 
 
 @dataclass

@@ -86,7 +86,7 @@ def encode_json_maps(batch: pa.RecordBatch | pa.Table, specs: Sequence[FeatureSp
         if dropped:
             lost = pc.and_(pc.is_valid(column), pc.is_null(values))
             non_finite += np.asarray(lost.to_numpy(zero_copy_only=False), np.int32)
-        fragments.append(pc.binary_join_element_wise(json.dumps(spec.stored) + ":", values, ",", ""))
+        fragments.append(pc.binary_join_element_wise(json.dumps(spec.stored_name) + ":", values, ",", ""))
     if not fragments:
         return pa.array(["{}"] * batch.num_rows, pa.string()), non_finite
     # Each fragment ends in ','; nulls become '' and the last ',' is trimmed (no value ends
