@@ -38,7 +38,7 @@ lint:                       ## ruff: lint and format check (pyproject.toml [tool
 test:                       ## set up (with the S3 test server), lint, and run the whole suite (real Redis, PostgreSQL, S3 API servers, local Spark)
 	bash scripts/setup.sh --test
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest
+	PY=$(BIN)/python bash scripts/test_lanes.sh
 
 test-fast: setup            ## lint, then the tests without Spark or a venv of their own (about two minutes): formats, sinks, clusters, CLI, config, docs
 	$(MAKE) --no-print-directory lint

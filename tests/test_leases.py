@@ -37,7 +37,7 @@ SOURCE = "consumer_daily"
 TARGET = ["redis://h:6379/0"]
 
 
-RACERS, ROUNDS = 4, 3
+RACERS, ROUNDS = 3, 2
 
 
 @pytest.mark.slow
