@@ -29,8 +29,10 @@ DEFAULT_TIMEOUT = 300.0
 class Imported:
     plan: Plan
     written: Written
-    python: Path
+    python: Path | None
     repo: Path
+    dump: dict
+    """What Feast printed for the repository (feast_dump.py)."""
 
 
 def read_store_yaml(repo: Path) -> tuple[str, int | None]:
@@ -78,8 +80,22 @@ def import_feast(
     python = find_python(feast_python)
     dump = read_repo(repo, python, timeout)
     target = Path(out).expanduser() if out else default_out(project)
-    target = target.absolute()
-    plan = map_repo(dump, repo, project, read_previous(target), key_ttl)
+    return import_dump(dump, repo, target, project, key_ttl, allow_missing_data, python)
+
+
+def import_dump(
+    dump: dict,
+    repo: Path,
+    out: Path,
+    project: str,
+    key_ttl_seconds: int | None = None,
+    allow_missing_data: bool = False,
+    python: Path | None = None,
+) -> Imported:
+    """The import's steps after Feast has read the repository: ``dump`` is what feast_dump.py
+    printed for ``repo``."""
+    out = out.absolute()
+    plan = map_repo(dump, repo, project, read_previous(out), key_ttl_seconds)
     if not plan.feast_version.startswith(TESTED_FEAST):
         plan.warnings.append(f"read with Feast {plan.feast_version}; the import is tested with Feast {TESTED_FEAST}x")
     if dump.get("config_error"):
@@ -89,13 +105,14 @@ def import_feast(
     plan.warnings += [f"{m} (imported: --allow-missing-data)" for m in plan.missing]
     if not plan.sources:
         raise FeastImportError([f"{repo}: no feature view can be carried over", *plan.left_out])
-    return Imported(plan, check_and_write(plan, repo, target), python, repo)
+    return Imported(plan, check_and_write(plan, repo, out), python, repo, dump)
 
 
 def report(done: Imported) -> list[str]:
     """What the command prints: every choice, what was left out, what was written, what next."""
     plan, out = done.plan, done.written
-    lines = [f"Feast repository {done.repo} (project {plan.project}), read with Feast {plan.feast_version} by {done.python}"]
+    by = f" by {done.python}" if done.python else ""
+    lines = [f"Feast repository {done.repo} (project {plan.project}), read with Feast {plan.feast_version}{by}"]
     lines += plan.lines
     if plan.left_out:
         lines.append(f"left out ({len(plan.left_out)}):")

@@ -461,6 +461,12 @@ class _Mapper:
                     f"entity type {name}: its keys changed from the earlier output's: the keys already written under prefix "
                     f"{prefixes[name]} stay until their TTL or `materialize cleanup`"
                 )
+        for name in sorted(set(self.previous.entities) - set(used)):
+            prefix = self.previous.entities[name].get("prefix")
+            self.plan.warnings.append(
+                f"entity type {name} (prefix {prefix}) is no longer imported: the keys written under its prefix stay until "
+                "their TTL, and stored.lock keeps what they hold"
+            )
         self.plan.lines[:0] = lines
         return out
 
