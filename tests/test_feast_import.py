@@ -315,7 +315,8 @@ entity_key_serialization_version: 3
 HAND_FEATURES = """\
 from datetime import timedelta
 
-from feast import BigQuerySource, Entity, FeatureService, FeatureView, Field, FileSource, KafkaSource, PushSource, ValueType
+from feast import BigQuerySource, Entity, FeatureService, FeatureView, Field, FileSource, KafkaSource, PushSource, StreamFeatureView
+from feast import ValueType
 from feast.data_format import DeltaFormat, JsonFormat
 from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
 from feast.types import Array, Bool, Bytes, Float32, Float64, Int32, Int64, String, UnixTimestamp
@@ -373,6 +374,26 @@ driver_ratings = FeatureView(
     name="driver_ratings", entities=[driver], ttl=timedelta(days=7), schema=[Field(name="rating", dtype=Float64)], source=driver_stream
 )
 
+driver_rating_stream = StreamFeatureView(
+    name="driver_rating_stream",
+    entities=[driver],
+    ttl=timedelta(days=1),
+    schema=[Field(name="rating_now", dtype=Float64)],
+    source=driver_stream,
+)
+driver_snapshots = FeatureView(
+    name="driver_snapshots",
+    entities=[driver],
+    schema=[Field(name="active", dtype=Bool)],
+    source=SparkSource(name="snapshot_files", path="data/snapshots", file_format="parquet", timestamp_field="ts"),
+)
+driver_queried = FeatureView(
+    name="driver_queried",
+    entities=[driver],
+    schema=[Field(name="n", dtype=Int64)],
+    source=SparkSource(name="snapshot_query", query="SELECT * FROM x", timestamp_field="ts"),
+)
+
 orders_push = PushSource(name="orders_push", batch_source=FileSource(name="orders_file", path="data/orders.parquet", timestamp_field="ts"))
 driver_orders = FeatureView(name="driver_orders", entities=[driver], schema=[Field(name="orders_today", dtype=Int64)], source=orders_push)
 
@@ -422,6 +443,7 @@ def hand_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("hand") / "repo"
     (repo / "data" / "trips").mkdir(parents=True)
     (repo / "data" / "driver_stats.delta").mkdir()
+    (repo / "data" / "snapshots").mkdir()
     (repo / "data" / "trips" / "part-0.parquet").touch()  # the import only looks that the paths are there
     (repo / "data" / "orders.parquet").touch()
     (repo / "feature_store.yaml").write_text(HAND_STORE)
@@ -433,6 +455,8 @@ HAND_LEFT_OUT = {
     "feature customer_profile:raw_blob (Bytes)": "no type here holds raw bytes",
     "feature customer_profile:ConvRate": "a feature name here is [a-z][a-z0-9_]{0,127}",
     "feature view offline_only": "online=False",
+    "stream feature view driver_rating_stream": "from a stream with its transformation",
+    "feature view driver_queried": "reads a query; the job reads tables and paths",
     "feature view warehouse_stats": "is a BigQuerySource, which no Spark reader here reads",
     "stream source driver_stream (KafkaSource)": "driver_ratings: imported from its batch source",
     "push source orders_push": "driver_orders: imported from its batch source",
@@ -476,6 +500,7 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
         "driver_history.yaml",
         "driver_orders.yaml",
         "driver_ratings.yaml",
+        "driver_snapshots.yaml",
         "entities.yaml",
         "feature_services.yaml",
     ]
@@ -549,9 +574,10 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
         "max_age_seconds": 7 * 86400,
         "features": [{"name": "rating", "type": "float"}],
     }
-    for name, feature, path in (
-        ("driver_orders", "orders_today", "orders.parquet"),
-        ("driver_history", "lifetime_trips", "not_yet.parquet"),
+    for name, feature, path, kind in (
+        ("driver_orders", "orders_today", "orders.parquet", "int"),
+        ("driver_history", "lifetime_trips", "not_yet.parquet", "int"),
+        ("driver_snapshots", "active", "snapshots", "bool"),  # a SparkSource's path
     ):
         assert load[f"{name}.yaml"]["source"] == {
             "name": name,
@@ -560,7 +586,7 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
             "format": "parquet",
             **event_time,
             "timestamp_column": "ts",
-            "features": [{"name": feature, "type": "int"}],
+            "features": [{"name": feature, "type": kind}],
         }
     trips = [f"driver_customer_trips:{f}" for f in ("trip_count", "recent_trip_ids", "recent_zones", "route_embedding", "fares", "flags")]
     assert load["feature_services.yaml"]["feature_services"] == [
