@@ -313,13 +313,14 @@ def _import_feast_command(sub) -> None:
     imp = sub.add_parser(
         "import-feast",
         help="write definition files from a Feast repository (read by Feast's own code)",
-        description="Read a Feast repository (the folder of its feature_store.yaml) with Feast's own code, run by the Python "
-        "of your Feast environment in a fresh process (nothing is applied to Feast's registry or stores), and write its "
-        "definitions here: entities.yaml, one source per feature view under the view's name (so Feast's references such as "
-        "driver_hourly_stats:conv_rate keep working), feature_services.yaml, stored.lock, and IMPORTED.md listing every "
-        "choice and everything left out with the reason. The files are checked as every command loads them before anything "
-        "is written; importing again writes only what changed and refuses a change of type that the stored values cannot "
-        "follow. Point the job at the folder with definitions_dir in the env's config. Mapping: feature_defs/feast_import/README.md.",
+        description="Read a Feast repository (the folder of its feature_store.yaml) with Feast's own code, run by the\n"
+        "Python of your Feast environment in a fresh process (nothing is applied to Feast's registry or stores),\n"
+        "and write its definitions: entities.yaml, one source per feature view under the view's name (so Feast's\n"
+        "references such as driver_hourly_stats:conv_rate keep working), feature_services.yaml, stored.lock, and\n"
+        "IMPORTED.md, which lists every choice and everything left out with the reason (printed here too).\n"
+        "The files are checked as every command loads them before anything is written; importing again writes\n"
+        "only what changed, and refuses a change of type that the stored values cannot follow. Point the job at\n"
+        "the folder with definitions_dir in the env's config. The mapping: feature_defs/feast_import/README.md.",
         epilog="Examples:\n  materialize import-feast my_project/feature_repo\n"
         "  materialize import-feast ~/repos/features/feature_repo --out /srv/features/defs --feast-python ~/venvs/feast/bin/python",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -176,6 +176,8 @@ def _definition_problems(exc: DefinitionError, stage: Path, out: Path) -> list[s
 def check_and_write(plan: Plan, repo: Path, out: Path) -> Written:
     """Check the plan's files as the job would load them, with ``out``'s other definition files
     and its stored.lock; then write what changed. Nothing is written when a check fails."""
+    if out.exists() and not out.is_dir():
+        raise FeastImportError([f"--out {out}: not a folder"])
     files = render(plan, repo)
     existing = sorted(out.glob("*.y*ml")) if out.is_dir() else []
     managed = {p.name for p in existing if _managed(p)}
