@@ -2,10 +2,10 @@
 the words the import prints for it.
 
 Feast names a field's type by its ``ValueType`` (``feast.types.from_feast_type``: Float32 is
-FLOAT, Array(Int64) is INT64_LIST, a Struct is STRUCT). What a Feast client reads for each
-(``feature_server_utils._value_to_native``) decides the nearest type here: a UnixTimestamp
-reads as an integer of epoch seconds, a Uuid or a Decimal as its text, a Map, Json or Struct
-as a JSON value.
+FLOAT, Array(Int64) is INT64_LIST, a Struct is STRUCT). What Feast's feature server returns
+for each (``feature_server_utils._value_to_native``), the answer ``materialize serve`` gives
+too, decides the nearest type here: a UnixTimestamp is an integer of epoch seconds, a Uuid or
+a Decimal its text, a Map, Json or Struct a JSON value.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ SCALARS: dict[str, TypeChoice] = {
     "INT64": _choice("int"),
     "STRING": _choice("string"),
     "BOOL": _choice("bool"),
-    "UNIX_TIMESTAMP": _choice("int", "int: epoch seconds, as Feast's clients read it (the column must hold them as an integer)"),
-    "UUID": _choice("string", "string: the UUID's text, as Feast's clients read it"),
-    "TIME_UUID": _choice("string", "string: the UUID's text, as Feast's clients read it"),
+    "UNIX_TIMESTAMP": _choice("int", "int: epoch seconds, as Feast's feature server returns it (the column must hold them as an integer)"),
+    "UUID": _choice("string", "string: the UUID's text, as Feast's feature server returns it"),
+    "TIME_UUID": _choice("string", "string: the UUID's text, as Feast's feature server returns it"),
     "DECIMAL": _choice("string", "string: the decimal's text, as Feast stores and returns it"),
     "MAP": _choice("json", "json: a JSON object, as Feast's clients read it"),
     "SCALAR_MAP": _choice("json", "json: a JSON object"),
