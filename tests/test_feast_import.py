@@ -300,6 +300,28 @@ def test_a_view_removed_in_feast_is_removed_and_its_names_retired(init_import, i
     load_definitions(out)
 
 
+def test_what_feast_printed_but_cannot_be_imported(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    twice = copy.deepcopy(init_import.dump)  # parse_repo keeps two objects of one name; Feast's apply refuses them
+    twice["feature_views"].append(copy.deepcopy(twice["feature_views"][0]))
+    with pytest.raises(FeastImportError) as refused:
+        import_dump(twice, init_repo, out, "my_project")
+    name = twice["feature_views"][0]["name"]
+    assert refused.value.problems == [f"{init_repo}: two feature views named {name!r} (Feast's apply refuses that too)"]
+    assert not out.exists()
+
+    # a view without a schema whose source Feast could not read: left out, saying why; the rest imported
+    no_schema = copy.deepcopy(init_import.dump)
+    (fresh,) = [v for v in no_schema["feature_views"] if v["name"] == "driver_hourly_stats_fresh"]
+    fresh.update(features=[], inference_error="FileNotFoundError: data/driver_stats.parquet")
+    done = import_dump(no_schema, init_repo, out, "my_project")
+    assert (
+        "feature view driver_hourly_stats_fresh: it declares no schema and Feast could not infer its features from the source "
+        "(FileNotFoundError: data/driver_stats.parquet)" in done.plan.left_out
+    )
+    assert sorted(load_definitions(out).sources) == ["driver_hourly_stats"]
+
+
 # --- a repository written here: what the example does not have -----------------------------------
 
 HAND_STORE = """\

@@ -21,12 +21,14 @@ import datetime as dt
 import hashlib
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
+from feature_defs.feast_import.errors import FeastImportError
 from feature_defs.feast_import.value_types import feature_type, key_type
 from feature_defs.models import EntityDef, FeatureDef, FeatureName, FeatureServiceDef, Identifier, KeyColumn, Prefix, SourceDef, TableName
 
@@ -257,6 +259,9 @@ class _Mapper:
         if len({k.name for k in keys}) < len(keys):
             return self.left_out(what, "two of its entities share a join key")
 
+        if not view.get("features"):
+            why = f" ({view['inference_error']})" if view.get("inference_error") else ""
+            return self.left_out(what, f"it declares no schema and Feast could not infer its features from the source{why}")
         features, lines = self._features(view, reverse)
         if not features:
             return self.left_out(what, "none of its features can be carried over (each is listed)")
@@ -638,6 +643,14 @@ def sql_table_name(entity_type: str) -> str:
 
 def map_repo(dump: dict, repo: Path, project: str, previous: Previous | None = None, key_ttl_seconds: int | None = None) -> Plan:
     """The definitions of the Feast repository ``repo`` whose objects ``dump`` holds."""
+    twice = [
+        f"{repo}: two {kind} named {name!r} (Feast's apply refuses that too)"
+        for key, kind in (("entities", "entities"), ("feature_views", "feature views"), ("feature_services", "feature services"))
+        for name, n in sorted(Counter(o["name"] for o in dump.get(key, [])).items())
+        if n > 1
+    ]
+    if twice:
+        raise FeastImportError(twice)
     m = _Mapper(dump, repo, project, previous or Previous(), key_ttl_seconds)
     drafts = {}
     for view in sorted(dump.get("feature_views", []), key=lambda v: v["name"]):
