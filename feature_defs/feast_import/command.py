@@ -99,12 +99,17 @@ def import_dump(
     if not plan.feast_version.startswith(TESTED_FEAST):
         plan.warnings.append(f"read with Feast {plan.feast_version}; the import is tested with Feast {TESTED_FEAST}x")
     if dump.get("config_error"):
-        plan.warnings.append(f"Feast could not load feature_store.yaml ({dump['config_error']}): nothing was inferred from the sources")
+        plan.warnings.append(
+            f"Feast could not load feature_store.yaml ({dump['config_error']}; `feast plan` in the repository says why): "
+            "nothing was inferred from the sources"
+        )
     if plan.missing and not allow_missing_data:
         raise FeastImportError([f"{m}: nothing imported (--allow-missing-data imports before the data exists)" for m in plan.missing])
     plan.warnings += [f"{m} (imported: --allow-missing-data)" for m in plan.missing]
     if not plan.sources:
-        raise FeastImportError([f"{repo}: no feature view can be carried over", *plan.left_out])
+        kinds = ("feature view ", "stream feature view ", "on-demand feature view ", "label view ")
+        views = [line for line in plan.left_out if line.startswith(kinds)]
+        raise FeastImportError([f"{repo}: no feature view can be carried over", *views])
     return Imported(plan, check_and_write(plan, repo, out), python, repo, dump)
 
 

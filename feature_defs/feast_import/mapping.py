@@ -144,6 +144,15 @@ def _ttl_text(seconds: float) -> str:
     return str(dt.timedelta(seconds=seconds))
 
 
+def _inference_why(view: dict) -> str:
+    """Why Feast inferred nothing for ``view``, in parentheses (feast_dump.py's words), or ""."""
+    if view.get("inference_error"):
+        return f" ({view['inference_error']})"
+    if view.get("config_error"):
+        return f" (Feast could not load feature_store.yaml: {view['config_error']})"
+    return ""
+
+
 def _entity_key_problem(entity: dict | None, name: str, view: dict) -> tuple[str | None, str | None, str]:
     """(key type, origin, problem) of a Feast entity's join key in ``view``."""
     if entity is None:
@@ -156,24 +165,25 @@ def _entity_key_problem(entity: dict | None, name: str, view: dict) -> tuple[str
         return None, None, f"its entity name {name!r} does not fit: {_RULES['identifier']}"
     join_key = entity["join_key"]
     if not fits("identifier", join_key):
-        return None, None, f"entity {name!r}'s join key {join_key!r} does not fit: {_RULES['identifier']}"
+        return None, None, f"the join key {join_key!r} of entity {name!r} does not fit: {_RULES['identifier']}"
     value_type, origin = entity.get("value_type", "UNKNOWN"), f"Feast {entity.get('value_type')}"
     if value_type == "UNKNOWN":  # Feast infers it per view, from the view's schema or its source
         column = next((c for c in view.get("entity_columns", []) if c["name"] == join_key), None)
         if column is None:
-            why = f" ({view['inference_error']})" if view.get("inference_error") else ""
+            why = _inference_why(view)
             return (
                 None,
                 None,
                 (
-                    f"the type of entity {name!r}'s join key {join_key!r} is unknown: the Entity gives no value_type and Feast "
+                    f"the type of the join key {join_key!r} of entity {name!r} is unknown: the Entity gives no value_type and Feast "
                     f"could not infer it from the view's source{why}: give the Entity a value_type"
                 ),
             )
         value_type, origin = column["value_type"], f"Feast {column['dtype']}, inferred by Feast from the view's source"
     found = key_type(value_type)
     if found is None:
-        return None, None, f"entity {name!r}'s join key {join_key!r} is of type {value_type}: keys here are int (Int32, Int64) or string"
+        why = f"the join key {join_key!r} of entity {name!r} is of type {value_type}: a key here is int (Int32, Int64) or string"
+        return None, None, why
     return found, origin, ""
 
 
@@ -229,7 +239,7 @@ class _Mapper:
 
         timestamp = batch.get("timestamp_field") or ""
         if not timestamp:
-            why = f" ({view['inference_error']})" if view.get("inference_error") else ""
+            why = _inference_why(view)
             return self.left_out(what, f"its batch source {batch['name']} has no timestamp_field and Feast could not infer one{why}")
         timestamp = reverse.get(timestamp, timestamp)
         created = batch.get("created_timestamp_column") or None
@@ -260,7 +270,7 @@ class _Mapper:
             return self.left_out(what, "two of its entities share a join key")
 
         if not view.get("features"):
-            why = f" ({view['inference_error']})" if view.get("inference_error") else ""
+            why = _inference_why(view)
             return self.left_out(what, f"it declares no schema and Feast could not infer its features from the source{why}")
         features, lines = self._features(view, reverse)
         if not features:
@@ -654,7 +664,7 @@ def map_repo(dump: dict, repo: Path, project: str, previous: Previous | None = N
     m = _Mapper(dump, repo, project, previous or Previous(), key_ttl_seconds)
     drafts = {}
     for view in sorted(dump.get("feature_views", []), key=lambda v: v["name"]):
-        d = m.draft(view)
+        d = m.draft({**view, "config_error": dump.get("config_error")})
         if d is not None:
             drafts[view["name"]] = d
     placed = m.assign(drafts)
