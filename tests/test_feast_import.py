@@ -27,6 +27,8 @@ from feature_defs.feast_import import FeastImportError, command, import_dump, re
 from jobs.cli import main
 from throwaway import feast_venv
 
+pytestmark = pytest.mark.install  # Feast runs from a venv of its own: `make test-fast` leaves these out
+
 
 @dataclass
 class Run:
