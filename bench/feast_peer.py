@@ -2,11 +2,12 @@
 
     python -m bench.feast_peer --entities 100000 [--redis-url redis://127.0.0.1:6390/0]
 
-Feast (pinned below) runs in a virtualenv of its own (``.run/feast-venv``, made from PyPI
-on first use), never in the project's. Its feature repository reads the standard table
-(bench/standard.py) exported to Parquet (Feast's file offline store cannot read Delta
-without an extra package), one feature view of the same 50 features, with Redis as its
-online store on the same server as our runs, in a database of its own. ``feast apply``
+Feast runs in a virtualenv of its own (``.run/feast-venv``, pinned and made by
+throwaway/feast_venv.py; from PyPI on first use), never in the project's. Its feature
+repository reads the standard table (bench/standard.py) exported to Parquet (Feast's file
+offline store cannot read Delta without an extra package), one feature view of the same 50
+features, with Redis as its online store on the same server as our runs, in a database of
+its own. ``feast apply``
 runs first (untimed); ``feast materialize`` over the table's date is timed as a whole
 process, as a user would time it, and the keys it wrote are counted.
 ``online_write_batch_size`` is set: without it Feast 0.67 writes all rows in one batch,
@@ -24,23 +25,15 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from fm_config import PROJECT_ROOT
+from throwaway import feast_venv
 
-FEAST = "feast[redis]==0.67.0"
-VENV = PROJECT_ROOT / ".run" / "feast-venv"
 BATCH_ROWS = 10_000
 """Feast's ``materialization.online_write_batch_size`` (rows per online write)."""
 
 
 def feast_bin() -> Path:
     """The pinned Feast's command, installing it into its venv when missing."""
-    exe = VENV / "bin" / "feast"
-    pinned = VENV / ".pinned"
-    if not exe.exists() or not pinned.is_file() or pinned.read_text() != FEAST:
-        print(f"installing {FEAST} into {VENV} (once)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", FEAST], check=True)
-        pinned.write_text(FEAST)
-    return exe
+    return feast_venv.ensure().parent / "feast"
 
 
 def export_parquet(entities: int, workdir: Path) -> Path:
@@ -121,7 +114,8 @@ def materialize(entities: int, redis_url: str, workdir: Path) -> dict:
     keys = client.dbsize()
     if keys != entities:
         raise RuntimeError(f"feast materialize wrote {keys:,} keys for {entities:,} entities")
-    return {"peer": FEAST, "entities": entities, "seconds": round(seconds, 2), "keys": keys, "online_write_batch_size": BATCH_ROWS}
+    peer = feast_venv.pinned().replace("feast==", "feast[redis]==")
+    return {"peer": peer, "entities": entities, "seconds": round(seconds, 2), "keys": keys, "online_write_batch_size": BATCH_ROWS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,13 +16,18 @@ StoredName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}(@[1-9][0-9]{0
 # Identifiers end up in SQL and Delta paths: keep them boring.
 Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")]
 Prefix = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
-FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list"]
+FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list", "json"]
+# A catalog table: name or db.name (Spark's catalog; Feast's SparkSource `table`).
+TableName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,2}$")]
 Severity = Literal["blocking", "warning"]
 """blocking: a failed check stops the run before any write; warning: reported only."""
 # Strict: YAML 1.1 reads yes/no/on/off as booleans, and lax pydantic would take `max_null_fraction: yes`
 # for 1.0 (no null check) or `ttl_seconds: on` for 1 second.
 Fraction = Annotated[float, Field(strict=True, ge=0, le=1)]
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+JSON_MAX_BYTES = 65536
+"""A json value's default cap on its encoded size (format 1.1)."""
 
 
 def yaml_text(value: Any) -> str:
@@ -110,7 +115,9 @@ class FeatureDef(_Strict):
     precision: Literal["float64", "float32"] | None = None
     """float only: float32 features are written in their shortest float32 form."""
     compression: Literal["snappy", "none"] | None = None
-    """int_list/string_list only: Snappy (default) or none."""
+    """int_list/string_list: Snappy (default) or none; json: none (default) or Snappy."""
+    max_bytes: PositiveInt | None = None
+    """json only: a larger encoded value is bad input (default 65,536)."""
     max_length: PositiveInt | None = None
     """string only: longer strings (in characters) are bad input."""
     max_null_fraction: Fraction | None = None
@@ -148,7 +155,8 @@ class FeatureDef(_Strict):
         allowed = {
             "dimension": {"embedding"},
             "precision": {"float"},
-            "compression": {"int_list", "string_list"},
+            "compression": {"int_list", "string_list", "json"},
+            "max_bytes": {"json"},
             "max_length": {"string"},
             "min_value": {"float", "int"},
             "max_value": {"float", "int"},
@@ -173,6 +181,9 @@ class FeatureDef(_Strict):
         opts = {"precision": self.precision, "dimension": self.dimension, "max_length": self.max_length}
         if self.type in ("int_list", "string_list"):
             opts["compression"] = self.compression or "snappy"
+        if self.type == "json":
+            opts["compression"] = self.compression or "none"
+            opts["max_bytes"] = self.max_bytes or JSON_MAX_BYTES
         return {k: v for k, v in opts.items() if v is not None}
 
     @property
@@ -189,6 +200,7 @@ class FeatureDef(_Strict):
             "embedding": self.dimension,
             "int_list": self.compression or "snappy",
             "string_list": self.compression or "snappy",
+            "json": "snappy" if self.compression == "snappy" else None,
         }.get(self.type)
         return self.type if detail is None else f"{self.type}/{detail}"
 
@@ -220,14 +232,29 @@ class SourceDef(_Strict):
     name: Identifier
     """The ETL table's name; also the source name in the freshness field and SQL rows."""
     entity: Identifier
-    location: str = Field(min_length=1)
-    """Delta table path: relative to the data root, or an absolute path / URI."""
+    location: str | None = Field(default=None, min_length=1)
+    """The table's path (relative to the data root, or an absolute path / URI): a Delta table,
+    or Parquet files or a folder of them (``format: parquet``). Either this or ``table``."""
+    format: Literal["delta", "parquet"] = "delta"
+    """What is at ``location``: a Delta table, or Parquet (one file, or a folder, partitioned or not)."""
+    table: TableName | None = None
+    """A table of Spark's catalog (``db.name``), instead of a ``location``."""
     layout: Literal["wide", "long"]
     """wide: one row per entity with a column per feature; long: entity, feature_name, value rows."""
+    select_by: Literal["date", "event_time"] = "date"
+    """date: a run reads the rows of one date (``date_column``); event_time: a run takes each
+    entity's latest row by event time (``timestamp_column``) up to the end of its date, as
+    ``feast materialize`` does, and stores that event time as the entity's as-of time."""
     date_column: Identifier = "ds"
-    """Date partition column: a run reads the rows of one date."""
+    """Date partition column (select_by: date): a run reads the rows of one date."""
     timestamp_column: Identifier | None = None
-    """Orders rows of one entity within a date: the latest wins."""
+    """select_by date: orders rows of one entity within a date (the latest wins); select_by
+    event_time: the row's event time (Feast's ``timestamp_field``), required."""
+    created_column: Identifier | None = None
+    """select_by event_time only: breaks ties of event time, the latest wins (Feast's ``created_timestamp_column``)."""
+    lookback_seconds: NonNegativeInt | None = None
+    """select_by event_time only: how late a row may arrive and still be loaded; an incremental
+    run reads again this far before the end of the last window it recorded (default: one day)."""
     key_columns: list[Identifier] | None = None
     """Source columns of the entity key parts, in key order; defaults to the entity's key names."""
     name_column: Identifier | None = None
@@ -238,7 +265,7 @@ class SourceDef(_Strict):
     """Schedule group (one nightly DAG per group)."""
     max_age_seconds: PositiveInt | None = None
     """Readers withhold this source's values (status OUTSIDE_MAX_AGE) once its stored as-of
-    time is older than this; None: never too old (a request may still set its own)."""
+    time is older than this; None: never too old (a request may still set its own). Feast's ``ttl``."""
     features: list[FeatureDef] = Field(min_length=1)
     expectations: list[ExtraExpectation] = []
     """Further great-expectations checks of this source, beyond those derived from the features."""
@@ -255,6 +282,27 @@ class SourceDef(_Strict):
             if extra:
                 raise ValueError(f"{' and '.join(extra)} only apply to the long layout")
         return self
+
+    @model_validator(mode="after")
+    def _where_and_selection(self) -> SourceDef:
+        if (self.location is None) == (self.table is None):
+            raise ValueError("a source reads either a 'location' (a path) or a 'table' (Spark's catalog), not both or neither")
+        if self.table is not None and "format" in self.model_fields_set:
+            raise ValueError("'format' applies to a 'location'; a catalog 'table' knows its own format")
+        if self.select_by == "event_time":
+            if self.timestamp_column is None:
+                raise ValueError("select_by: event_time needs a 'timestamp_column' (the event time)")
+            if "date_column" in self.model_fields_set:
+                raise ValueError("select_by: event_time reads no 'date_column': remove it, or select_by: date")
+        else:
+            extra = [c for c in ("created_column", "lookback_seconds") if getattr(self, c) is not None]
+            if extra:
+                raise ValueError(f"{' and '.join(extra)} appl{'y' if len(extra) > 1 else 'ies'} only to select_by: event_time")
+        return self
+
+    @property
+    def by_event_time(self) -> bool:
+        return self.select_by == "event_time"
 
     @property
     def freshness_field_id(self) -> int:

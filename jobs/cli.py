@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  materialize backfill --env local --source consumer_daily --start 2026-11-16 --end 2026-11-20 --dry-run\n"
         "  materialize runs --last 10\n  materialize cleanup --env local --entity consumer --dry-run\n"
         "  materialize defs --source consumer_daily\n  materialize doctor --env prod\n"
+        "  materialize import-feast my_project/feature_repo --out feast_defs/my_project\n"
         '  echo \'{"features": ["consumer_daily:orders_7d"], "entities": {"consumer_id": [1, 2]}}\' | materialize get --env local',
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         _doctor_command,
         _sample_data_command,
         _defs_command,
+        _import_feast_command,
     ):
         add(sub)  # in --help's order
     return parser
@@ -305,6 +307,50 @@ def _defs_command(sub) -> None:
     _common(defs)
     defs.add_argument("--source", help="only this source")
     defs.add_argument("--lock", action="store_true", help="write feature_defs/stored.lock from the definitions (commit it with them)")
+
+
+def _import_feast_command(sub) -> None:
+    imp = sub.add_parser(
+        "import-feast",
+        help="write definition files from a Feast repository (read by Feast's own code)",
+        description="Read a Feast repository (the folder of its feature_store.yaml) with Feast's own code, run by the\n"
+        "Python of your Feast environment in a fresh process (nothing is applied to Feast's registry or stores),\n"
+        "and write its definitions: entities.yaml, one source per feature view under the view's name (so Feast's\n"
+        "references such as driver_hourly_stats:conv_rate keep working), feature_services.yaml, stored.lock, and\n"
+        "IMPORTED.md, which lists every choice and everything left out with the reason (printed here too).\n"
+        "The files are checked as every command loads them before anything is written; importing again writes\n"
+        "only what changed, and refuses a change of type that the stored values cannot follow. Point the job at\n"
+        "the folder with definitions_dir in the env's config. The mapping: feature_defs/feast_import/README.md.",
+        epilog="Examples:\n  materialize import-feast my_project/feature_repo\n"
+        "  materialize import-feast ~/repos/features/feature_repo --out /srv/features/defs --feast-python ~/venvs/feast/bin/python",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    imp.add_argument("repo", metavar="REPO", help="the Feast repository: the folder of its feature_store.yaml")
+    imp.add_argument(
+        "--out", metavar="DIR", help="where to write the definitions (default: feast_defs/<project> under the working directory)"
+    )
+    imp.add_argument(
+        "--feast-python", metavar="PY",
+        help="the Python of your Feast environment (default: the one that runs the `feast` command on PATH)",
+    )  # fmt: skip
+    imp.add_argument(
+        "--allow-missing-data", action="store_true",
+        help="import even when a source path on this machine does not exist yet (each is listed); by default that stops the import",
+    )  # fmt: skip
+    imp.add_argument("--timeout", type=float, metavar="SECONDS", help="how long Feast may take to read the repository (default 300)")
+
+
+def cmd_import_feast(args) -> int:
+    from feature_defs.feast_import import DEFAULT_TIMEOUT, FeastImportError, import_feast, report
+
+    try:
+        done = import_feast(args.repo, args.out, args.feast_python, args.allow_missing_data, args.timeout or DEFAULT_TIMEOUT)
+    except FeastImportError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(report(done)))
+    return EXIT_OK
 
 
 def _load(args, *, expectations: bool | None = False):
@@ -759,7 +805,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = {"run": cmd_run, "validate": cmd_validate, "verify": cmd_verify, "ready": cmd_ready, "report": cmd_report}
         commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema, "doctor": cmd_doctor}
-        return {**commands, "get": cmd_get, "serve": cmd_serve, "sample-data": cmd_sample_data, "defs": cmd_defs}[args.command](args)
+        commands |= {"get": cmd_get, "serve": cmd_serve, "sample-data": cmd_sample_data, "defs": cmd_defs, "import-feast": cmd_import_feast}
+        return commands[args.command](args)
     except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError, FutureDateError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)

@@ -2,7 +2,8 @@
 # Idempotent set-up for a fresh Debian/Ubuntu machine (root, or a user with sudo).
 # Installs what is missing: Java 17, redis-server, PostgreSQL, Maven (only to fetch the
 # jars), a .venv with the pinned Python packages, the two Delta jars and the S3A connector's
-# jars (jars/s3a). With --test, also the S3-compatible test server (moto) in .run/moto-venv.
+# jars (jars/s3a). With --test, also the S3-compatible test server (moto) in .run/moto-venv
+# and Feast in .run/feast-venv (throwaway/feast_venv.py).
 # Every step is skipped when its result is already there, so running it again is cheap.
 set -euo pipefail
 
@@ -108,6 +109,13 @@ if [ "$WITH_TEST_TOOLS" = 1 ]; then
     touch "$moto_stamp"
   else
     log "S3 test server present ($MOTO)"
+  fi
+  # Feast (pinned in scripts/feast/feast-requirements.txt) for the import and side-by-side tests:
+  # made here so that no test pays for the install
+  if "$VENV/bin/python" -c 'import sys; from throwaway import feast_venv; sys.exit(not feast_venv.installed())'; then
+    log "Feast present ($ROOT/.run/feast-venv)"
+  else
+    "$VENV/bin/python" -m throwaway.feast_venv
   fi
 fi
 log "ready"

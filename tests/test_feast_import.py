@@ -1,0 +1,674 @@
+"""`materialize import-feast` against Feast itself (0.67, its own venv: throwaway/feast_venv.py).
+
+Feast's own example (`feast init`, once per module) and a repository written here for what the
+example lacks (a SparkSource table, field_mapping, arrays, two entities in one view, stream and
+push sources, a type with no mapping, a warehouse source, a path with no data yet) are imported
+through the command, and the files compared with expectations written out below; importing
+again gives the same bytes; each kind of bad input gives its one line and writes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import io
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from feature_defs import load_definitions
+from feature_defs.feast_import import FeastImportError, command, import_dump, report
+from jobs.cli import main
+from throwaway import feast_venv
+
+pytestmark = pytest.mark.install  # Feast runs from a venv of its own: `make test-fast` leaves these out
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def errors(self) -> list[str]:
+        return self.stderr.splitlines()
+
+
+def import_cli(*args: str) -> Run:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["import-feast", *map(str, args)])
+    return Run(code, out.getvalue(), err.getvalue())
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time: what an import must not touch."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def left_out_lines(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("left out ("))
+    return [line[2:] for line in lines[start + 1 :] if line.startswith("  ")]
+
+
+def assert_left_out(stdout: str, expected: dict[str, str]) -> None:
+    """Exactly the ``expected`` objects are left out, each once, with a reason saying the keyword."""
+    found = left_out_lines(stdout)
+    assert len(found) == len(expected), found
+    for what, keyword in expected.items():
+        (line,) = [line for line in found if line.startswith(what + ": ")]
+        assert keyword in line[len(what) + 2 :], line
+
+
+def import_cli_keeping_dump(*args: str) -> tuple[Run, dict | None]:
+    """``import_cli``, and what Feast printed for the repository (None if it never got that far)."""
+    dumps = []
+    with pytest.MonkeyPatch.context() as mp:
+        real = command.read_repo
+        mp.setattr(command, "read_repo", lambda *a: dumps.append(real(*a)) or dumps[-1])
+        run = import_cli(*args)
+    return run, (dumps[0] if dumps else None)
+
+
+@pytest.fixture(scope="module")
+def feast_python() -> Path:
+    return feast_venv.python()  # made by scripts/setup.sh --test, never by the suite
+
+
+# --- Feast's own example -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def init_repo(tmp_path_factory, feast_python) -> Path:
+    root = tmp_path_factory.mktemp("feast-init")
+    done = subprocess.run([str(feast_venv.feast()), "init", "my_project"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "my_project" / "feature_repo"
+
+
+@dataclass
+class FirstImport:
+    out: Path
+    run: Run
+    files: dict[str, bytes]
+    repo_before: dict
+    dump: dict
+
+
+@pytest.fixture(scope="module")
+def init_import(init_repo, tmp_path_factory, feast_python) -> FirstImport:
+    out = tmp_path_factory.mktemp("init-import") / "defs"
+    before = tree(init_repo)
+    run, dump = import_cli_keeping_dump(init_repo, "--out", out, "--feast-python", feast_python)
+    assert run.code == 0, run.stderr
+    return FirstImport(out, run, files_of(out), before, dump)
+
+
+INIT_FEATURES = [
+    {"name": "conv_rate", "type": "float", "precision": "float32"},
+    {"name": "acc_rate", "type": "float", "precision": "float32"},
+    {"name": "avg_daily_trips", "type": "int"},
+    {"name": "driver_metadata", "type": "json"},
+    {"name": "driver_config", "type": "json"},
+    {"name": "driver_profile", "type": "json"},
+]
+INIT_DESCRIPTIONS = {
+    "avg_daily_trips": "Average daily trips",
+    "driver_metadata": "Driver metadata as key-value pairs",
+    "driver_config": "Driver configuration as JSON",
+    "driver_profile": "Driver profile as a typed struct",
+}
+INIT_TYPES = {  # Feast's type -> what the import says it became
+    "conv_rate": "Float32 -> float, precision float32",
+    "acc_rate": "Float32 -> float, precision float32",
+    "avg_daily_trips": "Int64 -> int",
+    "driver_metadata": "Map -> json",
+    "driver_config": "Json -> json",
+    "driver_profile": "Struct({name: String, age: String}) -> json",
+}
+INIT_LEFT_OUT = {
+    "on-demand feature view transformed_conv_rate": "at request time",
+    "on-demand feature view transformed_conv_rate_fresh": "at request time",
+    "label view driver_quality_labels": "never materializes a label view",
+    "push source driver_quality_labels_push": "pushed into Feast's online store",
+    "push source driver_stats_push_source": "driver_hourly_stats_fresh: imported from its batch source",
+    "request source vals_to_add": "data of a request",
+    "feature service driver_activity_v1: references transformed_conv_rate:conv_rate_plus_val1, "
+    "transformed_conv_rate:conv_rate_plus_val2": "on-demand feature view",
+    "feature service driver_activity_v2: references transformed_conv_rate:conv_rate_plus_val1, "
+    "transformed_conv_rate:conv_rate_plus_val2": "on-demand feature view",
+    "feature service driver_activity_v3: references transformed_conv_rate_fresh:conv_rate_plus_val1, "
+    "transformed_conv_rate_fresh:conv_rate_plus_val2": "on-demand feature view",
+}
+
+
+def init_source(name: str, entity: str, repo: Path, descriptions: dict) -> dict:
+    features = [{**f, **({"description": descriptions[f["name"]]} if f["name"] in descriptions else {})} for f in INIT_FEATURES]
+    return {
+        "source": {
+            "name": name,
+            "entity": entity,
+            "location": str(repo / "data" / "driver_stats.parquet"),
+            "format": "parquet",
+            "layout": "wide",
+            "select_by": "event_time",
+            "timestamp_column": "event_timestamp",
+            "created_column": "created",
+            "max_age_seconds": 86400,
+            "features": features,
+        }
+    }
+
+
+def test_feasts_example_is_imported_as_expected(init_import, init_repo):
+    out, run = init_import.out, init_import.run
+    assert set(init_import.files) == {
+        "entities.yaml",
+        "driver_hourly_stats.yaml",
+        "driver_hourly_stats_fresh.yaml",
+        "feature_services.yaml",
+        "stored.lock",
+        "IMPORTED.md",
+    }
+    load = {name: yaml.safe_load(text) for name, text in init_import.files.items() if name.endswith((".yaml", ".lock"))}
+    driver_key = [{"name": "driver_id", "type": "int"}]  # Int64, which Feast infers from the Parquet file
+    assert load["entities.yaml"] == {
+        "entities": [
+            {"name": "driver", "prefix": "d", "keys": driver_key, "sql_table": "driver_features", "description": "Feast entity driver"},
+            {
+                # the push view has the same feature names as driver_hourly_stats: an entity type of its own
+                "name": "driver__driver_hourly_stats_fresh",
+                "prefix": "ddhsf",
+                "keys": driver_key,
+                "sql_table": "driver__driver_hourly_stats_fresh_features",
+                "description": "Feast entity driver, for driver_hourly_stats_fresh",
+            },
+        ]
+    }
+    assert load["driver_hourly_stats.yaml"] == init_source("driver_hourly_stats", "driver", init_repo, INIT_DESCRIPTIONS)
+    assert load["driver_hourly_stats_fresh.yaml"] == init_source(
+        "driver_hourly_stats_fresh", "driver__driver_hourly_stats_fresh", init_repo, {}
+    )
+    every = [f["name"] for f in INIT_FEATURES]
+    assert load["feature_services.yaml"] == {
+        "feature_services": [
+            {"name": "driver_activity_v1", "features": ["driver_hourly_stats:conv_rate"]},
+            {"name": "driver_activity_v2", "features": [f"driver_hourly_stats:{f}" for f in every]},
+            {"name": "driver_activity_v3", "features": [f"driver_hourly_stats_fresh:{f}" for f in every]},
+        ]
+    }
+    encodings = {"conv_rate": "float/float32", "acc_rate": "float/float32", "avg_daily_trips": "int"} | dict.fromkeys(every[3:], "json")
+    assert load["stored.lock"] == {
+        "entities": {
+            entity: {f: {"source": source, "feature": f, "encoding": encodings[f]} for f in sorted(every)}
+            for entity, source in (("driver", "driver_hourly_stats"), ("driver__driver_hourly_stats_fresh", "driver_hourly_stats_fresh"))
+        }
+    }
+    # what every command loads: strict, with the lock
+    defs = load_definitions(out)
+    assert sorted(defs.sources) == ["driver_hourly_stats", "driver_hourly_stats_fresh"]
+
+    # one line per choice, on the console and in IMPORTED.md; what is left out, with the reason
+    summary = init_import.files["IMPORTED.md"].decode()
+    for view in ("driver_hourly_stats", "driver_hourly_stats_fresh"):
+        for feature, choice in INIT_TYPES.items():
+            (line,) = [x for x in run.stdout.splitlines() if x.startswith(f"  {view}:{feature}: ")]
+            assert line.startswith(f"  {view}:{feature}: {choice}"), line
+            assert f"  - {line.strip()}\n" in summary
+    assert_left_out(run.stdout, INIT_LEFT_OUT)
+    for line in left_out_lines(run.stdout):
+        assert f"- {line}\n" in summary
+    assert f"definitions_dir: {out}" in run.stdout and f"definitions_dir: {out}" in summary
+    assert tree(init_repo) == init_import.repo_before  # Feast read the repository: nothing applied, nothing written
+
+
+def test_importing_again_writes_the_same_bytes(init_import, init_repo, feast_python):
+    out = init_import.out
+    times = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    run = import_cli(init_repo, "--out", out, "--feast-python", feast_python)
+    assert run.code == 0, run.stderr
+    assert files_of(out) == init_import.files
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == times  # not even rewritten
+    assert f"{out}: nothing changed" in run.stdout
+
+
+def conv_rate(dump: dict, view: str = "driver_hourly_stats") -> dict:
+    (fv,) = [v for v in dump["feature_views"] if v["name"] == view]
+    return next(f for f in fv["features"] if f["name"] == "conv_rate")
+
+
+def test_a_type_change_needs_stored_as(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    dump = copy.deepcopy(init_import.dump)
+    conv_rate(dump).update(dtype="String", value_type="STRING")  # as if the repository said dtype=String
+
+    with pytest.raises(FeastImportError) as refused:
+        import_dump(dump, init_repo, out, "my_project")
+    (line,) = refused.value.problems
+    path = out / "driver_hourly_stats.yaml"
+    at = path.read_text().splitlines().index("    - {name: conv_rate, type: float, precision: float32}") + 1
+    assert line.startswith(f"{path}:{at}: source 'driver_hourly_stats': feature 'conv_rate': float/float32 -> string")
+    assert "`stored_as: conv_rate@2`" in line and f"on the feature in {out} (the next import keeps it)" in line
+    assert files_of(out) == init_import.files  # nothing written
+
+    # the way forward the line names: stored_as on the imported feature, kept by the next import
+    text = path.read_text()
+    path.write_text(
+        text.replace("{name: conv_rate, type: float, precision: float32}", "{name: conv_rate, type: float, stored_as: conv_rate@2}")
+    )
+    done = import_dump(dump, init_repo, out, "my_project")
+    assert yaml.safe_load(path.read_text())["source"]["features"][0] == {"name": "conv_rate", "type": "string", "stored_as": "conv_rate@2"}
+    lock = yaml.safe_load((out / "stored.lock").read_text())["entities"]["driver"]
+    assert lock["conv_rate@2"] == {"source": "driver_hourly_stats", "feature": "conv_rate", "encoding": "string"}
+    assert lock["conv_rate"] == {
+        "source": "driver_hourly_stats",
+        "feature": "conv_rate",
+        "encoding": "float/float32",
+        "retired": dt.datetime.now(dt.UTC).date().isoformat(),
+    }
+    assert sorted(done.written.written) == ["IMPORTED.md", "driver_hourly_stats.yaml", "stored.lock"]
+    assert files_of(out)["entities.yaml"] == init_import.files["entities.yaml"]
+    load_definitions(out)
+
+
+def test_a_view_removed_in_feast_is_removed_and_its_names_retired(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    dump = copy.deepcopy(init_import.dump)
+    dump["feature_views"] = [v for v in dump["feature_views"] if v["name"] != "driver_hourly_stats_fresh"]
+    done = import_dump(dump, init_repo, out, "my_project")
+    assert done.written.removed == ["driver_hourly_stats_fresh.yaml"]
+    assert "driver_hourly_stats.yaml" in done.written.unchanged
+    entities = yaml.safe_load((out / "entities.yaml").read_text())["entities"]
+    assert [e["name"] for e in entities] == ["driver"]
+    # the lock still says what the stores hold under the gone entity type's keys (they stay until their TTL)
+    assert yaml.safe_load((out / "stored.lock").read_text()) == yaml.safe_load(init_import.files["stored.lock"])
+    assert "entity type driver__driver_hourly_stats_fresh (prefix ddhsf) is no longer imported" in "\n".join(done.plan.warnings)
+    services = yaml.safe_load((out / "feature_services.yaml").read_text())["feature_services"]
+    assert [s["name"] for s in services] == ["driver_activity_v1", "driver_activity_v2"]  # v3 read only the removed view
+    load_definitions(out)
+
+
+def test_what_feast_printed_but_cannot_be_imported(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    twice = copy.deepcopy(init_import.dump)  # parse_repo keeps two objects of one name; Feast's apply refuses them
+    twice["feature_views"].append(copy.deepcopy(twice["feature_views"][0]))
+    with pytest.raises(FeastImportError) as refused:
+        import_dump(twice, init_repo, out, "my_project")
+    name = twice["feature_views"][0]["name"]
+    assert refused.value.problems == [f"{init_repo}: two feature views named {name!r} (Feast's apply refuses that too)"]
+    assert not out.exists()
+
+    # a view without a schema whose source Feast could not read: left out, saying why; the rest imported
+    no_schema = copy.deepcopy(init_import.dump)
+    (fresh,) = [v for v in no_schema["feature_views"] if v["name"] == "driver_hourly_stats_fresh"]
+    fresh.update(features=[], inference_error="FileNotFoundError: data/driver_stats.parquet")
+    done = import_dump(no_schema, init_repo, out, "my_project")
+    assert (
+        "feature view driver_hourly_stats_fresh: it declares no schema and Feast could not infer its features from the source "
+        "(FileNotFoundError: data/driver_stats.parquet)" in done.plan.left_out
+    )
+    assert sorted(load_definitions(out).sources) == ["driver_hourly_stats"]
+
+
+# --- a repository written here: what the example does not have -----------------------------------
+
+HAND_STORE = """\
+project: hand_made
+registry: data/registry.db
+provider: local
+online_store:
+  type: redis
+  connection_string: "localhost:6379"
+  key_ttl_seconds: 604800
+entity_key_serialization_version: 3
+"""
+HAND_FEATURES = """\
+from datetime import timedelta
+
+from feast import BigQuerySource, Entity, FeatureService, FeatureView, Field, FileSource, KafkaSource, PushSource, StreamFeatureView
+from feast import ValueType
+from feast.data_format import DeltaFormat, JsonFormat
+from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
+from feast.types import Array, Bool, Bytes, Float32, Float64, Int32, Int64, String, UnixTimestamp
+
+driver = Entity(name="driver", join_keys=["driver_id"], value_type=ValueType.INT64, description="A driver.")
+customer = Entity(name="customer", join_keys=["customer_id"], value_type=ValueType.STRING)
+
+customer_profile = FeatureView(
+    name="customer_profile",
+    entities=[customer],
+    ttl=timedelta(hours=6),
+    schema=[
+        Field(name="lifetime_orders", dtype=Int32),
+        Field(name="segment", dtype=String),
+        Field(name="is_vip", dtype=Bool),
+        Field(name="last_order_at", dtype=UnixTimestamp),
+        Field(name="raw_blob", dtype=Bytes),
+        Field(name="ConvRate", dtype=Float64),
+    ],
+    source=SparkSource(name="customer_profile_table", table="analytics.customer_profile", timestamp_field="updated_at"),
+)
+
+trips_source = FileSource(
+    name="trips_source",
+    path="data/trips",
+    timestamp_field="ts",
+    created_timestamp_column="loaded_at",
+    field_mapping={"trip_count_raw": "trip_count", "cust": "customer_id", "ts_raw": "ts"},
+)
+driver_customer_trips = FeatureView(
+    name="driver_customer_trips",
+    entities=[driver, customer],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="trip_count", dtype=Int64),
+        Field(name="recent_trip_ids", dtype=Array(Int64)),
+        Field(name="recent_zones", dtype=Array(String)),
+        Field(name="route_embedding", dtype=Array(Float32), vector_length=4),
+        Field(name="fares", dtype=Array(Float64)),
+        Field(name="flags", dtype=Array(Bool)),
+    ],
+    source=trips_source,
+)
+
+driver_delta = FileSource(name="driver_delta", path="data/driver_stats.delta", file_format=DeltaFormat(), timestamp_field="event_timestamp")
+driver_stream = KafkaSource(
+    name="driver_stream",
+    kafka_bootstrap_servers="localhost:9092",
+    topic="driver_stats",
+    timestamp_field="event_timestamp",
+    batch_source=driver_delta,
+    message_format=JsonFormat(schema_json="rating double"),
+)
+driver_ratings = FeatureView(
+    name="driver_ratings", entities=[driver], ttl=timedelta(days=7), schema=[Field(name="rating", dtype=Float64)], source=driver_stream
+)
+
+driver_rating_stream = StreamFeatureView(
+    name="driver_rating_stream",
+    entities=[driver],
+    ttl=timedelta(days=1),
+    schema=[Field(name="rating_now", dtype=Float64)],
+    source=driver_stream,
+)
+driver_snapshots = FeatureView(
+    name="driver_snapshots",
+    entities=[driver],
+    schema=[Field(name="active", dtype=Bool)],
+    source=SparkSource(name="snapshot_files", path="data/snapshots", file_format="parquet", timestamp_field="ts"),
+)
+driver_queried = FeatureView(
+    name="driver_queried",
+    entities=[driver],
+    schema=[Field(name="n", dtype=Int64)],
+    source=SparkSource(name="snapshot_query", query="SELECT * FROM x", timestamp_field="ts"),
+)
+
+orders_push = PushSource(name="orders_push", batch_source=FileSource(name="orders_file", path="data/orders.parquet", timestamp_field="ts"))
+driver_orders = FeatureView(name="driver_orders", entities=[driver], schema=[Field(name="orders_today", dtype=Int64)], source=orders_push)
+
+driver_history = FeatureView(
+    name="driver_history",
+    entities=[driver],
+    schema=[Field(name="lifetime_trips", dtype=Int64)],
+    source=FileSource(name="history_file", path="data/not_yet.parquet", timestamp_field="ts"),
+)
+warehouse_stats = FeatureView(
+    name="warehouse_stats",
+    entities=[driver],
+    schema=[Field(name="score", dtype=Float64)],
+    source=BigQuerySource(name="bq", table="project.dataset.stats", timestamp_field="ts"),
+)
+offline_only = FeatureView(
+    name="offline_only", entities=[driver], online=False, schema=[Field(name="hist", dtype=Float64)], source=driver_delta
+)
+
+scoring = FeatureService(
+    name="scoring",
+    features=[customer_profile[["segment", "raw_blob"]], driver_customer_trips, warehouse_stats],
+    description="What the scoring model reads.",
+)
+"""
+
+
+@dataclass
+class HandImport:
+    repo: Path
+    out: Path
+    refused: Run
+    dump: dict
+
+
+@pytest.fixture(scope="module")
+def hand_import(tmp_path_factory, feast_python) -> HandImport:
+    """The repository imported without --allow-missing-data: refused (one of its paths has no
+    data yet); what Feast printed for it, for the import with the flag (one Feast process for both)."""
+    repo = hand_repo(tmp_path_factory)
+    out = tmp_path_factory.mktemp("hand-import") / "defs"
+    run, dump = import_cli_keeping_dump(repo, "--out", out, "--feast-python", feast_python)
+    return HandImport(repo, out, run, dump)
+
+
+def hand_repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("hand") / "repo"
+    (repo / "data" / "trips").mkdir(parents=True)
+    (repo / "data" / "driver_stats.delta").mkdir()
+    (repo / "data" / "snapshots").mkdir()
+    (repo / "data" / "trips" / "part-0.parquet").touch()  # the import only looks that the paths are there
+    (repo / "data" / "orders.parquet").touch()
+    (repo / "feature_store.yaml").write_text(HAND_STORE)
+    (repo / "features.py").write_text(HAND_FEATURES)
+    return repo
+
+
+HAND_LEFT_OUT = {
+    "feature customer_profile:raw_blob (Bytes)": "no type here holds raw bytes",
+    "feature customer_profile:ConvRate": "a feature name here is [a-z][a-z0-9_]{0,127}",
+    "feature view offline_only": "online=False",
+    "stream feature view driver_rating_stream": "from a stream with its transformation",
+    "feature view driver_queried": "reads a query; the job reads tables and paths",
+    "feature view warehouse_stats": "is a BigQuerySource, which no Spark reader here reads",
+    "stream source driver_stream (KafkaSource)": "driver_ratings: imported from its batch source",
+    "push source orders_push": "driver_orders: imported from its batch source",
+    "feature service scoring: reference customer_profile:raw_blob": "the feature is not carried over",
+    "feature service scoring: reference warehouse_stats:score": "its view is not carried over",
+}
+HAND_TYPES = {
+    "customer_profile:lifetime_orders": "Int32 -> int",
+    "customer_profile:segment": "String -> string",
+    "customer_profile:is_vip": "Bool -> bool",
+    "customer_profile:last_order_at": "UnixTimestamp -> int: epoch seconds",
+    "driver_customer_trips:trip_count": "Int64 -> int",
+    "driver_customer_trips:recent_trip_ids": "Array(Int64) -> int_list",
+    "driver_customer_trips:recent_zones": "Array(String) -> string_list",
+    "driver_customer_trips:route_embedding": "Array(Float32) -> embedding, dimension 4",
+    "driver_customer_trips:fares": "Array(Float64) -> json",
+    "driver_customer_trips:flags": "Array(Bool) -> json",
+    "driver_ratings:rating": "Float64 -> float",
+}
+
+
+def test_a_path_with_no_data_stops_the_import_unless_allowed(hand_import):
+    run, hand_repo, out = hand_import.refused, hand_import.repo, hand_import.out
+    assert run.code == 2
+    assert run.errors == [
+        f"error: feature view driver_history: source path {hand_repo / 'data' / 'not_yet.parquet'} does not exist "
+        "(FileSource history_file): nothing imported (--allow-missing-data imports before the data exists)"
+    ]
+    assert not out.exists()
+
+
+def test_what_the_example_lacks_is_imported_as_expected(hand_import):
+    # as `--allow-missing-data` goes on, from what Feast printed in the refused run
+    hand_repo, out = hand_import.repo, hand_import.out
+    done = import_dump(hand_import.dump, hand_repo, out, "hand_made", key_ttl_seconds=604800, allow_missing_data=True)
+    run = Run(0, "\n".join(report(done)), "")
+    load = {p.name: yaml.safe_load(p.read_text()) for p in out.glob("*.yaml")}
+    assert sorted(load) == [
+        "customer_profile.yaml",
+        "driver_customer_trips.yaml",
+        "driver_history.yaml",
+        "driver_orders.yaml",
+        "driver_ratings.yaml",
+        "driver_snapshots.yaml",
+        "entities.yaml",
+        "feature_services.yaml",
+    ]
+    week = 604800  # Feast's Redis key_ttl_seconds
+    assert load["entities.yaml"]["entities"] == [
+        {
+            "name": "customer",
+            "prefix": "c",
+            "keys": [{"name": "customer_id", "type": "string"}],
+            "ttl_seconds": week,
+            "sql_table": "customer_features",
+            "description": "Feast entity customer",
+        },
+        {  # a view of two entities: an entity type keyed by both join keys, entities in name order
+            "name": "customer_driver",
+            "prefix": "cd",
+            "keys": [{"name": "customer_id", "type": "string"}, {"name": "driver_id", "type": "int"}],
+            "ttl_seconds": week,
+            "sql_table": "customer_driver_features",
+            "description": "Feast entities customer, driver, together",
+        },
+        {
+            "name": "driver",
+            "prefix": "d",
+            "keys": [{"name": "driver_id", "type": "int"}],
+            "ttl_seconds": week,
+            "sql_table": "driver_features",
+            "description": "A driver.",
+        },
+    ]
+    event_time = {"layout": "wide", "select_by": "event_time"}
+    assert load["customer_profile.yaml"]["source"] == {
+        "name": "customer_profile",
+        "entity": "customer",
+        "table": "analytics.customer_profile",
+        **event_time,
+        "timestamp_column": "updated_at",
+        "max_age_seconds": 6 * 3600,
+        "features": [
+            {"name": "lifetime_orders", "type": "int"},
+            {"name": "segment", "type": "string"},
+            {"name": "is_vip", "type": "bool"},
+            {"name": "last_order_at", "type": "int"},
+        ],
+    }
+    assert load["driver_customer_trips.yaml"]["source"] == {
+        "name": "driver_customer_trips",
+        "entity": "customer_driver",
+        "location": str(hand_repo / "data" / "trips"),
+        "format": "parquet",
+        **event_time,
+        "timestamp_column": "ts_raw",  # field_mapping renames the event time, a key and a feature
+        "created_column": "loaded_at",
+        "key_columns": ["cust", "driver_id"],
+        "features": [
+            {"name": "trip_count", "type": "int", "column": "trip_count_raw"},
+            {"name": "recent_trip_ids", "type": "int_list"},
+            {"name": "recent_zones", "type": "string_list"},
+            {"name": "route_embedding", "type": "embedding", "dimension": 4},
+            {"name": "fares", "type": "json"},
+            {"name": "flags", "type": "json"},
+        ],
+    }
+    assert load["driver_ratings.yaml"]["source"] == {
+        "name": "driver_ratings",
+        "entity": "driver",
+        "location": str(hand_repo / "data" / "driver_stats.delta"),
+        "format": "delta",
+        **event_time,
+        "timestamp_column": "event_timestamp",
+        "max_age_seconds": 7 * 86400,
+        "features": [{"name": "rating", "type": "float"}],
+    }
+    for name, feature, path, kind in (
+        ("driver_orders", "orders_today", "orders.parquet", "int"),
+        ("driver_history", "lifetime_trips", "not_yet.parquet", "int"),
+        ("driver_snapshots", "active", "snapshots", "bool"),  # a SparkSource's path
+    ):
+        assert load[f"{name}.yaml"]["source"] == {
+            "name": name,
+            "entity": "driver",
+            "location": str(hand_repo / "data" / path),
+            "format": "parquet",
+            **event_time,
+            "timestamp_column": "ts",
+            "features": [{"name": feature, "type": kind}],
+        }
+    trips = [f"driver_customer_trips:{f}" for f in ("trip_count", "recent_trip_ids", "recent_zones", "route_embedding", "fares", "flags")]
+    assert load["feature_services.yaml"]["feature_services"] == [
+        {"name": "scoring", "features": ["customer_profile:segment", *trips], "description": "What the scoring model reads."}
+    ]
+    for ref, choice in HAND_TYPES.items():
+        (line,) = [x for x in run.stdout.splitlines() if x.startswith(f"  {ref}: ")]
+        assert line.startswith(f"  {ref}: {choice}"), line
+    assert_left_out(run.stdout, HAND_LEFT_OUT)
+    assert f"warning: feature view driver_history: source path {hand_repo / 'data' / 'not_yet.parquet'} does not exist" in run.stdout
+    assert sorted(load_definitions(out).sources) == sorted(n.removesuffix(".yaml") for n in load if n.startswith(("customer_", "driver_")))
+
+
+# --- bad input: one line each, nothing written ----------------------------------------------------
+
+
+def test_a_folder_without_feature_store_yaml(tmp_path, feast_python):
+    (tmp_path / "repo").mkdir()
+    run = import_cli(tmp_path / "repo", "--out", tmp_path / "defs", "--feast-python", feast_python)
+    assert run.code == 2
+    assert run.errors == [
+        f"error: {tmp_path / 'repo'}: no feature_store.yaml: REPO is the folder of a Feast repository's feature_store.yaml "
+        "(`feast init NAME` writes it in NAME/feature_repo)"
+    ]
+    assert not (tmp_path / "defs").exists()
+
+
+def test_a_repository_that_does_not_load(tmp_path, feast_python):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "feature_store.yaml").write_text("project: broken\nregistry: data/registry.db\nprovider: local\n")
+    (repo / "defs.py").write_text('from feast import Entity\n\nprint("top-level output goes to stderr")\n\nrate = Flaot32\n')
+    run = import_cli(repo, "--out", tmp_path / "defs", "--feast-python", feast_python)
+    assert run.code == 2
+    assert run.errors == [f"error: {repo / 'defs.py'}:5: the Feast repository does not load: NameError: name 'Flaot32' is not defined"]
+    assert not (tmp_path / "defs").exists()
+    assert sorted(p.name for p in repo.iterdir()) == ["defs.py", "feature_store.yaml"]  # no __pycache__ left behind
+
+
+def test_no_feast_interpreter(tmp_path, monkeypatch, feast_python):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "feature_store.yaml").write_text("project: p\n")
+    out = tmp_path / "defs"
+    how = "pass the Python of your Feast environment with --feast-python (e.g. --feast-python ~/venvs/feast/bin/python)"
+
+    run = import_cli(repo, "--out", out, "--feast-python", tmp_path / "nowhere" / "python")
+    assert (run.code, run.errors) == (2, [f"error: --feast-python {tmp_path / 'nowhere' / 'python'}: no such executable"])
+
+    run = import_cli(repo, "--out", out, "--feast-python", sys.executable)  # this project's venv: no Feast in it
+    assert (run.code, run.errors) == (2, [f"error: {sys.executable} cannot import Feast: No module named 'feast': {how}"])
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `feast` command to find the interpreter by
+    run = import_cli(repo, "--out", out)
+    assert (run.code, run.errors) == (2, [f"error: no `feast` command on PATH to find Feast's Python by: {how}"])
+
+    # the `feast` command on PATH names its interpreter in its first line, as pip writes it
+    (tmp_path / "feast").write_text(f"#!{feast_python}\nimport sys\n")
+    (tmp_path / "feast").chmod(0o755)
+    assert command.find_python() == feast_python
+    assert not out.exists()
