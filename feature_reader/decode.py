@@ -17,6 +17,7 @@ import numpy as np
 
 from feature_defs import FeatureDef
 from serializers import decode
+from serializers.json_value import from_parsed
 from serializers.scalar import INT64_MAX, INT64_MIN, DecodeError
 
 BAD = object()
@@ -309,6 +310,11 @@ def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
         return value if isinstance(value, bool) else BAD
     if kind == "string":
         return value if isinstance(value, str) else BAD
+    if kind == "json":  # the value itself; its numbers as decoding Redis's text reads them
+        try:
+            return from_parsed(value)
+        except ValueError:
+            return BAD
     if not isinstance(value, list):
         return BAD
     if kind == "embedding":

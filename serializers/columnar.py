@@ -159,29 +159,29 @@ def _snappy_column(arr: pa.Array) -> pa.Array:
     return pa.array([None if v is None else snappy.compress(v) for v in arr.to_pylist()], pa.binary())
 
 
-def _json_converter(t: pa.DataType) -> Callable[[Any], Any] | None:
+def _json_converter(t: pa.DataType, strict: bool = True) -> Callable[[Any], Any] | None:
     """What turns ``to_pylist()``'s value of an Arrow type into the value JSON holds: a map
     (a list of pairs there) into a dict, a float32 into ``numpy.float32`` (written in its
     shortest float32 digits). None: the value is right as it is."""
     if pa.types.is_struct(t):
-        fields = [(t.field(i).name, _json_converter(t.field(i).type)) for i in range(t.num_fields)]
+        fields = [(t.field(i).name, _json_converter(t.field(i).type, strict)) for i in range(t.num_fields)]
         if all(c is None for _, c in fields):
             return None
         return lambda v: None if v is None else {n: v[n] if c is None else c(v[n]) for n, c in fields}
     if pa.types.is_map(t):
-        item = _json_converter(t.item_type)
+        item = _json_converter(t.item_type, strict)
 
         def pairs(v):
             if v is None:
                 return None
             out = {k: x if item is None else item(x) for k, x in v}
-            if len(out) != len(v):
+            if strict and len(out) != len(v):
                 raise BadJson(json_value.DUPLICATE_KEY)
             return out
 
         return pairs
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        element = _json_converter(t.value_type)
+        element = _json_converter(t.value_type, strict)
         return None if element is None else (lambda v: None if v is None else [element(x) for x in v])
     if pa.types.is_float32(t) or pa.types.is_float16(t):
         return lambda v: None if v is None else np.float32(v)
@@ -194,7 +194,7 @@ def json_texts(arr: pa.Array, max_bytes: int | None = None) -> tuple[list[bytes 
     list, numbers, booleans) holds the values themselves."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    convert = None if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) else _json_converter(arr.type)
+    convert = _json_converter(arr.type)
     texts: list[bytes | None] = []
     problems: list[BadJson | None] = []
     for value in arr.to_pylist():
@@ -205,6 +205,13 @@ def json_texts(arr: pa.Array, max_bytes: int | None = None) -> tuple[list[bytes 
             texts.append(None)
             problems.append(exc)
     return texts, problems
+
+
+def json_values(arr: pa.Array) -> list:
+    """The values of a json column as Python values (a map a dict, however its keys repeat; a
+    string a JSON text): what :func:`json_texts` writes, or shows of a value it refuses."""
+    convert = _json_converter(arr.type, strict=False)
+    return arr.to_pylist() if convert is None else [convert(v) for v in arr.to_pylist()]
 
 
 def _encode_json(arr: pa.Array, max_bytes: int | None) -> pa.Array:

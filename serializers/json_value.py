@@ -252,8 +252,8 @@ def _normal(value: Any) -> Any:
         if not math.isfinite(value):
             raise ValueError("NaN or infinity")
         return int(value) if value.is_integer() and -_TWO_63 <= value < _TWO_63 else value
-    if isinstance(value, dict):
-        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, dict):  # keys in the stored text's order (JSONB keeps its own)
+        return {k: _normal(value[k]) for k in sorted(value)}
     if isinstance(value, list):
         return [_normal(v) for v in value]
     raise ValueError(f"not a JSON value: {type(value).__name__}")
@@ -261,9 +261,9 @@ def _normal(value: Any) -> Any:
 
 def from_parsed(value: Any) -> Any:
     """A value a JSON parser read from elsewhere (the SQL store's JSONB, parsed with
-    ``json.loads``) as :func:`decode` reads it: a whole number within int64 an int, any other
-    number a float. Raises ValueError for what no writer stores (null, NaN/inf, a number
-    beyond float64)."""
+    ``json.loads``) as :func:`decode` reads the canonical text: a whole number within int64
+    an int, any other number a float, object keys in code-point order. Raises ValueError for
+    what no writer stores (null, NaN/inf, a number beyond float64)."""
     if value is None:
         raise ValueError("a top-level null is never written")
     try:
