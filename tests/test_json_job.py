@@ -13,6 +13,7 @@ import json
 
 import pytest
 import snappy
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import DEFAULT_DIR, load_definitions
@@ -94,7 +95,8 @@ def written(spark, redis_server, pg_server, tmp_path_factory):
     (root / "defs" / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
     (root / "defs" / "tiny.yaml").write_text(TINY_SOURCE + FEATURES)
     defs = load_definitions(root / "defs")
-    df = spark.createDataFrame([(cid, *values, DAY) for cid, values in ROWS.items()], SCHEMA)
+    # consumer 12 twice: the de-duplication runs over a map column (Spark hashes no map: its JSON is hashed)
+    df = spark.createDataFrame([(cid, *values, DAY) for cid, values in [*ROWS.items(), (12, ROWS[12])]], SCHEMA)
     df.write.format("delta").save(str(root / "tiny"))
     redis_server.client(DB).flushdb()
     with pg_server.connect() as conn:
@@ -114,6 +116,7 @@ def test_bad_values_are_quarantined_per_row_and_the_rest_written(spark, written)
     conf, defs, summary = written
     assert summary.status == "succeeded", summary.error
     assert summary.bad_rows == len(BAD) and summary.entities == len(ROWS) - len(BAD) == len(STORED)
+    assert summary.superseded_rows == 1  # the copy of consumer 12
     assert summary.bad_reasons == {r: sum(r in rs for rs in BAD.values()) for rs in BAD.values() for r in rs}
     quarantined = spark.read.format("delta").load(summary.quarantine_table).where(f"ds = '{DAY}'").collect()
     assert {json.loads(r["row"])["consumer_id"]: sorted(r["reasons"]) for r in quarantined} == {c: sorted(rs) for c, rs in BAD.items()}
@@ -303,3 +306,20 @@ def test_the_gate_checks_json_nulls_and_nothing_else(spark):
     assert outcome["cfg null at most 50%"] == (True, 2)
     assert outcome["meta null at most 25%"] == (False, 3)
     assert profile["cfg"] == {"null_fraction": 0.5} and profile["meta"] == {"null_fraction": 0.75}
+
+
+def test_a_long_layouts_string_values_are_json_texts(spark):
+    from feature_defs.models import SourceDef
+    from jobs.transforms import REASONS, long_features, tag_value_problems
+
+    entity = load_definitions(DEFAULT_DIR).entities["consumer"]
+    NO_REASONS = F.array().cast("array<string>")  # noqa: N806
+    long = SourceDef.model_validate(
+        {"name": "t", "entity": "consumer", "location": "t", "layout": "long", "name_column": "name", "value_column": "value",
+         "features": [{"name": "cfg", "type": "json"}, {"name": "n", "type": "int"}]}
+    )  # fmt: skip
+    rows = [(1, "cfg", ' {"b": 1, "a": 2.0} ', DAY), (1, "n", "5", DAY), (2, "cfg", "[NaN]", DAY), (3, "cfg", "null", DAY)]
+    df = spark.createDataFrame(rows, "consumer_id long, name string, value string, ds date").withColumn(REASONS, NO_REASONS)
+    tagged = tag_value_problems(long_features(df, long, entity), long)
+    got = {r["consumer_id"]: (r["cfg"], r["n"], list(r[REASONS])) for r in tagged.collect()}
+    assert got == {1: ('{"a":2,"b":1}', 5, []), 2: ("[NaN]", None, ["cfg: NaN or infinity in JSON"]), 3: (None, None, [])}
