@@ -395,7 +395,9 @@ def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataF
 
 
 def feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:
-    return tuple(FeatureSpec(f.name, f.type, f.options, f.stored_as) for f in source.features)
+    # json columns hold canonical text by the writers' turn (tag_value_problems): not parsed again
+    canonical = {"json": {"canonical": True}}
+    return tuple(FeatureSpec(f.name, f.type, {**f.options, **canonical.get(f.type, {})}, f.stored_as) for f in source.features)
 
 
 def _json_map_partition(specs: tuple[FeatureSpec, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -222,8 +222,20 @@ def _encode_json(arr: pa.Array, max_bytes: int | None) -> pa.Array:
     return pa.array(texts, pa.binary())
 
 
+def _canonical_column(arr: pa.Array, max_bytes: int | None) -> pa.Array:
+    """A string column the job made canonical already (jobs/json_values.py): only its size checked."""
+    out = arr.cast(pa.binary())
+    if max_bytes is not None and len(out) and (pc.max(pc.binary_length(out)).as_py() or 0) > max_bytes:
+        raise BadJson(json_value.too_large(max_bytes))
+    return out
+
+
 def encode_column(feature_type: str, arr: pa.Array, **options: Any) -> tuple[pa.Array, int]:
-    """Encode one feature column. Returns (binary array, count of NaN/inf turned into null)."""
+    """Encode one feature column. Returns (binary array, count of NaN/inf turned into null).
+
+    json: ``canonical=True`` declares a string column of canonical JSON text already (the
+    job's, made so before its checks), written as it is; otherwise each value is made
+    canonical here."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if feature_type == "float":
@@ -241,7 +253,7 @@ def encode_column(feature_type: str, arr: pa.Array, **options: Any) -> tuple[pa.
     if feature_type == "embedding":
         return _encode_embedding(arr, options.get("dimension")), 0
     if feature_type == "json":
-        out = _encode_json(arr, options.get("max_bytes"))
+        out = _canonical_column(arr, options.get("max_bytes")) if options.get("canonical") else _encode_json(arr, options.get("max_bytes"))
         return (_snappy_column(out) if options.get("compression", "none") == "snappy" else out), 0
     if feature_type == "int_list":
         out = _encode_int_list(arr)

@@ -72,6 +72,8 @@ def json_value_column(spec: FeatureSpec, arr: pa.Array) -> tuple[pa.Array, int]:
     if spec.type == "string_list":
         return _json_array(arr, _json_strings), 0
     if spec.type == "json":  # the value itself, its canonical text (serializers.json_value), not a string holding it
+        if spec.options.get("canonical"):
+            return arr.cast(pa.string()), 0
         texts, problems = json_texts(arr, spec.options.get("max_bytes"))
         bad = next((p for p in problems if p is not None), None)
         if bad is not None:

@@ -299,3 +299,15 @@ def test_the_format_docs_examples_are_what_the_encoder_writes():
     assert len(rows) >= 8 and len(rows) == section.count("\n") - 1, section
     for given, stored in rows:
         assert encode("json", given) == stored.encode("utf-8"), (given, stored)
+
+
+def test_a_column_declared_canonical_is_written_as_it_is():
+    """The job's writers get canonical text already (its checks made it so): not parsed again, only its size checked.
+    Snappy of 7 bytes: varint(7), a literal tag (7-1)<<2 = 0x18, the bytes."""
+    arr = pa.array(['{"a":1}', None])
+    assert encode_column("json", arr, canonical=True)[0].to_pylist() == [b'{"a":1}', None]
+    assert encode_column("json", arr, canonical=True, compression="snappy")[0].to_pylist() == [bytes.fromhex("0718") + b'{"a":1}', None]
+    with pytest.raises(BadJson, match="JSON larger than 6 bytes"):
+        encode_column("json", arr, canonical=True, max_bytes=6)
+    maps, _ = encode_json_maps(pa.RecordBatch.from_arrays([arr], names=["j"]), [FeatureSpec("j", "json", {"canonical": True})])
+    assert maps.to_pylist() == ['{"j":{"a":1}}', "{}"]
