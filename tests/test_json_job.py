@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import pytest
 import snappy
@@ -63,6 +64,7 @@ ROWS = {
         '{"max_distance_km": 34, "preferred_zones": ["south", "west"]}', {"vehicle_type": "truck", "rating": "4.3"},
         {"b": 1.0, "a": 0.25}, [1.0, 2.5],
     ),
+    14: (None, None, {f"k{i:03}": i / 4 for i in range(100)}, [i / 8 for i in range(200)]),  # larger: the cache counts them
 }  # fmt: skip
 BAD = {
     2: ["cfg: NaN or infinity in JSON"],
@@ -81,6 +83,8 @@ STORED = {  # what each good value is stored as (Redis's bytes before Snappy; SQ
     11: {"cfg": '"just a string"'},
     12: {"cfg": '{"max_distance_km":34,"preferred_zones":["south","west"]}', "meta": '{"rating":"4.3","vehicle_type":"truck"}',
          "prof": '{"a":0.25,"b":1}', "hist": "[1,2.5]"},
+    14: {"prof": "{" + ",".join(f'"k{i:03}":{i // 4 if i % 4 == 0 else i / 4}' for i in range(100)) + "}",
+         "hist": "[" + ",".join(str(i // 8 if i % 8 == 0 else i / 8) for i in range(200)) + "]"},
 }  # fmt: skip
 AS_OF = as_of_epoch(DAY)
 
@@ -123,7 +127,10 @@ def test_bad_values_are_quarantined_per_row_and_the_rest_written(spark, written)
     shown = {json.loads(r["row"])["consumer_id"]: json.loads(r["row"]) for r in quarantined}
     assert shown[3]["cfg"] == '{"a": ' and shown[4]["prof"] == '{"y": NaN}'  # the bad value as read
     # read back after the write by the job itself, from both stores
-    assert {s: (v["checked"], v["mismatches"]) for s, v in summary.verification.items()} == {"redis": (5, 0), "cockroach": (5, 0)}
+    assert {s: (v["checked"], v["mismatches"]) for s, v in summary.verification.items()} == {
+        "redis": (len(STORED), 0),
+        "cockroach": (len(STORED), 0),
+    }
 
 
 def test_both_stores_hold_the_canonical_text_raw(written, redis_server, pg_server):
@@ -164,7 +171,7 @@ def _expected(cids: list[int], name: str) -> tuple[list, list[str]]:
     return values, statuses
 
 
-CIDS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+CIDS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 
 
 def test_the_reader_returns_the_python_values_from_both_stores(written):
@@ -180,10 +187,28 @@ def test_the_reader_returns_the_python_values_from_both_stores(written):
                 assert repr(column.values) == repr(values), (store, name)  # ints as ints, floats as floats, at any depth
             assert result.column("cfg").values[0] == {"max_distance_km": 100, "n": {"z": None, "é": 0}, "preferred_zones": ["east"]}
             assert result.to_dict()["prof"][0] == {"a": 0.1, "b": 1e19}
+    # the cache counts what the values hold as Python objects, not their stored bytes (a Snappy block is far shorter)
+    for store in ("redis", "sql"):
+        with FeatureReader(conf, defs, clock=clock) as reader:
+            values = reader.get_online_features(["tiny:prof", "tiny:hist"], {"consumer_id": [14]}, store=store).to_dict()
+            assert reader.cache.bytes >= _deep_size(values["prof"][0]) + _deep_size(values["hist"][0]), store
     # the cache hands out the values read (as it does lists): the same Python values
     with FeatureReader(conf, defs, clock=clock) as reader:
         for _ in range(2):
             assert reader.get_online_features(["tiny:hist"], {"consumer_id": [1]}).to_dict()["hist"] == [[10**16, -2]]
+
+
+def _deep_size(value) -> int:
+    """Bytes of a value's Python objects, each counted once."""
+    seen, total, todo = set(), 0, [value]
+    while todo:
+        v = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        total += sys.getsizeof(v)
+        todo += [*v.keys(), *v.values()] if isinstance(v, dict) else v if isinstance(v, list) else []
+    return total
 
 
 def _asgi_post(app: FeatureServer, body: bytes) -> tuple[int, bytes]:
