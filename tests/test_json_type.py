@@ -277,7 +277,7 @@ def test_the_sql_object_holds_the_value_itself():
     assert maps.to_pylist() == ['{"n":1,"cfg":{"a":{},"b":[1,"x\\"y"]}}', '{"n":2}', '{"n":3,"cfg":"s"}']
 
 
-def test_every_place_that_lists_types_knows_json():
+def test_every_place_that_lists_types_knows_json(tmp_path):
     from feature_defs import FeatureDef
     from feature_defs.models import FeatureType
     from jobs.pipeline.gate.checks import _TYPE_NAMES
@@ -292,6 +292,31 @@ def test_every_place_that_lists_types_knows_json():
         decode("jsonb", b"{}")
     with pytest.raises(ValueError, match="unknown feature type 'jsonb'"):
         encode_column("jsonb", pa.array(["{}"]))
+
+    # definitions: the options and the lock's encodings
+    from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
+    from feature_defs.stored_lock import changes, locked, write_lock
+
+    (tmp_path / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    source = "source:\n  name: t\n  entity: consumer\n  location: t\n  layout: wide\n  features:\n"
+    (tmp_path / "t.yaml").write_text(source + "    - {name: a, type: json}\n    - {name: b, type: json, compression: snappy}\n")
+    defs = load_definitions(tmp_path)
+    assert [(f.name, f.encoding, f.options) for f in defs.sources["t"].features] == [
+        ("a", "json", {"compression": "none", "max_bytes": 65536}),
+        ("b", "json/snappy", {"compression": "snappy", "max_bytes": 65536}),
+    ]
+    write_lock(tmp_path, locked(defs, None))
+    assert "a: {source: t, feature: a, encoding: json}" in (tmp_path / "stored.lock").read_text()
+    # max_bytes changes no byte: nothing to record; compression does: refused
+    (tmp_path / "t.yaml").write_text(source + "    - {name: a, type: json, max_bytes: 100}\n    - {name: b, type: json}\n")
+    with pytest.raises(DefinitionError, match=r"feature 'b': json/snappy -> json: the values stored as json/snappy would be read as json"):
+        load_definitions(tmp_path)
+    found = changes(load_definitions(tmp_path, check_lock=False), locked(defs, None))
+    assert [c.text.split(":")[0] for c in found] == ["json/snappy -> json"]
+    # a type no version knows is refused naming the types there are, json among them
+    (tmp_path / "t.yaml").write_text(source + "    - {name: a, type: jsonb}\n")
+    with pytest.raises(DefinitionError, match=r"t.yaml:7: source.features.0.type: Input should be .*'string_list' or 'json'"):
+        load_definitions(tmp_path)
 
 
 def test_the_format_docs_examples_are_what_the_encoder_writes():
