@@ -12,8 +12,6 @@ cannot be one (text that is not JSON, NaN or ±inf, an integer beyond int64, lar
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -88,36 +86,37 @@ def _as_text(value) -> str | None:
     return json.dumps(value, ensure_ascii=False, default=lambda v: float(v) if isinstance(v, np.floating) else repr(v))
 
 
-def _canonical_partition(features: tuple[tuple[str, int], ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Each json column as canonical text (a bad value as read, for the quarantine), and
-    after the columns the reason each value is bad input (null: it is not)."""
-    for batch in batches:
-        columns, names = list(batch.columns), list(batch.schema.names)
-        for name, max_bytes in features:
-            at = names.index(name)
-            texts, problems = json_texts(batch.column(at), max_bytes)
-            shown = [None if t is None else t.decode("utf-8") for t in texts]
-            if any(problems):
-                raw = json_values(batch.column(at))
-                shown = [_as_text(raw[i]) if p is not None else t for i, (t, p) in enumerate(zip(shown, problems))]
-            columns[at] = pa.array(shown, pa.string())
-            columns.append(pa.array([None if p is None else f"{name}: {p.reason}" for p in problems], pa.string()))
-            names.append(_problem_column(name))
-        yield pa.RecordBatch.from_arrays(columns, names=names)
+def _canonical(name: str, max_bytes: int, values: pa.Array) -> pa.Array:
+    """A json column's values as (canonical text, the reason it is bad input): the text null
+    for a null; for a bad value, the value as read (what the quarantine shows)."""
+    texts, problems = json_texts(values, max_bytes)
+    shown = [None if t is None else t.decode("utf-8") for t in texts]
+    if any(problems):
+        raw = json_values(values)
+        shown = [_as_text(raw[i]) if p is not None else t for i, (t, p) in enumerate(zip(shown, problems))]
+    reasons = [None if p is None else f"{name}: {p.reason}" for p in problems]
+    return pa.StructArray.from_arrays([pa.array(shown, pa.string()), pa.array(reasons, pa.string())], names=["text", "problem"])
+
+
+def _canonical_of(name: str, max_bytes: int):
+    """:func:`_canonical` of one feature, as an Arrow UDF takes it (typed: Arrays to Arrays)."""
+
+    def canonical(values: pa.Array) -> pa.Array:
+        return _canonical(name, max_bytes, values)
+
+    return canonical
 
 
 def canonical_json(df: DataFrame, source: SourceDef) -> tuple[DataFrame, list]:
     """The source's json columns as canonical JSON text, and the reasons (one column each,
-    null where the value is good) to add to the rows' problems; unchanged without json features."""
+    null where the value is good) to add to the rows' problems; unchanged without json
+    features. An Arrow UDF per json column: only that column goes through Python."""
     jsons = [f for f in source.features if f.type == "json"]
-    if not jsons:
-        return df, []
-    by_name = {f.name for f in jsons}
-    fields = [T.StructField(f.name, T.StringType(), f.nullable) if f.name in by_name else f for f in df.schema.fields]
-    fields += [T.StructField(_problem_column(f.name), T.StringType()) for f in jsons]
-    spec = tuple((f.name, f.options["max_bytes"]) for f in jsons)
-    out = df.mapInArrow(partial(_canonical_partition, spec), T.StructType(fields))
-    return out, [F.col(_problem_column(f.name)) for f in jsons]
+    for f in jsons:
+        made = F.arrow_udf(_canonical_of(f.name, f.options["max_bytes"]), "text string, problem string")
+        df = df.withColumn(_problem_column(f.name), made(F.col(f.name)))
+        df = df.withColumn(f.name, F.col(_problem_column(f.name)).getField("text"))
+    return df, [F.col(_problem_column(f.name)).getField("problem") for f in jsons]
 
 
 def problem_columns(source: SourceDef) -> list[str]:
