@@ -17,7 +17,7 @@ import numpy as np
 
 from feature_defs import FeatureDef
 from serializers import decode
-from serializers.json_value import from_parsed
+from serializers.json_value import from_parsed, snappy_length
 from serializers.scalar import INT64_MAX, INT64_MIN, DecodeError
 
 BAD = object()
@@ -89,13 +89,9 @@ def json_extra_bytes(feats: list[FeatureDef], raws) -> int:
             continue
         size = len(raw)
         if f.options.get("compression") == "snappy":
-            size, shift = 0, 0
-            for byte in raw[:5]:  # the block's uncompressed length, a varint
-                size |= (byte & 0x7F) << shift
-                shift += 7
-                if byte < 0x80:
-                    break
-            size = min(size, f.options.get("max_bytes") or size)  # a longer one does not decode: nothing is held
+            # the text's length, as the block declares it; a longer one than max_bytes does not decode: not held
+            size, cap = snappy_length(raw) or 0, f.options.get("max_bytes")
+            size = size if cap is None else min(size, cap)
         extra += JSON_OBJECT_BYTES * size
     return extra
 

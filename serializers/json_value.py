@@ -186,6 +186,17 @@ def canonical_value(value: Any, max_bytes: int | None = None) -> bytes | None:
 # -- decoding -------------------------------------------------------------------------
 
 
+def snappy_length(block: bytes) -> int | None:
+    """The uncompressed length a Snappy raw block declares (its leading varint, at most 5
+    bytes); None when it declares none. Read before decompressing, to refuse a large one."""
+    length = 0
+    for i, byte in enumerate(block[:5]):
+        length |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            return length
+    return None
+
+
 def _int(text: str) -> int | float:
     if len(text) <= 18:  # the common case: within int64 by its digits
         return int(text)

@@ -187,23 +187,15 @@ def _decode_list(feature_type: str, message: type, data: bytes, options: dict[st
     return list(_parse(feature_type, message, data).values)
 
 
-def _snappy_length(data: bytes) -> int:
-    """The uncompressed length a Snappy raw block declares (its leading varint)."""
-    length, shift = 0, 0
-    for byte in data[:5]:
-        length |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return length
-        shift += 7
-    raise _fail("json", data, "not a Snappy block: no length")
-
-
 def _decode_json(data: bytes, options: dict[str, Any]) -> Any:
     max_bytes = options.get("max_bytes")
     if _json_compressed(options):
         # refused before decompressing: a block may declare up to 4 GiB
-        if max_bytes is not None and _snappy_length(data) > max_bytes:
-            raise _fail("json", data, f"Snappy block of {_snappy_length(data):,} bytes, larger than max_bytes {max_bytes:,}")
+        declared = json_value.snappy_length(data)
+        if declared is None:
+            raise _fail("json", data, "not a Snappy block: no length")
+        if max_bytes is not None and declared > max_bytes:
+            raise _fail("json", data, f"Snappy block of {declared:,} bytes, larger than max_bytes {max_bytes:,}")
         try:
             data = snappy.decompress(data)
         except Exception as exc:
