@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import redis
 
 from feature_defs import Definitions, FeatureDef
-from feature_reader.decode import BAD, ColumnDecoder
+from feature_reader.decode import BAD, ColumnDecoder, json_extra_bytes
 from feature_reader.decode import as_of as stored_as_of
 from feature_reader.errors import ReadTimeout, StoreError
 from feature_reader.redis_pipe import RedisPipe
@@ -48,6 +48,9 @@ class _Fields:
         self.wire = _bulk(self.ids)
         self.names = Layout([f.name for f in feats])
         self.decoder = ColumnDecoder(feats)
+        # json values are Python objects several times their stored bytes (decode.JSON_OBJECT_BYTES)
+        has_json = any(f.type == "json" for f in feats)
+        self.json_bytes = (lambda raws: json_extra_bytes(feats, raws)) if has_json else (lambda raws: 0)
 
 
 class _Plan:
@@ -118,7 +121,7 @@ class _Plan:
             holes = _holes(decoded, holey)
             rows = zip(*decoded) if decoded else [()] * len(units)
             # the cache's size estimate: the stored bytes of a few rows, averaged
-            sample = [sum(map(len, filter(None, raw[:width]))) for raw in slices[:8]]
+            sample = [sum(map(len, filter(None, raw[:width]))) + fields.json_bytes(raw[1:width]) for raw in slices[:8]]
             size = sum(sample) // len(sample) + PER_VALUE_BYTES * width
             for n, (unit, fresh, values) in enumerate(zip(units, columns[0], rows)):
                 as_of = stored_as_of(fresh)
@@ -135,7 +138,7 @@ def _row(fields: _Fields, raw: list, as_list: bool) -> SourceRow:
     if as_of is None or as_of is BAD:  # nothing stored, or a freshness value no writer wrote: nothing of the source is trusted
         return NOT_FOUND_ROW if as_of is None else BAD_AS_OF_ROW
     values, complete = fields.decoder.decode_row(raw[1:], as_list)
-    size = sum(map(len, filter(None, raw))) + PER_VALUE_BYTES * len(raw)
+    size = sum(map(len, filter(None, raw))) + PER_VALUE_BYTES * len(raw) + fields.json_bytes(raw[1:])
     return SourceRow(as_of, tuple(values), fields.names, size, complete)
 
 

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from feature_defs import Definitions, FeatureDef
-from feature_reader.decode import BAD, as_of_seconds, from_json
+from feature_reader.decode import BAD, JSON_OBJECT_BYTES, as_of_seconds, from_json
 from feature_reader.errors import ReadTimeout, StoreError
 from feature_reader.rows import BAD_AS_OF_ROW, NOT_FOUND_ROW, Layout, SourceRow, Unit
 from fm_config.sql import SqlConnection
@@ -74,6 +74,8 @@ def _statements(
 
 def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDef]], as_list: bool) -> dict[Unit, SourceRow]:
     names = {source: Layout([f.name for f in feats]) for source, feats in features.items()}
+    # json values are Python objects several times their text (decode.JSON_OBJECT_BYTES): such rows' text counted so
+    per_text_byte = {source: JSON_OBJECT_BYTES if any(f.type == "json" for f in feats) else 1 for source, feats in features.items()}
     out = {}
     for unit in units:
         hit = found.get(unit)
@@ -95,7 +97,8 @@ def _rows(units: Sequence[Unit], found: dict, features: dict[str, list[FeatureDe
         else:
             values = tuple(None if doc.get(f.stored_name) is None else from_json(f, doc[f.stored_name], as_list=as_list) for f in feats)
         complete = all(v is not None and v is not BAD for v in values)
-        out[unit] = SourceRow(as_of, values, names[unit.source], len(text) + 48 * len(feats), complete)
+        size = len(text) * per_text_byte[unit.source] + 48 * len(feats)
+        out[unit] = SourceRow(as_of, values, names[unit.source], size, complete)
     return out
 
 

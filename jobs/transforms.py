@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import EntityDef, FeatureDef, SourceDef
+from jobs import json_values
 from jobs.pipeline.gate.sql_text import ident, literal
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
@@ -65,6 +66,7 @@ def spark_type(feature: FeatureDef) -> T.DataType:
         "embedding": T.ArrayType(T.FloatType()),
         "int_list": T.ArrayType(T.LongType()),
         "string_list": T.ArrayType(T.StringType()),
+        "json": T.StringType(),  # canonical JSON text, whatever the source column held (jobs/json_values.py)
     }[feature.type]
 
 
@@ -119,11 +121,23 @@ def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) 
     need(source.timestamp_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
     if source.layout == "wide":
         for f in source.features:
+            if f.type == "json":
+                problem = json_values.json_column_problem(fields[f.source_column]) if f.source_column in fields else None
+                need(f.source_column, lambda t: True, json_values.EXPECTED)
+                if problem:
+                    problems.append(f"column {f.source_column!r} {problem}")
+                continue
             need(f.source_column, lambda t, f=f: _accepts(f.type, t), f"{f.type} ({spark_type(f).simpleString()})")
     else:
         need(source.name_column, lambda t: isinstance(t, T.StringType), "a string feature name")
         need(source.value_column, lambda t: isinstance(t, (*_NUMERIC, T.StringType, T.BooleanType)), "a numeric or string value")
-        bad = [f.name for f in source.features if f.type not in ("float", "int", "bool", "string")]
+        value_type = fields.get(source.value_column)
+        if any(f.type == "json" for f in source.features) and value_type is not None and not isinstance(value_type, T.StringType):
+            problems.append(
+                f"column {source.value_column!r} has type {value_type.simpleString()}: json features of a long layout need "
+                "a string value column (JSON text)"
+            )
+        bad = [f.name for f in source.features if f.type not in ("float", "int", "bool", "string", "json")]
         if bad:
             problems.append(f"features {bad} have list/embedding types, which a long layout cannot carry")
     return problems
@@ -174,7 +188,9 @@ def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> li
     order = [F.col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
     # Without the date column: a range run (date in the partition) breaks ties as a run of one date does.
     content = [c for c in df.columns if c not in partition and c not in (REASONS, source.date_column)]
-    return order + [F.xxhash64(*content).desc(), F.to_json(F.struct(*content)).desc()]
+    # Spark hashes no map (a json feature's column may be one): its JSON text is hashed instead.
+    hashed = [F.to_json(c) if isinstance(df.schema[c].dataType, T.MapType) else F.col(c) for c in content]
+    return order + [F.xxhash64(*hashed).desc(), F.to_json(F.struct(*content)).desc()]
 
 
 def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], unique: bool = False) -> DataFrame:
@@ -214,7 +230,7 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     found = {c.name: c.dataType for c in df.schema.fields}
     for f in source.features:  # SQL text: one JVM call per expression, not one per operator
         raw, type_name = ident(f.source_column), spark_type(f).simpleString()
-        if found[f.source_column] == spark_type(f):
+        if found[f.source_column] == spark_type(f) or f.type == "json":  # json: made canonical text later (tag_value_problems)
             # Already of its type: nothing to cast, so nothing that could fail or overflow. (A
             # source of 1,000 features spent most of its checks' planning on these no-ops.)
             typed[f.name] = raw
@@ -295,6 +311,8 @@ def _long_value(raw: Column, found: T.DataType, feature: FeatureDef) -> tuple[Co
     text = F.trim(raw) if isinstance(found, T.StringType) else None
     if feature.type == "string":
         return raw.try_cast("string"), []
+    if feature.type == "json":  # JSON text (the schema check allows only a string value column), made canonical later
+        return raw, []
     if feature.type == "bool":
         if isinstance(found, T.BooleanType):
             typed = raw
@@ -346,8 +364,9 @@ def _int_from_text(text: Column) -> Column:
 
 
 def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
-    """Add reasons for values the format cannot represent (bad input, not nulls)."""
-    reasons = []
+    """Add reasons for values the format cannot represent (bad input, not nulls). json
+    columns become canonical JSON text here (jobs/json_values.py)."""
+    df, reasons = json_values.canonical_json(df, source)
     inf = literal(float("inf"))
     for f in source.features:
         c = ident(f.name)
@@ -366,7 +385,7 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
             reasons.append(_reason(f"size({c}) > 0 AND try_element_at(sort_array({c}), 1) IS NULL", f"{f.name}: null list element"))
         elif f.type == "string" and f.max_length:
             reasons.append(_reason(f"length({c}) > {f.max_length}", f"{f.name}: longer than {f.max_length} characters"))
-    return _collect_reasons(df, reasons)
+    return _collect_reasons(df, reasons).drop(*json_values.problem_columns(source))
 
 
 def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
@@ -376,7 +395,9 @@ def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataF
 
 
 def feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:
-    return tuple(FeatureSpec(f.name, f.type, f.options, f.stored_as) for f in source.features)
+    # json columns hold canonical text by the writers' turn (tag_value_problems): not parsed again
+    canonical = {"json": {"canonical": True}}
+    return tuple(FeatureSpec(f.name, f.type, {**f.options, **canonical.get(f.type, {})}, f.stored_as) for f in source.features)
 
 
 def _json_map_partition(specs: tuple[FeatureSpec, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -407,6 +428,8 @@ def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFram
             reasons.append(_reason(F.col(f.name).contains("\x00"), f"{f.name}: NUL character (not storable in JSONB)"))
         elif f.type == "string_list":
             reasons.append(_reason(F.exists(f.name, lambda x: x.contains("\x00")), f"{f.name}: NUL character (not storable in JSONB)"))
+        elif f.type == "json":
+            reasons.append(_reason(json_values.nul_in_json_sql(ident(f.name)), f"{f.name}: NUL character (not storable in JSONB)"))
     return _collect_reasons(out, reasons)
 
 

@@ -1,12 +1,14 @@
 """Column-wise encoder: one Arrow array of a feature in, one binary array of values out.
 
 Produces exactly the bytes of :func:`serializers.scalar.encode` (tests pin this), but
-works on whole columns with Arrow compute and numpy. The only per-value Python call
-left is Snappy compression of list values (no vectorised Snappy exists).
+works on whole columns with Arrow compute and numpy. The only per-value Python calls
+left are Snappy compression of list values (no vectorised Snappy exists) and ``json``
+values, which are structured documents made canonical one at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,8 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import snappy
 
+from serializers import json_value
+from serializers.errors import BadValue
 from serializers.floats import format_float_array
-from serializers.scalar import BadValue
+from serializers.json_value import BadJson
 
 _TAG_FIELD1_LEN = 0x0A  # field 1, wire type 2 (length-delimited): the only field of each message
 
@@ -155,8 +159,83 @@ def _snappy_column(arr: pa.Array) -> pa.Array:
     return pa.array([None if v is None else snappy.compress(v) for v in arr.to_pylist()], pa.binary())
 
 
+def _json_converter(t: pa.DataType, strict: bool = True) -> Callable[[Any], Any] | None:
+    """What turns ``to_pylist()``'s value of an Arrow type into the value JSON holds: a map
+    (a list of pairs there) into a dict, a float32 into ``numpy.float32`` (written in its
+    shortest float32 digits). None: the value is right as it is."""
+    if pa.types.is_struct(t):
+        fields = [(t.field(i).name, _json_converter(t.field(i).type, strict)) for i in range(t.num_fields)]
+        if all(c is None for _, c in fields):
+            return None
+        return lambda v: None if v is None else {n: v[n] if c is None else c(v[n]) for n, c in fields}
+    if pa.types.is_map(t):
+        item = _json_converter(t.item_type, strict)
+
+        def pairs(v):
+            if v is None:
+                return None
+            out = {k: x if item is None else item(x) for k, x in v}
+            if strict and len(out) != len(v):
+                raise BadJson(json_value.DUPLICATE_KEY)
+            return out
+
+        return pairs
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        element = _json_converter(t.value_type, strict)
+        return None if element is None else (lambda v: None if v is None else [element(x) for x in v])
+    if pa.types.is_float32(t) or pa.types.is_float16(t):
+        return lambda v: None if v is None else np.float32(v)
+    return None
+
+
+def json_texts(arr: pa.Array, max_bytes: int | None = None) -> tuple[list[bytes | None], list[BadJson | None]]:
+    """The canonical JSON text of each value (None: null) and, per row, why it is bad input
+    (None: it is not). A string or binary column holds JSON texts; any other (struct, map,
+    list, numbers, booleans) holds the values themselves."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    convert = _json_converter(arr.type)
+    texts: list[bytes | None] = []
+    problems: list[BadJson | None] = []
+    for value in arr.to_pylist():
+        try:
+            texts.append(json_value.canonical(value if convert is None else convert(value), max_bytes))
+            problems.append(None)
+        except BadJson as exc:
+            texts.append(None)
+            problems.append(exc)
+    return texts, problems
+
+
+def json_values(arr: pa.Array) -> list:
+    """The values of a json column as Python values (a map a dict, however its keys repeat; a
+    string a JSON text): what :func:`json_texts` writes, or shows of a value it refuses."""
+    convert = _json_converter(arr.type, strict=False)
+    return arr.to_pylist() if convert is None else [convert(v) for v in arr.to_pylist()]
+
+
+def _encode_json(arr: pa.Array, max_bytes: int | None) -> pa.Array:
+    texts, problems = json_texts(arr, max_bytes)
+    for row, problem in enumerate(problems):
+        if problem is not None:
+            raise BadJson(problem.reason, f"batch row {row}: {problem}")
+    return pa.array(texts, pa.binary())
+
+
+def _canonical_column(arr: pa.Array, max_bytes: int | None) -> pa.Array:
+    """A string column the job made canonical already (jobs/json_values.py): only its size checked."""
+    out = arr.cast(pa.binary())
+    if max_bytes is not None and len(out) and (pc.max(pc.binary_length(out)).as_py() or 0) > max_bytes:
+        raise BadJson(json_value.too_large(max_bytes))
+    return out
+
+
 def encode_column(feature_type: str, arr: pa.Array, **options: Any) -> tuple[pa.Array, int]:
-    """Encode one feature column. Returns (binary array, count of NaN/inf turned into null)."""
+    """Encode one feature column. Returns (binary array, count of NaN/inf turned into null).
+
+    json: ``canonical=True`` declares a string column of canonical JSON text already (the
+    job's, made so before its checks), written as it is; otherwise each value is made
+    canonical here."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if feature_type == "float":
@@ -173,6 +252,9 @@ def encode_column(feature_type: str, arr: pa.Array, **options: Any) -> tuple[pa.
         return arr.cast(pa.binary()), 0
     if feature_type == "embedding":
         return _encode_embedding(arr, options.get("dimension")), 0
+    if feature_type == "json":
+        out = _canonical_column(arr, options.get("max_bytes")) if options.get("canonical") else _encode_json(arr, options.get("max_bytes"))
+        return (_snappy_column(out) if options.get("compression", "none") == "snappy" else out), 0
     if feature_type == "int_list":
         out = _encode_int_list(arr)
     elif feature_type == "string_list":

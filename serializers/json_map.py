@@ -4,7 +4,8 @@ Built column-wise with Arrow compute: each feature becomes a column of ``"name":
 fragments (null where the value is not written), and one element-wise concatenation
 assembles the objects. Numbers use the canonical float text of :mod:`floats`
 (embedding elements in float32 digits); strings are escaped as Python's ``json.dumps``
-does with ``ensure_ascii=False``; no whitespace anywhere.
+does with ``ensure_ascii=False``; a ``json`` feature is its canonical text, the value
+itself (:mod:`json_value`); no whitespace anywhere.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from serializers.batch import FeatureSpec
+from serializers.columnar import json_texts
 from serializers.floats import format_float_array
 
 # Characters JSON requires to be escaped inside a string.
@@ -69,6 +71,14 @@ def json_value_column(spec: FeatureSpec, arr: pa.Array) -> tuple[pa.Array, int]:
         return _json_array(arr, lambda flat: pc.cast(pc.cast(flat, pa.int64()), pa.string())), 0
     if spec.type == "string_list":
         return _json_array(arr, _json_strings), 0
+    if spec.type == "json":  # the value itself, its canonical text (serializers.json_value), not a string holding it
+        if spec.options.get("canonical"):
+            return arr.cast(pa.string()), 0
+        texts, problems = json_texts(arr, spec.options.get("max_bytes"))
+        bad = next((p for p in problems if p is not None), None)
+        if bad is not None:
+            raise ValueError(f"{spec.name}: {bad}: the checks before encoding should have caught it")
+        return pa.array(texts, pa.binary()).cast(pa.string()), 0
     raise ValueError(f"unknown feature type {spec.type!r}")
 
 

@@ -16,19 +16,14 @@ from typing import Any
 import snappy
 import xxhash
 
-from serializers import features_pb2
+from serializers import features_pb2, json_value
+from serializers.errors import BadValue, DecodeError
 from serializers.floats import format_float
 
-FEATURE_TYPES = ("float", "int", "bool", "string", "embedding", "int_list", "string_list")
+FEATURE_TYPES = ("float", "int", "bool", "string", "embedding", "int_list", "string_list", "json")
+"""Every type of the format; ``json`` from version 1.1."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-class BadValue(ValueError):
-    """A value that the format cannot represent (bad input: quarantined, never written)."""
-
-
-class DecodeError(ValueError):
-    """Bytes that are not a valid encoding of the declared type."""
+__all__ = ["FEATURE_TYPES", "BadValue", "DecodeError", "decode", "encode", "field_id", "field_id_int"]
 
 
 def field_id_int(name: str) -> int:
@@ -50,12 +45,18 @@ def _compressed(options: dict[str, Any]) -> bool:
     return options.get("compression", "snappy") == "snappy"
 
 
+def _json_compressed(options: dict[str, Any]) -> bool:
+    return options.get("compression", "none") == "snappy"  # json: uncompressed unless declared
+
+
 def encode(feature_type: str, value: Any, **options: Any) -> bytes | None:
     """Encode one value; None means "not written" (null, NaN or ±inf).
 
     Options (as in the feature definition): ``precision`` ("float64" | "float32") for
-    floats, ``dimension`` for embeddings, ``compression`` ("snappy" | "none") for lists,
-    ``max_length`` (characters) for strings. Raises :class:`BadValue` for bad input.
+    floats, ``dimension`` for embeddings, ``compression`` ("snappy" | "none") for lists and
+    json (lists default to snappy, json to none), ``max_length`` (characters) for strings,
+    ``max_bytes`` for json (of the JSON text, before compression). Raises :class:`BadValue`
+    for bad input. A json value is a Python value or a JSON text (serializers.json_value.canonical).
     """
     _check_type(feature_type)
     if value is None:
@@ -79,6 +80,9 @@ def encode(feature_type: str, value: Any, **options: Any) -> bytes | None:
         return str(value).encode("utf-8")
     if feature_type == "embedding":
         return _encode_embedding(value, options.get("dimension"))
+    if feature_type == "json":
+        text = json_value.canonical(value, options.get("max_bytes"))
+        return None if text is None else snappy.compress(text) if _json_compressed(options) else text
     if feature_type == "int_list":
         ints = list(value)
         for x in ints:
@@ -183,6 +187,22 @@ def _decode_list(feature_type: str, message: type, data: bytes, options: dict[st
     return list(_parse(feature_type, message, data).values)
 
 
+def _decode_json(data: bytes, options: dict[str, Any]) -> Any:
+    max_bytes = options.get("max_bytes")
+    if _json_compressed(options):
+        # refused before decompressing: a block may declare up to 4 GiB
+        declared = json_value.snappy_length(data)
+        if declared is None:
+            raise _fail("json", data, "not a Snappy block: no length")
+        if max_bytes is not None and declared > max_bytes:
+            raise _fail("json", data, f"Snappy block of {declared:,} bytes, larger than max_bytes {max_bytes:,}")
+        try:
+            data = snappy.decompress(data)
+        except Exception as exc:
+            raise _fail("json", data, f"not a Snappy block: {exc.__cause__ or exc or type(exc).__name__}") from None
+    return json_value.decode(data, max_bytes)
+
+
 _DECODERS = {
     "float": _decode_float,
     "int": _decode_int,
@@ -191,6 +211,7 @@ _DECODERS = {
     "embedding": _decode_embedding,
     "int_list": lambda data, options: _decode_list("int_list", features_pb2.IntList, data, options),
     "string_list": lambda data, options: _decode_list("string_list", features_pb2.StringList, data, options),
+    "json": _decode_json,
 }
 
 

@@ -16,7 +16,7 @@ from feature_defs import FeatureDef, SourceDef
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.gate.checks import VerificationError
 from jobs.pipeline.report.summary import RunSummary
-from serializers import decode, field_id
+from serializers import decode, field_id, json_value
 from serializers.keys import freshness_field_name, redis_key
 from serializers.scalar import DecodeError
 from sinks.redis.config import RedisSinkConfig
@@ -59,6 +59,11 @@ def same_value(feature: FeatureDef, found: Any, expected: Any) -> bool:
         return isinstance(found, bool) and found == bool(expected)
     if feature.type == "string":
         return isinstance(found, str) and found == expected
+    if feature.type == "json":  # expected: the canonical text written; found: the value read back, written again
+        try:
+            return json_value.canonical_value(found) == expected.encode("utf-8")
+        except ValueError:
+            return False
     if not isinstance(found, list):
         return False
     if feature.type == "embedding":
@@ -156,7 +161,7 @@ def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mism
         if int(as_of.timestamp()) != want:
             out.add(key, "as_of", want, int(as_of.timestamp()))
         by_name = {f.name: features.pop(f.stored_name) for f in source.features if f.stored_name in features}
-        _compare(source, key, row, by_name, out, lambda f, value: value)
+        _compare(source, key, row, by_name, out, lambda f, value: json_value.from_parsed(value) if f.type == "json" else value)
         for extra in features:  # what no defined feature is stored under
             out.add(key, extra, None, features[extra])
     return out

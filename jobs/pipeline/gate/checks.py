@@ -120,6 +120,7 @@ _TYPE_NAMES = {
     "embedding": "ArrayType",
     "int_list": "ArrayType",
     "string_list": "ArrayType",
+    "json": "StringType",  # canonical JSON text by then (jobs/json_values.py): no range or set checks apply
 }
 
 
