@@ -22,7 +22,7 @@ from jobs import event_time
 from jobs.cli import UsageError, _incremental_sources, main
 from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run
 from jobs.operations.ledger import Ledger
-from jobs.operations.windows import WindowError, incremental_window
+from jobs.operations.windows import WindowError, event_time_losses, incremental_window
 from jobs.pipeline.run import run_source
 from jobs.transforms import schema_problems
 from serializers import field_id, freshness_field_name
@@ -347,3 +347,13 @@ def test_a_backfill_of_a_source_selected_by_event_time_is_refused_with_the_runs_
     defs = load_definitions(tmp_path)
     with pytest.raises(BackfillError, match=r"selects by event time .* `materialize run --date 2026-11-20 --source events`"):
         plan_backfill(None, RunConf(env="test"), defs, None, "events", DAY, DAY, "latest", force=False)
+
+
+def test_a_store_loss_of_a_source_selected_by_event_time_is_restored_by_a_run_of_a_date():
+    loss = {"sink": "redis", "target": "redis://h:6379/0", "dates": ["2026-11-18", "2026-11-19", "2026-11-22"], "evidence": "e"}
+    left, rewritten = event_time_losses([loss], dt.date(2026, 11, 20), "prod", "events", ["redis", "cockroach"])
+    assert rewritten == [dt.date(2026, 11, 18), dt.date(2026, 11, 19)]  # a run of the 20th reads every row up to its end
+    assert [(x["dates"], x["ranges"]) for x in left] == [(["2026-11-22"], "2026-11-22")]
+    assert left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22 --sink redis"
+    left, rewritten = event_time_losses([loss], None, "prod", "events", ["redis"])  # an incremental run rewrites its window only
+    assert rewritten == [] and left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22"

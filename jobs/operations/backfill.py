@@ -24,7 +24,7 @@ from fm_config import RunConf
 from jobs.event_time import date_window
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
-from jobs.operations.windows import ensure_window_ready, incremental_window
+from jobs.operations.windows import ensure_window_ready, event_time_losses, incremental_window
 from jobs.operations.written_as import written_as_problems
 from jobs.pipeline.read import ensure_ready, read_source, source_rows
 from jobs.pipeline.report.summary import RunSummary
@@ -267,6 +267,10 @@ def recorded_run(
             window_start=window and window.start, window_end=window and window.end,
         )  # fmt: skip
         losses, notes = _check_stores(conf, defs, ledger, entry, writing or dates or [start], run_kwargs.get("redis_url"))
+        rewritten: list[dt.date] = []
+        if source.by_event_time:  # a run of a date rewrites every row up to its end; restored by such a run
+            through = None if until is not None else start
+            losses, rewritten = event_time_losses(losses, through, conf.env, source.name, list(conf.sinks), run_kwargs.get("redis_url"))
         ledger.start(entry)  # with the stores as found, and any loss: recorded even if the step dies
 
         def note(summary: RunSummary) -> None:
@@ -281,6 +285,8 @@ def recorded_run(
                 log.error("could not record the failure of %s in the ledger: %s", entry.run_id, ledger_exc)
             raise
         entry.dates = (dates if dates is not None else [start]) if summary.rows_read else []
+        if entry.dates and rewritten:  # the dates a loss took, written again by this run
+            entry.dates = sorted({*entry.dates, *rewritten})
         ledger.finish(entry, summary)
     return summary
 

@@ -36,6 +36,7 @@ from feature_defs import SourceDef
 from fm_config import RunConf
 from jobs.event_time import EventWindow, lookback_seconds, no_rows, rows_in, utc_text
 from jobs.operations.ledger import WRITE_KINDS, aware, on_target
+from jobs.operations.store_state import date_ranges
 from jobs.pipeline.read import SourceNotFound, SourceNotReady, read_source, source_path
 
 
@@ -85,3 +86,34 @@ def ensure_window_ready(spark: SparkSession, conf: RunConf, source: SourceDef, w
         return
     if not rows_in(raw, source, window):
         raise SourceNotReady(no_rows(source, window, source_path(conf, source), "nothing was written or recorded"))
+
+
+def event_time_losses(
+    losses: list[dict], through: dt.date | None, env: str, source: str, all_sinks: list[str], redis_url: str | None = None
+) -> tuple[list[dict], list[dt.date]]:
+    """A store's losses (store_state.outstanding) as a source selected by event time sees them.
+
+    A run of a date ``through`` writes each entity's latest row up to its end, so every date
+    lost until then is written again: those are returned, for the ledger to count them written
+    (an incremental run, ``through`` None, rewrites only its window). What is left is restored
+    by a run of its latest date, not by a backfill, which such a source refuses."""
+    covered: set[dt.date] = set()
+    left = []
+    for loss in losses:
+        days = [dt.date.fromisoformat(d) for d in loss["dates"]]
+        if through is not None:
+            covered |= {d for d in days if d <= through}
+            days = [d for d in days if d > through]
+        if days:
+            left.append({**loss, "dates": [d.isoformat() for d in days], "ranges": date_ranges(days)})
+    if left:
+        sinks = sorted({loss["sink"] for loss in left})
+        last = max(d for loss in left for d in loss["dates"])
+        parts = ["materialize run", f"--env {env}", f"--source {source}", f"--date {last}"]
+        if len(sinks) == 1 and len(all_sinks) > 1:
+            parts.append(f"--sink {sinks[0]}")
+        if redis_url and "redis" in sinks:
+            parts.append(f"--redis-url {redis_url}")
+        for loss in left:
+            loss["restore"] = " ".join(parts)
+    return left, sorted(covered)
