@@ -449,7 +449,7 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
         errors[name] = exc
         lost[name] = getattr(summary, "store_loss", None)
         with printing:
-            print(f"== {name} {args.date} (env {conf.env})", flush=True)
+            print(f"== {name} {getattr(args, 'covering', args.date)} (env {conf.env})", flush=True)
             if exc is None:
                 print(f"{summary.table()}\nreport: {report}", flush=True)
             elif isinstance(exc, SourceNotReady):  # no rows for the date: nothing written, nothing recorded
@@ -489,13 +489,14 @@ def cmd_run(args) -> int:
 
     until = select = None
     if args.incremental:
-        from jobs.event_time import EventWindow
+        from jobs.event_time import EventWindow, utc_text
 
         # the clock read once, for every source of the command (each records the end it covered)
         until = args.until or dt.datetime.now(dt.UTC).replace(microsecond=0)
         check_until(until)  # before Spark starts
         window = EventWindow(None, until, incremental=True)
         args.date, args.report_name, select = window.date, window.report_name, _incremental_sources
+        args.covering = f"up to {utc_text(until)}"
     elif args.until:
         raise UsageError("--until is the end of an incremental window: give it with --incremental, not --date")
     else:
