@@ -294,6 +294,9 @@ class SourceDef(_Strict):
                 raise ValueError("select_by: event_time needs a 'timestamp_column' (the event time)")
             if "date_column" in self.model_fields_set:
                 raise ValueError("select_by: event_time reads no 'date_column': remove it, or select_by: date")
+            if self.layout == "long":
+                # a window holding some of an entity's feature rows would delete the others
+                raise ValueError("select_by: event_time takes the wide layout (one row per entity and event time, as Feast's sources)")
         else:
             extra = [c for c in ("created_column", "lookback_seconds") if getattr(self, c) is not None]
             if extra:

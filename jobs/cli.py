@@ -19,6 +19,19 @@ def _date(text: str) -> dt.date:
         raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
 
 
+def _instant(text: str) -> dt.datetime:
+    """An ISO 8601 time; UTC unless it says otherwise (2026-11-27T06:00:00Z, 2026-11-27T08:00:00+02:00, 2026-11-27)."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time (ISO 8601, e.g. 2026-11-27T06:00:00Z): {text!r}") from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+
+
+class UsageError(ValueError):
+    """Flags that do not fit together, or sources a command cannot run (exit code 2)."""
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
     p.add_argument("--data-root", help="folder of the source Delta tables (overrides data_root)")
@@ -47,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Materialize ML features from Delta tables into the online stores (Redis, CockroachDB).",
         epilog="Examples:\n  materialize sample-data\n  materialize run --env local --date 2026-11-20\n"
         "  materialize run --env local --date 2026-11-20 --sink cockroach --source consumer_daily\n"
+        "  materialize run --env local --incremental --source driver_hourly_stats\n"
         "  materialize validate --env local --date 2026-11-20\n"
         "  materialize backfill --env local --source consumer_daily --start 2026-11-16 --end 2026-11-20 --dry-run\n"
         "  materialize runs --last 10\n  materialize cleanup --env local --entity consumer --dry-run\n"
@@ -77,15 +91,31 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_command(sub) -> None:
     run = sub.add_parser(
         "run",
-        help="materialize one date of one or all sources",
+        help="materialize one date (or, by event time, an incremental window) of one or all sources",
         description="Read one date's snapshot, check it, quarantine bad rows, write it to the online stores and print a summary. "
         "Each store is first compared with what the run ledger recorded: one that lost data written before (emptied, "
         "restarted without persistence) is named with the backfill that restores it, and the run exits 6 after writing. "
-        "A date without rows is not ready: exit code 3, nothing written or recorded in the ledger.",
+        "A date without rows is not ready: exit code 3, nothing written or recorded in the ledger. "
+        "A source selected by event time (select_by: event_time) writes each entity's latest row by event time, as of that "
+        "event time: with --date, of every row up to the end of the date; with --incremental, of the rows since the end of the "
+        "last window the ledger recorded for it, less its lookback_seconds (default one day, for rows that arrive late), up to "
+        "now or --until. The window moves on only when a run succeeds: a failed or crashed run is covered again by the next.",
     )
     _common(run)
+    when = run.add_mutually_exclusive_group(required=True)
+    when.add_argument("--date", type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD; at most tomorrow (UTC)")
+    when.add_argument(
+        "--incremental",
+        action="store_true",
+        help="sources selected by event time: continue from the end of the last window the ledger recorded (less the "
+        "source's lookback_seconds) up to now or --until; a source's first incremental run covers everything up to its end",
+    )
     run.add_argument(
-        "--date", required=True, type=_date, help="the snapshot date (the source's date partition), YYYY-MM-DD; at most tomorrow (UTC)"
+        "--until",
+        type=_instant,
+        metavar="TIME",
+        help="with --incremental: the end of the window (excluded), ISO 8601, UTC unless an offset is given "
+        "(default: now; at most the end of tomorrow, UTC)",
     )
     run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
     _parallel(run)
@@ -436,10 +466,11 @@ def cmd_sample_data(args) -> int:
     return EXIT_OK
 
 
-def _each_source(args, action, report_name: str, setup=None, expectations: bool | None = False) -> int:
+def _each_source(args, action, report_name: str, setup=None, expectations: bool | None = False, select=None) -> int:
     """Run ``action(spark, conf, defs, name)`` per source, ``parallel_sources`` at a time in one
     Spark session (``setup(spark, conf)`` first); one failing does not stop the others.
-    Each source's summary is printed when it ends, in the order they end."""
+    Each source's summary is printed when it ends, in the order they end. ``select(defs,
+    names, named)``: the sources to run of those named (or configured, when not ``named``)."""
     from feature_defs import DefinitionError
     from jobs.operations.lease import LeaseHeld
     from jobs.pipeline.gate.checks import QualityGateError
@@ -452,17 +483,19 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     names = args.source or conf.sources or list(defs.sources)
     for name in names:
         defs.source(name)  # unknown names fail before Spark starts
+    if select:
+        names = select(defs, names, bool(args.source))
     spark = build_spark(conf.spark, conf.locations(defs))
     if setup:
         setup(spark, conf)
     printing, errors, lost = threading.Lock(), {}, {}
 
     def done(name: str, summary, exc: Exception | None) -> None:
-        report = report_dir(conf, name, args.date) / report_name
+        report = report_dir(conf, name, args.date, name=getattr(args, "report_name", None)) / report_name
         errors[name] = exc
         lost[name] = getattr(summary, "store_loss", None)
         with printing:
-            print(f"== {name} {args.date} (env {conf.env})", flush=True)
+            print(f"== {name} {getattr(args, 'covering', args.date)} (env {conf.env})", flush=True)
             if exc is None:
                 print(f"{summary.table()}\nreport: {report}", flush=True)
             elif isinstance(exc, SourceNotReady):  # no rows for the date: nothing written, nothing recorded
@@ -498,17 +531,46 @@ def _store_lost(losses: list[dict]) -> int:
 def cmd_run(args) -> int:
     from jobs.operations.backfill import recorded_run
     from jobs.operations.ledger import Ledger
-    from serializers.horizon import check_date
+    from serializers.horizon import check_date, check_until
 
-    check_date(args.date)  # before Spark starts
+    until = select = None
+    if args.incremental:
+        from jobs.event_time import EventWindow, utc_text
+
+        # the clock read once, for every source of the command (each records the end it covered)
+        until = args.until or dt.datetime.now(dt.UTC).replace(microsecond=0)
+        check_until(until)  # before Spark starts
+        window = EventWindow(None, until, incremental=True)
+        args.date, args.report_name, select = window.date, window.report_name, _incremental_sources
+        args.covering = f"up to {utc_text(until)}"
+    elif args.until:
+        raise UsageError("--until is the end of an incremental window: give it with --incremental, not --date")
+    else:
+        check_date(args.date)  # before Spark starts
 
     def run(spark, conf, defs, name):
         return recorded_run(
-            spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url, guard_skipped_newer=True
-        )
+            spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url, guard_skipped_newer=True,
+            until=until,
+        )  # fmt: skip
 
     # the ledger made before the sources run at once: two first appends would both create it
-    return _each_source(args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create(), expectations=None)
+    return _each_source(
+        args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create(), expectations=None, select=select
+    )
+
+
+def _incremental_sources(defs, names: list[str], named: bool) -> list[str]:
+    """Of the sources to run, those selected by event time: naming one selected by date is a mistake."""
+    by_date = [name for name in names if not defs.source(name).by_event_time]
+    if named and by_date:
+        raise UsageError(f"--incremental runs sources selected by event time; {', '.join(by_date)} select(s) by date: run a date (--date)")
+    if by_date:
+        print(f"not run (selected by date: run them with --date): {', '.join(by_date)}", flush=True)
+    chosen = [name for name in names if name not in by_date]
+    if not chosen:
+        raise UsageError("no source selects by event time (select_by: event_time): --incremental has nothing to run")
+    return chosen
 
 
 def cmd_verify(args) -> int:
@@ -639,6 +701,9 @@ def cmd_runs(args) -> int:
             f"{started:<20} {r['kind']:<16} {r['source'] or '':<22} {dates:<23} {','.join(r['sinks'] or []):<16} "
             f"{r['status']:<10} {entities:>9}  {r['code_version'] or '':<13} {error}"
         )
+        if r.get("window_end"):  # selected by event time: the event times it covered
+            start = f"{r['window_start']:%Y-%m-%d %H:%M:%S}" if r.get("window_start") else "the first row"
+            print(f"{'':<20} event times from {start} to {r['window_end']:%Y-%m-%d %H:%M:%S} (UTC, end excluded)")
     return EXIT_OK
 
 
@@ -807,7 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands |= {"backfill": cmd_backfill, "runs": cmd_runs, "cleanup": cmd_cleanup, "schema": cmd_schema, "doctor": cmd_doctor}
         commands |= {"get": cmd_get, "serve": cmd_serve, "sample-data": cmd_sample_data, "defs": cmd_defs, "import-feast": cmd_import_feast}
         return commands[args.command](args)
-    except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError, FutureDateError) as exc:
+    except (ConfigError, DefinitionError, UnknownNameError, FileNotFoundError, FutureDateError, UsageError) as exc:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -118,7 +118,13 @@ def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) 
             need(column, lambda t: isinstance(t, _INTEGRAL), "an integer key")
         else:
             need(column, lambda t: isinstance(t, T.StringType), "a string key")
-    need(source.timestamp_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
+    if source.by_event_time:  # an epoch number would leave its unit (seconds? milliseconds?) to a guess
+        need(
+            source.timestamp_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType)), "an event time (timestamp)"
+        )
+        need(source.created_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
+    else:
+        need(source.timestamp_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
     if source.layout == "wide":
         for f in source.features:
             if f.type == "json":
@@ -149,6 +155,11 @@ def _reason(condition: Column | str, text: str) -> Column:
     if isinstance(condition, str):
         return F.expr(f"CASE WHEN {condition} THEN {literal(text)} END")
     return F.when(condition, F.lit(text))
+
+
+def collect_reasons(df: DataFrame, reasons: list[Column]) -> DataFrame:
+    """Add ``reasons`` (columns: text or null) to the row's ``_reasons``."""
+    return _collect_reasons(df, reasons)
 
 
 def _collect_reasons(df: DataFrame, reasons: list[Column]) -> DataFrame:
@@ -186,6 +197,8 @@ def is_bad(df: DataFrame) -> Column:
 def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> list[Column]:
     # Latest first; exact ties broken by a hash of the whole row so reruns pick the same row.
     order = [F.col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
+    if source.created_column:  # select_by event_time: of rows of one event time, the latest created (Feast's rule)
+        order.append(F.col(source.created_column).desc_nulls_last())
     # Without the date column: a range run (date in the partition) breaks ties as a run of one date does.
     content = [c for c in df.columns if c not in partition and c not in (REASONS, source.date_column)]
     # Spark hashes no map (a json feature's column may be one): its JSON text is hashed instead.
@@ -200,7 +213,7 @@ def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], uniqu
     no conflicts (the window's sort of every row is what de-duplication costs).
 
     Adds CONFLICTS: how many other rows of the key, as recent as the one kept (same
-    timestamp, or no timestamp column), carry different feature values. Copies, and rows
+    timestamp and created time, or no timestamp column), carry different feature values. Copies, and rows
     differing only in columns that are not features, do not count. A key with conflicts
     is not unique after de-duplication: which version is right is unknown.
     """
@@ -211,6 +224,8 @@ def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], uniqu
     whole = Window.partitionBy(*partition)
     ts = source.timestamp_column
     tied = F.col(ts).eqNullSafe(F.max(ts).over(whole)) if ts else F.lit(True)
+    if source.created_column:  # a later created time decides: rows of other created times are no conflict
+        tied = tied & F.col(source.created_column).eqNullSafe(F.first(source.created_column).over(window))
     ranked = (
         df.withColumn("_h", F.xxhash64(F.to_json(F.struct(*values))))  # to_json: (1, null) and (null, 1) differ
         .withColumn("_rank", F.row_number().over(window))

@@ -48,6 +48,19 @@ def check_date(date: dt.date, flag: str = "--date", now: float | None = None) ->
         )
 
 
+def check_until(end: dt.datetime, flag: str = "--until", now: float | None = None) -> None:
+    """Refuse a window end (an incremental run's, selected by event time) past the latest
+    as-of time a run may store: the midnight after tomorrow, UTC, as :func:`check_date`
+    refuses a date past tomorrow. ``end``: an aware datetime."""
+    latest = as_of_horizon(now, skew_seconds=0)
+    if end.timestamp() > latest:
+        at = dt.datetime.fromtimestamp(latest, dt.UTC).isoformat().replace("+00:00", "Z")
+        raise FutureDateError(
+            f"{flag} {end.astimezone(dt.UTC).isoformat().replace('+00:00', 'Z')} is in the future: the latest window end accepted is "
+            f"{at} (the end of tomorrow, UTC); no snapshot can be as of later than that (a stored one is treated as corrupt and replaced)"
+        )
+
+
 def as_of_horizon(now: float | None = None, skew_seconds: float = CLOCK_SKEW_SECONDS) -> int:
     """The latest as-of time (UTC epoch seconds) a store may hold at ``now``: that of the
     latest date a run accepts (the midnight after tomorrow, UTC), by a clock up to

@@ -21,13 +21,15 @@ from pyspark.sql import functions as F
 
 from feature_defs import DefinitionError, Definitions
 from fm_config import RunConf
+from jobs.event_time import date_window
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
+from jobs.operations.windows import ensure_window_ready, event_time_losses, incremental_window
 from jobs.operations.written_as import written_as_problems
 from jobs.pipeline.read import ensure_ready, read_source, source_rows
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.run import run_source
-from serializers.horizon import check_date, latest_date
+from serializers.horizon import check_date, check_until, latest_date
 
 Mode = Literal["latest", "replay"]
 log = logging.getLogger(__name__)
@@ -127,6 +129,12 @@ def plan_backfill(
         raise BackfillError(f"--end {end} is before --start {start}")
     check_date(end, "--end")
     source = defs.source(source_name)
+    if source.by_event_time:
+        raise BackfillError(
+            f"source {source.name!r} selects by event time (select_by: event_time): a backfill applies the dates of a date column. "
+            f"`materialize run --date {end} --source {source.name}` writes each entity's latest row up to the end of {end}, "
+            "from its whole history; `materialize run --incremental` continues from the last window the ledger recorded"
+        )
     # a date past the latest accepted (a typo the ledger recorded before runs refused it) is
     # never applied again: the stores treat its as-of time as corrupt
     latest = latest_date()
@@ -221,6 +229,7 @@ def recorded_run(
     *,
     dates: list[dt.date] | None = None,
     writing: list[dt.date] | None = None,
+    until: dt.datetime | None = None,
     **run_kwargs,
 ) -> RunSummary:
     """run_source with a ledger entry: 'running' before, 'succeeded'/'failed' after.
@@ -228,12 +237,25 @@ def recorded_run(
     ``dates``: the dates with data the step covers (default: ``start``). Before writing, the
     stores are compared with what the ledger recorded (store_state.py): a loss found is
     recorded with the step, and the summary names the losses that ``writing`` (the dates
-    the whole command writes; default ``dates``) leaves, with the backfill that restores them."""
+    the whole command writes; default ``dates``) leaves, with the backfill that restores them.
+
+    ``until`` (a source selected by event time): an incremental run, from the last window the
+    ledger recorded (less the lookback) up to ``until`` (jobs/operations/windows.py); ``start``
+    is then its report's date. A source selected by event time records its window either way."""
     source = defs.source(source_name)
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
-    ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
+    window = None
+    if until is None:
+        window = date_window(start) if source.by_event_time else None
+        ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
+    elif not source.by_event_time:
+        raise ValueError(f"source {source.name!r} selects by date (select_by: date): run a date of it, not an incremental window")
     # one writer per (source, store): taken before anything is recorded or written
     with ledger.leases(conf.lease.seconds).hold(source.name, sorted(targets.values()), kind, wait=conf.lease.wait_seconds):
+        if until is not None:  # read under the lease: no other run of the source ends meanwhile
+            check_until(until)
+            window = incremental_window(source, ledger.source_steps(source.name), targets, until)
+            ensure_window_ready(spark, conf, source, window)
         problems = written_as_problems(source, ledger.write_steps(source.entity))
         if problems:
             raise DefinitionError(problems)  # nothing recorded, nothing written
@@ -242,15 +264,20 @@ def recorded_run(
             definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
             encodings={f.stored_name: f.encoding for f in source.features},
             targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
+            window_start=window and window.start, window_end=window and window.end,
         )  # fmt: skip
         losses, notes = _check_stores(conf, defs, ledger, entry, writing or dates or [start], run_kwargs.get("redis_url"))
+        rewritten: list[dt.date] = []
+        if source.by_event_time:  # a run of a date rewrites every row up to its end; restored by such a run
+            through = None if until is not None else start
+            losses, rewritten = event_time_losses(losses, through, conf.env, source.name, list(conf.sinks), run_kwargs.get("redis_url"))
         ledger.start(entry)  # with the stores as found, and any loss: recorded even if the step dies
 
         def note(summary: RunSummary) -> None:
             summary.store_loss, summary.warnings[:0] = losses, notes
 
         try:
-            summary = run_source(spark, conf, defs, source.name, start, end=end, on_summary=note, **run_kwargs)
+            summary = run_source(spark, conf, defs, source.name, start, end=end, on_summary=note, window=window, **run_kwargs)
         except BaseException as exc:
             try:
                 ledger.finish(entry, error=exc)
@@ -258,6 +285,8 @@ def recorded_run(
                 log.error("could not record the failure of %s in the ledger: %s", entry.run_id, ledger_exc)
             raise
         entry.dates = (dates if dates is not None else [start]) if summary.rows_read else []
+        if entry.dates and rewritten:  # the dates a loss took, written again by this run
+            entry.dates = sorted({*entry.dates, *rewritten})
         ledger.finish(entry, summary)
     return summary
 

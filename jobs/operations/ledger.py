@@ -78,6 +78,8 @@ SCHEMA = T.StructType(
         T.StructField("cleanup", T.StringType()),
         T.StructField("encodings", T.StringType()),
         T.StructField("stores", T.StringType()),
+        T.StructField("window_start", T.TimestampType()),
+        T.StructField("window_end", T.TimestampType()),
     ]
 )
 STATUSES = ("running", "succeeded", "failed")
@@ -163,7 +165,9 @@ def _sql_server(dsn: str) -> str:
 def keys_from(conf: RunConf, source: SourceDef, entity: EntityDef) -> dict[str, Any]:
     """Where the keys a step of ``source`` writes can be read again: cleanup never SCANs, and
     the source's definition may be gone by the time its fields are stale."""
-    return {"location": source_path(conf, source), "key_columns": key_columns(source, entity), "date_column": source.date_column}
+    # by event time no date column says which rows a step wrote: every row is read (a superset of its keys)
+    day = None if source.by_event_time else source.date_column
+    return {"location": source_path(conf, source), "key_columns": key_columns(source, entity), "date_column": day}
 
 
 @dataclass
@@ -201,6 +205,11 @@ class Entry:
     stores: dict[str, Any] = field(default_factory=dict)
     """Write steps, per sink: what identified the store and what it held before and after the
     write, and a loss found before it (jobs/operations/store_state.py)."""
+    window_start: dt.datetime | None = None
+    """select_by event_time: the first event time the step covered (None: from the first row)."""
+    window_end: dt.datetime | None = None
+    """select_by event_time: the end of the event times it covered (excluded); an incremental run
+    continues from the latest end a succeeded step recorded (jobs/operations/windows.py)."""
 
     def row(self) -> tuple:
         # aware datetimes: PySpark would read naive ones in the driver's local time zone
@@ -214,6 +223,7 @@ class Entry:
             json.dumps(self.cleanup, sort_keys=True) if self.cleanup is not None else None,
             json.dumps(self.encodings, sort_keys=True) if self.encodings else None,
             json.dumps(self.stores, sort_keys=True, default=str) if self.stores else None,
+            self.window_start, self.window_end,
         )  # fmt: skip
 
 

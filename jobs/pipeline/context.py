@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from feature_defs import EntityDef, SourceDef
 from fm_config import RunConf
+from jobs.event_time import EventWindow
 from serializers.keys import as_of_epoch
 from sinks.redis.config import RedisSinkConfig, redis_sink_config
 from sinks.sql.config import SqlSinkConfig, sql_sink_config
@@ -30,6 +31,8 @@ class RunContext:
     """Overrides redis.url (the CLI's --redis-url)."""
     shared_entity: bool = True
     """Other sources write this entity type too: a SQL write moves the expiry of their rows (sinks/sql/statements.follow_expiry)."""
+    window: EventWindow | None = None
+    """select_by event_time: the event times the run covers (jobs/event_time.py); None: a date's partition."""
 
     def redis_config(self) -> RedisSinkConfig:
         """The Redis writer's config for this source and date (before the preflight)."""
@@ -60,5 +63,8 @@ class RunContext:
 
     @property
     def as_of(self) -> int:
-        """The snapshot's as-of time: the end of its (last) date, UTC epoch seconds."""
+        """The snapshot's as-of time: the end of its (last) date, UTC epoch seconds; by event
+        time, the window's end (each entity is stored as of its row's event time)."""
+        if self.window is not None:
+            return int(self.window.end.timestamp())
         return as_of_epoch(self.end or self.date)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from jobs import event_time
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 
@@ -50,17 +51,26 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     each entity's good row of its latest date is written, with that date's as-of time
     (the state that applying the dates in order would leave).
 
+    With ``ctx.window`` (select_by event_time), the rows of that window instead: each
+    entity's latest by event time, written as of that event time (jobs/event_time.py).
+
     With the SQL sink in the run, each row's JSON object is built here, so an object over
     ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
     """
     conf, source, entity = ctx.conf, ctx.source, ctx.entity
-    day = F.col(source.date_column)
-    snapshot = raw.where(day.between(F.lit(ctx.date), F.lit(ctx.end)) if ctx.per_date else day == F.lit(ctx.date))
+    if ctx.window is not None:  # select_by event_time: the rows of the window, and those without an event time
+        snapshot = event_time.in_window(raw, source, ctx.window)
+    else:
+        day = F.col(source.date_column)
+        snapshot = raw.where(day.between(F.lit(ctx.date), F.lit(ctx.end)) if ctx.per_date else day == F.lit(ctx.date))
     # A plan of its own per source (the filter is always true, and optimized away): Spark
     # shares one cache entry among equal plans, and another source of the run over the same
     # table would unpersist it under this one (parallel_sources).
     snapshot = snapshot.where(F.lit(source.name).isNotNull())
-    tagged = tf.tag_key_problems(snapshot, source, entity).persist()
+    tagged = tf.tag_key_problems(snapshot, source, entity)
+    if ctx.window is not None:
+        tagged = event_time.tag_null_event_time(tagged, source)
+    tagged = tagged.persist()
     read = _count_read(ctx, tagged)
     good_rows = tagged.where(~tf.is_bad(tagged))
     unique = read["duplicates"] == 0
@@ -122,6 +132,8 @@ def _checked(ctx: RunContext, good_rows: DataFrame, unique: bool) -> DataFrame:
     else:
         features = tf.long_features(good_rows, source, entity, ctx.per_date, unique)
     checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity)
+    if ctx.window is not None:  # each entity as of its row's event time
+        checked = event_time.with_event_as_of(checked, source)
     if "cockroach" in ctx.conf.sinks:
         checked = tf.with_json_maps(checked, source, ctx.conf.sql.max_map_bytes)
         if not ctx.per_date:

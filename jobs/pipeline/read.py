@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from feature_defs import SourceDef
 from fm_config import RunConf
 from fm_config.locations import Location, is_uri
+from jobs import event_time
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 
@@ -71,6 +72,8 @@ def partition_rows(spark: SparkSession, conf: RunConf, source: SourceDef, date: 
 
 
 def _has_rows(raw: DataFrame, source: SourceDef, date: dt.date, end: dt.date | None) -> int:
+    if source.by_event_time:  # rows of the date's day (jobs/event_time.py)
+        return event_time.rows_in(raw, source, event_time.day_window(date))
     day = F.col(source.date_column)
     dated = raw.where(day.between(F.lit(date), F.lit(end)) if end else day == F.lit(date))
     return source_rows(dated, source).limit(1).count()
@@ -80,6 +83,8 @@ def not_ready(
     conf: RunConf, source: SourceDef, date: dt.date, end: dt.date | None = None, done: str = "nothing was written or recorded"
 ) -> SourceNotReady:
     """The error of a date (or range) without rows, naming source, date and table."""
+    if source.by_event_time:
+        return SourceNotReady(event_time.no_rows(source, event_time.day_window(date), source_path(conf, source), done))
     dates = f"{date}..{end}" if end else str(date)
     what = f"rows of its {len(source.features)} feature names ({source.name_column})" if source.layout == "long" else "rows"
     return SourceNotReady(

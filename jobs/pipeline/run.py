@@ -13,12 +13,13 @@ from pyspark.sql import SparkSession
 
 from feature_defs import Definitions
 from fm_config import RunConf
+from jobs.event_time import EventWindow, date_window, no_rows, null_event_time_note
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.gate.stage import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
 from jobs.pipeline.quarantine import reason_counts, write_quarantine
-from jobs.pipeline.read import ensure_ready, not_ready, read
+from jobs.pipeline.read import SourceNotReady, ensure_ready, not_ready, read, source_path
 from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import check_mostly_newer
@@ -44,6 +45,7 @@ def run_source(
     end: dt.date | None = None,
     guard_skipped_newer: bool = False,
     on_summary: Callable[[RunSummary], None] | None = None,
+    window: EventWindow | None = None,
 ) -> RunSummary:
     """Materialize one source for one date; the summary is written even on failure.
 
@@ -54,19 +56,21 @@ def run_source(
     ``quality.max_skipped_newer`` of the entities held a newer snapshot (:mod:`snapshot_order`).
     A date past tomorrow (UTC) is refused before anything is read (FutureDateError).
     ``on_summary`` gets the new summary before anything runs (the ledger's findings about
-    the stores).
+    the stores). ``window``: a source selected by event time covers these event times
+    (default: every row up to the end of ``date``; jobs/event_time.py).
     """
     check_date(end or date)
     source = defs.source(source_name)
+    window = _window(source, date, end, window)
     if conf.quality.expectations:
         defs.check_expectations()  # before anything is written (once per definitions)
         quality.prefetch()
     shared = len(defs.sources_of(source.entity)) > 1  # the entity's SQL rows of other sources share its expiry
-    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url, shared_entity=shared)
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, end, redis_url, shared_entity=shared, window=window)
     summary = new_summary(ctx, conf.env)
     if on_summary:
         on_summary(summary)
-    report_file = report_dir(conf, source.name, date, end) / "summary.json"
+    report_file = report_dir(conf, source.name, date, end, name=window and window.report_name) / "summary.json"
     with RecordedStep(summary, report_file if report else None, "succeeded", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=True)
         with ctx.stage(summary, "gate"):
@@ -87,6 +91,17 @@ def run_source(
     return summary
 
 
+def _window(source, date: dt.date, end: dt.date | None, window: EventWindow | None) -> EventWindow | None:
+    """The event times a run of ``source`` covers (None: selected by date)."""
+    if not source.by_event_time:
+        if window is not None:
+            raise ValueError(f"source {source.name!r} selects by date: a run of it covers a date, not an event-time window")
+        return None
+    if end is not None:
+        raise ValueError(f"source {source.name!r} selects by event time: a run covers a window of event times, not a range of dates")
+    return window or date_window(date)
+
+
 def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool) -> Prepared:
     """read -> prepare -> quarantine (or only count the reasons, for a run that writes nothing)."""
     with progress(ctx.spark, f"check {ctx.source.name}"):
@@ -98,12 +113,16 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
         if not prepared.counts.snapshot_entities:  # no rows: not a success of 0 entities
             for df in prepared.cached:
                 df.unpersist()
+            if ctx.window is not None:
+                raise SourceNotReady(no_rows(ctx.source, ctx.window, source_path(ctx.conf, ctx.source), "nothing was written"))
             raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end, done="nothing was written")
         with ctx.stage(summary, "quarantine"):
             bad = prepared.counts.bad_rows
             if quarantine:
                 summary.quarantine_table = write_quarantine(ctx, prepared.quarantine, bad)
             summary.bad_reasons = reason_counts(prepared.quarantine, bad)
+        if ctx.window is not None and (note := null_event_time_note(ctx.source, summary.bad_reasons, summary.quarantine_table)):
+            summary.warnings.append(note)
     return prepared
 
 
@@ -161,7 +180,7 @@ def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, sourc
     source = defs.source(source_name)
     defs.check_expectations()
     ensure_ready(spark, conf, source, date)  # no rows: not ready, and no report to say "passed" or "failed"
-    ctx = RunContext(spark, conf, source, defs.entity_of(source), date)
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, window=_window(source, date, None, None))
     summary = new_summary(ctx, conf.env)
     with RecordedStep(summary, report_dir(conf, source.name, date) / "validation.json", "passed", conf.files) as step:
         step.prepared = prepared = _checked_snapshot(ctx, summary, quarantine=False)
@@ -177,7 +196,7 @@ def verify_source(
     with the source rows (what a run does after writing), without writing; verification.json."""
     check_date(date)
     source = defs.source(source_name)
-    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, redis_url=redis_url)
+    ctx = RunContext(spark, conf, source, defs.entity_of(source), date, redis_url=redis_url, window=_window(source, date, None, None))
     summary = new_summary(ctx, conf.env)
     with RecordedStep(summary, report_dir(conf, source.name, date) / "verification.json", "verified", conf.files) as step:
         with progress(spark, f"read {source.name}"), ctx.stage(summary, "prepare"):

@@ -34,10 +34,12 @@ def check_quality(
         if not expectations:
             summary.profile = quality.profile(frame, source)
         else:
-            # a range's size is not comparable with one date's: no row-count band then
-            previous = None if end else quality.previous_success(conf.reports_path, source.name, date, conf.files)
+            # a range's size, or an incremental window's, is not comparable with one date's: no row-count band then
+            incremental = ctx.window is not None and ctx.window.incremental
+            previous = None if end or incremental else quality.previous_success(conf.reports_path, source.name, date, conf.files)
             checks = quality.derive_checks(source, entity, conf.quality, previous)
-            docs = report_dir(conf, source.name, date, end) / docs_folder if conf.quality.data_docs else None
+            name = ctx.window.report_name if ctx.window else None
+            docs = report_dir(conf, source.name, date, end, name=name) / docs_folder if conf.quality.data_docs else None
             result = quality.run_gate(
                 frame, checks, source=source, suite_name=source.name, run_name=f"{source.name} {date}", docs_dir=docs, files=conf.files
             )

@@ -46,12 +46,14 @@ class RecordedStep:
 
 def new_summary(ctx: RunContext, env: str) -> RunSummary:
     date = f"{ctx.date.isoformat()}..{ctx.end.isoformat()}" if ctx.end else ctx.date.isoformat()
-    return RunSummary(source=ctx.source.name, entity=ctx.entity.name, date=date, env=env, as_of=ctx.as_of)
+    window = ctx.window.describe(ctx.source) if ctx.window else None
+    return RunSummary(source=ctx.source.name, entity=ctx.entity.name, date=date, env=env, as_of=ctx.as_of, window=window)
 
 
-def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None) -> Location:
-    """reports/<source>/<date>/ (a range: <start>_<end>/): summary.json, validation.json, data_docs/."""
-    return conf.reports_path / source / (f"{date.isoformat()}_{end.isoformat()}" if end else date.isoformat())
+def report_dir(conf: RunConf, source: str, date: dt.date, end: dt.date | None = None, *, name: str | None = None) -> Location:
+    """reports/<source>/<date>/ (a range: <start>_<end>/; an incremental run: ``name``, its
+    window's end): summary.json, validation.json, data_docs/."""
+    return conf.reports_path / source / (name or (f"{date.isoformat()}_{end.isoformat()}" if end else date.isoformat()))
 
 
 def report_path(conf: RunConf, source: str, date: dt.date) -> Location:

@@ -24,6 +24,8 @@ class RunSummary:
     date: str
     env: str
     as_of: int
+    window: str | None = None
+    """select_by event_time: the event times the run covered (each entity is as of its row's)."""
     status: str = "running"
     error: str | None = None
     rows_read: int = 0
@@ -130,7 +132,8 @@ class RunSummary:
     def table(self) -> str:
         rows: list[tuple[str, str]] = [
             ("source", f"{self.source} ({self.entity})"),
-            ("date / as-of", f"{self.date} / {self.as_of}"),
+            ("date / as-of", f"{self.date} / {self.as_of}" if self.window is None else f"{self.date} / each entity's event time"),
+            *([("event-time window", self.window)] if self.window else []),
             ("status", self.status + (f": {self.error}" if self.error else "")),
             ("rows read", f"{self.rows_read:,}"),
             ("bad rows (quarantined)", f"{self.bad_rows:,} ({self.bad_fraction:.2%})"),

@@ -1,0 +1,359 @@
+"""Selection by event time (select_by: event_time), as Feast materializes: each entity's latest
+row by event time (created time breaks ties), stored as of that event time in both stores and
+read back as Feast's event timestamps; incremental runs from the ledger's windows, late rows
+within the lookback, a failed run covered again; rows without an event time kept aside."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from pyspark.sql import types as T
+
+from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
+from feature_defs.models import SourceFile
+from feature_reader import FeatureReader
+from fm_config import RunConf
+from fm_config.sql import SqlSettings
+from jobs import event_time
+from jobs.cli import UsageError, _incremental_sources, main
+from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run
+from jobs.operations.ledger import Ledger
+from jobs.operations.windows import WindowError, event_time_losses, incremental_window
+from jobs.pipeline.run import run_source
+from jobs.transforms import schema_problems
+from serializers import field_id, freshness_field_name
+from serializers.batch import FeatureSpec
+from serializers.horizon import FutureDateError, check_until
+from sinks.sql.config import sql_sink_config
+from sinks.sql.preflight import ensure_schema
+
+from .expected import expected_hash
+
+UTC = dt.UTC
+DAY = dt.date(2026, 11, 20)
+END_OF_DAY = dt.datetime(2026, 11, 21, tzinfo=UTC)  # what run --date DAY covers: event times before it
+FRESH = field_id(freshness_field_name("events"))
+SPECS = [FeatureSpec("score", "float"), FeatureSpec("tag", "string")]
+SCHEMA = "consumer_id long, score double, tag string, event_ts timestamp, created timestamp"
+SOURCE = """source:
+  name: events
+  entity: consumer
+  location: events
+  layout: wide
+  select_by: event_time
+  timestamp_column: event_ts
+  created_column: created
+{extra}  features:
+    - {{name: score, type: float}}
+    - {{name: tag, type: string}}
+"""
+Y2099 = dt.datetime(2099, 1, 1, tzinfo=UTC)
+
+
+def at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def epoch(when: dt.datetime) -> int:
+    """Whole UTC epoch seconds, floored: what the stores hold (sub-seconds dropped)."""
+    return int((when - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(seconds=1))
+
+
+def write_events(spark, root: Path, rows: list[tuple], extra: str = "", mode: str = "overwrite"):
+    """The source 'events' (definitions and Delta table under ``root``); returns the definitions."""
+    folder = root / "defs"
+    folder.mkdir(exist_ok=True)
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "events.yaml").write_text(SOURCE.format(extra=extra))
+    spark.createDataFrame(rows, SCHEMA).write.format("delta").mode(mode).save(str(root / "events"))
+    return load_definitions(folder)
+
+
+def latest(rows: list[tuple], end: dt.datetime, start: dt.datetime | None = None) -> dict[int, tuple]:
+    """Per consumer, the row a Feast materialization of [start, end) keeps: the latest event time,
+    then the latest created time (none before any); derived here with Python's max."""
+    out: dict[int, tuple] = {}
+    for row in rows:
+        if row[3] is None or row[3] >= end or (start is not None and row[3] < start):
+            continue
+        rank = (row[3], row[4] is not None, row[4] or dt.datetime.min.replace(tzinfo=UTC))
+        kept = out.get(row[0])
+        if kept is None or rank > (kept[3], kept[4] is not None, kept[4] or dt.datetime.min.replace(tzinfo=UTC)):
+            out[row[0]] = row
+    return out
+
+
+def redis_events(client, ids) -> dict[int, dict[bytes, bytes]]:
+    return {i: client.hgetall(f"c:{i}") for i in ids}
+
+
+def expected_redis(rows: dict[int, tuple]) -> dict[int, dict[bytes, bytes]]:
+    return {i: expected_hash(SPECS, {"score": r[1], "tag": r[2]}, FRESH, epoch(r[3])) for i, r in rows.items()}
+
+
+def sql_events(conn) -> dict[int, tuple[dict, int]]:
+    found = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = 'events'")
+    return {int(k): (json.loads(doc), epoch(as_of)) for k, doc, as_of in found}
+
+
+def expected_sql(rows: dict[int, tuple]) -> dict[int, tuple[dict, int]]:
+    return {i: ({k: v for k, v in (("score", r[1]), ("tag", r[2])) if v is not None}, epoch(r[3])) for i, r in rows.items()}
+
+
+@pytest.fixture
+def both_stores(run_conf, pg_server, pg_db, tmp_path):
+    sql = SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
+    return run_conf.model_copy(
+        update={
+            "sinks": ["redis", "cockroach"],
+            "sql": sql,
+            "data_root": str(tmp_path),
+            "ledger_root": str(tmp_path / "ledger"),
+            "definitions_dir": str(tmp_path / "defs"),
+        }
+    )
+
+
+# -- a run of a date: every row up to its end --
+
+ROWS = [  # consumer_id, score, tag, event_ts, created
+    (1, 1.0, "old", at("2026-11-19T10:00:00"), at("2026-11-19T10:05:00")),
+    (1, 2.0, "new", at("2026-11-20T08:30:15.750000"), at("2026-11-20T08:31:00")),  # stored as of ...:15, floored
+    (1, 9.0, "too late", END_OF_DAY, at("2026-11-21T00:00:01")),  # the window's end is excluded
+    (2, 3.0, "created first", at("2026-11-20T05:00:00"), at("2026-11-20T06:00:00")),
+    (2, 4.0, "created last", at("2026-11-20T05:00:00"), at("2026-11-20T07:00:00")),  # same event time: created decides
+    (2, 5.0, "created unknown", at("2026-11-20T05:00:00"), None),
+    (2, 9.5, "no time", None, at("2026-11-20T09:00:00")),  # bad input: kept aside, the entity's other rows decide
+    (3, None, "no score", at("2026-11-18T00:00:00"), None),  # a null feature: no field, no JSON key
+    (4, 6.0, "from 2099", Y2099, None),  # beyond the horizon: no window reaches it
+    (5, 7.0, "copy", at("2026-11-20T01:00:00"), at("2026-11-20T01:00:00")),  # exact copies, as in Feast's example data
+    (5, 7.0, "copy", at("2026-11-20T01:00:00"), at("2026-11-20T01:00:00")),
+    (6, 8.0, "replaces 2099", at("2026-11-20T02:00:00"), None),
+    (7, 1.0, "no time", None, None),
+]
+NULL_TIME = "events: null event time (event_ts)"
+
+
+def test_each_entity_is_stored_as_of_its_latest_row_by_event_time_and_never_older(spark, both_stores, redis_db, pg_db, tmp_path):
+    defs = write_events(spark, tmp_path, ROWS)
+    conf = both_stores.model_copy(update={"quality": both_stores.quality.model_copy(update={"max_bad_fraction": 0.75})})
+    # consumer 6 holds an as-of time beyond the horizon (written by mistake): corrupt, replaced
+    redis_db.hset("c:6", mapping={FRESH: str(epoch(Y2099)).encode()})
+    ensure_schema(pg_db, sql_sink_config(conf, defs.sources["events"], defs.entities["consumer"], DAY))
+    pg_db.execute("INSERT INTO consumer_features VALUES ('6', 'events', '{}', %s, NULL)", (Y2099,))
+
+    summary = run_source(spark, conf, defs, "events", DAY)
+    assert summary.status == "succeeded", summary.error
+    want = latest(ROWS, END_OF_DAY)
+    assert sorted(want) == [1, 2, 3, 5, 6] and want[1][2] == "new" and want[2][2] == "created last"
+    assert redis_events(redis_db, range(1, 8)) == {**expected_redis(want), 4: {}, 7: {}}
+    assert sql_events(pg_db) == expected_sql(want)
+    assert summary.entities == 5 and summary.conflicting_keys == 0
+    assert summary.sinks["redis"]["replaced_future"] == 1 and summary.sinks["cockroach"]["rows_replaced_future"] == 1
+    for store in ("redis", "cockroach"):
+        assert summary.verification[store]["mismatches"] == 0
+    assert summary.window == "event_ts from the first row to 2026-11-21T00:00:00Z (end excluded)"
+    # rows without an event time: kept aside, counted, said in one line of the run's output
+    assert summary.bad_rows == 2 and summary.bad_reasons == {NULL_TIME: 2}
+    line = f"2 row(s) of events have a null event time (event_ts): kept aside in {summary.quarantine_table}, never written"
+    assert f"  warning: {line}" in summary.table().splitlines()
+    kept = spark.read.format("delta").load(summary.quarantine_table).collect()
+    assert sorted((json.loads(r["row"])["consumer_id"], tuple(r["reasons"])) for r in kept) == [(2, (NULL_TIME,)), (7, (NULL_TIME,))]
+
+    # readers return each entity's event time as Feast's event timestamps, from either store
+    with FeatureReader(conf, defs, cache=False) as reader:
+        for store in ("redis", "sql"):
+            column = reader.get_online_features(["events:tag"], {"consumer_id": [1, 2, 4]}, store=store).column("tag")
+            assert column.values == ["new", "created last", None], store
+            assert column.event_timestamps == [epoch(want[1][3]), epoch(want[2][3]), None], store
+
+    # the day before: consumer 1's latest row then is older than what both stores hold, and is left out
+    redis_before, sql_before = redis_events(redis_db, range(1, 8)), sql_events(pg_db)
+    older = run_source(spark, conf, defs, "events", DAY - dt.timedelta(days=1))
+    assert older.status == "succeeded"
+    assert redis_events(redis_db, range(1, 8)) == redis_before and sql_events(pg_db) == sql_before
+    assert older.entities == 2  # consumers 1 and 3 (whose row is the same: written again, as a rerun is)
+    assert older.sinks["redis"]["skipped_newer"] == 1 and older.sinks["cockroach"]["rows_skipped_newer"] == 1
+    assert older.verification["redis"]["newer"] == 1 and older.verification["redis"]["mismatches"] == 0
+
+
+# -- incremental runs: the ledger's windows --
+
+U0 = at("2026-11-20T12:00:00")
+HOUR = dt.timedelta(hours=1)
+
+
+def test_incremental_runs_load_late_rows_within_the_lookback_and_cover_a_failed_window_again(spark, both_stores, redis_db, pg_db, tmp_path):
+    sql = both_stores.sql.model_copy(update={"batch_rows": 10, "statements_per_transaction": 1})  # a transaction of 10 rows
+    conf = both_stores.model_copy(update={"sql": sql})
+    first = [
+        *[(i, 1.0, "v1", U0 - 2 * HOUR, None) for i in range(1, 13)],
+        (13, 1.0, "v1", U0 - 5 * HOUR, None),
+    ]
+    defs = write_events(spark, tmp_path, first, extra="  lookback_seconds: 3600\n")
+    ledger = Ledger(spark, tmp_path / "ledger")
+
+    def incremental(until: dt.datetime):
+        return recorded_run(spark, conf, defs, ledger, "run", "events", event_time.end_date(until), until=until)
+
+    one = incremental(U0)  # the source's first incremental run: everything up to its end
+    assert one.status == "succeeded", one.error
+    assert one.window.endswith("the source's first incremental run, everything up to its end")
+    assert redis_events(redis_db, range(1, 14)) == expected_redis(latest(first, U0))
+
+    later = [
+        *[(i, i / 8, f"v2 {i}", U0 + 10 * dt.timedelta(minutes=1), None) for i in (*range(1, 11), *range(14, 34))],
+        (12, 2.0, "late, within the lookback", U0 - HOUR / 3, None),  # inside the window run one covered
+        (13, 2.0, "late, beyond the lookback", U0 - 3 * HOUR, None),
+    ]
+    spark.createDataFrame(later, SCHEMA).write.format("delta").mode("append").save(str(tmp_path / "events"))
+    # The SQL store fails mid-write, once: on its 15th row, a transaction after the first was committed
+    pg_db.execute("CREATE SEQUENCE rows_seen")
+    pg_db.execute(
+        "CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF nextval('rows_seen') = 15 THEN RAISE EXCEPTION 'the store failed mid-write'; END IF; RETURN NEW; END $$"
+    )
+    pg_db.execute("CREATE TRIGGER fail_once BEFORE INSERT ON consumer_features FOR EACH ROW EXECUTE FUNCTION fail_once()")
+    with pytest.raises(Exception, match="the store failed mid-write"):
+        incremental(U0 + 3 * HOUR)
+    written = [i for i, (_, as_of) in sql_events(pg_db).items() if as_of == epoch(U0) + 600]
+    assert 0 < len(written) < 30  # partly written
+    assert sorted(s["status"] for s in ledger.source_steps("events")) == ["failed", "succeeded"]
+
+    # The failed run's window does not count: this one starts from the end of run one, less the
+    # lookback (from U0 + 2 h, had it counted, and the rows of U0 + 10 min would never be read)
+    resumed = incremental(U0 + 4 * HOUR)
+    assert resumed.status == "succeeded", resumed.error
+    assert resumed.window == (
+        "event_ts from 2026-11-20T11:00:00Z to 2026-11-20T16:00:00Z (end excluded): "
+        "from the last window's end 2026-11-20T12:00:00Z less the lookback of 3,600 s"
+    )
+    want = latest(first + later, U0 + 4 * HOUR)
+    # A row later than the lookback (consumer 13's, 3 hours late) is outside the window: the
+    # incremental run leaves the older row stored ...
+    want[13] = first[-1]
+    assert redis_events(redis_db, range(1, 34)) == expected_redis(want)
+    assert sql_events(pg_db) == expected_sql(want)
+    assert want[12][2] == "late, within the lookback" and want[11][2] == "v1" and len(want) == 33
+
+    # ... which a run of a date, reading every row up to its end, loads
+    dated = run_source(spark, conf.model_copy(update={"sinks": ["redis"]}), defs, "events", DAY)
+    assert dated.status == "succeeded"
+    assert redis_events(redis_db, [13]) == expected_redis({13: later[-1]})
+
+
+def test_event_times_of_each_accepted_type_are_utc_epoch_seconds(spark):
+    source = write_events_def()
+    rows = [(1, dt.datetime(2026, 11, 20, 23, 59, 59, 999999)), (2, dt.datetime(2026, 11, 21)), (3, dt.datetime(2026, 11, 19, 0, 0, 0, 1))]
+    window = event_time.EventWindow(at("2026-11-19T00:00:00.000001"), END_OF_DAY)
+    for kind in (T.TimestampNTZType(), T.TimestampType()):
+        schema = T.StructType([T.StructField("consumer_id", T.LongType()), T.StructField("event_ts", kind)])
+        data = [(i, when if isinstance(kind, T.TimestampNTZType) else when.replace(tzinfo=UTC)) for i, when in rows]
+        df = event_time.with_event_as_of(event_time.in_window(spark.createDataFrame(data, schema), source, window), source)
+        assert sorted((r["consumer_id"], r["_as_of"]) for r in df.collect()) == [
+            (1, epoch(at("2026-11-20T23:59:59"))),
+            (3, epoch(at("2026-11-19T00:00:00"))),
+        ], kind
+    dates = spark.createDataFrame([(1, dt.date(2026, 11, 20)), (2, dt.date(2026, 11, 21))], "consumer_id long, event_ts date")
+    df = event_time.with_event_as_of(event_time.in_window(dates, source, event_time.date_window(DAY)), source)
+    assert [(r["consumer_id"], r["_as_of"]) for r in df.collect()] == [(1, epoch(at("2026-11-20T00:00:00")))]
+
+
+def write_events_def():
+    return SourceFile.model_validate(yaml.safe_load(SOURCE.format(extra=""))).source
+
+
+# -- without Spark: the windows, the command line, the definitions --
+
+
+def step(status: str, end: dt.datetime, sinks=("redis",), kind: str = "run") -> dict:
+    targets = {"redis": "redis://127.0.0.1:6379/0", "cockroach": "postgresql://127.0.0.1:5432/f"}
+    return {
+        "source": "events", "kind": kind, "status": status, "window_end": end,
+        "targets": json.dumps({s: targets[s] for s in sinks}),
+    }  # fmt: skip
+
+
+def test_an_incremental_window_starts_at_the_last_succeeded_end_of_every_store_less_the_lookback():
+    source = write_events_def()
+    redis = {"redis": "redis://127.0.0.1:6379"}  # the same server spelled otherwise
+    both = {**redis, "cockroach": "postgresql://127.0.0.1:5432/f"}
+    until = at("2026-11-25T00:00:00")
+    first = incremental_window(source, [], redis, until)
+    assert (first.start, first.end, first.since) == (None, until, None)
+    steps = [
+        step("succeeded", at("2026-11-20T00:00:00"), ("redis", "cockroach")),
+        step("succeeded", at("2026-11-22T00:00:00")),  # redis only
+        step("failed", at("2026-11-23T00:00:00"), ("redis", "cockroach")),
+        step("running", at("2026-11-24T00:00:00"), ("redis", "cockroach")),  # crashed, or live elsewhere
+        step("succeeded", at("2026-11-24T00:00:00"), ("redis", "cockroach"), kind="cleanup"),
+    ]
+    window = incremental_window(source, steps, redis, until)
+    assert (window.since, window.start) == (at("2026-11-22T00:00:00"), at("2026-11-21T00:00:00"))  # default lookback: a day
+    window = incremental_window(source, steps, both, until)
+    assert window.since == at("2026-11-20T00:00:00")  # the SQL store was last covered to then
+    assert incremental_window(source, steps, {"cockroach": both["cockroach"], "redis": "redis://other:6379"}, until).start is None
+    with pytest.raises(WindowError, match=r"--until 2026-11-20T12:00:00Z is not after the window's start 2026-11-21T00:00:00Z"):
+        incremental_window(source, steps, redis, at("2026-11-20T12:00:00"))
+
+
+def test_the_command_line_refuses_what_an_incremental_run_cannot_do(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--incremental", "--date", "2026-11-20"])
+    assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert main(["run", "--date", "2026-11-20", "--until", "2026-11-20T06:00:00Z"]) == 2
+    assert "--until is the end of an incremental window" in capsys.readouterr().err
+    assert main(["run", "--incremental", "--until", "2099-01-01"]) == 2
+    assert "--until 2099-01-01T00:00:00Z is in the future" in capsys.readouterr().err
+    defs = load_definitions(DEFAULT_DIR)  # the sample sources select by date
+    with pytest.raises(UsageError, match="consumer_daily select.s. by date: run a date"):
+        _incremental_sources(defs, ["consumer_daily"], named=True)
+    with pytest.raises(UsageError, match="no source selects by event time"):
+        _incremental_sources(defs, ["consumer_daily", "store_features_long"], named=False)
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--incremental" in text and "less the source's lookback_seconds" in text and "--until TIME" in text
+    with pytest.raises(FutureDateError):
+        check_until(at("2026-11-22T00:00:01"), now=epoch(at("2026-11-20T12:00:00")))
+    check_until(at("2026-11-22T00:00:00"), now=epoch(at("2026-11-20T12:00:00")))  # the end of tomorrow: accepted
+
+
+def test_definitions_and_tables_an_event_time_selection_refuses(tmp_path):
+    entities = DEFAULT_DIR / "entities.yaml"
+    (tmp_path / "entities.yaml").write_text(entities.read_text())
+    (tmp_path / "long.yaml").write_text(
+        "source:\n  name: long_events\n  entity: consumer\n  location: x\n  layout: long\n  name_column: n\n  value_column: v\n"
+        "  select_by: event_time\n  timestamp_column: t\n  features:\n    - {name: a, type: float}\n"
+    )
+    with pytest.raises(DefinitionError, match="select_by: event_time takes the wide layout"):
+        load_definitions(tmp_path)
+    source = write_events_def()
+    entity = load_definitions(DEFAULT_DIR).entities["consumer"]
+    fields = [T.StructField("consumer_id", T.LongType()), T.StructField("score", T.DoubleType()), T.StructField("tag", T.StringType())]
+    numeric = T.StructType([*fields, T.StructField("event_ts", T.LongType()), T.StructField("created", T.TimestampType())])
+    assert schema_problems(numeric, source, entity) == ["column 'event_ts' has type bigint, expected an event time (timestamp)"]
+    no_created = T.StructType([*fields, T.StructField("event_ts", T.TimestampNTZType())])
+    assert schema_problems(no_created, source, entity) == ["column 'created' is missing (expected a timestamp)"]
+
+
+def test_a_backfill_of_a_source_selected_by_event_time_is_refused_with_the_runs_that_do_it(tmp_path):
+    (tmp_path / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (tmp_path / "events.yaml").write_text(SOURCE.format(extra=""))
+    defs = load_definitions(tmp_path)
+    with pytest.raises(BackfillError, match=r"selects by event time .* `materialize run --date 2026-11-20 --source events`"):
+        plan_backfill(None, RunConf(env="test"), defs, None, "events", DAY, DAY, "latest", force=False)
+
+
+def test_a_store_loss_of_a_source_selected_by_event_time_is_restored_by_a_run_of_a_date():
+    loss = {"sink": "redis", "target": "redis://h:6379/0", "dates": ["2026-11-18", "2026-11-19", "2026-11-22"], "evidence": "e"}
+    left, rewritten = event_time_losses([loss], dt.date(2026, 11, 20), "prod", "events", ["redis", "cockroach"])
+    assert rewritten == [dt.date(2026, 11, 18), dt.date(2026, 11, 19)]  # a run of the 20th reads every row up to its end
+    assert [(x["dates"], x["ranges"]) for x in left] == [(["2026-11-22"], "2026-11-22")]
+    assert left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22 --sink redis"
+    left, rewritten = event_time_losses([loss], None, "prod", "events", ["redis"])  # an incremental run rewrites its window only
+    assert rewritten == [] and left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22"
