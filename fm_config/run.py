@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 
 from fm_config.base import SecretRef, Settings
+from fm_config.catalog import CatalogConf
 from fm_config.locations import Files, Location, resolve
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisConnection, RedisSettings, tls_files
@@ -51,6 +52,8 @@ class SparkConf(Settings):
     read (at least shuffle_partitions), so a task's memory does not grow with the snapshot."""
     extra: dict[str, str] = {}
     """Any further spark.* settings."""
+    catalog: CatalogConf = CatalogConf()
+    """Spark's catalog, for sources that name a ``table``: none by default."""
 
 
 class QualityConf(Settings):
@@ -148,7 +151,7 @@ class RunConf(Settings):
         """Every location a run reads or writes: tables (the sources' own URIs included), quarantine, ledger, reports."""
         out = [self.data_path, self.quarantine_path, self.ledger_path, self.reports_path]
         if defs is not None:
-            out += [Location(s.location) for s in defs.sources.values() if "://" in s.location]
+            out += [Location(s.location) for s in defs.sources.values() if s.location and "://" in s.location]
         return out
 
     @property
