@@ -148,8 +148,11 @@ class RunConf(Settings):
         return resolve(self.reports_dir, PROJECT_ROOT)
 
     def locations(self, defs=None) -> list[Location]:
-        """Every location a run reads or writes: tables (the sources' own URIs included), quarantine, ledger, reports."""
+        """Every location a run reads or writes: tables (the sources' own URIs and the catalog's
+        warehouse included), quarantine, ledger, reports."""
         out = [self.data_path, self.quarantine_path, self.ledger_path, self.reports_path]
+        if self.spark.catalog.warehouse and "://" in self.spark.catalog.warehouse:
+            out.append(Location(self.spark.catalog.warehouse))
         if defs is not None:
             out += [Location(s.location) for s in defs.sources.values() if s.location and "://" in s.location]
         return out

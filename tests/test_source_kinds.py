@@ -28,7 +28,7 @@ from jobs.operations.ledger import RedisWrite, keys_from
 from jobs.pipeline.read import partition_rows
 from jobs.pipeline.run import run_source
 from jobs.pipeline.source_table import dated, open_source
-from jobs.source_errors import CatalogNotConfigured, SchemaDriftError, SourceNotFound
+from jobs.source_errors import CatalogNotConfigured, SchemaDriftError, SourceNotFound, SourceUnreadable
 from jobs.transforms import ENTITY_ID
 from serializers import field_id, freshness_field_name
 from serializers.keys import as_of_epoch
@@ -309,3 +309,13 @@ def test_a_command_in_another_process_reads_the_same_catalog(tables, spark, cata
     command = [str(Path(sys.executable).parent / "materialize"), "ready", "--env", "other", "--source", "catalog_table", "--date", str(D2)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "FM_CONF_DIR": str(conf)})
     assert (done.returncode, done.stdout.strip()) == (EXIT_OK, f"catalog_table has rows for {D2}"), done.stderr[-3000:]
+
+
+def test_files_that_are_not_parquet_are_one_line_naming_them(tables, spark, both, tmp_path):
+    (tmp_path / "data.parquet").write_text("consumer_id,score\n1,0.5\n")  # a CSV under a Parquet name
+    defs = definitions(tmp_path / "defs", {"not_parquet": f"location: {tmp_path / 'data.parquet'}\n  format: parquet"})
+    with pytest.raises(SourceUnreadable) as info:
+        run_source(spark, both, defs, "not_parquet", D2)
+    message = str(info.value)
+    assert message.startswith(f"source 'not_parquet': cannot read {tmp_path / 'data.parquet'} as parquet: ") and "\n" not in message
+    assert "not a Parquet file" in message, message
