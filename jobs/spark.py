@@ -73,6 +73,8 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if conf.catalog.type == "hive":
+        quiet_hive_client(spark)
     if os.environ.get(BUNDLE_DIR_VAR):
         ship_bundle(spark.sparkContext, Path(os.environ[BUNDLE_DIR_VAR]))
     return spark
@@ -93,6 +95,17 @@ def catalog_settings(catalog: CatalogConf) -> dict[str, str]:
     if warehouse:
         out["spark.sql.warehouse.dir"] = str(resolve(warehouse, PROJECT_ROOT))
     return out
+
+
+HIVE_CLIENT_LOGGERS = ("hive.metastore", "org.apache.spark.sql.hive.client.HiveClientImpl", "org.apache.hadoop.hive.metastore")
+"""Loggers of Hive's client that log each retry of an unreachable metastore as a warning with a
+JVM stack trace: the run's own error says it in one line (jobs/pipeline/source_table.py)."""
+
+
+def quiet_hive_client(spark) -> None:
+    jvm = spark.sparkContext._jvm
+    for name in HIVE_CLIENT_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.ERROR)
 
 
 def derby_options(catalog: CatalogConf) -> str:

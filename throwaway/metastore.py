@@ -32,6 +32,7 @@ class HiveMetastore:
     _started: threading.Event
     _failed: list
     server: object = None
+    _serving: threading.Thread | None = None
 
     @property
     def uri(self) -> str:
@@ -48,10 +49,13 @@ class HiveMetastore:
         return self
 
     def stop(self) -> None:
-        """Ends the JVM at once: a graceful stop would wait for clients still connected (a Spark
-        session keeps its connection to the end)."""
+        """Stop serving (connected clients are not waited for past a second: a Spark session
+        keeps its connection to the end), then end the JVM."""
         try:
-            self.gateway.close()
+            if self.server is not None:
+                self.server.stop()
+                self._serving.join(timeout=10)  # serve() has returned: no py4j call is left open
+            self.gateway.shutdown()
         except Exception:  # noqa: BLE001 (the JVM is going anyway)
             pass
         self.process.kill()
@@ -113,6 +117,7 @@ def start_metastore(folder: Path) -> HiveMetastore:
             handler = jvm.org.apache.hadoop.hive.metastore.HiveMetaStore.newRetryingHMSHandler("fm-test-metastore", conf, False)
             processor = jvm.org.apache.hadoop.hive.metastore.api.ThriftHiveMetastore.Processor(handler)
             args = jvm.org.apache.thrift.server.TThreadPoolServer.Args(socket).processor(processor).minWorkerThreads(2).maxWorkerThreads(64)
+            args = args.stopTimeoutVal(1)  # stop() waits a second for connected clients, not a minute
             metastore.server = jvm.org.apache.thrift.server.TThreadPoolServer(args)
         except Exception as exc:  # noqa: BLE001 (told by wait())
             metastore._failed.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -121,9 +126,10 @@ def start_metastore(folder: Path) -> HiveMetastore:
         metastore._started.set()
         try:
             metastore.server.serve()  # blocks for the service's life
-        except Exception:  # noqa: BLE001 (stop() ended the JVM under this call)
+        except Exception:  # noqa: BLE001 (the JVM ended under this call)
             pass
 
     # serve() holds its py4j call (and connection) for the service's life: a daemon thread of its own
-    threading.Thread(target=serve, name="hive-metastore", daemon=True).start()
+    metastore._serving = threading.Thread(target=serve, name="hive-metastore", daemon=True)
+    metastore._serving.start()
     return metastore

@@ -205,8 +205,8 @@ def root_cause(exc: Exception) -> str:
     try:
         while origin is not None and origin.getCause() is not None and not origin.getCause().equals(origin):
             origin = origin.getCause()
-        if origin is not None:
-            return " ".join(str(origin.toString()).split())[:300]
+        if origin is not None:  # its first line: Hive writes whole stack traces into its messages
+            return str(origin.toString()).strip().splitlines()[0][:300]
     except Exception:  # noqa: BLE001 (the gateway went away: the Python message is all there is)
         pass
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
