@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from feature_defs import DEFAULT_DIR, load_definitions
-from fm_config import CatalogConf, SparkConf
+from fm_config import CatalogConf, ConfigError, SparkConf, load_config
 from jobs.cli import main
 from jobs.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from jobs.operations.cleanup import table_keys
@@ -29,6 +29,7 @@ from jobs.pipeline.read import partition_rows
 from jobs.pipeline.run import run_source
 from jobs.pipeline.source_table import dated, open_source
 from jobs.source_errors import CatalogNotConfigured, SchemaDriftError, SourceNotFound, SourceUnreadable
+from jobs.spark import catalog_settings
 from jobs.transforms import ENTITY_ID
 from serializers import field_id, freshness_field_name
 from serializers.keys import as_of_epoch
@@ -319,3 +320,36 @@ def test_files_that_are_not_parquet_are_one_line_naming_them(tables, spark, both
     message = str(info.value)
     assert message.startswith(f"source 'not_parquet': cannot read {tmp_path / 'data.parquet'} as parquet: ") and "\n" not in message
     assert "not a Parquet file" in message, message
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("    type: hive\n",
+         "spark.catalog: Value error, type: hive needs either a metastore_uri (a metastore service) or a metastore_dir (embedded), "
+         "not both"),
+        ("    type: hive\n    metastore_uri: http://ms:9083\n",
+         "spark.catalog: Value error, metastore_uri: 'http://ms:9083' is not a thrift://host:port address"),
+        ("    metastore_dir: .run/metastore\n", "spark.catalog: Value error, metastore_dir only applies to type: hive"),
+        ("    type: glue\n", "spark.catalog.type: Input should be 'none', 'hive' or 'session'"),
+    ],
+)  # fmt: skip
+def test_a_catalog_setting_that_cannot_work_is_named_at_its_line(text, problem, tmp_path, monkeypatch):
+    conf = env_conf(tmp_path / "conf", "cat", "spark:\n  catalog:\n" + text)
+    monkeypatch.setenv("FM_CONF_DIR", str(conf))
+    with pytest.raises(ConfigError) as info:
+        load_config("cat")
+    assert str(info.value) == f"invalid configuration:\n  {conf / 'cat' / 'm.yaml'}:3: {problem}"
+
+
+def test_the_session_settings_of_each_catalog(tmp_path):
+    assert catalog_settings(CatalogConf()) == catalog_settings(CatalogConf(type="session")) == {}  # the in-memory or the cluster's own
+    assert catalog_settings(CatalogConf(type="hive", metastore_uri="thrift://ms:9083")) == {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.hive.metastore.uris": "thrift://ms:9083",
+    }
+    assert catalog_settings(CatalogConf(type="hive", metastore_dir=str(tmp_path / "ms"))) == {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={tmp_path / 'ms'}/metastore_db;create=true",
+        "spark.sql.warehouse.dir": str(tmp_path / "ms" / "warehouse"),
+    }
