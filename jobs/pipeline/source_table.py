@@ -58,11 +58,6 @@ class TableRef:
     def __str__(self) -> str:
         return f"catalog table {self.table}" if self.table else str(self.location)
 
-    def describe(self) -> str:
-        if self.table:
-            return f"the catalog table {self.table}"
-        return f"the {'Delta table' if self.format == 'delta' else 'Parquet files'} at {self.location}"
-
     def record(self) -> dict[str, Any]:
         """As the ledger keeps it: a Delta location as before ({"location"}), the others tagged."""
         if self.table:
