@@ -60,6 +60,10 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         # One source's run generates ~140 distinct classes; past Spark's default cache of 100
         # each run compiled most again (and the JIT started over on each new class).
         "spark.sql.codegen.cache.maxEntries": "2000",
+        # Parquet timestamps of nanoseconds (pandas writes them, Feast's example files hold them)
+        # read as their count instead of failing the read; the source's reader makes them
+        # timestamps again (jobs/pipeline/source_table.py).
+        "spark.sql.legacy.parquet.nanosAsLong": "true",
         **catalog_settings(conf.catalog),
         **conf.extra,
         # Pinned, over spark.extra too (Spark 4's default, but a cluster may turn it off): the

@@ -103,7 +103,10 @@ def tables(spark, tmp_path_factory) -> dict[str, str]:
     """Each kind's table, and where the definition finds it (a location or a catalog table)."""
     root = tmp_path_factory.mktemp("source_kinds")
     table = pa.Table.from_pylist(ROWS, SCHEMA)
-    pq.write_table(table, root / "single.parquet")
+    # as pandas writes it (Feast's example files too): event times of nanoseconds, in UTC
+    pq.write_table(
+        table.cast(SCHEMA.set(SCHEMA.get_field_index("ts"), pa.field("ts", pa.timestamp("ns", tz="UTC")))), root / "single.parquet"
+    )
     (root / "folder").mkdir()
     half = len(ROWS) // 2
     pq.write_table(table.slice(0, half), root / "folder" / "part-0.parquet")
@@ -355,3 +358,24 @@ def test_the_session_settings_of_each_catalog(tmp_path):
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={tmp_path / 'ms'}/metastore_db;create=true",
         "spark.sql.warehouse.dir": str(tmp_path / "ms" / "warehouse"),
     }
+
+
+def test_timestamps_of_nanoseconds_as_pandas_writes_them_read_as_timestamps(spark, both, tmp_path):
+    nanos = pa.array([1_795_151_167_123_456_789, None], pa.int64())  # 2026-11-20 05:06:07.123456789 UTC
+    pq.write_table(
+        pa.table(
+            {
+                "consumer_id": pa.array([1, 2], pa.int64()),
+                "event_timestamp": nanos.cast(pa.timestamp("ns", tz="UTC")),
+                "created": nanos.cast(pa.timestamp("ns")),
+                "orders": pa.array([7, 8], pa.int64()),
+            }
+        ),
+        tmp_path / "stats.parquet",
+    )
+    defs = definitions(tmp_path / "defs", {"stats": f"location: {tmp_path / 'stats.parquet'}\n  format: parquet"})
+    table = open_source(spark, both, defs.source("stats"))
+    assert table.schema.simpleString() == "struct<consumer_id:bigint,event_timestamp:timestamp,created:timestamp_ntz,orders:bigint>"
+    micros = "'yyyy-MM-dd HH:mm:ss.SSSSSS'"  # in the session's time zone, UTC
+    shown = table.orderBy("consumer_id").selectExpr(f"date_format(event_timestamp, {micros})", f"date_format(created, {micros})", "orders")
+    assert [tuple(r) for r in shown.collect()] == [("2026-11-20 05:06:07.123456", "2026-11-20 05:06:07.123456", 7), (None, None, 8)]

@@ -25,6 +25,7 @@ from feature_defs import SourceDef
 from fm_config import RunConf
 from fm_config.catalog import CATALOG_HELP
 from fm_config.locations import Location, is_uri
+from jobs.pipeline.gate.sql_text import ident
 from jobs.source_errors import CatalogNotConfigured, CatalogUnavailable, SchemaDriftError, SourceNotFound, SourceUnreadable
 from jobs.transforms import date_problem
 
@@ -122,9 +123,35 @@ def open_table(spark: SparkSession, conf: RunConf, ref: TableRef) -> DataFrame:
         _check_local(Path(where.local_path()), where, ref.format)
     reader = spark.read.format(ref.format)
     try:
-        return reader.load(str(where))
+        table = reader.load(str(where))
+        return _nanosecond_timestamps(spark, table) if ref.format == "parquet" else table
     except Exception as exc:  # noqa: BLE001 (Spark's AnalysisException or a Py4JJavaError: one line instead of a JVM trace)
         raise _location_error(exc, where, ref.format) from None
+
+
+def _nanosecond_timestamps(spark: SparkSession, table: DataFrame) -> DataFrame:
+    """Timestamps of nanoseconds as timestamps. pandas writes them (Feast's own example files
+    have them), and Spark refuses them unless read as their raw count (the session's
+    spark.sql.legacy.parquet.nanosAsLong, jobs/spark.py): such a column, a bigint here and
+    TIMESTAMP(NANOS) in a file's footer, becomes a timestamp again, to the microsecond."""
+    longs = [f.name for f in table.schema.fields if isinstance(f.dataType, T.LongType)]
+    files = table.inputFiles() if longs else []
+    if not files:
+        return table
+    jvm = spark.sparkContext._jvm
+    footer = jvm.org.apache.parquet.hadoop.ParquetFileReader.readFooter(
+        spark.sparkContext._jsc.hadoopConfiguration(), jvm.org.apache.hadoop.fs.Path(files[0])
+    )
+    nanos = {}
+    for field in footer.getFileMetaData().getSchema().getFields():
+        logical = field.getLogicalTypeAnnotation() if field.isPrimitive() else None
+        text = str(logical.toString()) if logical is not None else ""
+        if field.getName() in longs and text.startswith("TIMESTAMP(NANOS"):
+            nanos[field.getName()] = "timestamp" if text.endswith("true)") else "timestamp_ntz"  # true: UTC instants
+    for name, kind in nanos.items():
+        micros = F.expr(f"timestamp_micros(div({ident(name)}, 1000))")
+        table = table.withColumn(name, micros if kind == "timestamp" else micros.cast("timestamp_ntz"))
+    return table
 
 
 def _check_local(path: Path, where: Location, fmt: str) -> None:
