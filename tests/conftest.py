@@ -74,14 +74,20 @@ def hive_metastore(tmp_path_factory) -> Iterator[HiveMetastore]:
     metastore.stop()
 
 
+def session_catalog(metastore: HiveMetastore) -> CatalogConf:
+    return CatalogConf(type="hive", metastore_uri=metastore.uri, warehouse=str(metastore.folder / "warehouse"))
+
+
 @pytest.fixture(scope="session")
 def catalog(hive_metastore) -> CatalogConf:
-    """spark.catalog of the session (and of CLI runs that share its catalog)."""
-    return CatalogConf(type="hive", metastore_uri=hive_metastore.uri, warehouse=str(hive_metastore.folder / "warehouse"))
+    """spark.catalog of the session (and of CLI runs that share its catalog). The service comes
+    up while the first tests run: a catalog call before waits in its socket's backlog."""
+    hive_metastore.wait()
+    return session_catalog(hive_metastore)
 
 
 @pytest.fixture(scope="session")
-def spark(spark_events, catalog, hive_metastore):
+def spark(spark_events, hive_metastore):
     from jobs.jars import class_archive_options
     from jobs.spark import HUGE_METHODS, build_spark
 
@@ -93,10 +99,10 @@ def spark(spark_events, catalog, hive_metastore):
         # with the default G1 on 2 cores (tests/README.md)
         "spark.driver.extraJavaOptions": f"{HUGE_METHODS} {class_archive_options()} -XX:+UseParallelGC",
     }  # fmt: skip
+    catalog = session_catalog(hive_metastore)  # the service comes up beside the session: a first catalog call waits for it
     session = build_spark(
         SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests", extra=extra, catalog=catalog)
     )
-    hive_metastore.wait()
     # The JVMs the tests start later (CLI runs, Airflow tasks, spark-submit) live for one
     # small job each: the quick JIT alone starts them several seconds faster.
     # spark-submit's JVMs (Airflow's task, the cluster tests' drivers) start from the class

@@ -121,6 +121,7 @@ def start_metastore(folder: Path) -> HiveMetastore:
             metastore.server = jvm.org.apache.thrift.server.TThreadPoolServer(args)
         except Exception as exc:  # noqa: BLE001 (told by wait())
             metastore._failed.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            socket.close()  # clients waiting in the backlog are refused, not left hanging
             metastore._started.set()
             return
         metastore._started.set()
