@@ -32,6 +32,7 @@ class HiveMetastore:
     _started: threading.Event
     _failed: list
     server: object = None
+    log: object = None
     _serving: threading.Thread | None = None
 
     @property
@@ -60,6 +61,8 @@ class HiveMetastore:
             pass
         self.process.kill()
         self.process.wait(timeout=30)
+        if self.log is not None:
+            self.log.close()
 
 
 def _jars() -> str:
@@ -77,16 +80,16 @@ def start_metastore(folder: Path) -> HiveMetastore:
 
     folder.mkdir(parents=True, exist_ok=True)
     jars = _jars()
-    with open(folder / "metastore.log", "ab") as log:
-        gateway_port, process = launch_gateway(
-            jarpath=glob.glob(os.path.join(jars, "py4j-*.jar"))[0],
-            classpath=os.path.join(jars, "*"),
-            javaopts=[*JVM_OPTIONS, f"-Dderby.stream.error.file={folder / 'derby.log'}"],
-            die_on_exit=True,
-            redirect_stdout=log,
-            redirect_stderr=log,
-            return_proc=True,
-        )
+    log = open(folder / "metastore.log", "a")  # noqa: SIM115 (py4j's threads write the JVM's output to it until stop())
+    gateway_port, process = launch_gateway(
+        jarpath=glob.glob(os.path.join(jars, "py4j-*.jar"))[0],
+        classpath=os.path.join(jars, "*"),
+        javaopts=[*JVM_OPTIONS, f"-Dderby.stream.error.file={folder / 'derby.log'}"],
+        die_on_exit=True,
+        redirect_stdout=log,
+        redirect_stderr=log,
+        return_proc=True,
+    )
     gateway = JavaGateway(gateway_parameters=GatewayParameters(port=gateway_port, auto_convert=True))
     jvm = gateway.jvm
 
@@ -101,8 +104,9 @@ def start_metastore(folder: Path) -> HiveMetastore:
     except Exception:
         gateway.shutdown()
         process.terminate()
+        log.close()
         raise
-    metastore = HiveMetastore(port, folder, gateway, process, threading.Event(), [])
+    metastore = HiveMetastore(port, folder, gateway, process, threading.Event(), [], log=log)
 
     def serve() -> None:
         try:
