@@ -95,8 +95,8 @@ class LeaseConf(Settings):
 class RunConf(Settings):
     env: str = DEFAULT_ENV
     data_root: str = "data"
-    """Where source Delta tables live: a local path (relative: under the project root) or a
-    URI (s3a://, abfss://, gs://, hdfs://, file://)."""
+    """Where the sources' relative locations are (Delta tables, Parquet files): a local path
+    (relative: under the project root) or a URI (s3a://, abfss://, gs://, hdfs://, file://)."""
     quarantine_root: str | None = None
     """Delta tables of bad rows (a path or URI); defaults to <data_root>/_quarantine."""
     ledger_root: str | None = None

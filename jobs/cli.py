@@ -21,7 +21,7 @@ def _date(text: str) -> dt.date:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
-    p.add_argument("--data-root", help="folder of the source Delta tables (overrides data_root)")
+    p.add_argument("--data-root", help="folder the sources' locations are under: Delta tables, Parquet files (overrides data_root)")
 
 
 def _lease_wait(p: argparse.ArgumentParser) -> None:
