@@ -22,9 +22,10 @@ from feature_defs import DEFAULT_DIR, load_definitions
 from fm_config import CatalogConf, ConfigError, SparkConf, load_config
 from jobs.cli import main
 from jobs.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from jobs.operations.backfill import plan_backfill
 from jobs.operations.cleanup import table_keys
 from jobs.operations.doctor import check_source
-from jobs.operations.ledger import RedisWrite, keys_from
+from jobs.operations.ledger import Ledger, RedisWrite, keys_from
 from jobs.pipeline.read import partition_rows
 from jobs.pipeline.run import run_source
 from jobs.pipeline.source_table import dated, open_source
@@ -284,6 +285,16 @@ def test_the_ledger_keeps_a_catalog_tables_identity_and_cleanup_finds_its_keys_a
         gone = RedisWrite("r2", kind, frozenset({f"{kind}_score"}), where, (D3,), D3, D3)
         ref = f"catalog table {DATABASE}.consumers" if kind == "catalog_table" else f"{tables['root']}/hive"
         assert table_keys(spark, both, entity, where, [gone])[1] == f"{ref} no longer holds the dates {D3} that were written from it"
+
+
+def test_a_backfill_plans_a_catalog_tables_dates_from_its_rows(tables, spark, both, tmp_path):
+    """Text-dated partitions of a catalog table are the backfill's dates with data, and its rows
+    are counted from them."""
+    defs = definitions(tmp_path / "defs", {"catalog_table": tables["catalog_table"]})
+    conf = both.model_copy(update={"ledger_root": str(tmp_path / "ledger")})
+    plan = plan_backfill(spark, conf, defs, Ledger.of(spark, conf), "catalog_table", D1, D3, "latest", False)
+    assert (plan.dates_with_data, plan.to_write, plan.no_rows) == ([D1, D2], [D1, D2], [D3])
+    assert plan.rows == len(ROWS)
 
 
 def test_readiness_and_doctor_open_each_kind_as_a_run_does(tables, spark, both, tmp_path):
