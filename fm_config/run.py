@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 
 from fm_config.base import SecretRef, Settings
+from fm_config.catalog import CatalogConf
 from fm_config.locations import Files, Location, resolve
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisConnection, RedisSettings, tls_files
@@ -51,6 +52,8 @@ class SparkConf(Settings):
     read (at least shuffle_partitions), so a task's memory does not grow with the snapshot."""
     extra: dict[str, str] = {}
     """Any further spark.* settings."""
+    catalog: CatalogConf = CatalogConf()
+    """Spark's catalog, for sources that name a ``table``: none by default."""
 
 
 class QualityConf(Settings):
@@ -92,8 +95,8 @@ class LeaseConf(Settings):
 class RunConf(Settings):
     env: str = DEFAULT_ENV
     data_root: str = "data"
-    """Where source Delta tables live: a local path (relative: under the project root) or a
-    URI (s3a://, abfss://, gs://, hdfs://, file://)."""
+    """Where the sources' relative locations are (Delta tables, Parquet files): a local path
+    (relative: under the project root) or a URI (s3a://, abfss://, gs://, hdfs://, file://)."""
     quarantine_root: str | None = None
     """Delta tables of bad rows (a path or URI); defaults to <data_root>/_quarantine."""
     ledger_root: str | None = None
@@ -145,10 +148,13 @@ class RunConf(Settings):
         return resolve(self.reports_dir, PROJECT_ROOT)
 
     def locations(self, defs=None) -> list[Location]:
-        """Every location a run reads or writes: tables (the sources' own URIs included), quarantine, ledger, reports."""
+        """Every location a run reads or writes: tables (the sources' own URIs and the catalog's
+        warehouse included), quarantine, ledger, reports."""
         out = [self.data_path, self.quarantine_path, self.ledger_path, self.reports_path]
+        if self.spark.catalog.warehouse and "://" in self.spark.catalog.warehouse:
+            out.append(Location(self.spark.catalog.warehouse))
         if defs is not None:
-            out += [Location(s.location) for s in defs.sources.values() if "://" in s.location]
+            out += [Location(s.location) for s in defs.sources.values() if s.location and "://" in s.location]
         return out
 
     @property

@@ -34,7 +34,7 @@ class UsageError(ValueError):
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="config env: conf/base + conf/<env> (default: $FM_ENV, else 'local')")
-    p.add_argument("--data-root", help="folder of the source Delta tables (overrides data_root)")
+    p.add_argument("--data-root", help="folder the sources' locations are under: Delta tables, Parquet files (overrides data_root)")
 
 
 def _lease_wait(p: argparse.ArgumentParser) -> None:
@@ -477,12 +477,12 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
     from jobs.pipeline.read import SourceNotReady
     from jobs.pipeline.report.stage import report_dir
     from jobs.pipeline.run import for_each_source
+    from jobs.pipeline.source_table import check_catalog
     from jobs.spark import build_spark
 
     conf, defs = _load(args, expectations=expectations)
     names = args.source or conf.sources or list(defs.sources)
-    for name in names:
-        defs.source(name)  # unknown names fail before Spark starts
+    check_catalog(conf, [defs.source(name) for name in names])  # unknown names, and tables without a catalog, fail before Spark starts
     if select:
         names = select(defs, names, bool(args.source))
     spark = build_spark(conf.spark, conf.locations(defs))
@@ -587,10 +587,12 @@ def cmd_verify(args) -> int:
 
 def cmd_ready(args) -> int:
     from jobs.pipeline.read import partition_rows
+    from jobs.pipeline.source_table import check_catalog
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
     source = defs.source(args.source)
+    check_catalog(conf, [source])
     if partition_rows(build_spark(conf.spark, conf.locations(defs)), conf, source, args.date):
         print(f"{source.name} has rows for {args.date}")
         return EXIT_OK
@@ -631,12 +633,13 @@ def cmd_backfill(args) -> int:
     from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill, spans
     from jobs.operations.lease import LeaseHeld
     from jobs.operations.ledger import Ledger
+    from jobs.pipeline.source_table import check_catalog
     from jobs.spark import build_spark
     from serializers.horizon import check_date
 
     check_date(args.end, "--end")  # before Spark starts
     conf, defs = _load(args, expectations=None)
-    defs.source(args.source)
+    check_catalog(conf, [defs.source(args.source)])
     spark = build_spark(conf.spark, conf.locations(defs))
     ledger = Ledger.of(spark, conf)
     try:
@@ -865,6 +868,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from feature_defs.loader import UnknownNameError
     from fm_config import ConfigError
     from jobs.operations.local_commits import DeltaLogError
+    from jobs.source_errors import CatalogUnavailable, SchemaDriftError, SourceUnreadable
     from serializers.horizon import FutureDateError
 
     try:
@@ -877,6 +881,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except DeltaLogError as exc:  # a ledger table's log a person has to look at: the message says what to do
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (SchemaDriftError, SourceUnreadable, CatalogUnavailable) as exc:  # a source table as it is: one line each, no JVM trace
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ModuleNotFoundError as exc:

@@ -7,7 +7,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from fm_config import SparkConf
+from fm_config import PROJECT_ROOT, CatalogConf, SparkConf
+from fm_config.locations import resolve
 from jobs.cluster_bundle import BUNDLE_DIR_VAR, BUNDLE_FILE_VAR, PROJECT_ZIP, RUNTIME_SUFFIX
 from jobs.jars import S3A_SCHEMES, class_archive_options, delta_jars, s3a_jars
 
@@ -39,7 +40,8 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         builder = builder.config("spark.driver.memory", conf.driver_memory)
         if "spark.driver.extraJavaOptions" not in conf.extra:
             # the class archive (jobs/class_archive.py), when the set-up made one: a faster start
-            builder = builder.config("spark.driver.extraJavaOptions", f"{HUGE_METHODS} {class_archive_options()}".strip())
+            options = f"{HUGE_METHODS} {class_archive_options()} {derby_options(conf.catalog)}"
+            builder = builder.config("spark.driver.extraJavaOptions", " ".join(options.split()))
     settings = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -58,6 +60,11 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         # One source's run generates ~140 distinct classes; past Spark's default cache of 100
         # each run compiled most again (and the JIT started over on each new class).
         "spark.sql.codegen.cache.maxEntries": "2000",
+        # Parquet timestamps of nanoseconds (pandas writes them, Feast's example files hold them)
+        # read as their count instead of failing the read; the source's reader makes them
+        # timestamps again (jobs/pipeline/source_table.py).
+        "spark.sql.legacy.parquet.nanosAsLong": "true",
+        **catalog_settings(conf.catalog),
         **conf.extra,
         # Pinned, over spark.extra too (Spark 4's default, but a cluster may turn it off): the
         # transforms cast data with try_cast and check its nulls; any other cast then fails
@@ -70,9 +77,46 @@ def build_spark(conf: SparkConf, locations: Iterable[str] = ()):
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if conf.catalog.type == "hive":
+        quiet_hive_client(spark)
     if os.environ.get(BUNDLE_DIR_VAR):
         ship_bundle(spark.sparkContext, Path(os.environ[BUNDLE_DIR_VAR]))
     return spark
+
+
+def catalog_settings(catalog: CatalogConf) -> dict[str, str]:
+    """The session's settings for spark.catalog (static: they hold from the session's start).
+    none and session set nothing: Spark's in-memory catalog, or the one the cluster configured."""
+    if catalog.type != "hive":
+        return {}
+    out = {"spark.sql.catalogImplementation": "hive"}
+    if catalog.metastore_uri:
+        out["spark.hadoop.hive.metastore.uris"] = catalog.metastore_uri
+    else:
+        folder = resolve(catalog.metastore_dir, PROJECT_ROOT)
+        out["spark.hadoop.javax.jdo.option.ConnectionURL"] = f"jdbc:derby:;databaseName={folder}/metastore_db;create=true"
+    warehouse = catalog.warehouse or (str(resolve(catalog.metastore_dir, PROJECT_ROOT) / "warehouse") if catalog.metastore_dir else None)
+    if warehouse:
+        out["spark.sql.warehouse.dir"] = str(resolve(warehouse, PROJECT_ROOT))
+    return out
+
+
+HIVE_CLIENT_LOGGERS = ("hive.metastore", "org.apache.spark.sql.hive.client.HiveClientImpl", "org.apache.hadoop.hive.metastore")
+"""Loggers of Hive's client that log each retry of an unreachable metastore as a warning with a
+JVM stack trace: the run's own error says it in one line (jobs/pipeline/source_table.py)."""
+
+
+def quiet_hive_client(spark) -> None:
+    jvm = spark.sparkContext._jvm
+    for name in HIVE_CLIENT_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.ERROR)
+
+
+def derby_options(catalog: CatalogConf) -> str:
+    """An embedded metastore's Derby log in its folder, not derby.log in the working directory."""
+    if catalog.type != "hive" or not catalog.metastore_dir:
+        return ""
+    return f"-Dderby.stream.error.file={resolve(catalog.metastore_dir, PROJECT_ROOT) / 'derby.log'}"
 
 
 def jars_without_bundle(name: str) -> str:

@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from feature_defs import EntityDef, FeatureDef, SourceDef
 from jobs import json_values
 from jobs.pipeline.gate.sql_text import ident, literal
+from jobs.source_errors import SchemaDriftError
 from serializers.batch import FeatureSpec
 from serializers.json_map import encode_json_maps
 from serializers.keys import KEY_SEPARATOR
@@ -50,10 +51,6 @@ _TRUE_TEXT = ("true", "1", "1.0")
 _FALSE_TEXT = ("false", "0", "0.0")
 _INT64_END = 2.0**63  # a double cast to long saturates here instead of failing
 _CONTROL = literal(r"[\x00-\x1f\x7f]")  # a control character, as a SQL regex literal
-
-
-class SchemaDriftError(ValueError):
-    """The source table does not have the columns or types its definition declares."""
 
 
 def spark_type(feature: FeatureDef) -> T.DataType:
@@ -93,11 +90,13 @@ def key_columns(source: SourceDef, entity: EntityDef) -> list[str]:
     return source.key_columns or [k.name for k in entity.keys]
 
 
-def check_schema(df: DataFrame, source: SourceDef, entity: EntityDef) -> None:
-    """Fail before anything is written when the table does not match the definition."""
+def check_schema(df: DataFrame, source: SourceDef, entity: EntityDef, where: str | None = None) -> None:
+    """Fail before anything is written when the table does not match the definition: one line
+    per problem, each naming the source (and ``where``, its table) and the column."""
     problems = schema_problems(df.schema, source, entity)
     if problems:
-        raise SchemaDriftError(f"source {source.name!r} does not match its definition:\n  " + "\n  ".join(problems))
+        at = f" ({where})" if where else ""
+        raise SchemaDriftError("\n".join(f"source {source.name!r}{at} does not match its definition: {p}" for p in problems))
 
 
 def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) -> list[str]:
@@ -125,6 +124,7 @@ def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) 
         need(source.created_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
     else:
         need(source.timestamp_column, lambda t: isinstance(t, (T.TimestampType, T.TimestampNTZType, T.DateType, *_NUMERIC)), "a timestamp")
+        problems += [p for p in [date_problem(schema, source.date_column)] if p]
     if source.layout == "wide":
         for f in source.features:
             if f.type == "json":
@@ -147,6 +147,18 @@ def schema_problems(schema: T.StructType, source: SourceDef, entity: EntityDef) 
         if bad:
             problems.append(f"features {bad} have list/embedding types, which a long layout cannot carry")
     return problems
+
+
+def date_problem(schema: T.StructType, column: str) -> str | None:
+    """Why ``column`` cannot be a source's date column (a date, or yyyy-MM-dd text as Hive
+    tables are often partitioned by), or None."""
+    found = {f.name: f.dataType for f in schema.fields}.get(column)
+    expected = "expected the date column: a date, or yyyy-MM-dd text"
+    if found is None:
+        return f"column {column!r} is missing ({expected})"
+    if not isinstance(found, (T.DateType, T.StringType)):
+        return f"column {column!r} has type {found.simpleString()}, {expected}"
+    return None
 
 
 def _reason(condition: Column | str, text: str) -> Column:

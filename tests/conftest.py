@@ -15,10 +15,11 @@ import pytest
 import redis
 from psycopg import sql
 
-from fm_config import QualityConf, RunConf, SparkConf
+from fm_config import CatalogConf, QualityConf, RunConf, SparkConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.sample_data import sample_dates, write_sample_tables
+from throwaway.metastore import HiveMetastore, start_metastore
 from throwaway.servers import PostgresServer, RedisServer, start_postgres, start_redis
 
 SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
@@ -65,7 +66,28 @@ def spark_events(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark(spark_events):
+def hive_metastore(tmp_path_factory) -> Iterator[HiveMetastore]:
+    """The session's Spark catalog: a Hive metastore service on loopback (throwaway/metastore.py),
+    coming up in the background while the Spark session starts (its static settings name it)."""
+    metastore = start_metastore(tmp_path_factory.mktemp("metastore"))
+    yield metastore
+    metastore.stop()
+
+
+def session_catalog(metastore: HiveMetastore) -> CatalogConf:
+    return CatalogConf(type="hive", metastore_uri=metastore.uri, warehouse=str(metastore.folder / "warehouse"))
+
+
+@pytest.fixture(scope="session")
+def catalog(hive_metastore) -> CatalogConf:
+    """spark.catalog of the session (and of CLI runs that share its catalog). The service comes
+    up while the first tests run: a catalog call before waits in its socket's backlog."""
+    hive_metastore.wait()
+    return session_catalog(hive_metastore)
+
+
+@pytest.fixture(scope="session")
+def spark(spark_events, hive_metastore):
     from jobs.jars import class_archive_options
     from jobs.spark import HUGE_METHODS, build_spark
 
@@ -77,7 +99,10 @@ def spark(spark_events):
         # with the default G1 on 2 cores (tests/README.md)
         "spark.driver.extraJavaOptions": f"{HUGE_METHODS} {class_archive_options()} -XX:+UseParallelGC",
     }  # fmt: skip
-    session = build_spark(SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests", extra=extra))
+    catalog = session_catalog(hive_metastore)  # the service comes up beside the session: a first catalog call waits for it
+    session = build_spark(
+        SparkConf(master="local[2,2]", shuffle_partitions=2, arrow_batch_rows=256, app_name="fm-tests", extra=extra, catalog=catalog)
+    )
     # The JVMs the tests start later (CLI runs, Airflow tasks, spark-submit) live for one
     # small job each: the quick JIT alone starts them several seconds faster.
     # spark-submit's JVMs (Airflow's task, the cluster tests' drivers) start from the class

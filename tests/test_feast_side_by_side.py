@@ -94,7 +94,8 @@ def example(tmp_path_factory, spark, redis_server, pg_server):
     online = settings.index("online_store:")
     end = settings.index("\n", settings.index("path:", online))
     port = base.rsplit(":", 1)[1]
-    yaml_path.write_text(settings[:online] + f'online_store:\n    type: redis\n    connection_string: "127.0.0.1:{port},db={FEAST_DB}"' + settings[end:])
+    store = f'online_store:\n    type: redis\n    connection_string: "127.0.0.1:{port},db={FEAST_DB}"'
+    yaml_path.write_text(settings[:online] + store + settings[end:])
     feast(repo, "apply")
     feast(repo, "materialize", "2000-01-01T00:00:00", dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     return repo, conf

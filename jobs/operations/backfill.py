@@ -26,9 +26,10 @@ from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_t
 from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
 from jobs.operations.windows import ensure_window_ready, event_time_losses, incremental_window
 from jobs.operations.written_as import written_as_problems
-from jobs.pipeline.read import ensure_ready, read_source, source_rows
+from jobs.pipeline.read import ensure_ready, source_rows
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.run import run_source
+from jobs.pipeline.source_table import dated, open_source
 from serializers.horizon import check_date, check_until, latest_date
 
 Mode = Literal["latest", "replay"]
@@ -148,9 +149,9 @@ def plan_backfill(
     written = {d: names for d, names in written.items() if d not in lost_now}
     done = set() if force else set(written)
     horizon = max([end, *written])
-    raw = read_source(spark, conf, source)
+    raw = open_source(spark, conf, source)
     day = F.col(source.date_column)
-    in_range = raw.where(day.between(F.lit(start), F.lit(horizon)))
+    in_range = dated(raw, source.date_column, start, horizon, source=source.name)
     present = sorted(r[0] for r in source_rows(in_range, source).select(day).distinct().collect())
     if present and not isinstance(present[0], dt.date):
         raise BackfillError(f"source {source.name!r}: date column {source.date_column!r} holds {type(present[0]).__name__}, not dates")

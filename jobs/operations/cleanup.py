@@ -20,20 +20,25 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from feature_defs import Definitions, EntityDef, SourceDef
 from fm_config import RunConf
-from fm_config.locations import Location
 from jobs import transforms as tf
 from jobs.operations.cleanup_sql import SqlCleanupPlan, SqlCleanupResult, clean_sql
 from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
+from jobs.pipeline.source_table import (
+    CatalogNotConfigured,
+    CatalogUnavailable,
+    SourceNotFound,
+    SourceUnreadable,
+    TableRef,
+    on_dates,
+    open_table,
+)
 from serializers import field_id, freshness_field_name
 from serializers.keys import redis_key
 from sinks.redis.config import RedisSinkConfig, redis_sink_config
@@ -150,39 +155,36 @@ def cleanup_partition(plan: CleanupWriter, batches: Iterator[pa.RecordBatch]) ->
 
 
 def table_keys(
-    spark: SparkSession, entity: EntityDef, where: dict[str, Any], writes: list[RedisWrite]
+    spark: SparkSession, conf: RunConf, entity: EntityDef, where: dict[str, Any], writes: list[RedisWrite]
 ) -> tuple[DataFrame | None, str | None]:
     """Distinct entity ids (as in the Redis key) of the rows these steps wrote from one table,
     and what keeps some of them from being found (None when all can be)."""
-    path, columns, day_column = where["location"], where["key_columns"], where.get("date_column")
-    if Location(path).is_local and not (Path(path) / "_delta_log").is_dir():
-        return None, f"no Delta table at {path}"
+    ref, columns, day_column = TableRef.from_record(where), where["key_columns"], where.get("date_column")
     try:
-        table = spark.read.format("delta").load(path)
-    except AnalysisException as exc:
-        return None, f"cannot read {path}: {str(exc).splitlines()[0]}"
+        table = open_table(spark, conf, ref)
+    except (SourceNotFound, SourceUnreadable, CatalogUnavailable, CatalogNotConfigured) as exc:
+        return None, str(exc)
     missing = [c for c in columns if c not in table.columns]
     if missing or len(columns) != len(entity.keys):
         return (
             None,
-            f"{path}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) "
+            f"{ref}: key columns {', '.join(columns)} ({', '.join(missing) or 'present'}) "
             f"do not match entity {entity.name}'s {len(entity.keys)} key parts",
         )
     problem = None
     # Without a date column or a recorded range every row is read: a superset of the keys written.
     if day_column in table.columns and all(w.dates is not None or w.start_date for w in writes):
-        day = F.col(day_column)
         exact = sorted({d for w in writes if w.dates is not None for d in w.dates})
-        keep = day.isin(exact) if exact else F.lit(False)
-        for w in writes:
-            if w.dates is None:
-                keep = keep | day.between(F.lit(w.start_date), F.lit(w.end_date or w.start_date))
-        table = table.where(keep)
+        ranges = [(w.start_date, w.end_date or w.start_date) for w in writes if w.dates is None]
+        try:
+            table = on_dates(table, day_column, exact, ranges)
+        except tf.SchemaDriftError as exc:
+            return None, f"{ref}: {exc}"
         if exact:
-            present = {r[0] for r in table.where(day.isin(exact)).select(day).distinct().collect()}
+            present = {r[0] for r in on_dates(table, day_column, exact).select(day_column).distinct().collect()}
             gone = [str(d) for d in exact if d not in present]
             if gone:
-                problem = f"{path} no longer holds the dates {', '.join(gone)} that were written from it"
+                problem = f"{ref} no longer holds the dates {', '.join(gone)} that were written from it"
     keyed = SourceDef.model_construct(key_columns=list(columns))  # the key transforms read only the key columns
     tagged = tf.tag_key_problems(table, keyed, entity)
     return tf.with_entity_id(tagged.where(~tf.is_bad(tagged)), keyed, entity).select(tf.ENTITY_ID), problem
@@ -208,12 +210,12 @@ def source_keys(
     frames = []
     for where, group in by_table.items():
         location = json.loads(where)
-        frame, problem = table_keys(spark, entity, location, group)
+        frame, problem = table_keys(spark, conf, entity, location, group)
         if problem:
             part.left.append(problem)
         if frame is not None:
             frames.append(frame)
-            part.tables.append(location["location"])
+            part.tables.append(str(TableRef.from_record(location)))
     return reduce(DataFrame.unionByName, frames).distinct() if frames else None
 
 

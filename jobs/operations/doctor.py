@@ -3,8 +3,10 @@ master, each source table, the ledger/quarantine/report locations, Redis and SQL
 
 Nothing is written anywhere: Redis ACLs are probed by queueing the writer's commands in a
 ``MULTI`` that is discarded (Redis checks permissions when a command is queued), and the SQL
-session is read-only. No Spark session is started: a source's schema is read from its Delta
-log. Each check is one line with what to fix when it is not OK.
+session is read-only. A Delta source's schema is read from its Delta log, without Spark; a
+Parquet or catalog-table source is opened as a run opens it (one Spark session, started for
+the first of them, reads its schema and no rows). Each check is one line with what to fix
+when it is not OK.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ def check_source(conf: RunConf, defs: Definitions, source: SourceDef) -> Check:
     from jobs.pipeline.read import source_path
     from jobs.transforms import schema_problems
 
+    if source.table is not None or source.format != "delta":
+        return check_opened_source(conf, defs, source)
     where = source_path(conf, source)
     name = f"source {source.name}"
     try:
@@ -166,6 +170,42 @@ def check_source(conf: RunConf, defs: Definitions, source: SourceDef) -> Check:
     if problems:
         return Check("fail", name, f"{where}: " + "; ".join(problems), "fix the table or the source's definition in feature_defs")
     return Check("ok", name, f"{where}: Delta table, version {version}, columns match the definition")
+
+
+def check_opened_source(conf: RunConf, defs: Definitions, source: SourceDef) -> Check:
+    """A Parquet or catalog-table source, opened as a run opens it (jobs/pipeline/source_table.py):
+    its schema is what Spark sees, partition columns included."""
+    from fm_config.catalog import CATALOG_HELP
+    from jobs.pipeline.source_table import open_table, table_ref
+    from jobs.source_errors import CatalogUnavailable, SourceNotFound, SourceUnreadable
+    from jobs.spark import build_spark
+    from jobs.transforms import schema_problems
+
+    name, ref = f"source {source.name}", table_ref(conf, source)
+    if source.table is not None and not conf.spark.catalog.configured:
+        return Check("fail", name, f"{ref}: no catalog is configured", CATALOG_HELP)
+    spark = build_spark(conf.spark, conf.locations(defs))  # the one session of this process, started once
+    try:
+        table = open_table(spark, conf, ref)
+    except SourceNotFound as exc:
+        fix = (
+            f"check the catalog ({conf.spark.catalog.describe()}) and the source's table"
+            if source.table
+            else "check the source's location and format (feature_defs) and data_root"
+        )
+        return Check("fail", name, str(exc), fix)
+    except (SourceUnreadable, CatalogUnavailable) as exc:
+        return Check(
+            "fail",
+            name,
+            str(exc),
+            "check the catalog's metastore and this host's access to it" if source.table else "check the files at the location",
+        )
+    problems = schema_problems(table.schema, source, defs.entity_of(source))
+    if problems:
+        return Check("fail", name, f"{ref}: " + "; ".join(problems), "fix the table or the source's definition in feature_defs")
+    what = "catalog table" if source.table else "Parquet"
+    return Check("ok", name, f"{ref}: {what}, columns match the definition")
 
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")

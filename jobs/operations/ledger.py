@@ -44,7 +44,7 @@ from feature_defs import EntityDef, SourceDef
 from fm_config import PROJECT_ROOT, RunConf
 from fm_config.locations import Files, Location
 from jobs.operations.local_commits import commit_lock, guarded
-from jobs.pipeline.read import source_path
+from jobs.pipeline.source_table import table_ref
 from jobs.transforms import key_columns
 from serializers import freshness_field_name
 
@@ -164,10 +164,11 @@ def _sql_server(dsn: str) -> str:
 
 def keys_from(conf: RunConf, source: SourceDef, entity: EntityDef) -> dict[str, Any]:
     """Where the keys a step of ``source`` writes can be read again: cleanup never SCANs, and
-    the source's definition may be gone by the time its fields are stale."""
-    # by event time no date column says which rows a step wrote: every row is read (a superset of its keys)
+    the source's definition may be gone by the time its fields are stale. A Delta location is
+    recorded as {"location"} (as before tables came in kinds), Parquet with its "format", a
+    catalog table as {"table"}; a source selected by event time has no date column."""
     day = None if source.by_event_time else source.date_column
-    return {"location": source_path(conf, source), "key_columns": key_columns(source, entity), "date_column": day}
+    return {**table_ref(conf, source).record(), "key_columns": key_columns(source, entity), "date_column": day}
 
 
 @dataclass

@@ -37,7 +37,8 @@ from fm_config import RunConf
 from jobs.event_time import EventWindow, lookback_seconds, no_rows, rows_in, utc_text
 from jobs.operations.ledger import WRITE_KINDS, aware, on_target
 from jobs.operations.store_state import date_ranges
-from jobs.pipeline.read import SourceNotFound, SourceNotReady, read_source, source_path
+from jobs.pipeline.read import SourceNotReady
+from jobs.pipeline.source_table import SourceNotFound, open_source, table_ref
 
 
 def last_window_end(steps: Sequence[Mapping[str, Any]], source: str, sink: str, target: str) -> dt.datetime | None:
@@ -81,11 +82,11 @@ def ensure_window_ready(spark: SparkSession, conf: RunConf, source: SourceDef, w
     """Raise SourceNotReady (exit code 3, nothing recorded) unless a row has an event time in
     ``window``. A table that is not there is left to the run's read, which names it."""
     try:
-        raw = read_source(spark, conf, source)
+        raw = open_source(spark, conf, source)
     except SourceNotFound:
         return
     if not rows_in(raw, source, window):
-        raise SourceNotReady(no_rows(source, window, source_path(conf, source), "nothing was written or recorded"))
+        raise SourceNotReady(no_rows(source, window, table_ref(conf, source), "nothing was written or recorded"))
 
 
 def event_time_losses(

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from jobs import event_time
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
+from jobs.pipeline.source_table import dated
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,7 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     if ctx.window is not None:  # select_by event_time: the rows of the window, and those without an event time
         snapshot = event_time.in_window(raw, source, ctx.window)
     else:
-        day = F.col(source.date_column)
-        snapshot = raw.where(day.between(F.lit(ctx.date), F.lit(ctx.end)) if ctx.per_date else day == F.lit(ctx.date))
+        snapshot = dated(raw, source.date_column, ctx.date, ctx.end)
     # A plan of its own per source (the filter is always true, and optimized away): Spark
     # shares one cache entry among equal plans, and another source of the run over the same
     # table would unpersist it under this one (parallel_sources).

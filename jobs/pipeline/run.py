@@ -19,10 +19,11 @@ from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.gate.stage import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
 from jobs.pipeline.quarantine import reason_counts, write_quarantine
-from jobs.pipeline.read import SourceNotReady, ensure_ready, not_ready, read, source_path
+from jobs.pipeline.read import SourceNotReady, ensure_ready, not_ready, read
 from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import check_mostly_newer
+from jobs.pipeline.source_table import table_ref
 from jobs.pipeline.verify import verify_writes
 from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
@@ -114,7 +115,7 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
             for df in prepared.cached:
                 df.unpersist()
             if ctx.window is not None:
-                raise SourceNotReady(no_rows(ctx.source, ctx.window, source_path(ctx.conf, ctx.source), "nothing was written"))
+                raise SourceNotReady(no_rows(ctx.source, ctx.window, table_ref(ctx.conf, ctx.source), "nothing was written"))
             raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end, done="nothing was written")
         with ctx.stage(summary, "quarantine"):
             bad = prepared.counts.bad_rows
