@@ -22,8 +22,10 @@ import numpy as np
 import pytest
 
 from feature_defs import load_definitions
-from fm_config import QualityConf, ReaderSettings, RunConf, SqlSettings
+from fm_config import QualityConf, RunConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
 from jobs.cli import main
 from throwaway import feast_venv
 
