@@ -16,6 +16,7 @@ import redis
 from psycopg import sql
 
 from fm_config import CatalogConf, QualityConf, RunConf, SparkConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.sample_data import sample_dates, write_sample_tables
@@ -143,6 +144,7 @@ def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
         # The gate has its own tests (test_quality.py); here it would only repeat itself.
         quality=QualityConf(max_bad_fraction=0.05, expectations=False, verify_sample=100),
         sinks=["redis"],
+        reader=ReaderSettings(timeout_ms=10_000),  # the default 50 ms is for a quiet server; the suite shares 2 busy cores
     )
 
 

@@ -23,6 +23,7 @@ from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
 from feature_defs.stored_lock import LOCK_NAME, changes, locked, read_lock, write_lock
 from feature_reader import FeatureReader
 from fm_config import QualityConf, RunConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.transforms import feature_specs
@@ -348,6 +349,7 @@ def test_random_definition_changes_and_snapshots_never_serve_old_bytes(tmp_path_
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
         sinks=["redis", "cockroach"],
+        reader=ReaderSettings(timeout_ms=10_000),  # not the default 50 ms: the suite shares 2 busy cores
         quality=QualityConf(expectations=False),
     )
     redis_server.client().flushall()
@@ -422,6 +424,7 @@ def changed(spark, tmp_path_factory, redis_server, pg_server):
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
         sinks=["redis", "cockroach"],
+        reader=ReaderSettings(timeout_ms=10_000),  # not the default 50 ms: the suite shares 2 busy cores
         quality=QualityConf(expectations=False),
     )
     folder = define(root / "defs", *V1)

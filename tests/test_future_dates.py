@@ -18,6 +18,7 @@ import pytest
 from feature_defs import load_definitions
 from feature_reader import FeatureReader
 from fm_config import RunConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.cli import main
@@ -99,7 +100,7 @@ def stores_conf(redis_server, pg_server, redis_db, pg_db, tmp_path) -> RunConf:
     return RunConf(
         env="test", sinks=["redis", "cockroach"], reports_dir=str(tmp_path / "reports"),
         redis=RedisSettings(url=redis_server.url, password_env=None, mode="standalone"),
-        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
+        sql=SqlSettings(dsn=pg_server.dsn, password_env=None), reader=ReaderSettings(timeout_ms=10_000),
     )  # fmt: skip
 
 
