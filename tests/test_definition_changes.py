@@ -376,8 +376,10 @@ def test_random_definition_changes_and_snapshots_never_serve_old_bytes(tmp_path_
             proposed[args[0]] = model.new(args[1], args[0])
         elif op == "rename" and args[0] in proposed and args[1] not in proposed:
             old = proposed.pop(args[0])
-            # stored_as: the old stored name, keeping the values; or none, starting afresh
-            proposed[args[1]] = old if args[2] else model.new(old["kind"], args[1])
+            # stored_as: the old stored name, keeping the values; or none, starting afresh, unless
+            # the new name is the old stored name (renamed back): the same storage, values kept
+            keep = args[2] or old["stored"] == args[1]
+            proposed[args[1]] = old if keep else model.new(old["kind"], args[1])
         elif op == "run":
             day += dt.timedelta(days=1)
             write_snapshot(conf, folder, model, args[0], args[1], day)
