@@ -234,10 +234,12 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
     assert tree(init_repo) == init_import.repo_before  # Feast read the repository: nothing applied, nothing written
 
 
-def test_importing_again_writes_the_same_bytes(init_import, init_repo, feast_python):
+def test_importing_again_writes_the_same_bytes(init_import, init_repo, feast_python, monkeypatch):
     out = init_import.out
     times = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    run = import_cli(init_repo, "--out", out, "--feast-python", feast_python)
+    # the interpreter named relative to the working folder (Feast runs from the repository's)
+    monkeypatch.chdir(feast_python.parent.parent)
+    run = import_cli(init_repo, "--out", out, "--feast-python", Path("bin") / feast_python.name)
     assert run.code == 0, run.stderr
     assert files_of(out) == init_import.files
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == times  # not even rewritten

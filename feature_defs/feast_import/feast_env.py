@@ -30,7 +30,8 @@ def find_python(explicit: str | None = None) -> Path:
         found = shutil.which(os.path.expanduser(explicit))
         if found is None:
             raise FeastImportError([f"--feast-python {explicit}: no such executable"])
-        return Path(found)
+        # absolute, since it runs from the repository's folder; not resolved: a venv's python is a symlink
+        return Path(os.path.abspath(found))
     feast = shutil.which("feast")
     if feast is None:
         raise FeastImportError([f"no `feast` command on PATH to find Feast's Python by: {HOW_TO_PASS}"])
