@@ -4,6 +4,7 @@ written down by hand (no stores, no files)."""
 from __future__ import annotations
 
 import datetime as dt
+import struct
 
 import pytest
 
@@ -19,6 +20,7 @@ WIDE = SourceDef(
 )  # fmt: skip
 SCHEMA = "region string, store_id long, score double, n long, ts timestamp, ds date"
 D1, D2 = dt.date(2026, 11, 19), dt.date(2026, 11, 20)
+ONE_AS_BITS = struct.unpack("<q", struct.pack("<d", 1.0))[0]  # the long with the bits of the double 1.0
 
 
 def at(hour: int) -> dt.datetime:
@@ -47,12 +49,15 @@ def test_the_latest_row_per_key_wins_and_ties_are_counted_as_conflicts(spark):
         ("nyc", 1, 1.0, 10, at(1), D2), ("nyc", 1, 2.0, 20, at(3), D2), ("nyc", 1, 3.0, 30, at(2), D2),  # latest: at(3)
         ("sf", 2, 1.0, 1, at(5), D2), ("sf", 2, 9.0, 9, at(5), D2),  # a tie with other values: a conflict
         ("la", 3, 4.0, 4, at(5), D2), ("la", 3, 4.0, 4, at(5), D2),  # a copy: no conflict
+        # a tie whose non-null values have the same bits in other columns (Spark's hashes skip nulls)
+        ("ny", 4, 1.0, None, at(5), D2), ("ny", 4, None, ONE_AS_BITS, at(5), D2),
     ]  # fmt: skip
     for ordered in (rows, rows[::-1]):  # the input order changes nothing
         df = spark.createDataFrame(ordered, SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
         got = rows_by_key(tf.latest_per_key(df, WIDE, ["region", "store_id"]), "score", "n", tf.CONFLICTS)
         assert got[("nyc", 1)] == (2.0, 20, 0) and got[("la", 3)] == (4.0, 4, 0)
         assert got[("sf", 2)][2] == 1 and got[("sf", 2)][:2] in ((1.0, 1), (9.0, 9))
+        assert got[("ny", 4)][2] == 1
     first = rows_by_key(tf.latest_per_key(spark.createDataFrame(rows, SCHEMA), WIDE, ["region", "store_id"]), "n")
     again = rows_by_key(tf.latest_per_key(spark.createDataFrame(rows[::-1], SCHEMA), WIDE, ["region", "store_id"]), "n")
     assert first == again  # the tie is broken the same way whatever the order
