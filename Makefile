@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-soak check-feast-client
+.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-soak bench-feast-example check-feast-client
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
@@ -50,6 +50,9 @@ bench: services-start       ## benchmark the job on the standard shape against i
 
 bench-targets: services-start  ## the fast-end-to-end targets in one run, beside the Redis ceiling and feast materialize (about 25 minutes)
 	$(BIN)/python -m bench.targets --output bench/results/targets.json
+
+bench-feast-example: setup  ## feast materialize and materialize run on Feast's own example scaled to 1,000,000 drivers (about 15 minutes)
+	$(BIN)/python -m bench.feast_example --output bench/results/feast_example.json
 
 bench-reads: services-start  ## the reader against the raw HMGET ceiling and Feast's get_online_features, and the stampede (about 4 minutes)
 	$(BIN)/python -m bench.reads --output bench/results/reads_results.json
