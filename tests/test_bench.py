@@ -139,3 +139,34 @@ def test_read_targets_are_judged_on_ratios_within_the_run():
         (22.5, True),
         (21.25, True),
     ]
+
+
+def test_feast_example_is_scaled_with_its_schema_and_each_drivers_latest_hours(tmp_path):
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from bench.feast_example import scale
+
+    last = pd.Timestamp("2026-11-27 08:00", tz="UTC")
+    example = pd.DataFrame({
+        "event_timestamp": pd.to_datetime([last - pd.Timedelta(hours=h) for h in range(4)]).astype("datetime64[ns, UTC]"),
+        "driver_id": [1001, 1002, 1001, 1002], "conv_rate": [0.1, 0.2, 0.3, 0.4],
+        "created": pd.Timestamp("2026-11-27 09:00"), "driver_profile": [{"name": f"d{i}", "age": str(30 + i)} for i in range(4)],
+    })  # fmt: skip
+    path = tmp_path / "driver_stats.parquet"
+    example.to_parquet(path)
+    schema = pq.read_schema(path)
+
+    written = scale(path, entities=5, rows_per_entity=3)
+    scaled = pq.read_table(path)
+    assert scaled.schema == schema and scaled.schema.metadata == schema.metadata  # nanoseconds, UTC, struct: as pandas wrote them
+    assert written["rows"] == scaled.num_rows == 15 and written["example_rows"] == 4
+    assert written["last_event_time"] == "2026-11-27T08:00:00+00:00"
+    rows = scaled.to_pylist()
+    stamps = {}
+    for r in rows:
+        stamps.setdefault(r["driver_id"], []).append(r["event_timestamp"])
+    hours = [last - pd.Timedelta(hours=h) for h in range(3)]
+    assert stamps == {d: hours for d in range(1001, 1006)}  # each driver's 3 latest hours, newest first
+    originals = {(r["conv_rate"], r["driver_profile"]["name"]) for r in example.to_dict("records")}
+    assert {(r["conv_rate"], r["driver_profile"]["name"]) for r in rows} <= originals  # values of the example's rows
