@@ -254,7 +254,10 @@ def _report_command(sub) -> None:
     rep = sub.add_parser(
         "report",
         help="print a run's summary from its report",
-        description="Print the summary table of reports/<source>/<date>/summary.json (no Spark needed).",
+        description="Print the summary table of reports/<source>/<date>/summary.json (no Spark needed). "
+        "A source run with --incremental has a report per run, named by its window's end "
+        "(reports/<source>/<date>T<HHMMSS>Z/): without a report of the date itself, the last "
+        "incremental run that ended on the date is printed, and the others named.",
     )
     _common(rep)
     rep.add_argument("--date", required=True, type=_date)
@@ -606,9 +609,15 @@ def cmd_report(args) -> int:
 
     conf, defs = _load(args)
     defs.source(args.source)
-    path = report_path(conf, args.source, args.date)
+    path, earlier = report_path(conf, args.source, args.date), []
     try:
         found = conf.files.is_file(path)
+        if not found:  # incremental runs of the source: a report each, named by its window's end
+            runs = [f for f in conf.files.folders(conf.reports_path / args.source) if f.startswith(f"{args.date.isoformat()}T")]
+            runs = [f for f in runs if conf.files.is_file(conf.reports_path / args.source / f / "summary.json")]
+            if runs:
+                path, found = conf.reports_path / args.source / runs[-1] / "summary.json", True
+                earlier = [str(conf.reports_path / args.source / f) for f in runs[:-1]]
     except OSError as exc:
         print(f"error: cannot reach the reports at {conf.reports_path}: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -622,6 +631,8 @@ def cmd_report(args) -> int:
         return EXIT_FAILED
     print(summary.table())
     print(f"report: {path}")
+    if earlier:
+        print(f"earlier incremental runs that ended on {args.date}: {', '.join(earlier)}")
     if summary.status == "not ready":
         return EXIT_NOT_READY
     if summary.status != "succeeded":

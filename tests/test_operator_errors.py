@@ -108,6 +108,26 @@ def test_report_of_a_damaged_summary_is_a_one_line_error(ops, capsys, case):
     assert line.startswith(f"error: {path}") and fragment in line, line
 
 
+def test_report_of_a_date_run_incrementally_is_its_last_run_that_ended_that_day(ops, capsys):
+    reports = ops / "reports" / "src"
+    runs = {f"{DAY}T010000Z": (11, "succeeded"), f"{DAY}T020000Z": (22, "failed"), "2026-11-21T000000Z": (33, "succeeded")}
+    for folder, (rows, status) in runs.items():
+        summary = RunSummary(source="src", entity="consumer", date=DAY, env="ops", as_of=1, status=status, rows_read=rows, entities=rows)
+        summary.write_json(reports / folder / "summary.json")
+    (reports / f"{DAY}T030000Z").mkdir()  # a run that died before its report: no summary.json
+    assert report(capsys) == EXIT_FAILED  # the last run's status
+    out = capsys.readouterr().out
+    rows_read = [line.split()[-1] for line in out.splitlines() if line.strip().startswith("rows read")]
+    assert rows_read == ["22"]
+    assert out.endswith(
+        f"report: {reports / f'{DAY}T020000Z' / 'summary.json'}\n"
+        f"earlier incremental runs that ended on {DAY}: {reports / f'{DAY}T010000Z'}\n"
+    )
+    written_summary(ops)  # a run of the date itself: its own report, as before
+    assert report(capsys) == 0
+    assert capsys.readouterr().out.endswith(f"report: {reports / DAY / 'summary.json'}\n")
+
+
 def test_only_an_unknown_name_is_a_usage_error(ops, capsys):
     written_summary(ops)
     assert main(["report", "--env", "ops", "--source", "nope", "--date", DAY]) == EXIT_USAGE
