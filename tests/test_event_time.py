@@ -21,6 +21,7 @@ from fm_config.sql import SqlSettings
 from jobs import event_time
 from jobs.cli import UsageError, _incremental_sources, main
 from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run
+from jobs.operations.doctor_stores import check_stored_data
 from jobs.operations.ledger import Ledger
 from jobs.operations.windows import WindowError, event_time_losses, incremental_window
 from jobs.pipeline.run import run_source
@@ -244,6 +245,13 @@ def test_incremental_runs_load_late_rows_within_the_lookback_and_cover_a_failed_
     dated = run_source(spark, conf.model_copy(update={"sinks": ["redis"]}), defs, "events", DAY)
     assert dated.status == "succeeded"
     assert redis_events(redis_db, [13]) == expected_redis({13: later[-1]})
+
+    # Redis loses it all: doctor names the run that restores it (such a source refuses backfills)
+    redis_db.flushdb()
+    check = {c.name: c for c in check_stored_data(conf, defs, ["events"], ["redis"])}["redis data events"]
+    assert check.status == "fail" and f"lost events's data of {DAY}" in check.detail, check
+    restore = f"materialize run --env {conf.env} --source events --date {DAY} --sink redis"
+    assert check.fix == f"run `{restore}` (writes each entity's latest row up to that date's end)"
 
 
 def test_event_times_of_each_accepted_type_are_utc_epoch_seconds(spark):

@@ -3,7 +3,8 @@
 One check per source and store the ledger recorded a write of (``redis data SOURCE``,
 ``sql data SOURCE``), comparing the store now with what the last write left, as a run does
 before writing (store_state.py): a store that lost data fails, naming the dates and the
-backfill that restores them, until that backfill has run. The ledger is read without
+command that restores them (a backfill; for a source selected by event time, a run of the
+last date), until it has run. The ledger is read without
 Spark (ledger_files.py); the stores with read-only commands (INFO, CONFIG GET, HMGET of a
 few keys; SELECTs in the SQL store).
 """
@@ -36,7 +37,12 @@ def check_stored_data(conf: RunConf, defs: Definitions, sources: list[str], sink
             checks.append(Check("fail", f"stored data {name}", f"could not compare with the ledger: {type(exc).__name__}: {exc}"))
             continue
         lost = [f for f in findings if f.lost]
-        command = restore_command(conf.env, name, lost, list(conf.sinks)) if lost else ""
+        by_event_time = defs.source(name).by_event_time
+        dates, stores = [d for f in lost for d in f.lost], [f.sink for f in lost]
+        command = restore_command(conf.env, name, dates, stores, list(conf.sinks), by_event_time=by_event_time) if lost else ""
+        writes = (
+            "each entity's latest row up to that date's end" if by_event_time else "those dates again; nightly runs write only their own"
+        )
         for f in findings:
             label = f"{LABELS[f.sink]} {name}"
             if f.seen is None and not f.lost:
@@ -47,7 +53,7 @@ def check_stored_data(conf: RunConf, defs: Definitions, sources: list[str], sink
                         "fail",
                         label,
                         f"{f.target} lost {name}'s data of {date_ranges(f.lost)}: {f.evidence}",
-                        f"run `{command}` (writes those dates again; nightly runs write only their own)",
+                        f"run `{command}` (writes {writes})",
                     )
                 )
             elif f.warning:

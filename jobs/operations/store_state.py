@@ -88,11 +88,24 @@ def date_ranges(days: Iterable[dt.date]) -> str:
     return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in spans) or "none"
 
 
-def restore_command(env: str, source: str, findings: list[Finding], all_sinks: list[str], redis_url: str | None = None) -> str:
-    """The backfill that writes every lost date again, into the stores that lost them."""
-    lost = sorted({d for f in findings for d in f.lost})
-    sinks = sorted({f.sink for f in findings if f.lost})
-    parts = ["materialize backfill", f"--env {env}", f"--source {source}", f"--start {lost[0]}", f"--end {lost[-1]}"]
+def restore_command(
+    env: str,
+    source: str,
+    lost: Iterable,
+    sinks: Iterable[str],
+    all_sinks: list[str],
+    redis_url: str | None = None,
+    *,
+    by_event_time: bool = False,
+) -> str:
+    """The command that writes every ``lost`` date again, into the ``sinks`` that lost them: a
+    backfill of those dates; for a source selected by event time (which refuses backfills), a
+    run of the last one, which writes each entity's latest row up to that date's end."""
+    lost, sinks = sorted(set(lost)), sorted(set(sinks))
+    if by_event_time:
+        parts = ["materialize run", f"--env {env}", f"--source {source}", f"--date {lost[-1]}"]
+    else:
+        parts = ["materialize backfill", f"--env {env}", f"--source {source}", f"--start {lost[0]}", f"--end {lost[-1]}"]
     if len(sinks) == 1 and len(all_sinks) > 1:
         parts.append(f"--sink {sinks[0]}")
     if redis_url and "redis" in sinks:
@@ -269,7 +282,7 @@ def outstanding(findings: list[Finding], writing: Iterable[dt.date], env: str, a
     left = [f for f in left if f.lost]
     if not left:
         return []
-    command = restore_command(env, left[0].source, left, all_sinks, redis_url)
+    command = restore_command(env, left[0].source, [d for f in left for d in f.lost], [f.sink for f in left], all_sinks, redis_url)
     return [
         {"sink": f.sink, "target": f.target, "dates": [d.isoformat() for d in f.lost], "ranges": date_ranges(f.lost),
          "evidence": f.evidence, "restore": command}

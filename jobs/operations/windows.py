@@ -36,7 +36,7 @@ from feature_defs import SourceDef
 from fm_config import RunConf
 from jobs.event_time import EventWindow, lookback_seconds, no_rows, rows_in, utc_text
 from jobs.operations.ledger import WRITE_KINDS, aware, on_target
-from jobs.operations.store_state import date_ranges
+from jobs.operations.store_state import date_ranges, restore_command
 from jobs.pipeline.read import SourceNotReady
 from jobs.pipeline.source_table import SourceNotFound, open_source, table_ref
 
@@ -108,13 +108,8 @@ def event_time_losses(
         if days:
             left.append({**loss, "dates": [d.isoformat() for d in days], "ranges": date_ranges(days)})
     if left:
-        sinks = sorted({loss["sink"] for loss in left})
-        last = max(d for loss in left for d in loss["dates"])
-        parts = ["materialize run", f"--env {env}", f"--source {source}", f"--date {last}"]
-        if len(sinks) == 1 and len(all_sinks) > 1:
-            parts.append(f"--sink {sinks[0]}")
-        if redis_url and "redis" in sinks:
-            parts.append(f"--redis-url {redis_url}")
+        dates, sinks = [d for loss in left for d in loss["dates"]], [loss["sink"] for loss in left]
+        command = restore_command(env, source, dates, sinks, all_sinks, redis_url, by_event_time=True)
         for loss in left:
-            loss["restore"] = " ".join(parts)
+            loss["restore"] = command
     return left, sorted(covered)
