@@ -171,10 +171,6 @@ def _reason(condition: Column | str, text: str) -> Column:
 
 def collect_reasons(df: DataFrame, reasons: list[Column]) -> DataFrame:
     """Add ``reasons`` (columns: text or null) to the row's ``_reasons``."""
-    return _collect_reasons(df, reasons)
-
-
-def _collect_reasons(df: DataFrame, reasons: list[Column]) -> DataFrame:
     none = F.array().cast("array<string>")
     tagged = none
     if reasons:
@@ -199,7 +195,7 @@ def tag_key_problems(df: DataFrame, source: SourceDef, entity: EntityDef) -> Dat
             reasons.append(_reason(f"{c} = ''", f"empty key {column}"))
             reasons.append(_reason(f"contains({c}, ':')", f"key {column} contains ':'"))
             reasons.append(_reason(f"{c} RLIKE {_CONTROL}", f"key {column} contains a control character"))
-    return _collect_reasons(df, reasons)
+    return collect_reasons(df, reasons)
 
 
 def is_bad(df: DataFrame) -> Column:
@@ -274,7 +270,7 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
         reasons.append(_reason(f"{raw} IS NOT NULL AND {typed[f.name]} IS NULL", f"{f.name}: does not fit {type_name}"))
         if f.type == "float":
             reasons.append(_beyond_range(finite_sql(f"try_cast({raw} AS DOUBLE)"), typed[f.name], f))
-    latest = _collect_reasons(latest, reasons)
+    latest = collect_reasons(latest, reasons)
     return latest.selectExpr(
         *[ident(k) for k in keys],
         *[f"{typed[f.name]} AS {ident(f.name)}" for f in source.features],
@@ -311,7 +307,7 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
         reasons += bad
         cols.append(typed.alias(feature.name))
     out = pivoted.select(*keys, *cols, REASONS, CONFLICTS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
-    out = _collect_reasons(out, reasons)
+    out = collect_reasons(out, reasons)
     return out.drop(*[f"_raw_{f.name}" for f in by_column.values()])
 
 
@@ -419,7 +415,7 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
             reasons.append(_reason(f"size({c}) > 0 AND try_element_at(sort_array({c}), 1) IS NULL", f"{f.name}: null list element"))
         elif f.type == "string" and f.max_length:
             reasons.append(_reason(f"length({c}) > {f.max_length}", f"{f.name}: longer than {f.max_length} characters"))
-    return _collect_reasons(df, reasons).drop(*json_values.problem_columns(source))
+    return collect_reasons(df, reasons).drop(*json_values.problem_columns(source))
 
 
 def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
@@ -464,7 +460,7 @@ def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFram
             reasons.append(_reason(F.exists(f.name, lambda x: x.contains("\x00")), f"{f.name}: NUL character (not storable in JSONB)"))
         elif f.type == "json":
             reasons.append(_reason(json_values.nul_in_json_sql(ident(f.name)), f"{f.name}: NUL character (not storable in JSONB)"))
-    return _collect_reasons(out, reasons)
+    return collect_reasons(out, reasons)
 
 
 def quarantine_rows(df: DataFrame, source: SourceDef, date: str | None, stage: str) -> DataFrame:
