@@ -376,8 +376,9 @@ def _import_feast_command(sub) -> None:
 def cmd_import_feast(args) -> int:
     from feature_defs.feast_import import DEFAULT_TIMEOUT, FeastImportError, import_feast, report
 
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else args.timeout  # 0 is refused, not the default
     try:
-        done = import_feast(args.repo, args.out, args.feast_python, args.allow_missing_data, args.timeout or DEFAULT_TIMEOUT)
+        done = import_feast(args.repo, args.out, args.feast_python, args.allow_missing_data, timeout)
     except FeastImportError as exc:
         for problem in exc.problems:
             print(f"error: {problem}", file=sys.stderr)

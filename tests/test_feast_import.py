@@ -263,7 +263,7 @@ def test_a_type_change_needs_stored_as(init_import, init_repo, tmp_path):
     path = out / "driver_hourly_stats.yaml"
     at = path.read_text().splitlines().index("    - {name: conv_rate, type: float, precision: float32}") + 1
     assert line.startswith(f"{path}:{at}: source 'driver_hourly_stats': feature 'conv_rate': float/float32 -> string")
-    assert "`stored_as: conv_rate@2`" in line and f"on the feature in {out} (the next import keeps it)" in line
+    assert "`stored_as: conv_rate@2`" in line and "on the feature in that file (the next import keeps it)" in line
     assert files_of(out) == init_import.files  # nothing written
 
     # the way forward the line names: stored_as on the imported feature, kept by the next import
@@ -286,7 +286,7 @@ def test_a_type_change_needs_stored_as(init_import, init_repo, tmp_path):
     load_definitions(out)
 
 
-def test_a_view_removed_in_feast_is_removed_and_its_names_retired(init_import, init_repo, tmp_path):
+def test_a_view_removed_in_feast_is_removed_and_the_lock_keeps_its_gone_entity_types_names(init_import, init_repo, tmp_path):
     out = tmp_path / "defs"
     shutil.copytree(init_import.out, out)
     dump = copy.deepcopy(init_import.dump)
@@ -302,6 +302,44 @@ def test_a_view_removed_in_feast_is_removed_and_its_names_retired(init_import, i
     services = yaml.safe_load((out / "feature_services.yaml").read_text())["feature_services"]
     assert [s["name"] for s in services] == ["driver_activity_v1", "driver_activity_v2"]  # v3 read only the removed view
     load_definitions(out)
+
+
+def test_a_view_back_in_feast_after_its_names_were_retired_gets_fresh_storage(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    with_extra = copy.deepcopy(init_import.dump)
+    extra = copy.deepcopy(next(v for v in with_extra["feature_views"] if v["name"] == "driver_hourly_stats"))
+    extra.update(name="driver_extra", features=[dict(conv_rate(with_extra), name="extra_rate")])
+    with_extra["feature_views"].append(extra)
+    import_dump(copy.deepcopy(with_extra), init_repo, out, "my_project")  # on entity type driver, beside driver_hourly_stats
+    import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")  # gone from Feast: its file removed, its name retired
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    assert yaml.safe_load((out / "stored.lock").read_text())["entities"]["driver"]["extra_rate"]["retired"] == today
+    assert not (out / "driver_extra.yaml").exists()
+
+    import_dump(copy.deepcopy(with_extra), init_repo, out, "my_project")  # back: no file to set a stored_as in
+    features = yaml.safe_load((out / "driver_extra.yaml").read_text())["source"]["features"]
+    assert features == [{"name": "extra_rate", "type": "float", "precision": "float32", "stored_as": "extra_rate@2"}]
+    line = f"driver_extra:extra_rate: stored as extra_rate@2: stored.lock has 'extra_rate' retired on {today} (fresh storage)"
+    mapped = "driver_extra:extra_rate: Float32 -> float, precision float32 (written in its shortest float32 form)"
+    assert f"  - {mapped}\n  - {line}\n" in (out / "IMPORTED.md").read_text()  # under the feature's own line
+    lock = yaml.safe_load((out / "stored.lock").read_text())["entities"]["driver"]
+    assert lock["extra_rate@2"] == {"source": "driver_extra", "feature": "extra_rate", "encoding": "float/float32"}
+    load_definitions(out)
+
+
+def test_a_stored_as_edited_into_no_stored_name_is_one_line(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    view = out / "driver_hourly_stats.yaml"
+    view.write_text(view.read_text().replace("{name: conv_rate,", "{name: conv_rate, stored_as: Conv Rate,"))
+    before = tree(out)
+    with pytest.raises(FeastImportError) as refused:
+        import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    (line,) = refused.value.problems
+    assert line.startswith("feature driver_hourly_stats:conv_rate: stored_as 'Conv Rate' in the earlier output: "), line
+    assert line.endswith(": fix it in the view's file"), line
+    assert tree(out) == before  # nothing written
 
 
 def test_what_feast_printed_but_cannot_be_imported(init_import, init_repo, tmp_path):
@@ -650,6 +688,11 @@ def test_a_repository_that_does_not_load(tmp_path, feast_python):
     assert run.errors == [f"error: {repo / 'defs.py'}:5: the Feast repository does not load: NameError: name 'Flaot32' is not defined"]
     assert not (tmp_path / "defs").exists()
     assert sorted(p.name for p in repo.iterdir()) == ["defs.py", "feature_store.yaml"]  # no __pycache__ left behind
+
+
+def test_a_timeout_of_zero_is_refused_not_taken_for_the_default(tmp_path):
+    run = import_cli(tmp_path, "--timeout", "0")
+    assert (run.code, run.errors) == (2, ["error: --timeout 0: give Feast more than 0 seconds"])
 
 
 def test_no_feast_interpreter(tmp_path, monkeypatch, feast_python):

@@ -13,10 +13,11 @@ not in the wheel.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from throwaway.venvs import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIREMENTS = ROOT / "scripts" / "feast" / "feast-requirements.txt"
@@ -56,7 +57,7 @@ def ensure() -> Path:
     if not installed():
         print(f"installing Feast into {VENV} from {REQUIREMENTS.relative_to(ROOT)} (about 30 s, once)", flush=True)
         VENV.parent.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        env = clean_env()
         if not (VENV / "bin" / "python").exists():
             base = getattr(sys, "_base_executable", sys.executable)
             subprocess.run([base, "-m", "venv", str(VENV)], check=True, env=env, timeout=300)

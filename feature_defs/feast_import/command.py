@@ -31,8 +31,6 @@ class Imported:
     written: Written
     python: Path | None
     repo: Path
-    dump: dict
-    """What Feast printed for the repository (feast_dump.py)."""
 
 
 def read_store_yaml(repo: Path) -> tuple[str, int | None]:
@@ -110,7 +108,7 @@ def import_dump(
         kinds = ("feature view ", "stream feature view ", "on-demand feature view ", "label view ")
         views = [line for line in plan.left_out if line.startswith(kinds)]
         raise FeastImportError([f"{repo}: no feature view can be carried over", *views])
-    return Imported(plan, check_and_write(plan, repo, out), python, repo, dump)
+    return Imported(plan, check_and_write(plan, repo, out), python, repo)
 
 
 def report(done: Imported) -> list[str]:

@@ -34,8 +34,12 @@ from feature_defs.models import EntityDef, FeatureDef, FeatureName, FeatureServi
 
 # The patterns of feature_defs/models.py, checked before a definition is built, so a name that
 # does not fit is left out with its reason instead of failing the whole import.
-_PATTERNS = {"identifier": TypeAdapter(Identifier), "feature": TypeAdapter(FeatureName), "table": TypeAdapter(TableName)}
-_PREFIX = TypeAdapter(Prefix)
+_PATTERNS = {
+    "identifier": TypeAdapter(Identifier),
+    "feature": TypeAdapter(FeatureName),
+    "table": TypeAdapter(TableName),
+    "prefix": TypeAdapter(Prefix),
+}
 
 KEPT_FEATURE_KEYS = (
     "stored_as",
@@ -66,7 +70,7 @@ def fits(kind: str, name: object) -> bool:
 _RULES = {
     "identifier": "a name here is [A-Za-z_][A-Za-z0-9_]{0,62}",
     "feature": "a feature name here is [a-z][a-z0-9_]{0,127}",
-    "table": "a catalog table here is name or db.name, each part [A-Za-z_][A-Za-z0-9_]*",
+    "table": "a catalog table here is name, db.name or catalog.db.name, each part [A-Za-z_][A-Za-z0-9_]{0,127}",
 }
 
 
@@ -376,7 +380,13 @@ class _Mapper:
                 self.plan.warnings.append(
                     f"feature {ref}: {', '.join(dropped)} from the earlier output no longer fit type {spec['type']}: dropped"
                 )
-            return FeatureDef(**{**spec, **stays})
+            try:
+                return FeatureDef(**{**spec, **stays})
+            except ValidationError as exc:  # a stored_as edited by hand that is no stored name
+                problem = exc.errors()[0]["msg"]
+                raise FeastImportError(
+                    [f"feature {ref}: stored_as {stays.get('stored_as')!r} in the earlier output: {problem}: fix it in the view's file"]
+                ) from None
 
     # --- entity types ------------------------------------------------------------------------
     def assign(self, drafts: dict[str, _Draft]) -> dict[str, tuple[_Draft, _EntityType, str]]:
@@ -431,7 +441,7 @@ class _Mapper:
         prefixes = {}
         for name in sorted(used):  # kept prefixes first, then new ones in name order
             kept = self.previous.entities.get(name, {}).get("prefix")
-            if isinstance(kept, str) and _prefix_ok(kept):
+            if isinstance(kept, str) and fits("prefix", kept):
                 prefixes[name] = kept
         taken |= set(prefixes.values())
         for name in sorted(used):
@@ -618,14 +628,6 @@ def _keys_text(keys) -> str:
     return ", ".join(f"{k.name} {k.type}" for k in keys)
 
 
-def _prefix_ok(prefix: str) -> bool:
-    try:
-        _PREFIX.validate_python(prefix)
-        return True
-    except ValidationError:
-        return False
-
-
 def derive_prefix(name: str, taken: set[str]) -> str:
     """A short Redis key prefix for entity type ``name``, not in ``taken``: the initials of its
     words (``customer_account``: ``ca``), else its first letters, one more at a time, else the
@@ -635,7 +637,7 @@ def derive_prefix(name: str, taken: set[str]) -> str:
     initials = "".join(w[0] for w in words)[:16] or "e"
     letters = lowered.replace("_", "") or "e"
     for candidate in [initials, *(letters[:n] for n in range(1, min(len(letters), 16) + 1))]:
-        if candidate not in taken and _prefix_ok(candidate):
+        if candidate not in taken and fits("prefix", candidate):
             return candidate
     n = 2
     while f"{initials[:12]}{n}" in taken:

@@ -24,7 +24,7 @@ import yaml
 from feature_defs.feast_import.errors import FeastImportError
 from feature_defs.feast_import.mapping import KEPT_FEATURE_KEYS, KEPT_SOURCE_KEYS, Plan, Previous
 from feature_defs.loader import DefinitionError, load_definitions
-from feature_defs.stored_lock import LOCK_NAME, LockFileError, changes, locked, read_lock
+from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, locked, next_stored_name, read_lock
 
 MARKER = "# Imported from Feast by `materialize import-feast`"
 SUMMARY = "IMPORTED.md"
@@ -173,14 +173,43 @@ def _definition_problems(exc: DefinitionError, stage: Path, out: Path) -> list[s
     return [p.replace(str(stage), str(out)) for p in exc.problems]
 
 
+def _fresh_storage(plan: Plan, lock: Lock, managed: set[str]) -> None:
+    """A view new to the output (or back in Feast after an import removed it) has no file in
+    which to set a ``stored_as``: a feature of it whose stored name the lock holds (retired, or
+    another source's) gets fresh storage, said in the plan's lines, as the lock requires."""
+    for i, source in enumerate(plan.sources):
+        held = lock.entities.get(source.entity, {})
+        if source_file_name(source.name) in managed or not held:
+            continue
+        taken, features = set(held), []
+        for f in source.features:
+            entry = held.get(f.stored_name)
+            if f.stored_as is None and entry is not None and (entry.retired or entry.source != source.name):
+                fresh = next_stored_name(f.stored_name, taken)
+                taken.add(fresh)
+                why = f"retired on {entry.retired}" if entry.retired else f"held by source {entry.source!r}"
+                line = f"  {source.name}:{f.name}: stored as {fresh}: stored.lock has {f.stored_name!r} {why} (fresh storage)"
+                mapped = [i for i, text in enumerate(plan.lines) if text.startswith(f"  {source.name}:{f.name}: ")]
+                plan.lines.insert(mapped[0] + 1 if mapped else len(plan.lines), line)  # under the feature's own line
+                f = f.model_copy(update={"stored_as": fresh})
+            features.append(f)
+        plan.sources[i] = source.model_copy(update={"features": features})
+
+
 def check_and_write(plan: Plan, repo: Path, out: Path) -> Written:
     """Check the plan's files as the job would load them, with ``out``'s other definition files
     and its stored.lock; then write what changed. Nothing is written when a check fails."""
     if out.exists() and not out.is_dir():
         raise FeastImportError([f"--out {out}: not a folder"])
-    files = render(plan, repo)
     existing = sorted(out.glob("*.y*ml")) if out.is_dir() else []
     managed = {p.name for p in existing if _managed(p)}
+    try:
+        lock = read_lock(out) if out.is_dir() else None
+    except LockFileError as exc:
+        raise FeastImportError([str(exc)]) from None
+    if lock is not None:
+        _fresh_storage(plan, lock, managed)
+    files = render(plan, repo)
     others = [p for p in existing if p.name not in managed]
     clash = sorted(p.name for p in others if p.name in files)
     if clash:
@@ -189,10 +218,6 @@ def check_and_write(plan: Plan, repo: Path, out: Path) -> Written:
         )
     if (out / SUMMARY).exists() and not _managed(out / SUMMARY):
         raise FeastImportError([f"{out / SUMMARY}: exists and was not written by an import: move it, or import into another --out"])
-    try:
-        lock = read_lock(out) if out.is_dir() else None
-    except LockFileError as exc:
-        raise FeastImportError([str(exc)]) from None
 
     with tempfile.TemporaryDirectory(prefix="feast-import-") as scratch:
         stage = Path(scratch)
@@ -207,10 +232,7 @@ def check_and_write(plan: Plan, repo: Path, out: Path) -> Written:
             found = changes(defs, lock) if lock is not None else []
             refused = [c for c in found if not c.lockable]
             if refused:
-                fix = (
-                    "the stores hold values of the earlier type under that name: set the `stored_as` it names on the feature "
-                    f"in {out} (the next import keeps it), or change the type back in the Feast repository"
-                )
+                fix = "set the `stored_as` it names on the feature in that file (the next import keeps it), or undo the change in Feast"
                 raise FeastImportError([c.line().replace(str(stage), str(out)) + f"; {fix}" for c in refused])
             lock_changes = [f"{c.where.replace(str(stage) + os.sep, '')}: {c.text}" for c in found]
             files[LOCK_NAME] = locked(defs, lock).text()
