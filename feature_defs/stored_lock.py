@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from serializers import field_id_int
+from serializers.description import COMPATIBLE
 
 LOCK_NAME = "stored.lock"
 HEADER = """\
@@ -27,9 +28,6 @@ HEADER = """\
 # JSON key is it), per entity type. Written by `materialize defs --lock`: commit it with the
 # definitions. Loading refuses definitions that disagree with it (feature_defs/README.md).
 """
-
-# (stored, defined) encodings whose stored bytes the defined one reads as the same values.
-COMPATIBLE = frozenset({("int", "float"), ("float/float32", "float")})
 
 
 @dataclass(frozen=True)

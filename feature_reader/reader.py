@@ -25,6 +25,8 @@ from feature_defs import Definitions, FeatureDef, load_definitions
 from feature_reader.breaker import Breaker
 from feature_reader.cache import FRESH, REFRESH, STALE, L1Cache
 from feature_reader.decode import BAD
+from feature_reader.descriptions import REFUSED, Verdicts, fetch_error, fetch_redis, fetch_sql
+from feature_reader.descriptions import now as monotonic
 from feature_reader.errors import ReadTimeout, RequestError, StoreError, StoreUnavailable
 from feature_reader.redis_reads import AsyncRedisReads, RedisReads
 from feature_reader.request import ReadRequest, SelectionMemo, parse_request
@@ -43,7 +45,7 @@ STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
 
 COUNTERS = (
     "hits", "misses", "coalesced", "early_refreshes", "store_reads", "entities_read", "errors", "stale_served", "decode_errors",
-    "fallbacks", "breaker_opens", "breaker_skips", "bad_freshness",
+    "fallbacks", "breaker_opens", "breaker_skips", "bad_freshness", "refused_cells",
 )  # fmt: skip
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
@@ -64,6 +66,7 @@ class _Core:
         self._counting = threading.Lock()  # the threaded reader's callers count at once
         self.as_list = self.settings.embeddings == "list"
         self._routes: dict[tuple, tuple[str, ...]] = {}  # (source, store asked) -> the stores read, in order
+        self.verdicts = Verdicts(defs)  # what each store says it holds: features never decoded there
 
     def route(self, source: str, store: str | None) -> tuple[str, ...]:
         got = self._routes.get((source, store))
@@ -193,6 +196,7 @@ class _Core:
                     self.count(fallbacks=1)
                     at += 1
                     continue
+                rows = self.verdicts.mask(store, rows)
                 for k, u in zip(left, units):
                     got[k] = rows[u]
                 left = [k for k in left if got[k].as_of is None]
@@ -272,6 +276,10 @@ class _Core:
                 value = None
                 statuses.append(INVALID)
                 self.count(decode_errors=1)
+            elif value is REFUSED:  # the store holds this stored name as something else (feature_reader/descriptions.py)
+                value = None
+                statuses.append(INVALID)
+                self.count(refused_cells=1)
             else:
                 statuses.append(STALE_STATUS if row.stale else PRESENT)
             values.append(value)
@@ -310,6 +318,41 @@ class _Base:
         cooldown = settings.breaker_cooldown_ms / 1000
         self.breakers = {name: Breaker(self._where[name], settings.breaker_failures, cooldown) for name in self._stores}
         self.failed_calls = 0  # store calls that failed, ever (a cached health answer older than the last one is stale)
+        self._describing = {name: threading.Lock() for name in self._stores}
+
+    def _fetch_description(self, name: str) -> dict:
+        """What store ``name`` says it holds (blocking: the asyncio reader calls it in a thread)."""
+        settings = self.conf.reader
+        wait = max(settings.timeout_ms, settings.connect_timeout_ms) / 1000
+        try:
+            if name == "redis":
+                store = self._stores["redis"] or self._make_redis()
+                return fetch_redis(self.defs, self._rconf, self.conf.redis.namespace, store.cluster, wait)
+            return fetch_sql(self.defs, self._stores["cockroach"].config)
+        except StoreError:
+            raise
+        except Exception as exc:  # the store not reached, or refused the query: a store failure
+            raise fetch_error(self._where[name], exc) from exc
+
+    def _take_description(self, name: str, found: dict) -> None:
+        if self._core.verdicts.update(name, found, monotonic()) and self._core.cache is not None:
+            self._core.cache.clear()  # entries decoded under the verdicts before
+
+    def _description_failed(self, name: str) -> None:
+        """A refresh that failed keeps the verdicts it had until the next one is due."""
+        self._core.verdicts.read_at[name] = monotonic()
+
+    def _description_due(self, name: str) -> bool:
+        return self._core.verdicts.due(name, self.conf.reader.description_refresh_seconds, monotonic())
+
+    @property
+    def refused_features(self) -> int:
+        return self._core.verdicts.refused_features()
+
+    @property
+    def descriptions(self) -> dict:
+        """Per store read so far: the features refused there (why) and the undescribed entity types."""
+        return self._core.verdicts.report()
 
     def _make_redis(self):
         """Redis's reads, made once its mode is known (may ask the server: call off the event loop)."""
@@ -372,7 +415,8 @@ class _Base:
     def stats(self) -> dict[str, int]:
         """hits, misses, coalesced, early_refreshes, store_reads, entities_read, errors, stale_served, decode_errors,
         fallbacks (store reads handed to the other store), breaker_opens, breaker_skips (store calls not made: breaker open),
-        bad_freshness ((source, entity) pairs answered INVALID for an unusable freshness value, or one beyond the horizon)."""
+        bad_freshness ((source, entity) pairs answered INVALID for an unusable freshness value, or one beyond the horizon),
+        refused_cells (cells answered INVALID: the store holds the feature's stored name as something else)."""
         with self._core._counting:
             return {name: self._core.counters.get(name, 0) for name in COUNTERS}
 
@@ -427,11 +471,35 @@ class FeatureReader(_Base):
             except Exception:  # not reached: the first read or health check reports it
                 pass
 
+    def _described(self, name: str) -> None:
+        """The store's description, read when due: one caller reads it, the others go on with
+        the one they have (they wait only for the first)."""
+        if not self._description_due(name):
+            return
+        known = self._core.verdicts.known(name)
+        lock = self._describing[name]
+        if not lock.acquire(blocking=not known):
+            return
+        try:
+            if not self._description_due(name):
+                return
+            try:
+                found = self._fetch_description(name)
+            except StoreError:
+                if not known:
+                    raise
+                self._description_failed(name)
+                return
+            self._take_description(name, found)
+        finally:
+            lock.release()
+
     def _read_store(self, name: str, units, features):
         """One store call, through its breaker: skipped at once while the breaker is open."""
         self._configured(name)
         breaker = self._allowed(name)
         try:
+            self._described(name)
             out = (self._stores[name] or self._made_or_error()).read(units, features, self._core.as_list)
         except BaseException as exc:
             self._failed(name, exc)
@@ -516,6 +584,30 @@ class AsyncFeatureReader(_Base):
         self._flights = AsyncFlights() if conf.reader.single_flight else NoFlights()
         self._warming: list[asyncio.Task] = []
         self._making_task: asyncio.Future | None = None
+        self._describing_tasks: dict[str, asyncio.Future] = {}
+
+    async def _described(self, name: str) -> None:
+        """The store's description, read in a thread when due, one read at a time; only the
+        first is waited for (later ones refresh in the background)."""
+        if not self._description_due(name):
+            return
+        task = self._describing_tasks.get(name)
+        if task is None or task.done():
+            task = self._describing_tasks[name] = asyncio.ensure_future(self._describe(name))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if not self._core.verdicts.known(name):
+            await asyncio.shield(task)
+
+    async def _describe(self, name: str) -> None:
+        known = self._core.verdicts.known(name)
+        try:
+            found = await asyncio.to_thread(self._fetch_description, name)
+        except StoreError:
+            if not known:
+                raise
+            self._description_failed(name)
+            return
+        self._take_description(name, found)
 
     def warm(self) -> None:
         """Open the stores' connections in the background (on the reader's event loop; the
@@ -530,6 +622,7 @@ class AsyncFeatureReader(_Base):
             got = store.warm()
             if asyncio.iscoroutine(got):
                 await got
+            await self._described(name)  # what the store holds, known before the first read
         except Exception:  # not reached: the first read or health check reports it
             pass
 
@@ -550,6 +643,7 @@ class AsyncFeatureReader(_Base):
         breaker = self._allowed(name)
         try:
             store = await self._store_now(name)
+            await self._described(name)
             if breaker.failed and not await getattr(store, "connected", _yes)(self._timeouts["timeout"]):
                 # a store that just failed, without a connection: the read waits for the connect
                 # no longer than its deadline (a paused server makes a connect hang), then goes to the fallback
@@ -589,6 +683,16 @@ class AsyncFeatureReader(_Base):
             return done.value
         finally:  # a cancelled caller: closing the steps takes its keys off the scoreboard
             steps.close()
+
+    async def describe(self) -> dict:
+        """Each store's description read when due (a store that fails is left out), then
+        :attr:`descriptions`: for the health answer."""
+        for name in list(self._stores):
+            try:
+                await self._described(name)
+            except Exception:  # noqa: BLE001 (the store's ping reports it)
+                pass
+        return self.descriptions
 
     async def ping(self) -> dict[str, str]:
         """As FeatureReader.ping, the stores asked at once."""

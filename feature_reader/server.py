@@ -82,6 +82,11 @@ class _ReaderCounters:
         for store, state in self.reader.breaker_states.items():
             breakers.add_metric([store], state)
         yield breakers
+        yield GaugeMetricFamily(
+            "feature_reader_refused_features",
+            "Features a store holds as something else than the definitions say: their cells answer INVALID",
+            value=self.reader.refused_features,
+        )
         cache = self.reader.cache
         if cache is not None:
             cache.sweep()  # entries past their stale window leave even when nothing is read
@@ -184,7 +189,12 @@ class FeatureServer:
         failed = self.reader.failed_calls
         stores = await self.reader.ping()
         ready = all(v == "ok" for v in stores.values())
-        status, body = (200 if ready else 503), orjson.dumps({"status": "ready" if ready else "unavailable", "stores": stores})
+        answer = {"status": "ready" if ready else "unavailable", "stores": stores}
+        # what each store holds against the definitions: features refused there, entity types not yet described
+        described = await self.reader.describe()
+        if described:
+            answer["descriptions"] = described
+        status, body = (200 if ready else 503), orjson.dumps(answer)
         self._health = (time.monotonic(), failed, status, body)
         return status, body
 

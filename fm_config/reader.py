@@ -75,6 +75,9 @@ class ReaderSettings(Settings):
     """Bytes of one entity's id (its key parts joined by ':'); a longer one is an EntityKeyError naming its row."""
     max_memo_bytes: int = Field(16 << 20, ge=1 << 16)
     """Bytes of the resolved feature lists a reader keeps between requests (up to 512 lists)."""
+    description_refresh_seconds: float = Field(30.0, gt=0, le=3600)
+    """How often each store's description of what it holds is read again (it is read first
+    at the first read of the store): a feature it holds as another encoding answers INVALID."""
     clock_skew_seconds: float = Field(300.0, ge=0, le=86400)
     """How far the writers' clocks may run ahead of this reader's: a source's as-of time
     later than that of the latest date a run accepts (tomorrow, UTC) at this reader's clock

@@ -15,8 +15,10 @@ from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import future_warning
 from jobs.pipeline.store_record import redis_after
 from jobs.progress import progress
+from serializers.description import Description
 from sinks.errors import CapacityError, from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
+from sinks.redis.description import record_description
 from sinks.redis.preflight import check_after_write, preflight
 
 _SUMMED = (
@@ -34,8 +36,9 @@ _SUMMED = (
 )
 
 
-def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
-    """Check the servers (capacity, eviction policy), take the baselines, write from inside
+def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary, described: Description | None = None) -> dict:
+    """Check the servers (capacity, eviction policy), take the baselines, record what the
+    entity type's hashes hold (``described``: jobs/pipeline/describe.py), write from inside
     the partitions, then check the servers again. Returns the summary's Redis stats."""
     summary.sinks["redis"] = stats = {}
     sample = _sample(ctx, good, summary.entities)
@@ -50,6 +53,9 @@ def write_redis(ctx: RunContext, good: DataFrame, summary: RunSummary) -> dict:
         report=stats,
         warnings=summary.warnings,
     )
+    if described:
+        record_description(checked.plan.sink, described, cluster=checked.plan.sink.cluster)
+        stats["described"] = len(described)
     start = time.perf_counter()
     with progress(ctx.spark, f"write {ctx.source.name} to redis"):
         parts = good.mapInArrow(partial(write_partition, checked.plan), partition_schema(checked.plan)).collect()

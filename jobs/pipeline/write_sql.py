@@ -17,9 +17,11 @@ from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import future_warning
 from jobs.pipeline.store_record import sql_after
 from jobs.progress import progress
+from serializers.description import Description
 from sinks.errors import from_wire, raise_first
 from sinks.partition import partition_schema, sum_partition_stats, write_partition
 from sinks.sql.config import SqlSinkConfig
+from sinks.sql.description import record_description
 from sinks.sql.preflight import pre_split, preflight
 from sinks.sql.statements import quantile_keys
 from sinks.sql.writer import SqlWritePlan
@@ -59,10 +61,17 @@ def prepare_sql(ctx: RunContext, summary: RunSummary) -> SqlSinkConfig:
     return checked
 
 
-def write_sql(ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summary: RunSummary) -> dict:
-    """Pre-split (CockroachDB, large writes), then full-row upserts from inside the partitions."""
+def write_sql(
+    ctx: RunContext, sink_conf: SqlSinkConfig, rows: DataFrame, summary: RunSummary, described: Description | None = None
+) -> dict:
+    """Record what the table holds (``described``: jobs/pipeline/describe.py), pre-split
+    (CockroachDB, large writes), then full-row upserts from inside the partitions."""
     spark, conf, source = ctx.spark, ctx.conf, ctx.source
     stats = summary.sinks["cockroach"]
+    if described:
+        with connect(sink_conf) as conn:
+            record_description(conn, sink_conf.schema, sink_conf.table, described)
+        stats["described"] = len(described)
     dialect = sink_conf.dialect
     if dialect == "cockroach" and conf.sql.pre_split and summary.entities >= conf.sql.pre_split_min_rows:
         keys = split_keys(rows, conf.sql.pre_split, summary.entities)

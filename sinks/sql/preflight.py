@@ -15,10 +15,12 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from fm_config.sql import SqlSettings
+from serializers.description import SQL_TABLE
 from sinks.errors import TerminalSinkError
 from sinks.retry import call_with_retries
 from sinks.sql import statements as stmts
 from sinks.sql.config import SqlSinkConfig
+from sinks.sql.description import create_description_table
 from sinks.sql.statements import Dialect
 from stores.sql import connect, is_transient
 
@@ -139,7 +141,27 @@ def ensure_schema(conn: psycopg.Connection, conf: SqlSinkConfig, notes: list[str
         )
     if conf.dialect == "cockroach" and not created:
         ensure_row_ttl(conn, conf, notes)
+    ensure_description_table(conn, conf)
     return created
+
+
+def ensure_description_table(conn: psycopg.Connection, conf: SqlSinkConfig) -> None:
+    """The table ``stored_names`` beside the entity tables (serializers/FORMAT.md "The stores'
+    description"): created when missing; a role that may not create it is told the schema step."""
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(%s, current_schema())",
+        (SQL_TABLE, conf.schema),
+    ).fetchall()
+    if rows:
+        return
+    try:
+        conn.execute(create_description_table(conf.schema, conf.dialect))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise TerminalSinkError(
+            f"table {SQL_TABLE} (what the entity tables hold) does not exist, or this role has no privilege on it, and this "
+            f"role may not create it ([{exc.sqlstate}] {exc.diag.message_primary or str(exc).strip()}): run the schema step, "
+            f"`{SCHEMA_STEP}`, and grant this role the writer's privileges (conf/base/sql-grants.sql)"
+        ) from exc
 
 
 def has_row_ttl(conn: psycopg.Connection, conf: SqlSinkConfig) -> bool:
