@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 
 import psycopg
+import redis
 from psycopg import sql
 
 from feature_defs import Definitions
@@ -52,7 +53,11 @@ def fetch_redis(defs: Definitions, rconf, namespace: str | None, cluster: bool, 
     try:
         out: dict[str, Description | None] = {}
         for entity, names in _names(defs).items():
-            got = client.hmget(redis_key(defs.entities[entity].prefix, namespace), [n.encode("utf-8") for n in names])
+            try:
+                got = client.hmget(redis_key(defs.entities[entity].prefix, namespace), [n.encode("utf-8") for n in names])
+            except redis.exceptions.NoPermissionError:  # an ACL from before descriptions (no ~<prefix>): read as before
+                out[entity] = None
+                continue
             out[entity] = _parsed(names, got)
         return out
     finally:

@@ -3,9 +3,9 @@ description"): per entity type, each stored name's encoding, the source that wri
 and whether it is retired. Writers record it before the values it describes; readers
 never decode a stored name under an encoding the store does not record for it.
 
-Redis: one hash per entity type at its key prefix with an empty entity id
-(``[<namespace>:]<prefix>:``, a key no entity has: an empty key part is bad input), field
-= the stored name, value = ``<encoding> <source>`` or ``<encoding> <source> retired``.
+Redis: one hash per entity type named as its key prefix without the separator
+(``[<namespace>:]<prefix>``: entity keys always go on with ``:<id>``), field = the stored
+name, value = ``<encoding> <source>`` or ``<encoding> <source> retired``.
 SQL: one table, ``stored_names``, a row per (entity table, stored name).
 """
 
@@ -43,8 +43,13 @@ Description = dict[str, Held]
 
 
 def redis_key(prefix: str, namespace: str | None = None) -> bytes:
-    """The hash describing entity type ``prefix``: its key prefix, with no entity id."""
-    return key_prefix(prefix, namespace).encode("utf-8")
+    """The hash describing entity type ``prefix``: its key prefix without the separator."""
+    return key_prefix(prefix, namespace)[:-1].encode("utf-8")
+
+
+def redis_key_of(key_prefix: str) -> bytes:
+    """The same from a key prefix as the writers hold it (``c:``)."""
+    return key_prefix[:-1].encode("utf-8")
 
 
 def redis_value(held: Held) -> bytes:

@@ -45,3 +45,15 @@ def expected_hash(
             out[field_id(feature.stored_name)] = data
     out[freshness_field] = str(as_of).encode()
     return out
+
+
+def entity_keys(client, namespace: str | None = None) -> list[bytes]:
+    """Every key but the hashes that describe the entity types (named as a key prefix, no
+    ':<id>' after it: serializers/FORMAT.md "The stores' description")."""
+    colons = 2 if namespace else 1
+    return [k for k in client.scan_iter() if k.count(b":") >= colons]
+
+
+def entity_count(client, namespace: str | None = None) -> int:
+    """Entity hashes in the database (DBSIZE less the descriptions)."""
+    return len(entity_keys(client, namespace))

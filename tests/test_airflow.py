@@ -26,6 +26,7 @@ from jobs.spark import HUGE_METHODS  # noqa: E402
 from serializers import decode, field_id  # noqa: E402
 
 from .conftest import SAMPLE_DATES, env_conf  # noqa: E402
+from .expected import entity_count  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGS = ROOT / "airflow" / "dags"
@@ -174,7 +175,7 @@ def test_nightly_dag_materializes_a_sample_date(spark, airflow_db, dag_env, samp
         assert row[0] == want
         checked += 1
     assert checked > 200  # 60 sample stores x 5 features, less the nulls
-    assert redis_db.dbsize() == good["store_id"].nunique()
+    assert entity_count(redis_db) == good["store_id"].nunique()
     report = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "summary.json").read_text())
     assert report["status"] == "succeeded"
     validation = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "validation.json").read_text())

@@ -354,7 +354,7 @@ def test_random_definition_changes_and_snapshots_never_serve_old_bytes(tmp_path_
     )
     redis_server.client().flushall()
     with pg_server.connect() as conn:
-        conn.execute("DROP TABLE IF EXISTS consumer_features")
+        conn.execute("DROP TABLE IF EXISTS consumer_features, stored_names")
     model = Model()
     apply_change(folder, model, {"a": model.new("int", "a"), "b": model.new("string_list", "b"), "c": model.new("float32", "c")})
     defs = load_definitions(folder)
@@ -418,7 +418,7 @@ def changed(spark, tmp_path_factory, redis_server, pg_server):
     spark.createDataFrame(ROWS, TABLE).write.format("delta").save(str(root / "evolving"))
     redis_server.client().flushall()
     with pg_server.connect() as conn:
-        conn.execute("DROP TABLE IF EXISTS consumer_features")
+        conn.execute("DROP TABLE IF EXISTS consumer_features, stored_names")
     conf = RunConf(
         data_root=str(root),
         quarantine_root=str(root / "quarantine"),
@@ -507,6 +507,7 @@ def test_without_the_lock_the_ledger_refuses_what_the_stores_cannot_take(spark, 
     from jobs.operations.ledger import Ledger
 
     spark.createDataFrame(ROWS, TABLE).write.format("delta").save(str(tmp_path / "evolving"))
+    redis_server.client().flushall()  # no store description left by other tests: the ledger is what is checked here
     conf = RunConf(
         data_root=str(tmp_path),
         ledger_root=str(tmp_path / "ledger"),

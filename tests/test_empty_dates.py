@@ -23,6 +23,7 @@ from jobs.pipeline.report.summary import RunSummary
 from serializers import as_of_epoch, decode, field_id
 
 from .conftest import env_conf, tiny_consumer_source, tiny_long_consumer_source
+from .expected import entity_keys
 
 D1, D2, D3 = (dt.date(2026, 11, 17) + dt.timedelta(days=n) for n in range(3))
 FEATURES = "    - {name: score, type: float}\n    - {name: orders, type: int}\n"
@@ -104,7 +105,7 @@ def test_an_empty_date_is_not_ready_and_blocks_no_later_date(spark, cli, redis_s
         [("backfill-replay", D1, "succeeded"), ("run", D2, "succeeded"), ("backfill-replay", D3, "succeeded")]
     )
     latest = {cid: D3 if cid in CONSUMERS[D3] else D1 for cid in (*CONSUMERS[D1], *CONSUMERS[D3])}
-    assert sorted(redis_db.scan_iter()) == sorted(f"c:{cid}".encode() for cid in latest)
+    assert sorted(entity_keys(redis_db)) == sorted(f"c:{cid}".encode() for cid in latest)
     assert {c: int(redis_db.hget(f"c:{c}", field_id("_ts:tiny"))) for c in latest} == {c: as_of_epoch(d) for c, d in latest.items()}
     assert {c: decode("float", redis_db.hget(f"c:{c}", field_id("score"))) for c in latest} == {c: score(c, d) for c, d in latest.items()}
 

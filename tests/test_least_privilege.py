@@ -34,7 +34,7 @@ from sinks.redis.capacity import read_memory_info
 from throwaway.cluster import start_cluster
 
 from .conftest import ACL_FILE, acl_commands, env_conf
-from .expected import is_null
+from .expected import entity_count, is_null
 from .test_cli import BIN, run
 from .test_redis_job import CONSUMER, DAY2, DEFS, check_consumer_hashes, expected_consumers, same_value
 from .test_server import serve
@@ -43,9 +43,11 @@ from .test_sql_job import AS_OF_DAY2, check_consumer_rows
 
 def test_acl_keys_are_exactly_the_entity_prefixes():
     writer, reader = (line.split() for line in ACL_FILE.read_text().splitlines())
-    assert {a for a in writer if "~" in a} == {f"~{e.prefix}:*" for e in DEFS.entities.values()} == {"~c:*", "~s:*"}
+    # each prefix's entity keys and the hash that describes them (serializers/FORMAT.md "The stores' description")
+    expected = {k for e in DEFS.entities.values() for k in (f"~{e.prefix}:*", f"~{e.prefix}")}
+    assert {a for a in writer if "~" in a} == expected == {"~c:*", "~s:*", "~c", "~s"}
     # the reader's keys are read-only (%R): even a command granted by mistake could not write them
-    assert {a for a in reader if "~" in a} == {f"%R~{e.prefix}:*" for e in DEFS.entities.values()}
+    assert {a for a in reader if "~" in a} == {f"%R{k}" for k in expected}
 
 
 def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf, acl_redis, tmp_path):
@@ -65,7 +67,7 @@ def test_job_verify_and_cleanup_run_as_the_acl_user(spark, sample_root, run_conf
     summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
     expected = expected_consumers(spark, sample_root, DAY2)
     assert summary.status == "succeeded"
-    assert admin.dbsize() == len(expected) == summary.entities
+    assert entity_count(admin) == len(expected) == summary.entities
     assert summary.sinks["redis"]["values_set"] == check_consumer_hashes(admin, expected, DAY2)
     assert summary.verification["redis"]["checked"] > 0 and summary.verification["redis"]["mismatches"] == 0
     # The only command refused was CONFIG GET (tolerated, and said in the summary): the
@@ -129,7 +131,7 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
     assert out.returncode == 0, out.stderr
     assert "consumer_features: created" in out.stdout and "store_features: created" in out.stdout
     owners = dict(pg_db.execute("SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'public'").fetchall())
-    assert owners == {"consumer_features": "fm_schema", "store_features": "fm_schema"}
+    assert owners == {"consumer_features": "fm_schema", "store_features": "fm_schema", "stored_names": "fm_schema"}
 
     conf = writer_conf(sql_conf, sql_roles, tmp_path)
     assert ensure_tables(conf, DEFS, list(DEFS.sources)) == {"consumer_features": "exists", "store_features": "exists"}
@@ -287,7 +289,10 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
                 reader_sql.execute(statement)
     with pg_server.connect() as pg:
         assert pg.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
-        assert {r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == {"consumer_features"}
+        assert {r[0] for r in pg.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")} == {
+            "consumer_features",
+            "stored_names",
+        }
 
 
 def test_cluster_reads_as_fm_reader_follow_ask_and_moved_with_no_refused_command(spark, sample_root, run_conf, tmp_path, monkeypatch):

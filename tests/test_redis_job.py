@@ -20,7 +20,7 @@ from sinks.errors import CapacityError
 from throwaway.servers import start_redis
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
-from .expected import is_null
+from .expected import entity_count, is_null
 
 DEFS = load_definitions()
 CONSUMER = DEFS.sources["consumer_daily"]
@@ -77,7 +77,7 @@ def test_consumer_snapshot_round_trips_through_redis(spark, sample_root, run_con
     summary = run_source(spark, run_conf, DEFS, "consumer_daily", DAY2)
     expected = expected_consumers(spark, sample_root, DAY2)
     assert summary.status == "succeeded"
-    assert summary.entities == len(expected) == redis_db.dbsize()
+    assert summary.entities == len(expected) == entity_count(redis_db)
     checked = check_consumer_hashes(redis_db, expected, DAY2)
     assert summary.sinks["redis"]["values_set"] == checked
     assert summary.sinks["redis"]["memory_after"] > summary.sinks["redis"]["memory_before"]
@@ -126,7 +126,7 @@ def test_long_layout_store_features(spark, sample_root, run_conf, redis_db):
     good = pdf[pdf["store_id"].notna() & ~pdf["store_id"].fillna("").str.contains(":")]
     assert summary.ignored_rows == int((good["feature_name"] == "experimental_score").sum())
     latest = good.sort_values("event_ts").groupby(["store_id", "feature_name"]).tail(1)
-    assert summary.entities == good["store_id"].nunique() == redis_db.dbsize()
+    assert summary.entities == good["store_id"].nunique() == entity_count(redis_db)
     for _, r in latest.iterrows():
         if r["feature_name"] not in [f.name for f in STORE.features]:
             continue
@@ -234,7 +234,7 @@ def test_hard_ceiling_stops_the_write_and_says_how_much(spark, run_conf, tmp_pat
         conf = run_conf.model_copy(update={"redis": redis_conf})
         with pytest.raises(CapacityError, match=r"stopped at the memory ceiling.* of \d+ entities .* were written") as info:
             run_source(spark, conf, DEFS, "consumer_daily", DAY2)
-        written = server.client().dbsize()
+        written = entity_count(server.client())
         assert 0 < written < 290
         assert f"{written:,} of" in str(info.value)
     finally:

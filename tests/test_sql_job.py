@@ -27,7 +27,7 @@ from sinks.sql.preflight import ensure_schema
 from sinks.sql.upserts import SqlSink
 from stores.sql import connect
 
-from .expected import is_null
+from .expected import entity_keys, is_null
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, source_rows
 
 AS_OF_DAY2 = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
@@ -325,7 +325,7 @@ def test_hostile_keys_and_values_are_data_not_sql(spark, sql_conf, pg_db, redis_
         injection: {"tags": ["'; DELETE FROM thing_features; --", '"}]'], "score": 1.0},
         "ünï $1 %s {}": {"tags": ["\r\nFLUSHALL\r\n"], "score": 2.0},
     }
-    assert sorted(redis_db.scan_iter()) == sorted([f"t:{injection}".encode(), "t:ünï $1 %s {}".encode()])
+    assert sorted(entity_keys(redis_db)) == sorted([f"t:{injection}".encode(), "t:ünï $1 %s {}".encode()])
     tags = redis_db.hget("t:ünï $1 %s {}".encode(), field_id("tags"))
     assert decode("string_list", tags) == ["\r\nFLUSHALL\r\n"]
 

@@ -39,8 +39,9 @@ from stores.sql import connect
 
 
 def test_the_description_bytes_are_pinned():
-    assert redis_key("c") == b"c:" and redis_key("c", "fm") == b"fm:c:"
+    assert redis_key("c") == b"c" and redis_key("c", "fm") == b"fm:c"
     assert redis_value(Held("int_list/snappy", "consumer_daily")) == b"int_list/snappy consumer_daily"
+    assert redis_value(Held("int_list/snappy", "consumer_daily")).hex() == "696e745f6c6973742f736e6170707920636f6e73756d65725f6461696c79"
     assert redis_value(Held("string_list/snappy", "consumer_daily", True)) == b"string_list/snappy consumer_daily retired"
     assert redis_value(Held("float/float32", "s")) == bytes.fromhex("666c6f61742f666c6f6174333220 73".replace(" ", ""))
     assert parse_redis({b"tags": b"string_list/snappy evolving retired", b"tags@2": b"int_list/none evolving"}) == {
@@ -265,3 +266,179 @@ def test_without_a_lock_no_reader_serves_a_value_under_another_encoding(tmp_path
             check_reader(reader, version, model, "a caching reader")
     finally:
         kept.close()
+
+
+# --- the issue's cases through the real job, the reader, `materialize get` and the server ------
+
+DAYS = [dt.date(2026, 11, 18), dt.date(2026, 11, 19)]
+TABLE = "consumer_id long, tags_text array<string>, tags_ids array<long>, ids array<long>, score double, score_text string, ds date"
+ROWS = [
+    (1, ["ab", "acca"], [5], [300, 7], 7.5, "x", DAYS[0]),
+    (2, ["ab"], [6], [1], 2.0, "y", DAYS[0]),
+    (1, ["ab"], [5], [300], 7.5, "x", DAYS[1]),
+]
+V1 = {"tags": "type: string_list, column: tags_text", "ids": "type: int_list", "score": "type: float"}
+V2 = {"tags": "type: int_list, column: tags_ids", "ids": "type: int_list, compression: none", "score": "type: string, column: score_text"}
+
+
+def define_yaml(folder: Path, features: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "evolving.yaml").write_text(HEAD + "".join(f"    - {{name: {n}, {y}}}\n" for n, y in features.items()))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def retyped(spark, tmp_path_factory, redis_server, pg_server):
+    """A night under V1, then V2 changes three types in place, with no stored.lock: the run
+    refused, the stores as they were, and readers deployed with V2."""
+    from jobs.pipeline.run import run_source
+
+    root = tmp_path_factory.mktemp("retyped")
+    spark.createDataFrame(ROWS, TABLE).write.format("delta").save(str(root / "evolving"))
+    redis_server.client().flushall()
+    with pg_server.connect() as conn:
+        conn.execute("DROP TABLE IF EXISTS consumer_features, stored_names")
+    conf = RunConf(
+        data_root=str(root),
+        quarantine_root=str(root / "quarantine"),
+        reports_dir=str(root / "reports"),
+        redis=RedisSettings(url=redis_server.url, password_env=None),
+        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
+        sinks=["redis", "cockroach"],
+        reader=ReaderSettings(timeout_ms=10_000),
+        quality=QualityConf(expectations=False),
+    )
+    v1, v2 = define_yaml(root / "v1", V1), define_yaml(root / "v2", V2)
+    run_source(spark, conf, load_definitions(v1), "evolving", DAYS[0], report=False)
+    client = redis_server.client()
+    before = {k: client.hgetall(k) for k in client.scan_iter()}
+    with pytest.raises(DefinitionError) as refused:
+        run_source(spark, conf, load_definitions(v2), "evolving", DAYS[1], report=False)
+    after = {k: client.hgetall(k) for k in client.scan_iter()}
+    assert after == before  # nothing written to Redis
+    return conf, v2, refused.value.problems, before
+
+
+@pytest.mark.spark
+def test_a_change_in_place_without_a_lock_is_refused_by_the_stores_descriptions(retyped, pg_server):
+    conf, _, problems, before = retyped
+    # what each store recorded before its values (raw bytes; FORMAT.md's form)
+    assert before[b"c"] == {b"tags": b"string_list/snappy evolving", b"ids": b"int_list/snappy evolving", b"score": b"float evolving"}
+    with pg_server.connect() as conn:
+        rows = conn.execute("SELECT entity_table, stored_name, encoding, source, retired FROM stored_names ORDER BY 2").fetchall()
+    assert rows == [
+        ("consumer_features", "ids", "int_list/snappy", "evolving", False),
+        ("consumer_features", "score", "float", "evolving", False),
+        ("consumer_features", "tags", "string_list/snappy", "evolving", False),
+    ]
+    lines = [
+        f"source 'evolving': feature '{f}': {store} says its stored name '{f}' is stored as {was}, defined as {now}: "
+        f"give it fresh storage with `stored_as: {f}@2`, or change it back"
+        for store in ("Redis", "the SQL store")
+        for f, was, now in [
+            ("ids", "int_list/snappy", "int_list/none"),
+            ("score", "float", "string"),
+            ("tags", "string_list/snappy", "int_list/snappy"),
+        ]
+    ]
+    assert problems == lines
+
+
+@pytest.mark.spark
+def test_readers_on_the_changed_definitions_answer_invalid_in_both_stores(retyped):
+    conf, v2, _, _ = retyped
+    with FeatureReader(conf, load_definitions(v2), cache=False) as reader:
+        got = {s: reader.get_online_features(["evolving"], {"consumer_id": [1, 2, 3]}, store=s) for s in ("redis", "sql")}
+        stats = reader.stats
+        described = reader.descriptions
+    for store, result in got.items():
+        for name in ("tags", "ids", "score"):
+            # never ["ab","acca"] as [97, 98, ...], a Snappy length byte as an element, 7.5 as "7.5"
+            assert result.column(name).values == [None, None, None], (store, name)
+            assert result.column(name).statuses == ["INVALID", "INVALID", "NOT_FOUND"], (store, name)
+    assert stats["refused_cells"] == 2 * 3 * 2 and stats["decode_errors"] == 0
+    assert described["redis"]["refused"] == [
+        "evolving:ids: Redis says its stored name 'ids' is stored as int_list/snappy, defined as int_list/none",
+        "evolving:score: Redis says its stored name 'score' is stored as float, defined as string",
+        "evolving:tags: Redis says its stored name 'tags' is stored as string_list/snappy, defined as int_list/snappy",
+    ]
+    assert [line.replace("SQL", "Redis") for line in described["cockroach"]["refused"]] == described["redis"]["refused"]
+
+
+@pytest.mark.spark
+def test_get_and_the_server_on_the_changed_definitions_say_why(retyped, tmp_path):
+    import json
+    import os
+    import subprocess
+
+    from .conftest import env_conf
+    from .test_server import MATERIALIZE, serve
+
+    conf, v2, _, _ = retyped
+    settings = {
+        "definitions_dir": str(v2), "sinks": ["redis", "cockroach"],
+        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
+        "reader": {"timeout_ms": 10000},
+    }  # fmt: skip
+    request = {"features": ["evolving:tags", "evolving:score"], "entities": {"consumer_id": [1, 3]}}
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(settings))
+    printed = subprocess.run(
+        [MATERIALIZE, "get", "--env", "t"], input=json.dumps(request).encode(), capture_output=True, check=True,
+        env={**os.environ, "FM_CONF_DIR": str(folder)},
+    )  # fmt: skip
+    body = json.loads(printed.stdout)
+    assert [r["statuses"] for r in body["results"][1:]] == [["INVALID", "NOT_FOUND"], ["INVALID", "NOT_FOUND"]]
+    assert [r["values"] for r in body["results"][1:]] == [[None, None], [None, None]]
+    server = serve(tmp_path, "s", settings)
+    try:
+        status, answer = server.post(request)
+        assert status == 200 and [r["statuses"] for r in json.loads(answer)["results"][1:]] == [["INVALID", "NOT_FOUND"]] * 2
+        status, health = server.request("GET", "/health")
+        assert status == 200
+        assert (
+            "evolving:tags: Redis says its stored name 'tags' is stored as string_list/snappy, defined as int_list/snappy"
+            in (json.loads(health)["descriptions"]["redis"]["refused"])
+        )
+        _, metrics = server.request("GET", "/metrics")
+        assert "feature_reader_refused_cells_total 2.0" in metrics.decode() and "feature_reader_refused_features 6.0" in metrics.decode()
+    finally:
+        server.stop()
+
+
+def test_doctor_names_a_store_whose_description_disagrees_with_the_lock(tmp_path, redis_server, pg_server):
+    from feature_defs.stored_lock import locked, write_lock
+    from jobs.operations.doctor_descriptions import check_descriptions
+
+    conf = RunConf(
+        redis=RedisSettings(url=redis_server.url, password_env=None, mode="standalone"),
+        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
+        sinks=["redis", "cockroach"],
+    )
+    redis_server.client().flushall()
+    with pg_server.connect() as conn:
+        conn.execute("DROP TABLE IF EXISTS stored_names")
+    folder = define(tmp_path / "defs", {"a": ("int", "a"), "b": ("string", "b")})
+    write_lock(folder, locked(load_definitions(folder, check_lock=False), None, dt.date(2026, 11, 27)))
+    defs = load_definitions(folder)
+    undescribed = check_descriptions(conf, defs, ["redis", "cockroach"])
+    assert [(c.status, c.detail) for c in undescribed] == [("warn", "not described yet: consumer (the next run describes them)")] * 2
+    # the stores as a writer of other definitions left them: 'b' as an int list, and a name the lock does not know
+    source = defs.sources["evolving"]
+    entries = {"a": Held("int", "evolving"), "b": Held("int_list/snappy", "evolving"), "z": Held("bool", "evolving", True)}
+    record_redis(redis_sink_config(conf, source, defs.entities["consumer"]), entries, cluster=False)
+    sql_sink = sql_sink_config(conf, source, defs.entities["consumer"])
+    with connect(sql_sink) as conn:
+        ensure_schema(conn, sql_sink)
+        record_sql(conn, None, "consumer_features", entries)
+    checks = check_descriptions(conf, defs, ["redis", "cockroach"])
+    assert [(c.status, c.name) for c in checks] == [("fail", "redis description"), ("fail", "sql description")]
+    assert (
+        checks[0].detail
+        == checks[1].detail
+        == (
+            "evolving:b: stored name 'b' is stored as int_list/snappy, defined as string (readers answer INVALID); "
+            "consumer: 'b': the store holds 'int_list/snappy evolving', stored.lock says 'string evolving'; "
+            "consumer: 'z': the store holds 'bool evolving retired', which stored.lock does not record"
+        )
+    )

@@ -33,6 +33,7 @@ from sinks.sql.config import sql_sink_config
 def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list[str]) -> Iterator[Check]:
     """Every check, in the order a run needs them (each one's own errors become its FAIL),
     then the read side's (doctor_reads.py)."""
+    from jobs.operations.doctor_descriptions import check_descriptions
     from jobs.operations.doctor_reads import check_redis_transport, read_side_steps
     from jobs.operations.doctor_stores import check_stored_data
 
@@ -46,6 +47,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
     if "cockroach" in sinks:
         steps.append(("sql", lambda: check_sql(conf, defs, sources)))
     steps.append(("stored data", lambda: check_stored_data(conf, defs, sources, sinks)))  # against the ledger
+    steps.append(("descriptions", lambda: check_descriptions(conf, defs, sinks)))  # against the lock and the definitions
     steps += read_side_steps(conf, defs, sources, sinks)
     steps.append(("server", lambda: check_server(conf)))
     for name, step in steps:

@@ -1,12 +1,12 @@
 """The Redis description of what an entity type's hashes hold (serializers/description.py):
 read before a run writes, recorded right before its values. One small hash per entity
-prefix, at the prefix itself (``c:``), read and written on the driver."""
+prefix, named as the prefix (``c``), read and written on the driver."""
 
 from __future__ import annotations
 
 import redis
 
-from serializers.description import Description, parse_redis, redis_value
+from serializers.description import Description, parse_redis, redis_key_of, redis_value
 from sinks.errors import TerminalSinkError
 from sinks.redis.config import RedisSinkConfig
 from stores.redis import connect, connect_cluster, is_cluster
@@ -28,9 +28,9 @@ def read_description(config: RedisSinkConfig, cluster: bool | None = None) -> De
     """The entity type's description (empty: none recorded yet)."""
     client = _client(config, cluster)
     try:
-        return parse_redis(client.hgetall(config.key_prefix.encode("utf-8")))
+        return parse_redis(client.hgetall(redis_key_of(config.key_prefix)))
     except redis.RedisError as exc:
-        raise TerminalSinkError(f"redis: cannot read the description at {config.key_prefix!r}: {exc}") from exc
+        raise TerminalSinkError(f"redis: cannot read the description at {config.key_prefix[:-1]!r}: {exc}") from exc
     finally:
         client.close()
 
@@ -41,8 +41,8 @@ def record_description(config: RedisSinkConfig, entries: Description, cluster: b
         return
     client = _client(config, cluster)
     try:
-        client.hset(config.key_prefix.encode("utf-8"), mapping={n.encode("utf-8"): redis_value(h) for n, h in sorted(entries.items())})
+        client.hset(redis_key_of(config.key_prefix), mapping={n.encode("utf-8"): redis_value(h) for n, h in sorted(entries.items())})
     except redis.RedisError as exc:
-        raise TerminalSinkError(f"redis: cannot record the description at {config.key_prefix!r}: {exc}") from exc
+        raise TerminalSinkError(f"redis: cannot record the description at {config.key_prefix[:-1]!r}: {exc}") from exc
     finally:
         client.close()

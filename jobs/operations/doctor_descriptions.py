@@ -1,0 +1,76 @@
+"""doctor: what each store says it holds (serializers/FORMAT.md "The stores' description")
+against feature_defs/stored.lock and the definitions: a store whose description disagrees
+with the lock, or holds a defined feature's stored name as something the readers refuse."""
+
+from __future__ import annotations
+
+import psycopg
+
+from feature_defs import Definitions
+from fm_config import RunConf
+from jobs.operations.check import Check
+from serializers.description import Description, Held, conflict
+from sinks.redis.config import redis_sink_config
+from sinks.redis.description import read_description
+from sinks.sql.config import sql_sink_config
+from sinks.sql.description import read_descriptions
+from stores.sql import connect
+
+STORE_NAMES = {"redis": "redis", "cockroach": "sql"}
+
+
+def _found(conf: RunConf, defs: Definitions, store: str) -> dict[str, Description]:
+    """Entity type -> its description in ``store`` (empty: undescribed)."""
+    if store == "redis":
+        mode = conf.redis.mode
+        cluster = None if mode == "auto" else mode == "cluster"
+        return {name: read_description(redis_sink_config(conf, None, e), cluster) for name, e in defs.entities.items()}
+    tables = {e.sql_table: name for name, e in defs.entities.items()}
+    with connect(sql_sink_config(conf)) as conn:
+        try:
+            found = read_descriptions(conn, conf.sql.db_schema, sorted(tables))
+        except psycopg.errors.UndefinedTable:
+            found = {}
+    return {name: found.get(table, {}) for table, name in tables.items()}
+
+
+def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> list[Check]:
+    checks = []
+    for store in sinks:
+        label = f"{STORE_NAMES[store]} description"
+        found = _found(conf, defs, store)
+        problems = []
+        for source in defs.sources.values():
+            held = found.get(source.entity, {})
+            for f in source.features:
+                why = conflict(held.get(f.stored_name), source.name, f.encoding)
+                if why:
+                    problems.append(f"{source.name}:{f.name}: stored name {f.stored_name!r} is {why} (readers answer INVALID)")
+        if defs.lock is not None:
+            for entity, names in sorted(defs.lock.entities.items()):
+                held = found.get(entity, {})
+                if not held:
+                    continue
+                for name, entry in sorted(names.items()):
+                    want = Held(entry.encoding, entry.source, bool(entry.retired))
+                    got = held.get(name)
+                    if got is not None and got != want:
+                        problems.append(f"{entity}: {name!r}: the store holds {got.text()!r}, stored.lock says {want.text()!r}")
+                for name in sorted(set(held) - set(names)):
+                    problems.append(f"{entity}: {name!r}: the store holds {held[name].text()!r}, which stored.lock does not record")
+        undescribed = sorted(e for e in defs.entities if defs.sources_of(e) and not found.get(e))
+        if problems:
+            checks.append(
+                Check(
+                    "fail",
+                    label,
+                    "; ".join(problems),
+                    "deploy the definitions the stores were written with, or give changed features fresh storage "
+                    "(`stored_as`, feature_defs/README.md) and run them; `materialize defs --lock` records the definitions",
+                )
+            )
+        elif undescribed:
+            checks.append(Check("warn", label, f"not described yet: {', '.join(undescribed)} (the next run describes them)"))
+        else:
+            checks.append(Check("ok", label, f"{len(found)} entity type(s) described; it agrees with the definitions and stored.lock"))
+    return checks
