@@ -153,15 +153,16 @@ class Verdicts:
         return rows
 
     def report(self) -> dict:
-        """For the health answer: per store, the refused features (why) and the undescribed entity types."""
+        """For the health answer: per store with anything to say, the refused features (why)
+        and the undescribed entity types (nothing when every store agrees with the definitions)."""
+        out = {}
         with self._lock:
-            return {
-                store: {
-                    "refused": sorted(w for by_feature in self.refused.get(store, {}).values() for w in by_feature.values()),
-                    "undescribed": list(self.undescribed.get(store, [])),
-                }
-                for store in sorted(self.read_at)
-            }
+            for store in sorted(self.read_at):
+                refused = sorted(w for by_feature in self.refused.get(store, {}).values() for w in by_feature.values())
+                undescribed = list(self.undescribed.get(store, []))
+                if refused or undescribed:
+                    out[store] = {"refused": refused, "undescribed": undescribed}
+        return out
 
     def refused_features(self) -> int:
         with self._lock:

@@ -541,6 +541,16 @@ class FeatureReader(_Base):
         finally:
             steps.close()
 
+    def describe(self) -> dict:
+        """Each store's description read when due (a store that fails is left out), then
+        :attr:`descriptions` (the reads do this themselves; call it to know before them)."""
+        for name in list(self._stores):
+            try:
+                self._described(name)
+            except Exception:  # noqa: BLE001 (the store's ping and reads report it)
+                pass
+        return self.descriptions
+
     def ping(self) -> dict[str, str]:
         """Each configured store's answer ('ok' or the error), for health checks: asked on the
         reader's own connections (past the breakers; an answer closes a store's breaker)."""

@@ -333,6 +333,12 @@ def hot_key(tmp_path, sample_defs):
     server.stop()
 
 
+async def described(reader: AsyncFeatureReader, server) -> None:
+    """What Redis holds, read before the reads a test counts (its HMGETs are not theirs)."""
+    await reader.describe()
+    server.client().config_resetstat()
+
+
 def hmget_calls(server) -> int:
     return int(server.client().info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
 
@@ -340,6 +346,7 @@ def hmget_calls(server) -> int:
 def test_a_thousand_concurrent_async_reads_of_a_cold_key_read_redis_once(hot_key, sample_defs):
     async def burst():
         async with AsyncFeatureReader(_conf(hot_key.url), sample_defs) as reader:
+            await described(reader, hot_key)
             hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")  # the first read waits: every other arrives meanwhile
             results = await asyncio.gather(
                 *[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]}) for _ in range(1000)]
@@ -355,6 +362,7 @@ def test_a_thousand_concurrent_async_reads_of_a_cold_key_read_redis_once(hot_key
 def test_without_the_cache_a_read_of_other_features_is_not_coalesced(hot_key, sample_defs):
     async def two():
         async with AsyncFeatureReader(_conf(hot_key.url), sample_defs, cache=False) as reader:
+            await described(reader, hot_key)
             hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")
             ask = lambda name: reader.get_online_features([f"consumer_daily:{name}"], {"consumer_id": [1]})  # noqa: E731
             return await asyncio.gather(ask("orders_30d"), ask("orders_7d"))  # the first reads orders_30d only
@@ -367,6 +375,8 @@ def test_without_the_cache_a_read_of_other_features_is_not_coalesced(hot_key, sa
 
 def test_sixty_four_threads_reading_a_cold_key_read_redis_once(hot_key, sample_defs):
     reader = FeatureReader(_conf(hot_key.url), sample_defs)
+    reader.describe()  # what Redis holds, read before the threads (its HMGETs are not the reads counted)
+    hot_key.client().config_resetstat()
     start = threading.Barrier(64)
     values = []
 
@@ -390,6 +400,7 @@ def test_an_early_refresh_rereads_a_hot_key_once_before_it_expires(hot_key, samp
 
     async def run():
         async with AsyncFeatureReader(_conf(hot_key.url, jitter=0, early_refresh_beta=1e6), sample_defs) as reader:
+            await described(reader, hot_key)
             reader.cache.clock, reader.cache.rng = (lambda: now[0]), (lambda: 0.5)
             ask = lambda: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]})  # noqa: E731
             await ask()  # cached until 1060
@@ -518,6 +529,7 @@ def _orders(reader):
 def test_concurrent_async_reads_share_one_connection_each_getting_its_own_replies(numbered, sample_defs):
     async def burst():
         async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+            await described(reader, numbered)
             ids = [[i] for i in range(300)] + [[299 - i, i, 7] for i in range(100)]  # single reads and batches, interleaved
             results = await asyncio.gather(*map(_orders(reader), ids))
             return ids, results, _reader_clients(numbered)

@@ -388,6 +388,10 @@ def test_get_and_the_server_on_the_changed_definitions_say_why(retyped, tmp_path
         env={**os.environ, "FM_CONF_DIR": str(folder)},
     )  # fmt: skip
     body = json.loads(printed.stdout)
+    assert (
+        "note: INVALID: evolving:tags: Redis says its stored name 'tags' is stored as string_list/snappy, defined as int_list/snappy"
+        in printed.stderr.decode().splitlines()
+    )
     assert [r["statuses"] for r in body["results"][1:]] == [["INVALID", "NOT_FOUND"], ["INVALID", "NOT_FOUND"]]
     assert [r["values"] for r in body["results"][1:]] == [[None, None], [None, None]]
     server = serve(tmp_path, "s", settings)

@@ -29,6 +29,11 @@ def read_description(config: RedisSinkConfig, cluster: bool | None = None) -> De
     client = _client(config, cluster)
     try:
         return parse_redis(client.hgetall(redis_key_of(config.key_prefix)))
+    except redis.exceptions.NoPermissionError as exc:
+        raise TerminalSinkError(
+            f"redis: this user may not read {config.key_prefix[:-1]!r}, the hash describing the entity type's keys "
+            f"(serializers/FORMAT.md): add ~{config.key_prefix[:-1]} to its ACL (conf/base/redis-acl.txt)"
+        ) from exc
     except redis.RedisError as exc:
         raise TerminalSinkError(f"redis: cannot read the description at {config.key_prefix[:-1]!r}: {exc}") from exc
     finally:
