@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import psycopg
 import redis
@@ -67,6 +68,8 @@ def fetch_redis(defs: Definitions, rconf, namespace: str | None, cluster: bool, 
 def fetch_sql(defs: Definitions, config) -> dict[str, Description | None]:
     """Entity type -> its description in the SQL store (None: undescribed: no table yet, or no row)."""
     tables = {defs.entities[e].sql_table: e for e in _names(defs)}
+    # not a read's deadline (50 ms by default): a read now and then, off the hot path
+    config = replace(config, statement_timeout_ms=max(config.statement_timeout_ms or 0, 2000))
     with sql_connect(config) as conn:
         try:
             rows = conn.execute(sql.SQL(SELECT).format(table_identifier(SQL_TABLE, config.schema)), (sorted(tables),)).fetchall()

@@ -5,6 +5,7 @@ with the lock, or holds a defined feature's stored name as something the readers
 from __future__ import annotations
 
 import psycopg
+import redis
 
 from feature_defs import Definitions
 from fm_config import RunConf
@@ -14,6 +15,7 @@ from sinks.redis.config import redis_sink_config
 from sinks.redis.description import read_description
 from sinks.sql.config import sql_sink_config
 from sinks.sql.description import read_descriptions
+from stores.errors import TerminalError
 from stores.sql import connect
 
 STORE_NAMES = {"redis": "redis", "cockroach": "sql"}
@@ -38,7 +40,10 @@ def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> li
     checks = []
     for store in sinks:
         label = f"{STORE_NAMES[store]} description"
-        found = _found(conf, defs, store)
+        try:
+            found = _found(conf, defs, store)
+        except (TerminalError, redis.RedisError, psycopg.OperationalError, OSError):
+            continue  # the store's own check says it cannot be reached
         problems = []
         for source in defs.sources.values():
             held = found.get(source.entity, {})
