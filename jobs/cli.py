@@ -99,7 +99,8 @@ def _run_command(sub) -> None:
         "A source selected by event time (select_by: event_time) writes each entity's latest row by event time, as of that "
         "event time: with --date, of every row up to the end of the date; with --incremental, of the rows since the end of the "
         "last window the ledger recorded for it, less its lookback_seconds (default one day, for rows that arrive late), up to "
-        "now or --until. The window moves on only when a run succeeds: a failed or crashed run is covered again by the next.",
+        "now or --until; a window ends no later than when the run reads the table (rows of later event times are left to the next "
+        "run). The window moves on only when a run succeeds: a failed or crashed run is covered again by the next.",
     )
     _common(run)
     when = run.add_mutually_exclusive_group(required=True)
@@ -115,7 +116,7 @@ def _run_command(sub) -> None:
         type=_instant,
         metavar="TIME",
         help="with --incremental: the end of the window (excluded), ISO 8601, UTC unless an offset is given "
-        "(default: now; at most the end of tomorrow, UTC)",
+        "(default: now; at most the end of tomorrow, UTC; one still to come is cut at the time the run reads the table)",
     )
     run.add_argument("--source", action="append", help="source (ETL table) to run; repeat for several (default: all configured)")
     _parallel(run)
@@ -695,7 +696,8 @@ def bench_moved(rest: Sequence[str]) -> int:
 
 
 def cmd_runs(args) -> int:
-    from jobs.operations.ledger import Ledger
+    from jobs.event_time import cut_note
+    from jobs.operations.ledger import Ledger, aware
     from jobs.spark import build_spark
 
     conf, defs = _load(args)
@@ -719,6 +721,8 @@ def cmd_runs(args) -> int:
         if r.get("window_end"):  # selected by event time: the event times it covered
             start = f"{r['window_start']:%Y-%m-%d %H:%M:%S}" if r.get("window_start") else "the first row"
             print(f"{'':<20} event times from {start} to {r['window_end']:%Y-%m-%d %H:%M:%S} (UTC, end excluded)")
+            if r.get("window_requested_end"):
+                print(f"{'':<20} {cut_note(aware(r['window_requested_end']))}")
     return EXIT_OK
 
 
@@ -805,6 +809,9 @@ def cmd_schema(args) -> int:
     return EXIT_OK
 
 
+STORE_LABELS = {"redis": "Redis", "cockroach": "the SQL store"}
+
+
 def cmd_get(args) -> int:
     import json
 
@@ -821,12 +828,18 @@ def cmd_get(args) -> int:
         request = parse_body(body)
         with FeatureReader(conf, defs, cache=False, redis_url=args.redis_url) as reader:
             result = reader.get_online_features(**request, store=args.store)
+            described = reader.descriptions
     except RequestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    for store, said in described.items():  # what the stores read hold against the definitions (serializers/FORMAT.md)
+        for line in said["refused"]:
+            print(f"note: INVALID: {line}", file=sys.stderr)
+        if said["undescribed"]:
+            print(f"note: {STORE_LABELS[store]} does not describe {', '.join(said['undescribed'])} yet (read as written)", file=sys.stderr)
     if args.pretty:
         print(json.dumps(result.to_feast(), indent=1, ensure_ascii=False))
     else:

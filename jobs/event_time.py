@@ -4,7 +4,10 @@ pure DataFrame-in/DataFrame-out steps applied to the source table once it is ope
 A run covers a *window* of event times, ``[start, end)``: ``run --date D`` every row up to
 the end of D (start open, end D+1 00:00 UTC); an incremental run from the end of the last
 window the ledger recorded, less the source's lookback (jobs/operations/windows.py), up to
-now or ``--until``. Of the window's rows each entity keeps its latest by event time, ties
+now or ``--until``. No window ends after the time the run reads the table (``read_at``): a
+row whose event time is later may still be written (a ``--date`` of today, an ``--until``
+ahead of the clock), so it is left to the next window rather than recorded as covered.
+Of the window's rows each entity keeps its latest by event time, ties
 broken by ``created_column`` (the latest wins), then as any exact tie is
 (jobs/transforms.latest_per_key); its stored as-of time is that row's event time.
 
@@ -24,7 +27,7 @@ broken by ``created_column`` (the latest wins), then as any exact tie is
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -32,7 +35,7 @@ from pyspark.sql import types as T
 
 from feature_defs import SourceDef
 from jobs import transforms as tf
-from jobs.pipeline.gate.sql_text import ident
+from jobs.pipeline.gate.sql_text import ident, literal
 
 DEFAULT_LOOKBACK_SECONDS = 86_400
 """How late a row may arrive and still be loaded by the next incremental run, unless the
@@ -59,9 +62,12 @@ class EventWindow:
     since: dt.datetime | None = None
     """Incremental: the end of the last window the ledger recorded (None: the source's first
     incremental run); ``start`` is this less the lookback."""
+    requested_end: dt.datetime | None = None
+    """The end asked for (``--date``'s or ``--until``'s) when it was later than the time the run
+    read the table, which ``end`` is instead (None: not cut)."""
 
     def __post_init__(self) -> None:
-        for when in (self.start, self.end, self.since):
+        for when in (self.start, self.end, self.since, self.requested_end):
             if when is not None and when.utcoffset() != dt.timedelta(0):
                 raise ValueError(f"an event-time window is in UTC: {when!r}")
 
@@ -75,16 +81,39 @@ class EventWindow:
         """An incremental run's report folder (a run of a date has its date's): the end, to the
         second, so two runs of a day keep their reports, and the row-count band (which compares
         runs of single dates) never takes one for a date's."""
-        return self.end.strftime("%Y-%m-%dT%H%M%SZ") if self.incremental else None
+        return (self.requested_end or self.end).strftime("%Y-%m-%dT%H%M%SZ") if self.incremental else None
+
+    def read_at(self, when: dt.datetime) -> EventWindow:
+        """This window as a run that reads the table at ``when`` covers it: ending no later
+        (to the second, floored). Rows of a later event time may still be written, so the
+        window that records them as covered is a later one."""
+        when = when.astimezone(dt.UTC).replace(microsecond=0)
+        return self if self.end <= when else replace(self, end=when, requested_end=self.requested_end or self.end)
 
     def describe(self, source: SourceDef) -> str:
         start = utc_text(self.start) if self.start else "the first row"
         text = f"{source.timestamp_column} from {start} to {utc_text(self.end)} (end excluded)"
         if self.incremental:
             if self.since is None:
-                return text + ": the source's first incremental run, everything up to its end"
-            return text + f": from the last window's end {utc_text(self.since)} less the lookback of {lookback_seconds(source):,} s"
+                text += ": the source's first incremental run, everything up to its end"
+            else:
+                text += f": from the last window's end {utc_text(self.since)} less the lookback of {lookback_seconds(source):,} s"
+        if self.requested_end is not None:
+            text += f"; {cut_note(self.requested_end)}"
         return text
+
+
+def cut_note(requested_end: dt.datetime) -> str:
+    """Why a window ends before the end asked for (the summary's and `materialize runs`' words)."""
+    return (
+        f"cut at the time the run read the table: the end asked for, {utc_text(requested_end)}, was still to come, and rows "
+        "with later event times may yet be written (the next incremental run reads them)"
+    )
+
+
+def read_time() -> dt.datetime:
+    """The driver's clock, to the second (floored), as a run starts reading its table."""
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
 def end_date(end: dt.datetime) -> dt.date:
@@ -148,7 +177,7 @@ def null_event_time_reason(source: SourceDef) -> str:
 def tag_null_event_time(df: DataFrame, source: SourceDef) -> DataFrame:
     """Add the reason of a row without an event time: it cannot be placed in any window or
     ordered against the entity's other rows, so it is bad input (quarantined, not written)."""
-    reason = F.expr(f"CASE WHEN {ident(source.timestamp_column)} IS NULL THEN '{null_event_time_reason(source)}' END")
+    reason = F.expr(f"CASE WHEN {ident(source.timestamp_column)} IS NULL THEN {literal(null_event_time_reason(source))} END")
     return tf.collect_reasons(df, [reason])
 
 

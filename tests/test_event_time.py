@@ -1,12 +1,15 @@
 """Selection by event time (select_by: event_time), as Feast materializes: each entity's latest
 row by event time (created time breaks ties), stored as of that event time in both stores and
 read back as Feast's event timestamps; incremental runs from the ledger's windows, late rows
-within the lookback, a failed run covered again; rows without an event time kept aside."""
+within the lookback, a failed run covered again, a window never past the time its run read the
+table; rows without an event time kept aside."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ from jobs.cli import UsageError, _incremental_sources, main
 from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run
 from jobs.operations.doctor_stores import check_stored_data
 from jobs.operations.ledger import Ledger
-from jobs.operations.windows import WindowError, event_time_losses, incremental_window
+from jobs.operations.windows import WindowError, event_time_losses, incremental_window, read_window
 from jobs.pipeline.run import run_source
 from jobs.transforms import schema_problems
 from serializers import field_id, freshness_field_name
@@ -32,6 +35,7 @@ from serializers.horizon import FutureDateError, check_until
 from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 
+from .conftest import env_conf
 from .expected import expected_hash
 
 UTC = dt.UTC
@@ -254,6 +258,118 @@ def test_incremental_runs_load_late_rows_within_the_lookback_and_cover_a_failed_
     assert check.fix == f"run `{restore}` (writes each entity's latest row up to that date's end)"
 
 
+# -- a window ends no later than the time its run read the table --
+
+MINUTE = dt.timedelta(minutes=1)
+CUT = "cut at the time the run read the table: the end asked for, {}, was still to come"
+
+
+def clock() -> dt.datetime:
+    return dt.datetime.now(UTC)
+
+
+def wait_past(when: dt.datetime) -> None:
+    """Until the clock is past ``when``: an incremental run without --until ends at the clock, to the second."""
+    while clock() <= when:
+        time.sleep(0.2)
+
+
+def test_a_run_of_today_or_to_an_end_to_come_covers_up_to_its_read_and_the_next_run_loads_the_later_rows(
+    spark, redis_server, pg_server, redis_db, pg_db, tmp_path, monkeypatch, capsys
+):
+    if clock().time() >= dt.time(23, 55):  # the date of today must stay today during the test
+        wait_past(dt.datetime.combine(clock().date() + dt.timedelta(days=1), dt.time(), tzinfo=UTC))
+    now = clock().replace(microsecond=0)
+    midnight = dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=UTC)  # the end run --date today asks for
+    first = [
+        (1, 1.0, "v1", now - 2 * HOUR, None),
+        (2, 2.0, "v1", now - 2 * HOUR, None),
+        (4, 4.0, "still to come", now + 2 * HOUR, None),  # its event time is after every read here: no window covers it yet
+    ]
+    write_events(spark, tmp_path, first, extra="  lookback_seconds: 3600\n")
+    folder = env_conf(
+        tmp_path / "conf",
+        "et",
+        f"data_root: {tmp_path}\ndefinitions_dir: {tmp_path / 'defs'}\nledger_root: {tmp_path / 'ledger'}\n"
+        f"quarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"sinks: [redis, cockroach]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
+        f"sql:\n  dsn: '{pg_server.dsn}'\n  password_env: null\n"
+        "quality:\n  expectations: false\n  verify_sample: 20\n",
+    )
+    monkeypatch.setenv("FM_CONF_DIR", str(folder))
+    ledger = Ledger(spark, tmp_path / "ledger")
+    run = ["run", "--env", "et", "--source", "events"]
+
+    def stored() -> tuple[dict, dict]:
+        return redis_events(redis_db, range(1, 7)), sql_events(pg_db)
+
+    def expected(rows: list[tuple]) -> tuple[dict, dict]:
+        want = latest(rows, now + HOUR)  # every row but consumer 4's, whose event time is still to come
+        return {**{i: {} for i in range(1, 7)}, **expected_redis(want)}, expected_sql(want)
+
+    def last_step() -> dict:
+        found = max(ledger.source_steps("events"), key=lambda r: r["started_at"])
+        times = ("started_at", "window_start", "window_end", "window_requested_end")  # the ledger's reader may give pandas' Timestamp
+        return {**found, **{k: found[k].to_pydatetime() for k in times if hasattr(found[k], "to_pydatetime")}}
+
+    # run --date of today (the repair for rows later than the lookback): it covers what the
+    # table held when it read it, up to that time, not up to the coming midnight
+    before = clock().replace(microsecond=0)
+    assert main([*run, "--date", str(now.date())]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    dated = last_step()
+    read = dated["window_end"]
+    assert before <= read <= clock() and dated["window_start"] is None and dated["window_requested_end"] == midnight
+    window = f"event_ts from the first row to {event_time.utc_text(read)} (end excluded); {CUT.format(event_time.utc_text(midnight))}"
+    assert re.search(rf"  event-time window +{re.escape(window)}", out)  # the summary says where and why the window was cut ...
+    report = json.loads((tmp_path / "reports" / "events" / str(now.date()) / "summary.json").read_text())
+    assert report["window"].startswith(window) and report["status"] == "succeeded"  # ... and so does its report
+    assert stored() == expected(first)
+
+    # rows written after that read with event times up to the midnight asked for (Feast's
+    # watermark would skip them), and one late row within the lookback
+    later = [
+        (1, 1.5, "at the read time", read, None),  # the end of the window (excluded): the next window's
+        (3, 3.0, "after the read", read + dt.timedelta(seconds=1), None),
+        (2, 2.5, "late, within the lookback", read - 10 * MINUTE, None),
+    ]
+    spark.createDataFrame(later, SCHEMA).write.format("delta").mode("append").save(str(tmp_path / "events"))
+    wait_past(read + dt.timedelta(seconds=2))
+    assert main([*run, "--incremental"]) == 0, capsys.readouterr().err  # not a WindowError until 23:00
+    out = capsys.readouterr().out
+    resumed = last_step()
+    assert resumed["window_start"] == read - HOUR and resumed["window_requested_end"] is None
+    assert f"from the last window's end {event_time.utc_text(read)} less the lookback of 3,600 s" in out
+    assert stored() == expected(first + later)
+    assert redis_events(redis_db, [1, 3]) == expected_redis({1: later[0], 3: later[1]})  # read back raw from Redis
+
+    # run --incremental --until an end still to come: cut at its read too
+    asked = now + 3 * HOUR
+    assert main([*run, "--incremental", "--until", event_time.utc_text(asked)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    ahead = last_step()
+    read = ahead["window_end"]
+    assert resumed["window_end"] < read <= clock() and ahead["window_requested_end"] == asked
+    assert ahead["window_start"] == resumed["window_end"] - HOUR
+    assert CUT.format(event_time.utc_text(asked)) in out
+    report = tmp_path / "reports" / "events" / asked.strftime("%Y-%m-%dT%H%M%SZ") / "summary.json"  # named by the end asked for
+    assert f"report: {report}" in out and CUT.format(event_time.utc_text(asked)) in json.loads(report.read_text())["window"]
+    even_later = [(5, 5.0, "after the second read", read, None), (3, 3.5, "after the second read", read, None)]
+    spark.createDataFrame(even_later, SCHEMA).write.format("delta").mode("append").save(str(tmp_path / "events"))
+    wait_past(read + dt.timedelta(seconds=1))
+    assert main([*run, "--incremental"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert stored() == expected(first + later + even_later)
+    assert redis_events(redis_db, [3, 5]) == expected_redis({3: even_later[1], 5: even_later[0]})
+
+    # materialize runs shows each cut with its reason, under the step
+    assert main(["runs", "--env", "et", "--source", "events"]) == 0
+    listing = capsys.readouterr().out
+    for end in (midnight, asked):
+        assert f"{'':<20} {CUT.format(event_time.utc_text(end))}, and rows with later event times may yet be written" in listing
+    assert listing.count("cut at the time the run read the table") == 2
+
+
 def test_event_times_of_each_accepted_type_are_utc_epoch_seconds(spark):
     source = write_events_def()
     rows = [(1, dt.datetime(2026, 11, 20, 23, 59, 59, 999999)), (2, dt.datetime(2026, 11, 21)), (3, dt.datetime(2026, 11, 19, 0, 0, 0, 1))]
@@ -271,8 +387,8 @@ def test_event_times_of_each_accepted_type_are_utc_epoch_seconds(spark):
     assert [(r["consumer_id"], r["_as_of"]) for r in df.collect()] == [(1, epoch(at("2026-11-20T00:00:00")))]
 
 
-def write_events_def():
-    return SourceFile.model_validate(yaml.safe_load(SOURCE.format(extra=""))).source
+def write_events_def(extra: str = ""):
+    return SourceFile.model_validate(yaml.safe_load(SOURCE.format(extra=extra))).source
 
 
 # -- without Spark: the windows, the command line, the definitions --
@@ -307,6 +423,43 @@ def test_an_incremental_window_starts_at_the_last_succeeded_end_of_every_store_l
     assert incremental_window(source, steps, {"cockroach": both["cockroach"], "redis": "redis://other:6379"}, until).start is None
     with pytest.raises(WindowError, match=r"--until 2026-11-20T12:00:00Z is not after the window's start 2026-11-21T00:00:00Z"):
         incremental_window(source, steps, redis, at("2026-11-20T12:00:00"))
+
+
+def test_a_window_ends_no_later_than_the_time_its_run_reads_the_table():
+    source = write_events_def("  lookback_seconds: 3600\n")
+    redis = {"redis": "redis://127.0.0.1:6379/0"}
+    read = at("2026-11-20T10:15:30.250000")  # the clock as the run reads the table (sub-seconds dropped)
+    dated = event_time.date_window(DAY).read_at(read)
+    assert (dated.start, dated.end, dated.requested_end) == (None, at("2026-11-20T10:15:30"), END_OF_DAY)
+    assert dated.describe(source) == (
+        "event_ts from the first row to 2026-11-20T10:15:30Z (end excluded); cut at the time the run read the table: the end "
+        "asked for, 2026-11-21T00:00:00Z, was still to come, and rows with later event times may yet be written (the next "
+        "incremental run reads them)"
+    )
+    assert dated.read_at(read + HOUR) == dated  # a window already cut stays as it was
+    past = event_time.date_window(DAY - dt.timedelta(days=1))
+    assert past.read_at(read) == past  # ends before the read: not cut
+
+    asked = incremental_window(source, [step("succeeded", at("2026-11-20T09:00:00"))], redis, at("2026-11-20T12:00:00"))
+    cut = read_window(source, asked, now=read)
+    assert (cut.start, cut.end, cut.since, cut.requested_end) == (
+        at("2026-11-20T08:00:00"), at("2026-11-20T10:15:30"), at("2026-11-20T09:00:00"), at("2026-11-20T12:00:00"),
+    )  # fmt: skip
+    assert cut.report_name == asked.report_name == "2026-11-20T120000Z"  # as the command line names the report
+    with pytest.raises(WindowError, match=r"start 2026-11-20T08:00:00Z .* is not before 2026-11-20T08:00:00Z, when the run reads"):
+        read_window(source, asked, now=at("2026-11-20T08:00:00"))
+
+    # the next run starts at the cut, less the lookback; an end an older version recorded after
+    # the step's start (the coming midnight of a run of today) counts as that start
+    after = [step("succeeded", cut.end), {**step("succeeded", END_OF_DAY), "started_at": at("2026-11-20T10:00:00")}]
+    window = incremental_window(source, after, redis, at("2026-11-20T11:00:00"))
+    assert (window.since, window.start) == (cut.end, at("2026-11-20T09:15:30"))
+    window = incremental_window(source, after[1:], redis, at("2026-11-20T11:00:00"))
+    assert (window.since, window.start) == (at("2026-11-20T10:00:00"), at("2026-11-20T09:00:00"))
+    # an --until before the start: the advice is a later --until, not a run that would move the end again
+    with pytest.raises(WindowError) as info:
+        incremental_window(source, after, redis, at("2026-11-20T09:00:00"))
+    assert "nothing to cover; the event times before 2026-11-20T10:15:30Z are covered already: run without --until" in str(info.value)
 
 
 def test_the_command_line_refuses_what_an_incremental_run_cannot_do(capsys, monkeypatch):

@@ -80,6 +80,7 @@ SCHEMA = T.StructType(
         T.StructField("stores", T.StringType()),
         T.StructField("window_start", T.TimestampType()),
         T.StructField("window_end", T.TimestampType()),
+        T.StructField("window_requested_end", T.TimestampType()),
     ]
 )
 STATUSES = ("running", "succeeded", "failed")
@@ -211,6 +212,9 @@ class Entry:
     window_end: dt.datetime | None = None
     """select_by event_time: the end of the event times it covered (excluded); an incremental run
     continues from the latest end a succeeded step recorded (jobs/operations/windows.py)."""
+    window_requested_end: dt.datetime | None = None
+    """select_by event_time: the end asked for, when later than the time the step read the
+    table, which ``window_end`` is instead (rows of later event times are left to the next run)."""
 
     def row(self) -> tuple:
         # aware datetimes: PySpark would read naive ones in the driver's local time zone
@@ -224,7 +228,7 @@ class Entry:
             json.dumps(self.cleanup, sort_keys=True) if self.cleanup is not None else None,
             json.dumps(self.encodings, sort_keys=True) if self.encodings else None,
             json.dumps(self.stores, sort_keys=True, default=str) if self.stores else None,
-            self.window_start, self.window_end,
+            self.window_start, self.window_end, self.window_requested_end,
         )  # fmt: skip
 
 

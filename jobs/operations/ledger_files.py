@@ -27,7 +27,7 @@ from fm_config.locations import Files, Location
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
-TIMES = ("started_at", "ended_at", "recorded_at", "window_start", "window_end")
+TIMES = ("started_at", "ended_at", "recorded_at", "window_start", "window_end", "window_requested_end")
 
 
 class LedgerReadError(OSError):

@@ -15,13 +15,19 @@ again. Here:
   writes (a run with ``--sink redis`` covers nothing for the SQL store).
 - Late rows: the window starts ``lookback_seconds`` (default one day) before that end, so a
   row arriving up to that late is loaded by the next run. A row later than that is not (it
-  is still loaded by ``run --date``, which reads every row up to the end of its date).
+  is still loaded by ``run --date``, which reads every row up to the end of its date, or up
+  to its read of the table when that is earlier).
   A lookback works on every table this job reads (Parquet files, Delta, catalog tables);
   selecting rows by what the table committed since the last run would need a commit history,
   which Parquet files and many catalog tables do not keep.
 - The source's first incremental run (for a store) covers everything up to its end, and so
   does the first after a ``run --date`` of a later end: a run of a date records its window too
   (from the first row to the end of the date).
+- No window ends after the time its run read the table (``read_window``): a ``--date`` of
+  today or an ``--until`` still to come is cut there, and the cut recorded
+  (``window_requested_end``), so rows written later with event times up to the end asked
+  for are read by the next run. An end recorded by an older version later than the step's
+  start counts as that start (``covered_to``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pyspark.sql import SparkSession
 
 from feature_defs import SourceDef
 from fm_config import RunConf
-from jobs.event_time import EventWindow, lookback_seconds, no_rows, rows_in, utc_text
+from jobs.event_time import EventWindow, lookback_seconds, no_rows, read_time, rows_in, utc_text
 from jobs.operations.ledger import WRITE_KINDS, aware, on_target
 from jobs.operations.store_state import date_ranges, restore_command
 from jobs.pipeline.read import SourceNotReady
@@ -44,7 +50,7 @@ from jobs.pipeline.source_table import SourceNotFound, open_source, table_ref
 def last_window_end(steps: Sequence[Mapping[str, Any]], source: str, sink: str, target: str) -> dt.datetime | None:
     """The latest window end that a succeeded write step of ``source`` recorded for this store."""
     ends = [
-        aware(r["window_end"])
+        covered_to(r)
         for r in steps
         if r["source"] == source
         and r["kind"] in WRITE_KINDS
@@ -54,6 +60,15 @@ def last_window_end(steps: Sequence[Mapping[str, Any]], source: str, sink: str, 
     ]
     latest = max(ends, default=None)
     return latest.to_pydatetime() if hasattr(latest, "to_pydatetime") else latest  # the ledger's reader may give pandas' Timestamp
+
+
+def covered_to(step: Mapping[str, Any]) -> dt.datetime:
+    """The end of the event times a step covered: its recorded ``window_end``, but no later than
+    when it started (it read the table after that). Older versions recorded the end asked for,
+    such as the midnight to come of a ``run --date`` of today, which the table could not yet hold."""
+    end = aware(step["window_end"])
+    started = step.get("started_at")
+    return end if started is None else min(end, aware(started))
 
 
 def incremental_window(
@@ -68,10 +83,25 @@ def incremental_window(
     if start >= until:
         raise WindowError(
             f"source {source.name!r}: --until {utc_text(until)} is not after the window's start {utc_text(start)} (the last window's "
-            f"end {utc_text(since)} less the lookback of {lookback_seconds(source):,} s): nothing to cover; "
-            "`materialize run --date D` writes each entity's latest row up to the end of D"
+            f"end {utc_text(since)} less the lookback of {lookback_seconds(source):,} s): nothing to cover; the event times before "
+            f"{utc_text(since)} are covered already: run without --until (up to now) or with a later one (a row later than the lookback "
+            "is loaded by `materialize run --date D`, which covers every row up to the end of D or up to when it reads the table)"
         )
     return EventWindow(start, until, incremental=True, since=since)
+
+
+def read_window(source: SourceDef, window: EventWindow, now: dt.datetime | None = None) -> EventWindow:
+    """``window`` as a run reading the table at ``now`` (default: the clock) covers it: cut there
+    when it would end later (EventWindow.read_at); WindowError when nothing is left of it."""
+    now = read_time() if now is None else now
+    cut = window.read_at(now)
+    if cut.start is not None and cut.start >= cut.end:
+        raise WindowError(
+            f"source {source.name!r}: the window's start {utc_text(cut.start)} (the last window's end {utc_text(cut.since or cut.start)} "
+            f"less the lookback of {lookback_seconds(source):,} s) is not before {utc_text(cut.end)}, when the run reads the table: "
+            "nothing to cover yet; run it again later"
+        )
+    return cut
 
 
 class WindowError(ValueError):

@@ -13,8 +13,9 @@ from pyspark.sql import SparkSession
 
 from feature_defs import Definitions
 from fm_config import RunConf
-from jobs.event_time import EventWindow, date_window, no_rows, null_event_time_note
+from jobs.event_time import EventWindow, date_window, no_rows, null_event_time_note, read_time
 from jobs.pipeline.context import RunContext
+from jobs.pipeline.describe import check_descriptions
 from jobs.pipeline.gate import checks as quality
 from jobs.pipeline.gate.stage import check_quality, docs_rendered
 from jobs.pipeline.prepare import Prepared, prepare
@@ -93,14 +94,15 @@ def run_source(
 
 
 def _window(source, date: dt.date, end: dt.date | None, window: EventWindow | None) -> EventWindow | None:
-    """The event times a run of ``source`` covers (None: selected by date)."""
+    """The event times a run of ``source`` covers (None: selected by date): no later than now,
+    as it is about to read the table (EventWindow.read_at)."""
     if not source.by_event_time:
         if window is not None:
             raise ValueError(f"source {source.name!r} selects by date: a run of it covers a date, not an event-time window")
         return None
     if end is not None:
         raise ValueError(f"source {source.name!r} selects by event time: a run covers a window of event times, not a range of dates")
-    return window or date_window(date)
+    return (window or date_window(date)).read_at(read_time())
 
 
 def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool) -> Prepared:
@@ -167,12 +169,13 @@ def _write_stores(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> N
     if "cockroach" in ctx.conf.sinks:
         with ctx.stage(summary, "sql checks"):
             sql_sink = prepare_sql(ctx, summary)
+    described = check_descriptions(ctx, sql_sink)  # both stores' before either is written
     if "redis" in ctx.conf.sinks:
         with ctx.stage(summary, "write redis"):
-            write_redis(ctx, prepared.good, summary)
+            write_redis(ctx, prepared.good, summary, described["redis"])
     if sql_sink:
         with ctx.stage(summary, "write cockroach"):
-            write_sql(ctx, sql_sink, prepared.sql_good, summary)
+            write_sql(ctx, sql_sink, prepared.sql_good, summary, described["cockroach"])
 
 
 def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
