@@ -15,8 +15,12 @@ FeatureName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}$")]
 StoredName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,127}(@[1-9][0-9]{0,5})?$")]
 # Identifiers end up in SQL and Delta paths: keep them boring.
 Identifier = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")]
+# A source table's column: any name a table may have (dots, spaces, backticks, any letters),
+# read quoted (jobs/transforms.col); it names no storage. No control characters: it appears
+# in one-line messages.
+ColumnName = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,255}$")]
 Prefix = Annotated[str, Field(pattern=r"^[a-z0-9_]{1,16}$")]
-FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list", "json"]
+FeatureType = Literal["float", "int", "bool", "string", "embedding", "int_list", "string_list", "json", "float_list"]
 # A catalog table: name or db.name (Spark's catalog; Feast's SparkSource `table`).
 TableName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,2}$")]
 Severity = Literal["blocking", "warning"]
@@ -108,14 +112,15 @@ class FeatureDef(_Strict):
     """The name its values are stored under (Redis field id, SQL JSON key); defaults to name.
     A new one gives the feature fresh storage (a change of type); an old feature's keeps its
     values under a new name (a rename). See stored.lock in the definitions' README."""
-    column: Identifier | None = None
+    column: ColumnName | None = None
     """Source column (wide layout) or feature_name value (long layout); defaults to name."""
     dimension: PositiveInt | None = None
     """embedding only: the fixed number of float32 values."""
     precision: Literal["float64", "float32"] | None = None
-    """float only: float32 features are written in their shortest float32 form."""
+    """float and float_list only: float32 features are written in their shortest float32 form
+    (a float_list's elements as packed float32)."""
     compression: Literal["snappy", "none"] | None = None
-    """int_list/string_list: Snappy (default) or none; json: none (default) or Snappy."""
+    """int_list/string_list: Snappy (default) or none; json, float_list: none (default) or Snappy."""
     max_bytes: PositiveInt | None = None
     """json only: a larger encoded value is bad input (default 65,536)."""
     max_length: PositiveInt | None = None
@@ -154,8 +159,8 @@ class FeatureDef(_Strict):
     def _options_fit_type(self) -> FeatureDef:
         allowed = {
             "dimension": {"embedding"},
-            "precision": {"float"},
-            "compression": {"int_list", "string_list", "json"},
+            "precision": {"float", "float_list"},
+            "compression": {"int_list", "string_list", "json", "float_list"},
             "max_bytes": {"json"},
             "max_length": {"string"},
             "min_value": {"float", "int"},
@@ -181,8 +186,9 @@ class FeatureDef(_Strict):
         opts = {"precision": self.precision, "dimension": self.dimension, "max_length": self.max_length}
         if self.type in ("int_list", "string_list"):
             opts["compression"] = self.compression or "snappy"
-        if self.type == "json":
+        if self.type in ("json", "float_list"):  # packed floats rarely shrink: uncompressed unless declared
             opts["compression"] = self.compression or "none"
+        if self.type == "json":
             opts["max_bytes"] = self.max_bytes or JSON_MAX_BYTES
         return {k: v for k, v in opts.items() if v is not None}
 
@@ -194,7 +200,9 @@ class FeatureDef(_Strict):
     @property
     def encoding(self) -> str:
         """How its values are stored, as recorded in stored.lock: the type and the options
-        that change the bytes (float/float32, embedding/32, int_list/snappy)."""
+        that change the bytes (float/float32, embedding/32, int_list/snappy, float_list/float32/snappy)."""
+        if self.type == "float_list":  # as json: only what is not the default is named
+            return "/".join(["float_list"] + ["float32"] * (self.precision == "float32") + ["snappy"] * (self.compression == "snappy"))
         detail = {
             "float": self.precision if self.precision == "float32" else None,
             "embedding": self.dimension,
@@ -245,21 +253,26 @@ class SourceDef(_Strict):
     """date: a run reads the rows of one date (``date_column``); event_time: a run takes each
     entity's latest row by event time (``timestamp_column``) up to the end of its date, as
     ``feast materialize`` does, and stores that event time as the entity's as-of time."""
-    date_column: Identifier = "ds"
+    date_column: ColumnName = "ds"
     """Date partition column (select_by: date): a run reads the rows of one date."""
-    timestamp_column: Identifier | None = None
+    timestamp_column: ColumnName | None = None
     """select_by date: orders rows of one entity within a date (the latest wins); select_by
     event_time: the row's event time (Feast's ``timestamp_field``), required."""
-    created_column: Identifier | None = None
+    created_column: ColumnName | None = None
     """select_by event_time only: breaks ties of event time, the latest wins (Feast's ``created_timestamp_column``)."""
     lookback_seconds: NonNegativeInt | None = None
     """select_by event_time only: how late a row may arrive and still be loaded; an incremental
     run reads again this far before the end of the last window it recorded (default: one day)."""
-    key_columns: list[Identifier] | None = None
+    on_tie: Literal["fail", "keep_one"] = "fail"
+    """An entity's latest rows tied (same timestamp and created time, different feature values):
+    fail: the gate's uniqueness check blocks the run (which version is right is unknown);
+    keep_one: one of them is written (the same on every run) and the summary counts the key, as
+    Feast keeps one (imports set it)."""
+    key_columns: list[ColumnName] | None = None
     """Source columns of the entity key parts, in key order; defaults to the entity's key names."""
-    name_column: Identifier | None = None
+    name_column: ColumnName | None = None
     """long only: the column holding the feature name."""
-    value_column: Identifier | None = None
+    value_column: ColumnName | None = None
     """long only: the column holding the value."""
     schedule: str = "nightly"
     """Schedule group (one nightly DAG per group)."""

@@ -314,6 +314,21 @@ class ColumnDecoder:
         return out, sorted(set(holey))
 
 
+def _float_list(value: list, float32: bool) -> list[float] | object:
+    """A float_list's JSON array as Python floats, as its Redis bytes decode (a whole number
+    the JSON holds as an integer is a float all the same; float32: the float32 value, widened)."""
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return BAD
+    try:
+        out = [float(v) for v in value]
+    except OverflowError:  # an int beyond float64
+        return BAD
+    if float32:
+        with np.errstate(over="ignore"):  # beyond float32 becomes inf: refused below
+            out = np.asarray(out, np.float32).tolist()
+    return out if all(map(math.isfinite, out)) else BAD
+
+
 def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
     """A value of the SQL store's JSON map as the feature's type (BAD when it is not one)."""
     kind = feature.type
@@ -350,6 +365,8 @@ def from_json(feature: FeatureDef, value: Any, *, as_list: bool = False) -> Any:
         if not np.isfinite(arr).all():
             return BAD
         return arr.tolist() if as_list else _frozen(arr)
+    if kind == "float_list":
+        return _float_list(value, feature.precision == "float32")
     if kind == "int_list":
         ok = all(isinstance(v, int) and not isinstance(v, bool) and INT64_MIN <= v <= INT64_MAX for v in value)
     else:

@@ -38,6 +38,7 @@ CONFLICTS = "_conflicts"
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _NUMERIC = (*_INTEGRAL, T.FloatType, T.DoubleType, T.DecimalType)
+_TIMES = (T.TimestampType, T.TimestampNTZType, T.DateType)
 
 # Long layout text values. Numbers: ASCII digits, optional fraction and exponent (Spark's own
 # cast would also take "1d", "0x1p3", Unicode digits). NaN/inf only spelled out.
@@ -53,6 +54,13 @@ _INT64_END = 2.0**63  # a double cast to long saturates here instead of failing
 _CONTROL = literal(r"[\x00-\x1f\x7f]")  # a control character, as a SQL regex literal
 
 
+def col(name: str) -> Column:
+    """The column named ``name``, whatever its characters: ``F.col("a.b")`` reads a field b of
+    a struct a, and a name with a space or a backtick is no column at all. Every name from a
+    table or a definition is taken through here (or :func:`ident` in SQL text)."""
+    return F.col(ident(name))
+
+
 def spark_type(feature: FeatureDef) -> T.DataType:
     """The Spark type a feature is cast to before encoding."""
     return {
@@ -63,6 +71,7 @@ def spark_type(feature: FeatureDef) -> T.DataType:
         "embedding": T.ArrayType(T.FloatType()),
         "int_list": T.ArrayType(T.LongType()),
         "string_list": T.ArrayType(T.StringType()),
+        "float_list": T.ArrayType(T.FloatType() if feature.precision == "float32" else T.DoubleType()),
         "json": T.StringType(),  # canonical JSON text, whatever the source column held (jobs/json_values.py)
     }[feature.type]
 
@@ -70,8 +79,8 @@ def spark_type(feature: FeatureDef) -> T.DataType:
 def _accepts(feature_type: str, found: T.DataType) -> bool:
     if feature_type == "float":
         return isinstance(found, _NUMERIC)
-    if feature_type == "int":
-        return isinstance(found, _INTEGRAL)
+    if feature_type == "int":  # a time: its epoch seconds (epoch_seconds_sql)
+        return isinstance(found, (*_INTEGRAL, *_TIMES))
     if feature_type == "bool":
         return isinstance(found, T.BooleanType)
     if feature_type == "string":
@@ -83,7 +92,15 @@ def _accepts(feature_type: str, found: T.DataType) -> bool:
         "embedding": isinstance(element, (T.FloatType, T.DoubleType)),
         "int_list": isinstance(element, _INTEGRAL),
         "string_list": isinstance(element, T.StringType),
+        "float_list": isinstance(element, (T.FloatType, T.DoubleType, *_INTEGRAL)),
     }[feature_type]
+
+
+def epoch_seconds_sql(column: str, found: T.DataType) -> str:
+    """SQL for the whole UTC epoch seconds, floored, of ``column`` (a timestamp, timestamp_ntz or
+    date: the last two read as UTC, the session's time zone): what an ``int`` feature reads from
+    a time column, as Feast stores a UnixTimestamp feature and as the event time is stored."""
+    return f"unix_seconds({column})" if isinstance(found, T.TimestampType) else f"unix_seconds(CAST({column} AS TIMESTAMP))"
 
 
 def key_columns(source: SourceDef, entity: EntityDef) -> list[str]:
@@ -204,17 +221,17 @@ def is_bad(df: DataFrame) -> Column:
 
 def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> list[Column]:
     # Latest first; exact ties broken by hashes of the whole row so reruns pick the same row.
-    order = [F.col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
+    order = [col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
     if source.created_column:  # select_by event_time: of rows of one event time, the latest created (Feast's rule)
-        order.append(F.col(source.created_column).desc_nulls_last())
+        order.append(col(source.created_column).desc_nulls_last())
     # Without the date column: a range run (date in the partition) breaks ties as a run of one date does.
     content = [c for c in df.columns if c not in partition and c not in (REASONS, source.date_column)]
     # Spark hashes no map (a json feature's column may be one): its JSON text is hashed instead.
-    hashed = [F.to_json(c) if isinstance(df.schema[c].dataType, T.MapType) else F.col(c) for c in content]
+    hashed = [F.to_json(col(c)) if isinstance(df.schema[c].dataType, T.MapType) else col(c) for c in content]
     # Spark's hashes skip nulls, so which columns are null is hashed too: (1, null) and
     # (null, 1) differ. Two different rows of a key equal in both hashes: about 2^-96. (The
     # rows' JSON text as the last key, as before, tripled the time of the sort.)
-    hashed.append(F.array(*[F.isnull(c) for c in content]))
+    hashed.append(F.array(*[F.isnull(col(c)) for c in content]))
     return order + [F.xxhash64(*hashed).desc(), F.hash(*hashed).desc()]
 
 
@@ -232,17 +249,19 @@ def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], uniqu
     if unique:
         return df.withColumn(CONFLICTS, F.lit(0))
     values = [source.value_column] if source.layout == "long" else [f.source_column for f in source.features]
-    window = Window.partitionBy(*partition).orderBy(*_order_columns(df, source, partition))
-    whole = Window.partitionBy(*partition)
+    window = Window.partitionBy(*[col(p) for p in partition]).orderBy(*_order_columns(df, source, partition))
+    whole = Window.partitionBy(*[col(p) for p in partition])
     ts = source.timestamp_column
-    tied = F.col(ts).eqNullSafe(F.max(ts).over(whole)) if ts else F.lit(True)
+    tied = col(ts).eqNullSafe(F.max(col(ts)).over(whole)) if ts else F.lit(True)
     if source.created_column:  # a later created time decides: rows of other created times are no conflict
-        tied = tied & F.col(source.created_column).eqNullSafe(F.first(source.created_column).over(window))
+        tied = tied & col(source.created_column).eqNullSafe(F.first(col(source.created_column)).over(window))
     # Values hashed for the rows tied with the one kept only (it is one of them): a key's
     # history of many rows costs its sort, not a JSON text per row.
     ranked = (
         df.withColumn("_tied", tied)
-        .withColumn("_h", F.when(F.col("_tied"), F.xxhash64(F.to_json(F.struct(*values)))))  # to_json: (1, null) and (null, 1) differ
+        .withColumn(
+            "_h", F.when(F.col("_tied"), F.xxhash64(F.to_json(F.struct(*[col(v) for v in values]))))
+        )  # to_json: (1, null) and (null, 1) differ
         .withColumn("_rank", F.row_number().over(window))
         .withColumn("_kept_h", F.first("_h").over(window))
     )
@@ -264,6 +283,9 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
             # Already of its type: nothing to cast, so nothing that could fail or overflow. (A
             # source of 1,000 features spent most of its checks' planning on these no-ops.)
             typed[f.name] = raw
+            continue
+        if f.type == "int" and isinstance(found[f.source_column], _TIMES):  # every time has its seconds: nothing can fail
+            typed[f.name] = epoch_seconds_sql(raw, found[f.source_column])
             continue
         typed[f.name] = f"try_cast({raw} AS {type_name})"
         # a failed cast is bad input: read as a null it would delete the stored value
@@ -291,14 +313,14 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
     keys = key_columns(source, entity) + ([source.date_column] if per_date else [])
     by_column = {f.source_column: f for f in source.features}
     found = df.schema[source.value_column].dataType
-    rows = df.where(F.col(source.name_column).isin(list(by_column)))
+    rows = df.where(col(source.name_column).isin(list(by_column)))
     latest = latest_per_key(rows, source, [*keys, source.name_column], unique)
-    value = F.col(source.value_column)
+    value = col(source.value_column)
     aggs, reasons = [], []
     for column, feature in by_column.items():
-        picked = F.first(F.when(F.col(source.name_column) == column, value), ignorenulls=True)
+        picked = F.first(F.when(col(source.name_column) == column, value), ignorenulls=True)
         aggs.append(picked.alias(f"_raw_{feature.name}"))
-    pivoted = latest.groupBy(*keys).agg(
+    pivoted = latest.groupBy(*[col(k) for k in keys]).agg(
         *aggs, F.flatten(F.collect_list(REASONS)).alias(REASONS), F.sum(CONFLICTS).cast("int").alias(CONFLICTS)
     )
     cols = []
@@ -306,7 +328,7 @@ def long_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
         typed, bad = _long_value(F.col(f"_raw_{feature.name}"), found, feature)
         reasons += bad
         cols.append(typed.alias(feature.name))
-    out = pivoted.select(*keys, *cols, REASONS, CONFLICTS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
+    out = pivoted.select(*[col(k) for k in keys], *cols, REASONS, CONFLICTS, *[F.col(f"_raw_{f.name}") for f in by_column.values()])
     out = collect_reasons(out, reasons)
     return out.drop(*[f"_raw_{f.name}" for f in by_column.values()])
 
@@ -411,8 +433,13 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
                 f"coalesce(array_contains({c}, CAST('NaN' AS FLOAT)), true) OR abs(array_max({c})) = {inf} OR abs(array_min({c})) = {inf}"
             )
             reasons.append(_reason(f"{c} IS NOT NULL AND ({non_finite})", f"{f.name}: embedding element is null or not finite"))
-        elif f.type in ("int_list", "string_list"):  # sorted, a null comes first
+        elif f.type in ("int_list", "string_list", "float_list"):  # sorted, a null comes first
             reasons.append(_reason(f"size({c}) > 0 AND try_element_at(sort_array({c}), 1) IS NULL", f"{f.name}: null list element"))
+        if f.type == "float_list":  # an element beyond float32 range (precision float32) is infinite by now
+            nan = f"CAST('NaN' AS {'FLOAT' if f.precision == 'float32' else 'DOUBLE'})"
+            non_finite = f"array_contains({c}, {nan}) OR abs(array_max({c})) = {inf} OR abs(array_min({c})) = {inf}"
+            text = f"{f.name}: float_list element is NaN or infinite" + (" (or beyond float32 range)" if f.precision == "float32" else "")
+            reasons.append(_reason(f"coalesce({non_finite}, false)", text))
         elif f.type == "string" and f.max_length:
             reasons.append(_reason(f"length({c}) > {f.max_length}", f"{f.name}: longer than {f.max_length} characters"))
     return collect_reasons(df, reasons).drop(*json_values.problem_columns(source))
@@ -420,7 +447,7 @@ def tag_value_problems(df: DataFrame, source: SourceDef) -> DataFrame:
 
 def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataFrame:
     """``_id``: the entity id (serializers.keys.entity_id, as a column): key parts joined, ints in decimal."""
-    parts = [F.col(c).cast("string") for c in key_columns(source, entity)]
+    parts = [col(c).cast("string") for c in key_columns(source, entity)]
     return df.withColumn(ENTITY_ID, F.concat_ws(KEY_SEPARATOR, *parts))
 
 
@@ -449,8 +476,12 @@ def _json_map_partition(specs: tuple[FeatureSpec, ...], batches: Iterator[pa.Rec
 
 def with_json_maps(df: DataFrame, source: SourceDef, max_bytes: int) -> DataFrame:
     """Add the SQL store's JSON object per good row; a larger one than ``max_bytes`` is bad input."""
-    schema = T.StructType([*df.schema.fields, T.StructField(JSON_MAP, T.StringType()), T.StructField(NON_FINITE, T.IntegerType())])
-    out = df.mapInArrow(partial(_json_map_partition, feature_specs(source)), schema)
+    # Spark's mapInArrow resolves every column by name, and a name it cannot parse (a key or time
+    # column of a backtick) fails: the columns the encoder does not read are renamed meanwhile.
+    read = {REASONS, *(f.name for f in source.features)}
+    plain = df.toDF(*[c if c in read else f"_c{i}" for i, c in enumerate(df.columns)])
+    schema = T.StructType([*plain.schema.fields, T.StructField(JSON_MAP, T.StringType()), T.StructField(NON_FINITE, T.IntegerType())])
+    out = plain.mapInArrow(partial(_json_map_partition, feature_specs(source)), schema).toDF(*df.columns, JSON_MAP, NON_FINITE)
     reasons = [_reason(F.octet_length(JSON_MAP) > max_bytes, f"features JSON larger than {max_bytes:,} bytes (sql.max_map_bytes)")]
     # JSONB on PostgreSQL cannot hold U+0000 in a string (CockroachDB can): keep such rows out.
     for f in source.features:
@@ -468,13 +499,13 @@ def quarantine_rows(df: DataFrame, source: SourceDef, date: str | None, stage: s
 
     ``date`` None: each row's own date column (a run over a range of dates)."""
     content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE, CONFLICTS, AS_OF)]
-    ds = F.lit(date).cast("date") if date is not None else F.col(source.date_column).cast("date")
+    ds = F.lit(date).cast("date") if date is not None else col(source.date_column).cast("date")
     return df.where(is_bad(df)).select(
         F.lit(source.name).alias("source"),
         ds.alias("ds"),
         F.lit(stage).alias("stage"),
         F.col(REASONS).alias("reasons"),
-        F.to_json(F.struct(*content)).alias("row"),
+        F.to_json(F.struct(*[col(c) for c in content])).alias("row"),
     )
 
 
@@ -483,20 +514,20 @@ def latest_good_date(df: DataFrame, source: SourceDef, entity: EntityDef) -> Dat
 
     What a run over a range writes: the state that applying the dates in order leaves
     (a date on which an entity's row is bad input leaves the previous date's values)."""
-    window = Window.partitionBy(*key_columns(source, entity)).orderBy(F.col(source.date_column).desc())
+    window = Window.partitionBy(*[col(k) for k in key_columns(source, entity)]).orderBy(col(source.date_column).desc())
     latest = df.where(~is_bad(df)).withColumn("_date_rank", F.row_number().over(window)).where("_date_rank = 1").drop("_date_rank")
     return with_as_of(latest, source)
 
 
 def with_as_of(df: DataFrame, source: SourceDef) -> DataFrame:
     """AS_OF: the end of the row's date in UTC epoch seconds (time-zone free arithmetic)."""
-    days = F.datediff(F.date_add(F.col(source.date_column), 1), F.lit("1970-01-01").cast("date"))
+    days = F.datediff(F.date_add(col(source.date_column), 1), F.lit("1970-01-01").cast("date"))
     return df.withColumn(AS_OF, days.cast("long") * 86400)
 
 
 def encode_ready(df: DataFrame, source: SourceDef) -> DataFrame:
     """The good rows, only the columns the writers need: _id, features in order, [AS_OF]."""
-    return df.where(~is_bad(df)).select(ENTITY_ID, *[f.name for f in source.features], *([AS_OF] if AS_OF in df.columns else []))
+    return df.where(~is_bad(df)).select(ENTITY_ID, *[col(f.name) for f in source.features], *([AS_OF] if AS_OF in df.columns else []))
 
 
 def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
@@ -510,7 +541,9 @@ def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef
         f"0 AS {ident(CONFLICTS)}",
         f"CAST(NULL AS STRING) AS {ident(ENTITY_ID)}",
     )
-    return checked.select(*keys, *features, F.col(CONFLICTS).cast("int").alias(CONFLICTS), ENTITY_ID).unionByName(unusable)
+    return checked.select(*[col(c) for c in keys + features], F.col(CONFLICTS).cast("int").alias(CONFLICTS), ENTITY_ID).unionByName(
+        unusable
+    )
 
 
 def sql_ready(df: DataFrame) -> DataFrame:

@@ -130,6 +130,28 @@ def _encode_int_list(arr: pa.ListArray) -> pa.Array:
     return _scatter_valid(rows, row_len, valid)
 
 
+def _encode_float_list(arr: pa.ListArray, float32: bool) -> pa.Array:
+    valid, lengths = _row_lengths(arr)
+    floats = np.asarray(_flat_values(arr, "float_list").to_numpy(zero_copy_only=False), dtype=np.float64)
+    if not np.all(np.isfinite(floats)):
+        raise BadValue("float_list element is not a finite number")
+    if float32:
+        with np.errstate(over="ignore"):
+            floats = floats.astype(np.float32)
+        if not np.all(np.isfinite(floats)):
+            raise BadValue("float_list element is beyond float32 range")
+    payload = np.ascontiguousarray(floats, dtype="<f4" if float32 else "<f8").view(np.uint8)
+    # a message per valid row: tag, varint(payload size), the packed values; an empty list is no bytes
+    payload_len = lengths[valid] * (4 if float32 else 8)
+    nonempty = payload_len > 0
+    size, size_len = varint_encode(payload_len[nonempty])
+    hdr_full, hdr_full_len = concat_rows(np.full(size_len.size, _TAG_FIELD1_LEN, dtype=np.uint8), np.ones_like(size_len), size, size_len)
+    hdr_len = np.zeros(payload_len.size, dtype=np.int64)
+    hdr_len[nonempty] = hdr_full_len
+    rows, row_len = concat_rows(hdr_full, hdr_len, payload, payload_len)
+    return _scatter_valid(rows, row_len, valid)
+
+
 def _value_bytes(flat: pa.Array) -> np.ndarray:
     """The contiguous value bytes of a (possibly sliced) binary array, without copies per value."""
     if len(flat) == 0:
@@ -254,6 +276,9 @@ def encode_column(feature_type: str, arr: pa.Array, **options: Any) -> tuple[pa.
         return _encode_embedding(arr, options.get("dimension")), 0
     if feature_type == "json":
         out = _canonical_column(arr, options.get("max_bytes")) if options.get("canonical") else _encode_json(arr, options.get("max_bytes"))
+        return (_snappy_column(out) if options.get("compression", "none") == "snappy" else out), 0
+    if feature_type == "float_list":  # uncompressed unless declared, as json
+        out = _encode_float_list(arr, float32=options.get("precision") == "float32")
         return (_snappy_column(out) if options.get("compression", "none") == "snappy" else out), 0
     if feature_type == "int_list":
         out = _encode_int_list(arr)

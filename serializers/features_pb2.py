@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x66\x65\x61tures.proto\x12\x0f\x66\x65\x61turestore.v1\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\x1c\n\nStringList\x12\x0e\n\x06values\x18\x01 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x66\x65\x61tures.proto\x12\x0f\x66\x65\x61turestore.v1\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\x1c\n\nStringList\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x1d\n\x0b\x46loat32List\x12\x0e\n\x06values\x18\x01 \x03(\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,4 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INTLIST']._serialized_end=89
   _globals['_STRINGLIST']._serialized_start=91
   _globals['_STRINGLIST']._serialized_end=119
+  _globals['_FLOATLIST']._serialized_start=121
+  _globals['_FLOATLIST']._serialized_end=148
+  _globals['_FLOAT32LIST']._serialized_start=150
+  _globals['_FLOAT32LIST']._serialized_end=179
 # @@protoc_insertion_point(module_scope)

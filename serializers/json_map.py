@@ -3,9 +3,9 @@
 Built column-wise with Arrow compute: each feature becomes a column of ``"name":value,``
 fragments (null where the value is not written), and one element-wise concatenation
 assembles the objects. Numbers use the canonical float text of :mod:`floats`
-(embedding elements in float32 digits); strings are escaped as Python's ``json.dumps``
-does with ``ensure_ascii=False``; a ``json`` feature is its canonical text, the value
-itself (:mod:`json_value`); no whitespace anywhere.
+(embedding elements, and float_list ones of ``precision: float32``, in float32 digits);
+strings are escaped as Python's ``json.dumps`` does with ``ensure_ascii=False``; a ``json``
+feature is its canonical text, the value itself (:mod:`json_value`); no whitespace anywhere.
 """
 
 from __future__ import annotations
@@ -71,6 +71,9 @@ def json_value_column(spec: FeatureSpec, arr: pa.Array) -> tuple[pa.Array, int]:
         return _json_array(arr, lambda flat: pc.cast(pc.cast(flat, pa.int64()), pa.string())), 0
     if spec.type == "string_list":
         return _json_array(arr, _json_strings), 0
+    if spec.type == "float_list":  # each element by the float rule (float32: its shortest float32 digits)
+        float32 = spec.options.get("precision") == "float32"
+        return _json_array(arr, lambda flat: format_float_array(flat, float32=float32)[0]), 0
     if spec.type == "json":  # the value itself, its canonical text (serializers.json_value), not a string holding it
         if spec.options.get("canonical"):
             return arr.cast(pa.string()), 0

@@ -20,8 +20,8 @@ from serializers import features_pb2, json_value
 from serializers.errors import BadValue, DecodeError
 from serializers.floats import format_float
 
-FEATURE_TYPES = ("float", "int", "bool", "string", "embedding", "int_list", "string_list", "json")
-"""Every type of the format; ``json`` from version 1.1."""
+FEATURE_TYPES = ("float", "int", "bool", "string", "embedding", "int_list", "string_list", "json", "float_list")
+"""Every type of the format; ``json`` from version 1.1, ``float_list`` from 1.3."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 __all__ = ["FEATURE_TYPES", "BadValue", "DecodeError", "decode", "encode", "field_id", "field_id_int"]
 
@@ -45,16 +45,17 @@ def _compressed(options: dict[str, Any]) -> bool:
     return options.get("compression", "snappy") == "snappy"
 
 
-def _json_compressed(options: dict[str, Any]) -> bool:
-    return options.get("compression", "none") == "snappy"  # json: uncompressed unless declared
+def _snappy_declared(options: dict[str, Any]) -> bool:
+    return options.get("compression", "none") == "snappy"  # json, float_list: uncompressed unless declared
 
 
 def encode(feature_type: str, value: Any, **options: Any) -> bytes | None:
     """Encode one value; None means "not written" (null, NaN or ±inf).
 
     Options (as in the feature definition): ``precision`` ("float64" | "float32") for
-    floats, ``dimension`` for embeddings, ``compression`` ("snappy" | "none") for lists and
-    json (lists default to snappy, json to none), ``max_length`` (characters) for strings,
+    floats and float lists, ``dimension`` for embeddings, ``compression`` ("snappy" | "none")
+    for lists and json (int and string lists default to snappy, json and float lists to
+    none: packed floats rarely shrink), ``max_length`` (characters) for strings,
     ``max_bytes`` for json (of the JSON text, before compression). Raises :class:`BadValue`
     for bad input. A json value is a Python value or a JSON text (serializers.json_value.canonical).
     """
@@ -82,7 +83,10 @@ def encode(feature_type: str, value: Any, **options: Any) -> bytes | None:
         return _encode_embedding(value, options.get("dimension"))
     if feature_type == "json":
         text = json_value.canonical(value, options.get("max_bytes"))
-        return None if text is None else snappy.compress(text) if _json_compressed(options) else text
+        return None if text is None else snappy.compress(text) if _snappy_declared(options) else text
+    if feature_type == "float_list":
+        data = _encode_float_list(value, float32=options.get("precision") == "float32")
+        return snappy.compress(data) if _snappy_declared(options) else data
     if feature_type == "int_list":
         ints = list(value)
         for x in ints:
@@ -108,6 +112,27 @@ def _encode_embedding(value: Sequence[float], dimension: int | None) -> bytes:
         if x is None or not math.isfinite(x):
             raise BadValue(f"embedding element {x!r} is not a finite number")
     return features_pb2.Embedding(values=values).SerializeToString()
+
+
+def _encode_float_list(value: Sequence[float], float32: bool) -> bytes:
+    values = []
+    for x in value:
+        if x is None:
+            raise BadValue("null element in float_list")
+        try:
+            x = float(x)
+        except OverflowError:
+            raise BadValue("float_list element is an integer beyond float64 range") from None
+        if not math.isfinite(x):
+            raise BadValue(f"float_list element {x!r} is not a finite number")
+        values.append(x)
+        if float32:
+            try:
+                struct.pack("<f", x)  # the protobuf runtime would write infinity
+            except OverflowError:
+                raise BadValue(f"float_list element {x!r} is beyond float32 range") from None
+    message = features_pb2.Float32List if float32 else features_pb2.FloatList
+    return message(values=values).SerializeToString()
 
 
 _INT_TEXT = re.compile(rb"-?[0-9]+")
@@ -178,8 +203,8 @@ def _decode_embedding(data: bytes, options: dict[str, Any]) -> list[float]:
     return values
 
 
-def _decode_list(feature_type: str, message: type, data: bytes, options: dict[str, Any]) -> list:
-    if _compressed(options):
+def _decode_list(feature_type: str, message: type, data: bytes, compressed: bool) -> list:
+    if compressed:
         try:
             data = snappy.decompress(data)
         except Exception as exc:  # python-snappy raises a bare UncompressError; its cause says why
@@ -189,7 +214,7 @@ def _decode_list(feature_type: str, message: type, data: bytes, options: dict[st
 
 def _decode_json(data: bytes, options: dict[str, Any]) -> Any:
     max_bytes = options.get("max_bytes")
-    if _json_compressed(options):
+    if _snappy_declared(options):
         # refused before decompressing: a block may declare up to 4 GiB
         declared = json_value.snappy_length(data)
         if declared is None:
@@ -203,15 +228,24 @@ def _decode_json(data: bytes, options: dict[str, Any]) -> Any:
     return json_value.decode(data, max_bytes)
 
 
+def _decode_float_list(data: bytes, options: dict[str, Any]) -> list[float]:
+    message = features_pb2.Float32List if options.get("precision") == "float32" else features_pb2.FloatList
+    values = _decode_list("float_list", message, data, _snappy_declared(options))
+    if not all(map(math.isfinite, values)):
+        raise _fail("float_list", data, "an element is NaN or infinite (never written)")
+    return values
+
+
 _DECODERS = {
     "float": _decode_float,
     "int": _decode_int,
     "bool": _decode_bool,
     "string": _decode_string,
     "embedding": _decode_embedding,
-    "int_list": lambda data, options: _decode_list("int_list", features_pb2.IntList, data, options),
-    "string_list": lambda data, options: _decode_list("string_list", features_pb2.StringList, data, options),
+    "int_list": lambda data, options: _decode_list("int_list", features_pb2.IntList, data, _compressed(options)),
+    "string_list": lambda data, options: _decode_list("string_list", features_pb2.StringList, data, _compressed(options)),
     "json": _decode_json,
+    "float_list": _decode_float_list,
 }
 
 

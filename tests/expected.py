@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from serializers.scalar import encode, field_id
 
-LISTS = ("embedding", "int_list", "string_list")
+LISTS = ("embedding", "int_list", "string_list", "float_list")
 
 
 def is_null(value) -> bool:

@@ -86,6 +86,20 @@ def test_embedding_without_dimension_and_misplaced_option(tmp_path):
     assert "src.yaml:8: source.features.1: Value error, option 'max_length' does not apply to type int" in text
 
 
+def test_source_column_names_may_hold_any_character_but_a_control_character(tmp_path):
+    columns = '  key_columns: ["consumer.id"]\n  timestamp_column: "updated at`"\n  date_column: "jour.ds"\n'
+    folder = write_defs(tmp_path / "a", source('    - {name: a, type: float, column: "größe.x`"}\n', extra=columns))
+    src = load_definitions(folder).sources["src"]
+    assert (src.key_columns, src.timestamp_column, src.date_column, src.features[0].source_column) == (
+        ["consumer.id"],
+        "updated at`",
+        "jour.ds",
+        "größe.x`",
+    )
+    folder = write_defs(tmp_path / "b", source('    - {name: a, type: float, column: "tab\\there"}\n'))
+    assert "src.yaml:7: source.features.0.column: String should match pattern" in problems_of(folder)
+
+
 def test_duplicate_yaml_key_is_an_error(tmp_path):
     folder = write_defs(tmp_path, "source:\n  name: src\n  name: other\n")
     assert "src.yaml:3: duplicate key 'name' (first at line 2)" in problems_of(folder)
@@ -416,6 +430,17 @@ def test_doing_what_the_message_says_loads_the_values_as_written(tmp_path):
     assert src.feature("late").allowed_values == [True]
     assert (src.feature("orders").min_value, src.feature("orders").max_value, src.feature("orders").allowed_values) == (0, 7, [0, 7])
     assert (src.feature("score").min_value, src.feature("score").max_value, src.feature("score").max_null_fraction) == (0, 0.5, 1)
+
+
+def test_on_tie_is_fail_unless_keep_one_and_another_value_is_refused_at_its_line(tmp_path):
+    features = "    - {name: a, type: float}\n"
+    assert load_definitions(write_defs(tmp_path / "a", source(features))).sources["src"].on_tie == "fail"
+    kept = load_definitions(write_defs(tmp_path / "b", source(features, extra="  on_tie: keep_one\n"))).sources["src"]
+    assert kept.on_tie == "keep_one"
+    text = source(features, extra="  on_tie: first\n")
+    folder = write_defs(tmp_path / "c", text)
+    expected = f"{folder / 'src.yaml'}:{line_with(text, 'on_tie')}: source.on_tie: Input should be 'fail' or 'keep_one'"
+    assert expected in problems_of(folder)
 
 
 def test_a_boolean_ttl_is_refused_at_its_line(tmp_path):

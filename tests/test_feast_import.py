@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,8 @@ import yaml
 
 from feature_defs import load_definitions
 from feature_defs.feast_import import FeastImportError, command, import_dump, report
+from fm_config import QualityConf, RunConf
+from fm_config.redis import RedisSettings
 from jobs.cli import main
 from throwaway import feast_venv
 
@@ -166,6 +169,7 @@ def init_source(name: str, entity: str, repo: Path, descriptions: dict) -> dict:
             "select_by": "event_time",
             "timestamp_column": "event_timestamp",
             "created_column": "created",
+            "on_tie": "keep_one",  # Feast writes one of an entity's tied rows: never a reason to stop
             "max_age_seconds": 86400,
             "features": features,
         }
@@ -342,6 +346,24 @@ def test_a_stored_as_edited_into_no_stored_name_is_one_line(init_import, init_re
     assert tree(out) == before  # nothing written
 
 
+def test_imported_views_keep_one_of_tied_rows_as_feast_and_a_hand_set_on_tie_is_kept(init_import, init_repo, tmp_path):
+    # Feast writes one of an entity's rows tied at one event time and never stops a view on them
+    for view in ("driver_hourly_stats", "driver_hourly_stats_fresh"):
+        assert yaml.safe_load(init_import.files[f"{view}.yaml"])["source"]["on_tie"] == "keep_one"
+        assert load_definitions(init_import.out).sources[view].on_tie == "keep_one"
+        (line,) = [x for x in init_import.files["IMPORTED.md"].decode().splitlines() if x.startswith(f"- source {view} (feature view): ")]
+        assert line.endswith(", layout wide, on_tie keep_one"), line
+    # blocking chosen by hand in the output: the next import keeps it (the default, still written out)
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    view = out / "driver_hourly_stats.yaml"
+    view.write_text(view.read_text().replace("on_tie: keep_one", "on_tie: fail"))
+    import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    assert yaml.safe_load(view.read_text())["source"]["on_tie"] == "fail"
+    assert load_definitions(out).sources["driver_hourly_stats"].on_tie == "fail"
+    assert load_definitions(out).sources["driver_hourly_stats_fresh"].on_tie == "keep_one"
+
+
 def test_what_feast_printed_but_cannot_be_imported(init_import, init_repo, tmp_path):
     out = tmp_path / "defs"
     twice = copy.deepcopy(init_import.dump)  # parse_repo keeps two objects of one name; Feast's apply refuses them
@@ -383,7 +405,7 @@ from feast import BigQuerySource, Entity, FeatureService, FeatureView, Field, Fi
 from feast import ValueType
 from feast.data_format import DeltaFormat, JsonFormat
 from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
-from feast.types import Array, Bool, Bytes, Float32, Float64, Int32, Int64, String, UnixTimestamp
+from feast.types import Array, Bool, Bytes, Float32, Float64, Int32, Int64, Set, String, UnixTimestamp
 
 driver = Entity(name="driver", join_keys=["driver_id"], value_type=ValueType.INT64, description="A driver.")
 customer = Entity(name="customer", join_keys=["customer_id"], value_type=ValueType.STRING)
@@ -420,6 +442,8 @@ driver_customer_trips = FeatureView(
         Field(name="recent_zones", dtype=Array(String)),
         Field(name="route_embedding", dtype=Array(Float32), vector_length=4),
         Field(name="fares", dtype=Array(Float64)),
+        Field(name="fare_ratios", dtype=Array(Float32)),
+        Field(name="fare_set", dtype=Set(Float64)),
         Field(name="flags", dtype=Array(Bool)),
     ],
     source=trips_source,
@@ -515,6 +539,26 @@ def hand_repo(tmp_path_factory) -> Path:
     return repo
 
 
+def test_float_arrays_become_float_lists_and_embeddings_with_a_vector_length():
+    from feature_defs import FeatureDef
+    from feature_defs.feast_import.value_types import feature_type
+
+    # Feast's ValueType names: Array(Float32) is FLOAT_LIST, Set(Float64) is DOUBLE_SET
+    expected = {
+        ("FLOAT_LIST", 0): ("float_list", {"precision": "float32"}, "float_list/float32"),
+        ("FLOAT_SET", 0): ("float_list", {"precision": "float32"}, "float_list/float32"),
+        ("DOUBLE_LIST", 0): ("float_list", {}, "float_list"),
+        ("DOUBLE_SET", 0): ("float_list", {}, "float_list"),
+        ("DOUBLE_SET", 4): ("float_list", {}, "float_list"),  # a set is no vector
+        ("FLOAT_LIST", 4): ("embedding", {"dimension": 4}, "embedding/4"),
+        ("DOUBLE_LIST", 4): ("embedding", {"dimension": 4}, "embedding/4"),
+    }
+    for (value_type, vector_length), (kind, options, encoding) in expected.items():
+        choice = feature_type(value_type, vector_length)
+        assert (choice.type, choice.options) == (kind, options), value_type
+        assert FeatureDef(name="x", type=choice.type, **choice.options).encoding == encoding
+
+
 HAND_LEFT_OUT = {
     "feature customer_profile:raw_blob (Bytes)": "no type here holds raw bytes",
     "feature customer_profile:ConvRate": "a feature name here is [a-z][a-z0-9_]{0,127}",
@@ -536,7 +580,9 @@ HAND_TYPES = {
     "driver_customer_trips:recent_trip_ids": "Array(Int64) -> int_list",
     "driver_customer_trips:recent_zones": "Array(String) -> string_list",
     "driver_customer_trips:route_embedding": "Array(Float32) -> embedding, dimension 4",
-    "driver_customer_trips:fares": "Array(Float64) -> json",
+    "driver_customer_trips:fares": "Array(Float64) -> float_list (an embedding needs Feast's vector_length)",
+    "driver_customer_trips:fare_ratios": "Array(Float32) -> float_list, precision float32",
+    "driver_customer_trips:fare_set": "Set(Float64) -> float_list",
     "driver_customer_trips:flags": "Array(Bool) -> json",
     "driver_ratings:rating": "Float64 -> float",
 }
@@ -595,7 +641,7 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
             "description": "A driver.",
         },
     ]
-    event_time = {"layout": "wide", "select_by": "event_time"}
+    event_time = {"layout": "wide", "select_by": "event_time", "on_tie": "keep_one"}
     assert load["customer_profile.yaml"]["source"] == {
         "name": "customer_profile",
         "entity": "customer",
@@ -624,7 +670,9 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
             {"name": "recent_trip_ids", "type": "int_list"},
             {"name": "recent_zones", "type": "string_list"},
             {"name": "route_embedding", "type": "embedding", "dimension": 4},
-            {"name": "fares", "type": "json"},
+            {"name": "fares", "type": "float_list"},
+            {"name": "fare_ratios", "type": "float_list", "precision": "float32"},
+            {"name": "fare_set", "type": "float_list"},
             {"name": "flags", "type": "json"},
         ],
     }
@@ -652,7 +700,10 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
             "timestamp_column": "ts",
             "features": [{"name": feature, "type": kind}],
         }
-    trips = [f"driver_customer_trips:{f}" for f in ("trip_count", "recent_trip_ids", "recent_zones", "route_embedding", "fares", "flags")]
+    trips = [
+        f"driver_customer_trips:{f}"
+        for f in ("trip_count", "recent_trip_ids", "recent_zones", "route_embedding", "fares", "fare_ratios", "fare_set", "flags")
+    ]
     assert load["feature_services.yaml"]["feature_services"] == [
         {"name": "scoring", "features": ["customer_profile:segment", *trips], "description": "What the scoring model reads."}
     ]
@@ -662,6 +713,135 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
     assert_left_out(run.stdout, HAND_LEFT_OUT)
     assert f"warning: feature view driver_history: source path {hand_repo / 'data' / 'not_yet.parquet'} does not exist" in run.stdout
     assert sorted(load_definitions(out).sources) == sorted(n.removesuffix(".yaml") for n in load if n.startswith(("customer_", "driver_")))
+
+
+# --- a UnixTimestamp feature over a time column, imported and run -------------------------------
+
+TIMES_FEATURES = """\
+from datetime import timedelta
+
+from feast import Entity, FeatureView, Field, FileSource
+from feast.types import Int64, UnixTimestamp
+
+customer = Entity(name="customer", join_keys=["customer_id"])
+customer_times = FeatureView(
+    name="customer_times",
+    entities=[customer],
+    ttl=timedelta(0),
+    schema=[
+        Field(name="last_order_at", dtype=UnixTimestamp),
+        Field(name="signed_up_at", dtype=UnixTimestamp),
+        Field(name="birth_day", dtype=UnixTimestamp),
+        Field(name="last_login", dtype=UnixTimestamp),
+        Field(name="orders", dtype=Int64),
+    ],
+    source=FileSource(name="customer_times_file", path="data/customer_times.parquet", timestamp_field="event_timestamp"),
+)
+"""
+UTC = dt.UTC
+TIMES = ("last_order_at", "signed_up_at", "birth_day", "last_login")
+TIMES_ROWS = [  # customer_id, last_order_at (UTC instants), signed_up_at (naive), birth_day (date), last_login (epoch s), orders
+    (1, dt.datetime(2026, 11, 20, 8, 30, 15, 750000, UTC), dt.datetime(2021, 3, 4, 5, 6, 7, 999999), dt.date(1990, 5, 17), 1795000000, 3),
+    # before 1970, with sub-seconds: floored, as Feast does (-0.5 s is -1)
+    (2, dt.datetime(1969, 12, 31, 23, 59, 59, 500000, UTC), dt.datetime(1960, 1, 1, 0, 0, 0, 250000), dt.date(1960, 2, 29), 0, 0),
+    (3, None, None, None, 17, 5),  # no time: no value (the field is not written)
+]
+TIMES_EVENT = dt.datetime(2026, 11, 20, 9, 0, tzinfo=UTC)
+
+
+def epoch_seconds(value) -> int | None:
+    """Whole UTC epoch seconds, floored, of a time (naive: UTC) or date; an int as it is."""
+    if value is None or isinstance(value, int):
+        return value
+    if not isinstance(value, dt.datetime):
+        value = dt.datetime.combine(value, dt.time())
+    return (value.replace(tzinfo=value.tzinfo or UTC) - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(seconds=1)
+
+
+def write_times_repo(root: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = root / "repo"
+    (repo / "data").mkdir(parents=True)
+    (repo / "feature_store.yaml").write_text("project: times\nregistry: data/registry.db\nprovider: local\n")
+    (repo / "features.py").write_text(TIMES_FEATURES)
+    columns = list(zip(*TIMES_ROWS))
+    table = pa.table(
+        {
+            "customer_id": pa.array(columns[0], pa.int64()),
+            "last_order_at": pa.array(columns[1], pa.timestamp("us", tz="UTC")),
+            "signed_up_at": pa.array(columns[2], pa.timestamp("us")),
+            "birth_day": pa.array(columns[3], pa.date32()),
+            "last_login": pa.array(columns[4], pa.int64()),
+            "orders": pa.array(columns[5], pa.int64()),
+            "event_timestamp": pa.array([TIMES_EVENT] * len(TIMES_ROWS), pa.timestamp("us", tz="UTC")),
+        }
+    )
+    pq.write_table(table, repo / "data" / "customer_times.parquet")
+    return repo
+
+
+FEAST_STORES = """\
+import json, sys
+import pyarrow.parquet as pq
+from feast.type_map import NULL_TIMESTAMP_INT_VALUE, python_values_to_proto_values
+from feast.value_type import ValueType
+
+table = pq.read_table(sys.argv[1])
+out = {}
+for name in sys.argv[2:]:  # as feast materialize converts a column (feast.utils._columns_to_proto_values)
+    values = python_values_to_proto_values(table.column(name).to_numpy(zero_copy_only=False), ValueType.UNIX_TIMESTAMP)
+    out[name] = [None if v.unix_timestamp_val == NULL_TIMESTAMP_INT_VALUE else v.unix_timestamp_val for v in values]
+print(json.dumps(out))
+"""
+
+
+def test_a_unix_timestamp_over_a_time_column_is_stored_as_its_epoch_seconds(tmp_path, feast_python, spark, redis_server, redis_db):
+    from jobs.pipeline.run import run_source
+    from serializers import field_id, freshness_field_name
+
+    from .expected import expected_hash
+
+    repo = write_times_repo(tmp_path)
+    parquet = repo / "data" / "customer_times.parquet"
+    found = {f.name: f.dataType.simpleString() for f in spark.read.parquet(str(parquet)).schema.fields}
+    assert [found[c] for c in TIMES] == ["timestamp", "timestamp_ntz", "date", "bigint"]  # each kind of column the rule takes
+
+    out = tmp_path / "defs"
+    run = import_cli(repo, "--out", out, "--feast-python", feast_python)
+    assert run.code == 0, run.stderr
+    source = yaml.safe_load((out / "customer_times.yaml").read_text())["source"]
+    assert source["features"] == [{"name": name, "type": "int"} for name in (*TIMES, "orders")]
+    for name in TIMES:
+        (line,) = [x for x in run.stdout.splitlines() if x.startswith(f"  customer_times:{name}: ")]
+        assert line == (
+            f"  customer_times:{name}: UnixTimestamp -> int: epoch seconds, as Feast's feature server returns it "
+            "(of a timestamp or date column: its UTC seconds, floored)"
+        )
+
+    defs = load_definitions(out)
+    conf = RunConf(
+        env="test", data_root=str(tmp_path), reports_dir=str(tmp_path / "reports"), definitions_dir=str(out), sinks=["redis"],
+        redis=RedisSettings(url=redis_server.url, password_env=None), quality=QualityConf(expectations=False, verify_sample=10),
+    )  # fmt: skip
+    summary = run_source(spark, conf, defs, "customer_times", TIMES_EVENT.date())
+    assert summary.status == "succeeded", summary.error
+
+    # what Feast's own materialization stores for the same file: its unix_timestamp_val, per row
+    done = subprocess.run(
+        [str(feast_python), "-c", FEAST_STORES, str(parquet), *TIMES], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_feast = json.loads(done.stdout)
+    features = defs.sources["customer_times"].features
+    fresh = field_id(freshness_field_name("customer_times"))
+    for i, row in enumerate(TIMES_ROWS):
+        values = dict(zip((*TIMES, "orders"), (*map(epoch_seconds, row[1:5]), row[5])))
+        assert {name: by_feast[name][i] for name in TIMES} == {name: values[name] for name in TIMES}
+        assert redis_db.hgetall(f"c:{row[0]}") == expected_hash(features, values, fresh, epoch_seconds(TIMES_EVENT))
+    assert redis_db.hget("c:1", field_id("last_order_at")) == b"1795163415"  # 2026-11-20T08:30:15.75Z
+    assert redis_db.hget("c:2", field_id("last_order_at")) == b"-1"  # 1969-12-31T23:59:59.5Z
 
 
 # --- bad input: one line each, nothing written ----------------------------------------------------

@@ -51,7 +51,7 @@ VALID_CONF = {
     "sql": {"dialect": "postgres", "batch_rows": 10},
     "quality": {"verify_sample": 0},
 }
-FEATURE_TYPES = ["float", "int", "bool", "string", "embedding", "int_list", "string_list"]
+FEATURE_TYPES = ["float", "int", "bool", "string", "embedding", "int_list", "string_list", "float_list"]
 
 # Text that looks like YAML often enough to reach past the scanner.
 YAML_CHARS = st.sampled_from(
@@ -275,6 +275,10 @@ DECODE_CASES = [
     ("int_list", {"compression": "none"}),
     ("string_list", {"compression": "snappy"}),
     ("string_list", {"compression": "none"}),
+    ("float_list", {"compression": "none"}),
+    ("float_list", {"compression": "snappy"}),
+    ("float_list", {"precision": "float32", "compression": "none"}),
+    ("float_list", {"precision": "float32", "compression": "snappy"}),
 ]
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -293,6 +297,9 @@ def valid_values(feature_type: str, options: dict):
         ),
         "int_list": st.lists(INT64, max_size=20),
         "string_list": st.lists(st.text(max_size=10), max_size=8),
+        "float_list": st.lists(
+            st.floats(allow_nan=False, allow_infinity=False, width=32 if options.get("precision") == "float32" else 64), max_size=20
+        ),
     }[feature_type]
 
 

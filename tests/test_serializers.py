@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from serializers import BadValue, DecodeError, decode, encode, field_id, field_id_int
+from serializers import FEATURE_TYPES, BadValue, DecodeError, decode, encode, field_id, field_id_int
 from serializers.columnar import encode_column
 
 
@@ -94,11 +94,68 @@ def test_float32_golden(value, expected):
         ("int_list", [], {}, b"\x00"),  # Snappy of nothing: varint(0)
         ("string_list", ["a", ""], {"compression": "none"}, bytes.fromhex("0a01610a00")),
         ("string_list", [], {"compression": "none"}, b""),
+        # FloatList, packed doubles: tag 0x0a, length 16, 1.0 = 3ff0000000000000 and 0.5 = 3fe0000000000000 little-endian
+        ("float_list", [1.0, 0.5], {}, bytes.fromhex("0a10000000000000f03f000000000000e03f")),
+        # Snappy (declared): varint(18), one literal of 18 bytes (tag (18-1)<<2 = 0x44)
+        ("float_list", [1.0, 0.5], {"compression": "snappy"}, bytes.fromhex("12440a10000000000000f03f000000000000e03f")),
+        # -2.5 = c004000000000000, 1e-07 = 3e7ad7f29abcaf48, 3.0 = 4008000000000000
+        ("float_list", [-2.5, 1e-07, 3.0], {}, bytes.fromhex("0a1800000000000004c048afbc9af2d77a3e0000000000000840")),
+        # 16 values: 128 bytes, whose length takes two varint bytes (80 01)
+        ("float_list", [0.0] * 16, {}, bytes.fromhex("0a8001") + bytes(128)),
+        ("float_list", [], {}, b""),
+        ("float_list", [], {"compression": "snappy"}, b"\x00"),
     ],
 )
 def test_golden_bytes(feature_type, value, options, expected):
     assert encode(feature_type, value, **options) == expected
     assert decode(feature_type, expected, **options) == value
+
+
+def test_float32_list_golden_bytes():
+    # Float32List, packed float32 (Embedding's layout): 1.0 = 3f800000, the float32 nearest 0.1 = 3dcccccd
+    expected = bytes.fromhex("0a080000803fcdcccc3d")
+    assert encode("float_list", [1.0, 0.1], precision="float32") == expected
+    assert decode("float_list", expected, precision="float32") == [1.0, struct.unpack("<f", bytes.fromhex("cdcccc3d"))[0]]
+    # a float32 list is never read as a float64 one: 8 bytes are one double there
+    assert decode("float_list", expected) == [struct.unpack("<d", bytes.fromhex("0000803fcdcccc3d"))[0]]
+
+
+def test_float_list_decoding_refuses_what_no_writer_writes():
+    nan, inf = bytes.fromhex("000000000000f87f"), bytes.fromhex("000000000000f07f")
+    for data, options in [
+        (b"\x0a\x08" + nan, {}),
+        (b"\x0a\x10" + bytes(8) + inf, {}),
+        (b"\x0a\x04" + bytes.fromhex("0000807f"), {"precision": "float32"}),  # float32 +inf
+        (b"\x0a\x10" + bytes(8), {}),  # truncated
+        (bytes.fromhex("0a10000000000000f03f000000000000e03f"), {"compression": "snappy"}),  # not a Snappy block
+    ]:
+        with pytest.raises(DecodeError, match="cannot decode .* as float_list"):
+            decode("float_list", data, **options)
+
+
+def test_every_place_that_lists_types_knows_float_list():
+    from feature_defs import FeatureDef
+    from feature_defs.models import FeatureType
+    from jobs.pipeline.gate.checks import _TYPE_NAMES
+    from jobs.pipeline.gate.scan import LISTS
+
+    assert "float_list" in FEATURE_TYPES and set(FEATURE_TYPES) == set(FeatureType.__args__) == set(_TYPE_NAMES)
+    assert "float_list" in LISTS  # profiled for its lengths
+    # the encodings stored.lock and the stores' description record (FORMAT.md): the defaults unnamed, as json's
+    encodings = {
+        (None, None): "float_list",
+        ("float64", "none"): "float_list",
+        ("float32", None): "float_list/float32",
+        (None, "snappy"): "float_list/snappy",
+        ("float32", "snappy"): "float_list/float32/snappy",
+    }
+    for (precision, compression), encoding in encodings.items():
+        feature = FeatureDef(name="v", type="float_list", precision=precision, compression=compression)
+        assert feature.encoding == encoding
+        assert feature.options == {"compression": compression or "none", **({"precision": precision} if precision else {})}
+    for option in ({"dimension": 4}, {"max_bytes": 10}, {"min_value": 0}):
+        with pytest.raises(ValueError, match=f"option '{next(iter(option))}' does not apply to type float_list"):
+            FeatureDef(name="v", type="float_list", **option)
 
 
 def test_snappy_pays_off_on_long_repeated_lists():
@@ -118,6 +175,10 @@ def test_snappy_pays_off_on_long_repeated_lists():
         ("int", 2**63, {}, "outside int64"),
         ("int_list", [1, None], {}, "null element"),
         ("string_list", ["a", None], {}, "null element"),
+        ("float_list", [1.0, None], {}, "null element in float_list"),
+        ("float_list", [1.0, float("nan")], {}, "float_list element nan is not a finite number"),
+        ("float_list", [float("-inf")], {"compression": "snappy"}, "float_list element -inf is not a finite number"),
+        ("float_list", [1e39], {"precision": "float32"}, "float_list element 1e\\+39 is beyond float32 range"),
     ],
 )
 def test_bad_values_raise_named_errors(feature_type, value, options, message):
@@ -133,6 +194,7 @@ ARROW_TYPES = {
     "embedding": pa.list_(pa.float32()),
     "int_list": pa.list_(pa.int64()),
     "string_list": pa.list_(pa.string()),
+    "float_list": pa.list_(pa.float64()),
 }
 
 EDGE_CASES = [
@@ -150,16 +212,44 @@ EDGE_CASES = [
     ("int_list", {"compression": "none"}, [[], [5], None, [-(2**63)] * 3]),
     ("string_list", {}, [[], ["a", "bb", ""], None, ["x" * 200, "日本"]]),
     ("string_list", {"compression": "none"}, [[], ["é"], None]),
+    ("float_list", {}, [[], [1.0, 0.5], None, [-0.0, 5e-324, 1.7976931348623157e308, 1e-7], [i / 7 for i in range(2000)], [3.0] * 16]),
+    ("float_list", {"compression": "snappy"}, [[], [1.0, 0.5], None, [0.25] * 300]),
+    ("float_list", {"precision": "float32"}, [[0.1, 1 / 3], [], None, [3.4e38, -1e-45, 16777217.0], [i / 3 for i in range(40)]]),
+    ("float_list", {"precision": "float32", "compression": "snappy"}, [[0.1], None, []]),
 ]
 
 
 @pytest.mark.parametrize("feature_type, options, values", EDGE_CASES)
 def test_columnar_matches_scalar_on_edge_cases(feature_type, options, values):
-    arrow_type = pa.float32() if options.get("precision") == "float32" else ARROW_TYPES[feature_type]
+    arrow_type = ARROW_TYPES[feature_type]
+    if options.get("precision") == "float32":
+        arrow_type = pa.list_(pa.float32()) if feature_type == "float_list" else pa.float32()
     column, non_finite = encode_column(feature_type, pa.array(values, arrow_type), **options)
     assert column.to_pylist() == [encode(feature_type, v, **options) for v in values]
     if feature_type == "float" and not options:
         assert non_finite == 2  # nan and -inf
+
+
+def test_columnar_float_list_takes_any_numbers_and_refuses_bad_elements():
+    # float32 elements widened, integers as floats: the same bytes as the floats themselves
+    column, _ = encode_column("float_list", pa.array([[0.5, 0.1], None], pa.list_(pa.float32())))
+    assert column.to_pylist() == [
+        bytes.fromhex("0a10000000000000e03f") + struct.pack("<d", struct.unpack("<f", struct.pack("<f", 0.1))[0]),
+        None,
+    ]
+    column, _ = encode_column("float_list", pa.array([[1, -2]], pa.list_(pa.int64())))
+    assert column.to_pylist() == [bytes.fromhex("0a10000000000000f03f00000000000000c0")]  # 1.0, -2.0
+    # a slice: its own rows' elements only
+    column, _ = encode_column("float_list", pa.array([[9.0, 8.0], [1.0, 0.5], None, [], [7.0]]).slice(1, 3))
+    assert column.to_pylist() == [bytes.fromhex("0a10000000000000f03f000000000000e03f"), None, b""]
+    for values, arrow_type, options, message in [
+        ([[1.0], [2.0, None]], pa.float64(), {}, "null element in float_list"),
+        ([[1.0, float("nan")]], pa.float64(), {}, "float_list element is not a finite number"),
+        ([[float("inf")]], pa.float32(), {"precision": "float32"}, "float_list element is not a finite number"),
+        ([[1.0], [1e39]], pa.float64(), {"precision": "float32"}, "float_list element is beyond float32 range"),
+    ]:
+        with pytest.raises(BadValue, match=message):
+            encode_column("float_list", pa.array(values, pa.list_(arrow_type)), **options)
 
 
 def test_columnar_matches_scalar_on_random_floats():
@@ -200,7 +290,7 @@ def test_float_text_round_trips():
         assert np.float32(float(encode("float", float(v), precision="float32"))) == np.float32(v)
 
 
-@pytest.mark.parametrize("feature_type", ["int", "bool", "embedding", "int_list", "string_list", "float", "string"])
+@pytest.mark.parametrize("feature_type", ["int", "bool", "embedding", "int_list", "string_list", "float", "string", "float_list"])
 def test_decoders_reject_garbage_with_decode_error(feature_type):
     rng = random.Random(11)
     options = {"dimension": 4} if feature_type == "embedding" else {}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -33,10 +34,11 @@ from jobs.source_errors import CatalogNotConfigured, SchemaDriftError, SourceNot
 from jobs.spark import catalog_settings
 from jobs.transforms import ENTITY_ID
 from serializers import field_id, freshness_field_name
+from serializers.batch import FeatureSpec
 from serializers.keys import as_of_epoch
 
 from .conftest import env_conf
-from .expected import expected_hash
+from .expected import entity_keys, expected_hash
 
 D1, D2, D3 = dt.date(2026, 11, 19), dt.date(2026, 11, 20), dt.date(2026, 11, 21)
 KINDS = ("parquet_file", "parquet_folder", "parquet_hive", "catalog_table")
@@ -171,7 +173,7 @@ def test_each_source_kind_is_materialized_into_both_stores(kind, tables, spark, 
 
     as_of = as_of_epoch(D2)
     fresh = field_id(freshness_field_name(kind))
-    stored = {key: redis_db.hgetall(key) for key in redis_db.scan_iter()}
+    stored = {key: redis_db.hgetall(key) for key in entity_keys(redis_db)}
     assert stored == {f"c:{cid}".encode(): expected_hash(source.features, row, fresh, as_of) for cid, row in expected.items()}
 
     as_of_time = dt.datetime.combine(D3, dt.time(), dt.UTC)
@@ -390,3 +392,317 @@ def test_timestamps_of_nanoseconds_as_pandas_writes_them_read_as_timestamps(spar
     micros = "'yyyy-MM-dd HH:mm:ss.SSSSSS'"  # in the session's time zone, UTC
     shown = table.orderBy("consumer_id").selectExpr(f"date_format(event_timestamp, {micros})", f"date_format(created, {micros})", "orders")
     assert [tuple(r) for r in shown.collect()] == [("2026-11-20 05:06:07.123456", "2026-11-20 05:06:07.123456", 7), (None, None, 8)]
+
+
+# -- folders whose files were written by different writers --
+
+NS_PER_US = 1000
+
+
+def utc(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
+
+
+def nanos(when: dt.datetime, extra: int = 0) -> int:
+    """``when`` in nanoseconds since the epoch, plus ``extra`` nanoseconds."""
+    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1) * NS_PER_US + extra
+
+
+def epoch_seconds(when: dt.datetime) -> int:
+    return int((when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(seconds=1))
+
+
+STATS_YAML = """source:
+  name: stats
+  entity: consumer
+  location: {where}
+  format: parquet
+  layout: wide
+{selection}  features:
+    - {{name: conv_rate, type: float}}
+    - {{name: trips, type: int}}
+"""
+EVENT_TIME = "  select_by: event_time\n  timestamp_column: event_timestamp\n  created_column: created\n"
+STATS_SPECS = [FeatureSpec("conv_rate", "float"), FeatureSpec("trips", "int")]
+
+
+def stats_definitions(folder: Path, where: Path, selection: str = EVENT_TIME):
+    folder.mkdir(exist_ok=True)
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+    (folder / "stats.yaml").write_text(STATS_YAML.format(where=where, selection=selection))
+    return load_definitions(folder)
+
+
+# consumer, conv_rate, trips, event time (the nanoseconds beyond its microsecond), created
+PANDAS_ROWS = [  # as pandas writes them (Feast's example files): nanoseconds, event times in UTC, created naive
+    (1, 0.125, 10, utc("2026-11-19T10:00:00.123456"), 789, utc("2026-11-19T11:00:00")),
+    (2, 0.25, 20, utc("2026-11-20T05:06:07.123456"), 789, utc("2026-11-20T06:00:00")),
+]
+SPARK_ROWS = [  # as Spark and pyarrow write them: microseconds
+    (1, 0.875, 90, utc("2026-11-20T05:06:07.123456"), 0, utc("2026-11-20T06:00:00")),  # consumer 1's newest row
+    (3, 0.375, 30, utc("2026-11-20T23:59:59.999999"), 0, utc("2026-11-21T00:00:00")),
+]
+
+
+def write_stats(path: Path, rows: list[tuple], unit: str) -> None:
+    """Rows in event times of ``unit`` (ns: pandas's, us: Spark's and pyarrow's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scale = NS_PER_US if unit == "ns" else 1
+    count = [nanos(r[3], r[4]) // (NS_PER_US // scale) for r in rows]
+    created = [nanos(r[5]) // (NS_PER_US // scale) for r in rows]
+    table = {
+        "consumer_id": pa.array([r[0] for r in rows], pa.int64()),
+        "conv_rate": pa.array([r[1] for r in rows], pa.float64()),
+        "trips": pa.array([r[2] for r in rows], pa.int64()),
+        "event_timestamp": pa.array(count, pa.int64()).cast(pa.timestamp(unit, tz="UTC")),
+        "created": pa.array(created, pa.int64()).cast(pa.timestamp(unit) if unit == "ns" else pa.timestamp(unit, tz="UTC")),
+    }
+    pq.write_table(pa.table(table), path)
+
+
+@pytest.mark.parametrize("pandas_file, spark_file", [("a.parquet", "b.parquet"), ("b.parquet", "a.parquet")])
+def test_a_folder_of_nanosecond_and_microsecond_files_reads_each_in_its_own_unit(
+    pandas_file, spark_file, spark, both, redis_db, pg_db, tmp_path
+):
+    """Which file's footer Spark takes the folder's types from depends on the names: in either
+    order each file is read in its own unit, and the newest row is the one stored."""
+    folder = tmp_path / "stats"
+    write_stats(folder / pandas_file, PANDAS_ROWS, "ns")
+    write_stats(folder / spark_file, SPARK_ROWS, "us")
+    defs = stats_definitions(tmp_path / "defs", folder)
+    source = defs.source("stats")
+
+    table = open_source(spark, both, source)
+    columns = "consumer_id:bigint,conv_rate:double,trips:bigint,event_timestamp:timestamp,created:timestamp"
+    assert table.schema.simpleString() == f"struct<{columns}>"  # naive created times widened to instants (as UTC)
+    read = sorted((r[0], r[3].replace(tzinfo=dt.UTC), r[4].replace(tzinfo=dt.UTC)) for r in table.collect())
+    assert read == sorted((r[0], r[3], r[5]) for r in PANDAS_ROWS + SPARK_ROWS)  # to the microsecond, nanoseconds dropped
+    assert partition_rows(spark, both, source, D2) == 1  # `materialize ready`: the date has rows
+
+    summary = run_source(spark, both, defs, "stats", D2)
+    assert summary.status == "succeeded", summary.error
+    newest: dict[int, tuple] = {}  # per consumer, the row of the latest event time
+    for row in PANDAS_ROWS + SPARK_ROWS:
+        if row[0] not in newest or row[3] > newest[row[0]][3]:
+            newest[row[0]] = row
+    assert [newest[c][2] for c in (1, 2, 3)] == [90, 20, 30]
+    fresh = field_id(freshness_field_name("stats"))
+    stored = {key: redis_db.hgetall(key) for key in redis_db.scan_iter("c:*")}
+    values = {c: {"conv_rate": r[1], "trips": r[2]} for c, r in newest.items()}
+    assert stored == {f"c:{c}".encode(): expected_hash(STATS_SPECS, values[c], fresh, epoch_seconds(r[3])) for c, r in newest.items()}
+    assert {k: (s, doc, epoch_seconds(when)) for k, (s, doc, when) in stored_sql(pg_db).items()} == {
+        str(c): ("stats", values[c], epoch_seconds(r[3])) for c, r in newest.items()
+    }
+
+
+BY_DATE = "  timestamp_column: ts\n"
+
+
+def write_dated(path: Path, rows: list[tuple], trips: pa.DataType, conv_rate: pa.DataType) -> None:
+    """Rows (consumer, conv_rate, trips, date) with the two feature columns of these types."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = {
+        "consumer_id": pa.array([r[0] for r in rows], pa.int64()),
+        "conv_rate": pa.array([r[1] for r in rows], conv_rate),
+        "trips": pa.array([r[2] for r in rows], trips),
+        "ts": pa.array([dt.datetime.combine(r[3], dt.time(1)) for r in rows], pa.timestamp("us")),
+        "ds": pa.array([r[3] for r in rows], pa.date32()),
+    }
+    pq.write_table(pa.table(table), path)
+
+
+OLD_ROWS = [(1, 0.1, 7, D1), (2, 2.5, -(2**31), D1)]  # written as int and float
+NEW_ROWS = [(1, 0.1, 2**40, D2), (3, 1e300, 2**31, D2)]  # as bigint and double: beyond int and float
+
+
+@pytest.mark.parametrize("old_file, new_file", [("a.parquet", "b.parquet"), ("b.parquet", "a.parquet")])
+def test_a_folder_whose_newer_files_widened_a_column_reads_every_file_in_the_wider_type(
+    old_file, new_file, spark, both, redis_db, tmp_path
+):
+    """int in older files, bigint in newer ones (float, double): read as bigint (double) whichever
+    file's footer Spark takes; each date's values as written."""
+    folder = tmp_path / "stats"
+    write_dated(folder / old_file, OLD_ROWS, pa.int32(), pa.float32())
+    write_dated(folder / new_file, NEW_ROWS, pa.int64(), pa.float64())
+    defs = stats_definitions(tmp_path / "defs", folder, BY_DATE)
+    fresh = field_id(freshness_field_name("stats"))
+    assert open_source(spark, both, defs.source("stats")).schema["trips"].dataType.simpleString() == "bigint"
+    for day, rows, as_float in ((D1, OLD_ROWS, lambda v: float(np.float32(v))), (D2, NEW_ROWS, float)):
+        redis_db.flushall()
+        summary = run_source(spark, both, defs, "stats", day)
+        assert summary.status == "succeeded", summary.error
+        stored = {key: redis_db.hgetall(key) for key in redis_db.scan_iter("c:*")}
+        assert stored == {
+            f"c:{c}".encode(): expected_hash(STATS_SPECS, {"conv_rate": as_float(rate), "trips": trips}, fresh, as_of_epoch(day))
+            for c, rate, trips, _ in rows
+        }, day
+
+
+@pytest.mark.parametrize(
+    "column, old, new, found",
+    [
+        ("trips", (pa.int64(), 7), (pa.string(), "7"), "column 'trips' is bigint in a.parquet, string in b.parquet"),
+        ("trips", (pa.int64(), 2**53 + 1), (pa.float64(), 7.0), "column 'trips' is bigint in a.parquet, double in b.parquet"),
+        ("conv_rate", (pa.float64(), 0.1), (pa.int32(), 1), "column 'conv_rate' is double in a.parquet, int in b.parquet"),
+    ],
+)  # fmt: skip
+def test_a_folder_whose_files_hold_a_column_in_types_that_would_lose_values_is_refused_in_one_line(
+    column, old, new, found, both, redis_db, tmp_path, monkeypatch, capsys
+):
+    folder = tmp_path / "stats"
+    for name, (kind, value) in (("a.parquet", old), ("b.parquet", new)):
+        row = {"conv_rate": 0.5, "trips": 7, column: value}
+        types = {"trips": pa.int64(), "conv_rate": pa.float64(), column: kind}
+        write_dated(folder / name, [(1, row["conv_rate"], row["trips"], D2)], **types)
+    stats_definitions(tmp_path / "defs", folder, BY_DATE)
+    conf = env_conf(
+        tmp_path / "conf",
+        "mixed",
+        f"data_root: {tmp_path}\nledger_root: {tmp_path / 'ledger'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"definitions_dir: {tmp_path / 'defs'}\nsinks: [redis]\nredis: {{url: '{both.redis.url}', password_env: null}}\n"
+        "quality: {expectations: false}\n",
+    )
+    monkeypatch.setenv("FM_CONF_DIR", str(conf))
+    message = (
+        f"source 'stats': the Parquet files of {folder} disagree: {found}; only a widening that loses nothing is read (a smaller "
+        "integer to a larger one, float to double, a timestamp without a time zone to one with): rewrite the files in one type"
+    )
+    assert main(["run", "--env", "mixed", "--date", str(D2)]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"error: stats: MixedParquetTypes: {message}" in err.splitlines(), err
+    assert "Traceback" not in err and "\tat " not in err and "java." not in err
+    assert redis_db.dbsize() == 0
+    assert main(["ready", "--env", "mixed", "--source", "stats", "--date", str(D2)]) == EXIT_FAILED  # not "not ready": no wait for ever
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+
+
+# -- column names as tables have them --
+
+UNREAD = {"a.b": 1, "x y": "text", "un`read": 2.5, "ñ.é": "ü"}  # columns no feature reads
+ODD_YAML = """source:
+  name: {name}
+  entity: {entity}
+  location: {where}
+  format: parquet
+  layout: {layout}
+{columns}  features:
+{features}
+"""
+WIDE_COLUMNS = {
+    "conv_rate": ("float", "conv.rate"),
+    "trips": ("int", "trips count"),
+    "note": ("string", "note`s"),
+    "size": ("int", "größe"),
+}
+# consumer.id, jour.ds, updated at`, event`time, créé.le, then the feature columns in WIDE_COLUMNS' order
+ODD_ROWS = [
+    (1, D2, 1, utc("2026-11-20T01:00:00"), utc("2026-11-20T01:00:00"), 0.5, 5, "first", 50),
+    (1, D2, 3, utc("2026-11-20T03:00:00"), utc("2026-11-20T02:00:00"), 1.5, 15, "latest", 150),
+    (1, D2, 2, utc("2026-11-20T03:00:00"), utc("2026-11-20T01:00:00"), 9.5, 95, "created first", 950),
+    (2, D2, 1, utc("2026-11-20T04:00:00"), utc("2026-11-20T04:00:00"), None, 2, "ünïcode `x`", None),
+    (None, D2, 1, utc("2026-11-20T05:00:00"), utc("2026-11-20T05:00:00"), 7.0, 7, "no key", 7),  # quarantined
+    (3, D1, 1, utc("2026-11-19T01:00:00"), utc("2026-11-19T01:00:00"), 3.5, 35, "the day before", 350),
+]
+ODD_KEYS = ("consumer.id", "jour.ds", "updated at`", "event`time", "créé.le")
+
+
+def odd_sources(tmp_path: Path):
+    """Two consumer sources over one Parquet file whose every column has a name with a dot, a
+    space, a backtick or letters beyond ASCII (one selected by date, one by event time), and a
+    long store source of such columns."""
+    names = [*ODD_KEYS, *(column for _, column in WIDE_COLUMNS.values())]
+    table = pa.Table.from_pylist([dict(zip(names, row)) | UNREAD for row in ODD_ROWS])
+    table = table.set_column(2, "updated at`", pa.array([dt.datetime.combine(r[1], dt.time(r[2])) for r in ODD_ROWS], pa.timestamp("us")))
+    pq.write_table(table, tmp_path / "odd.parquet")
+    long_rows = [
+        {"store id`": "s.1", "feature.name": "rating", "the value": "4.5", "jour.ds": D2, "a.b": 1},
+        {"store id`": "s.1", "feature.name": "rating", "the value": "oops", "jour.ds": D1, "a.b": 1},
+        {"store id`": "s 2", "feature.name": "rating", "the value": "3", "jour.ds": D2, "a.b": 2},
+        {"store id`": "s:3", "feature.name": "rating", "the value": "1", "jour.ds": D2, "a.b": 3},  # a key with ':' is quarantined
+    ]
+    pq.write_table(pa.Table.from_pylist(long_rows), tmp_path / "odd_long.parquet")
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
+
+    def features(prefix: str) -> str:
+        return "\n".join(f"    - {{name: {prefix}{n}, type: {t}, column: {json.dumps(c)}}}" for n, (t, c) in WIDE_COLUMNS.items())
+
+    keys = '  key_columns: ["consumer.id"]\n'
+    dated = keys + '  date_column: "jour.ds"\n  timestamp_column: "updated at`"\n'
+    events = keys + '  select_by: event_time\n  timestamp_column: "event`time"\n  created_column: "créé.le"\n'
+    long = '  key_columns: ["store id`"]\n  date_column: "jour.ds"\n  name_column: "feature.name"\n  value_column: "the value"\n'
+    for name, entity, where, layout, columns, listed in (
+        ("odd_dated", "consumer", "odd.parquet", "wide", dated, features("")),
+        ("odd_events", "consumer", "odd.parquet", "wide", events, features("e_")),
+        ("odd_long", "store", "odd_long.parquet", "long", long, "    - {name: rating, type: float}"),
+    ):
+        text = ODD_YAML.format(name=name, entity=entity, where=tmp_path / where, layout=layout, columns=columns, features=listed)
+        (folder / f"{name}.yaml").write_text(text)
+    return load_definitions(folder)
+
+
+def test_columns_named_with_dots_spaces_backticks_and_other_letters_are_read_as_named(spark, both, redis_db, pg_db, tmp_path):
+    """As keys, dates, times, created times, features, long layout names and values, and columns
+    no feature reads: each read by its whole name, through the run, its quarantine, a backfill's
+    plan and cleanup's key lookup."""
+    defs = odd_sources(tmp_path)
+    quality = both.quality.model_copy(update={"max_bad_fraction": 0.5})  # the rows of unusable keys
+    conf = both.model_copy(
+        update={"ledger_root": str(tmp_path / "ledger"), "quarantine_root": str(tmp_path / "quarantine"), "quality": quality}
+    )
+    specs = {n: FeatureSpec(n, t) for n, (t, _) in WIDE_COLUMNS.items()}
+    by_source = {}
+    for name in ("odd_dated", "odd_events", "odd_long"):
+        summary = run_source(spark, conf, defs, name, D2)
+        assert summary.status == "succeeded", summary.error
+        by_source[name] = summary
+    stored = {key: redis_db.hgetall(key) for key in redis_db.scan_iter("[cs]:*")}
+
+    def latest(rows, order):  # per consumer, the row first in ``order`` (a key of the row, highest wins)
+        out = {}
+        for row in rows:
+            if row[0] is not None and (row[0] not in out or order(row) > order(out[row[0]])):
+                out[row[0]] = row
+        return out
+
+    dated = latest([r for r in ODD_ROWS if r[1] == D2], lambda r: r[2])
+    events = latest([r for r in ODD_ROWS if r[3] < utc("2026-11-21T00:00:00")], lambda r: (r[3], r[4]))
+    assert [dated[1][7], events[1][7], events[3][7]] == ["latest", "latest", "the day before"]
+
+    def wide_hash(row, prefix, as_of) -> dict:
+        values = dict(zip([prefix + n for n in WIDE_COLUMNS], row[5:]))
+        return expected_hash(
+            [FeatureSpec(prefix + n, s.type) for n, s in specs.items()],
+            values,
+            field_id(freshness_field_name("odd_events" if prefix else "odd_dated")),
+            as_of,
+        )
+
+    want = {}
+    for c in (1, 2, 3):
+        hashed = wide_hash(events[c], "e_", epoch_seconds(events[c][3]))
+        if c in dated:
+            hashed |= wide_hash(dated[c], "", as_of_epoch(D2))
+        want[f"c:{c}".encode()] = hashed
+    rating = FeatureSpec("rating", "float")
+    fresh = field_id(freshness_field_name("odd_long"))
+    for store, value in (("s.1", 4.5), ("s 2", 3.0)):
+        want[f"s:{store}".encode()] = expected_hash([rating], {"rating": value}, fresh, as_of_epoch(D2))
+    assert stored == want
+
+    # rows of unusable keys kept aside whole, under their columns' names
+    kept = spark.read.format("delta").load(by_source["odd_dated"].quarantine_table).where("source = 'odd_dated'").collect()
+    assert [tuple(r["reasons"]) for r in kept] == [("null key consumer.id",)]
+    row = json.loads(kept[0]["row"])
+    assert sorted(row) == sorted([*ODD_KEYS[1:], *(c for _, c in WIDE_COLUMNS.values()), *UNREAD])  # a null key: no field
+    assert [row[c] for _, c in WIDE_COLUMNS.values()] + [row[c] for c in UNREAD] == [*ODD_ROWS[4][5:], *UNREAD.values()]
+    assert by_source["odd_long"].bad_reasons == {"key store id` contains ':'": 1}
+
+    # a backfill's plan finds the dates by the date column; cleanup finds the keys written
+    plan = plan_backfill(spark, conf, defs, Ledger.of(spark, conf), "odd_dated", D1, D3, "latest", True)
+    assert (plan.dates_with_data, plan.no_rows) == ([D1, D2], [D3])
+    where = json.loads(json.dumps(keys_from(conf, defs.source("odd_dated"), defs.entity("consumer"))))
+    write = RedisWrite("r1", "odd_dated", frozenset({"trips"}), where, (D2,), D2, D2)
+    keys, problem = table_keys(spark, conf, defs.entity("consumer"), where, [write])
+    assert problem is None and {r[ENTITY_ID] for r in keys.collect()} == {"1", "2"}

@@ -76,6 +76,27 @@ def test_json_maps_of_a_slice_match_the_whole():
     assert maps.to_pylist() == EXPECTED[3:7]
 
 
+def test_float_list_json_text():
+    # each element by the float rule (FORMAT.md, SQL layout): whole numbers without ".0", exponent forms as Python's repr;
+    # float32 in the shortest digits of the float32 value (0.1, not 0.10000000149011612)
+    specs = [FeatureSpec("v", "float_list"), FeatureSpec("w", "float_list", {"precision": "float32", "compression": "snappy"})]
+    table = pa.table(
+        {
+            "v": pa.array([[1.0, 0.5], [-2.5, 1e-07, 3.0], [], None, [-0.0, 1e22, 1e16, 123456789012345.67]], pa.list_(pa.float64())),
+            "w": pa.array([[1.0, 0.1], None, [], [1 / 3, 3.4e38], [16777217.0]], pa.list_(pa.float32())),
+        }
+    )
+    maps, non_finite = encode_json_maps(table, specs)
+    assert maps.to_pylist() == [
+        '{"v":[1,0.5],"w":[1,0.1]}',
+        '{"v":[-2.5,1e-07,3]}',
+        '{"v":[],"w":[]}',
+        '{"w":[0.33333334,3.4e+38]}',
+        '{"v":[0,1e+22,1e+16,123456789012345.67],"w":[16777216]}',
+    ]
+    assert non_finite.tolist() == [0] * 5
+
+
 def test_dialect_from_version():
     assert dialect_from_version("CockroachDB CCL v24.1.2 (x86_64-pc-linux-gnu, built 2024/06/24)") == "cockroach"
     assert dialect_from_version("PostgreSQL 15.18 (Debian 15.18-0+deb12u1) on x86_64-pc-linux-gnu") == "postgres"

@@ -4,6 +4,7 @@ written down by hand (no stores, no files)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import struct
 
 import pytest
@@ -146,3 +147,50 @@ def test_list_and_embedding_problems_are_tagged_by_the_documented_rules(spark):
     tagged = {r["n"]: r[tf.REASONS] for r in tf.tag_value_problems(df, LISTS).collect()}
     assert len(tagged) == len(rows) == 385
     assert {n: expected_reasons(*rows[n]) for n in tagged} == tagged
+
+
+ODD_COLUMNS = "`a.b` long, `x y` string, `un``read` double, `größe` string"  # columns no feature reads
+
+
+def test_columns_no_feature_reads_may_have_any_name(spark):
+    """A dot, a space, a backtick, letters beyond ASCII: the de-duplication hashes such columns
+    and the quarantine keeps them, under their names, like any other."""
+    rows = [
+        ("nyc", 1, 1.0, 10, at(1), D2, 1, "a", 0.5, "ß"), ("nyc", 1, 2.0, 20, at(3), D2, 2, "b", 1.5, "é"),  # latest: at(3)
+        ("sf", 2, 3.0, 30, at(5), D2, 3, "c", 2.5, "ü"), ("sf", 2, 3.0, 30, at(5), D2, 4, "d", 3.5, "ñ"),  # a tie, same features
+        (None, 3, 4.0, 40, at(1), D2, 5, "e", 4.5, "ø"),  # a null key: quarantined whole
+    ]  # fmt: skip
+    df = spark.createDataFrame(rows, f"{SCHEMA}, {ODD_COLUMNS}")
+    tagged = tf.tag_key_problems(df, WIDE, STORE)
+    latest = tf.wide_features(tagged.where(~tf.is_bad(tagged)), WIDE, STORE)
+    assert rows_by_key(latest, "n", tf.CONFLICTS) == {("nyc", 1): (20, 0), ("sf", 2): (30, 0)}  # other columns: no conflict
+    kept = [(r["reasons"], json.loads(r["row"])) for r in tf.quarantine_rows(tagged, WIDE, str(D2), "key").collect()]
+    assert kept == [
+        (["null key region"], {"store_id": 3, "score": 4.0, "n": 40, "ts": "2026-11-20T01:00:00.000Z", "ds": "2026-11-20", "a.b": 5,
+                               "x y": "e", "un`read": 4.5, "größe": "ø"})
+    ]  # fmt: skip
+
+
+ODD_LONG = SourceDef(
+    name="odd", entity="store", location="odd", layout="long", key_columns=["region.name", "store `id`"], date_column="jour ds",
+    timestamp_column="mis à jour", name_column="feature.name", value_column="the value",
+    features=[{"name": "score", "type": "float"}, {"name": "n", "type": "int", "column": "n.count"}],
+)  # fmt: skip
+
+
+def test_a_long_layouts_key_time_name_and_value_columns_may_have_any_name(spark):
+    schema = "`region.name` string, `store ``id``` long, `feature.name` string, `the value` string, `mis à jour` timestamp, `jour ds` date"
+    rows = [
+        ("nyc", 1, "score", "1.5", at(1), D1), ("nyc", 1, "score", "2.5", at(2), D1), ("nyc", 1, "n.count", "7", at(1), D1),
+        ("nyc", 1, "score", "3.5", at(1), D2), ("sf", 2, "n.count", "x", at(1), D2),
+    ]  # fmt: skip
+    df = spark.createDataFrame(rows, schema).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    per_date = tf.long_features(df, ODD_LONG, STORE, per_date=True)
+    got = {(r["region.name"], r["store `id`"], r["jour ds"]): (r["score"], r["n"], r[tf.REASONS]) for r in per_date.collect()}
+    assert got == {
+        ("nyc", 1, D1): (2.5, 7, []),
+        ("nyc", 1, D2): (3.5, None, []),
+        ("sf", 2, D2): (None, None, ["n: not an integer within int64"]),
+    }
+    latest = tf.latest_good_date(tf.with_entity_id(per_date, ODD_LONG, STORE), ODD_LONG, STORE)
+    assert {r[tf.ENTITY_ID]: (r["score"], r["jour ds"], r[tf.AS_OF]) for r in latest.collect()} == {"nyc:1": (3.5, D2, 1795219200)}

@@ -53,7 +53,7 @@ KEPT_FEATURE_KEYS = (
     "compression",
 )
 """What an operator may add to an imported feature, kept by the next import."""
-KEPT_SOURCE_KEYS = ("schedule", "lookback_seconds", "expectations")
+KEPT_SOURCE_KEYS = ("schedule", "lookback_seconds", "on_tie", "expectations")
 """What an operator may add to an imported source, kept by the next import."""
 FILE_SOURCES = ("FileSource", "SparkSource")
 STREAMS = ("PushSource", "KafkaSource", "KinesisSource")
@@ -507,13 +507,14 @@ class _Mapper:
             select_by="event_time",
             timestamp_column=d.timestamp_column,
             created_column=d.created_column,
+            on_tie="keep_one",  # Feast writes one of an entity's tied rows, never fails a view
             key_columns=key_columns,
             max_age_seconds=d.max_age_seconds,
             features=d.features,
             description=d.view.get("description") or "",
         )
         try:
-            source = SourceDef(**spec, **kept)
+            source = SourceDef(**{**spec, **kept})
         except ValidationError:
             try:
                 source = SourceDef(**spec)
@@ -531,8 +532,13 @@ class _Mapper:
         on = f"entity type {et.name}" + (f" ({why})" if why else "")
         self.plan.lines.append(
             f"source {name} (feature view): {d.where_text}, {on}, select_by event_time, timestamp_column "
-            f"{d.timestamp_column}{created}{keys}, {ttl}, layout wide"
+            f"{d.timestamp_column}{created}{keys}, {ttl}, layout wide, on_tie {source.on_tie}"
         )
+        if source.on_tie == "keep_one":
+            d.notes.append(
+                "an entity's rows of one event time (and created time) with different values: one is written, as Feast "
+                "writes one, though maybe not the same one (here the same on every run); on_tie: fail stops the run instead"
+            )
         if d.max_age_seconds:
             d.notes.append(
                 "Feast's online reads return a value however old (its ttl bounds historical retrieval and the first "

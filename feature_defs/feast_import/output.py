@@ -68,7 +68,9 @@ def render(plan: Plan, repo: Path) -> dict[str, str]:
                 lines.append(f"    {key}: {_flow(value)}")
     files[ENTITIES] = "\n".join(lines) + "\n"
     for source in plan.sources:
-        data = source.model_dump(exclude_defaults=True, exclude_none=True)
+        full, data = source.model_dump(exclude_none=True), source.model_dump(exclude_defaults=True, exclude_none=True)
+        # on_tie is said even as the default (fail, set by hand): the next import keeps it
+        data = {k: data.get(k, v) for k, v in full.items() if k in data or k == "on_tie"}
         if source.location is not None:  # the format is said, Delta (the default) too
             data = {**{k: v for k, v in data.items() if k in ("name", "entity", "location")}, "format": source.format, **data}
         lines = [*head, "source:"]
@@ -141,7 +143,7 @@ def summary(plan: Plan, repo: Path, out: Path) -> str:
         "import again. An import keeps what an earlier one wrote that must not move (the entity types' prefixes",
         "and tables, the entity type of each source) and what was added by hand: `stored_as`, checks",
         "(`max_null_fraction`, `min_value`, `max_value`, `allowed_values`, `severity`, `max_length`), `compression`,",
-        "`max_bytes`, and a source's `schedule`, `lookback_seconds` and `expectations`.",
+        "`max_bytes`, and a source's `schedule`, `lookback_seconds`, `on_tie` and `expectations`.",
         "",
         f"The job reads these definitions with `definitions_dir: {out}` in the env's config (conf/README.md).",
         "",

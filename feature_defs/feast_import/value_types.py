@@ -35,7 +35,9 @@ SCALARS: dict[str, TypeChoice] = {
     "INT64": _choice("int"),
     "STRING": _choice("string"),
     "BOOL": _choice("bool"),
-    "UNIX_TIMESTAMP": _choice("int", "int: epoch seconds, as Feast's feature server returns it (the column must hold them as an integer)"),
+    "UNIX_TIMESTAMP": _choice(
+        "int", "int: epoch seconds, as Feast's feature server returns it (of a timestamp or date column: its UTC seconds, floored)"
+    ),
     "UUID": _choice("string", "string: the UUID's text, as Feast's feature server returns it"),
     "TIME_UUID": _choice("string", "string: the UUID's text, as Feast's feature server returns it"),
     "DECIMAL": _choice("string", "string: the decimal's text, as Feast stores and returns it"),
@@ -81,7 +83,9 @@ def feature_type(value_type: str, vector_length: int = 0) -> TypeChoice:
         if kind == "LIST" and vector_length > 0:
             lost = " (Float64 values kept as float32)" if base == "DOUBLE" else ""
             return _choice("embedding", f"embedding, dimension {vector_length}: Feast's vector_length{lost}", dimension=vector_length)
-        return _choice("json", "json: a JSON array of numbers (an embedding needs Feast's vector_length)")
+        if base == "FLOAT":
+            return _choice("float_list", "float_list, precision float32 (an embedding needs Feast's vector_length)", precision="float32")
+        return _choice("float_list", "float_list (an embedding needs Feast's vector_length)")
     return _LISTS.get(base, TypeChoice(None, f"no mapping for Feast's {value_type}"))
 
 

@@ -21,10 +21,11 @@ from pyspark.sql import functions as F
 
 from feature_defs import DefinitionError, Definitions
 from fm_config import RunConf
+from jobs import transforms as tf
 from jobs.event_time import date_window
 from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
 from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
-from jobs.operations.windows import ensure_window_ready, event_time_losses, incremental_window
+from jobs.operations.windows import ensure_window_ready, event_time_losses, incremental_window, read_window
 from jobs.operations.written_as import written_as_problems
 from jobs.pipeline.read import ensure_ready, source_rows
 from jobs.pipeline.report.summary import RunSummary
@@ -150,7 +151,7 @@ def plan_backfill(
     done = set() if force else set(written)
     horizon = max([end, *written])
     raw = open_source(spark, conf, source)
-    day = F.col(source.date_column)
+    day = tf.col(source.date_column)
     in_range = dated(raw, source.date_column, start, horizon, source=source.name)
     present = sorted(r[0] for r in source_rows(in_range, source).select(day).distinct().collect())  # dates: `dated` checked the column
     to_write = [d for d in present if d <= end and d not in done]
@@ -168,7 +169,9 @@ def plan_backfill(
         step_dates = sorted({d for s, e in plan.steps for d in plan.dates_of(s, e)})
         rows = in_range.where(day.isin(step_dates))
         columns = [f.source_column for f in source.features] if source.layout == "wide" else [source.value_column]
-        stats = rows.agg(F.count(F.lit(1)).alias("n"), F.avg(F.length(F.to_json(F.struct(*columns)))).alias("avg")).first()
+        stats = rows.agg(
+            F.count(F.lit(1)).alias("n"), F.avg(F.length(F.to_json(F.struct(*[tf.col(c) for c in columns])))).alias("avg")
+        ).first()
         plan.rows = stats["n"]
         plan.feature_bytes = int((stats["avg"] or 0) * plan.rows)
     return plan
@@ -245,6 +248,7 @@ def recorded_run(
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
     window = None
     if until is None:
+        check_date(end or start)  # a date past tomorrow: refused before the table is read, nothing recorded (as run_source does)
         window = date_window(start) if source.by_event_time else None
         ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
     elif not source.by_event_time:
@@ -254,6 +258,9 @@ def recorded_run(
         if until is not None:  # read under the lease: no other run of the source ends meanwhile
             check_until(until)
             window = incremental_window(source, ledger.source_steps(source.name), targets, until)
+        if window is not None:  # ends no later than now, before the table is read: later rows may yet arrive
+            window = read_window(source, window)
+        if until is not None or (window is not None and window.requested_end is not None):  # a date's rows may all be to come
             ensure_window_ready(spark, conf, source, window)
         problems = written_as_problems(source, ledger.write_steps(source.entity))
         if problems:
@@ -264,6 +271,7 @@ def recorded_run(
             encodings={f.stored_name: f.encoding for f in source.features},
             targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
             window_start=window and window.start, window_end=window and window.end,
+            window_requested_end=window and window.requested_end,
         )  # fmt: skip
         losses, notes = _check_stores(conf, defs, ledger, entry, writing or dates or [start], run_kwargs.get("redis_url"))
         rewritten: list[dt.date] = []

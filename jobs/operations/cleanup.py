@@ -181,7 +181,7 @@ def table_keys(
         except tf.SchemaDriftError as exc:
             return None, f"{ref}: {exc}"
         if exact:
-            present = {r[0] for r in on_dates(table, day_column, exact).select(day_column).distinct().collect()}
+            present = {r[0] for r in on_dates(table, day_column, exact).select(tf.col(day_column)).distinct().collect()}
             gone = [str(d) for d in exact if d not in present]
             if gone:
                 problem = f"{ref} no longer holds the dates {', '.join(gone)} that were written from it"

@@ -27,6 +27,7 @@ class SnapshotCounts:
     entities: int = 0
     snapshot_entities: int = 0
     conflicting_keys: int = 0
+    tied_keys_kept: int = 0
 
 
 @dataclass
@@ -78,7 +79,7 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
         # Partitions by entity key, as many as the size needs: each task's share (and the cached
         # blocks) stays the same size however large the snapshot; the de-duplication reuses it.
         partitions = max(conf.spark.shuffle_partitions, math.ceil(read["rows"] / conf.spark.rows_per_partition))
-        good_rows = good_rows.repartition(partitions, *tf.key_columns(source, entity))
+        good_rows = good_rows.repartition(partitions, *[tf.col(k) for k in tf.key_columns(source, entity)])
     checked = _checked(ctx, good_rows, unique).persist()
     counts = _count_checked(ctx, checked, read)
     written = checked
@@ -114,11 +115,11 @@ def _count_read(ctx: RunContext, tagged: DataFrame) -> dict:
     keys = [*tf.key_columns(source, ctx.entity), *dated]
     aggs = [F.count(F.lit(1)).alias("rows"), F.sum(bad.cast("long")).alias("bad")]
     if source.layout == "long":
-        defined = F.col(source.name_column).isin([f.source_column for f in source.features])
+        defined = tf.col(source.name_column).isin([f.source_column for f in source.features])
         aggs.append(F.sum((~bad & ~defined).cast("long")).alias("ignored"))
-        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*keys, source.name_column))).alias("latest"))
+        aggs.append(F.count_distinct(F.when(~bad & defined, F.struct(*[tf.col(k) for k in [*keys, source.name_column]]))).alias("latest"))
     else:
-        aggs.append(F.count_distinct(F.when(~bad, F.struct(*keys))).alias("latest"))
+        aggs.append(F.count_distinct(F.when(~bad, F.struct(*[tf.col(k) for k in keys]))).alias("latest"))
     read = {k: v or 0 for k, v in tagged.agg(*aggs).first().asDict().items()}
     read["duplicates"] = read["rows"] - read["bad"] - read.get("ignored", 0) - read["latest"]
     return read
@@ -150,6 +151,8 @@ def _count_checked(ctx: RunContext, checked: DataFrame, read: dict) -> SnapshotC
         F.sum((F.col(tf.CONFLICTS) > 0).cast("long")).alias("conflicts"),
     ).first()
     rows, value_bad = found["rows"], found["bad"] or 0
+    tied = found["conflicts"] or 0
+    keep_one = ctx.source.on_tie == "keep_one"  # ties are no conflict then: one row of each is written
     ignored = read.get("ignored", 0)
     kept = read["latest"] if ctx.source.layout == "long" else rows
     return SnapshotCounts(
@@ -159,7 +162,8 @@ def _count_checked(ctx: RunContext, checked: DataFrame, read: dict) -> SnapshotC
         superseded_rows=read["rows"] - read["bad"] - ignored - kept,
         entities=rows - value_bad,
         snapshot_entities=rows + read["bad"],
-        conflicting_keys=found["conflicts"] or 0,
+        conflicting_keys=0 if keep_one else tied,
+        tied_keys_kept=tied if keep_one else 0,
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from feature_defs import SourceDef
 from fm_config import RunConf
@@ -40,7 +39,7 @@ def source_rows(raw: DataFrame, source: SourceDef) -> DataFrame:
     """The rows of ``raw`` that belong to the source: a long layout's rows of its defined feature
     names (a table shared by several sources has rows of other names, which are not this source's)."""
     if source.layout == "long":
-        return raw.where(F.col(source.name_column).isin([f.source_column for f in source.features]))
+        return raw.where(tf.col(source.name_column).isin([f.source_column for f in source.features]))
     return raw
 
 

@@ -26,6 +26,7 @@ from fm_config import RunConf
 from fm_config.catalog import CATALOG_HELP
 from fm_config.locations import Location, is_uri
 from jobs.pipeline.gate.sql_text import ident
+from jobs.pipeline.parquet_files import MixedParquetTypes, read_parquet
 from jobs.source_errors import CatalogNotConfigured, CatalogUnavailable, SchemaDriftError, SourceNotFound, SourceUnreadable
 from jobs.transforms import date_problem
 
@@ -121,37 +122,14 @@ def open_table(spark: SparkSession, conf: RunConf, ref: TableRef) -> DataFrame:
     where = ref.location
     if where.is_local or where.startswith("file:"):
         _check_local(Path(where.local_path()), where, ref.format)
-    reader = spark.read.format(ref.format)
     try:
-        table = reader.load(str(where))
-        return _nanosecond_timestamps(spark, table) if ref.format == "parquet" else table
+        if ref.format == "parquet":  # each file in its own types (timestamp units, widened columns)
+            return read_parquet(spark, str(where))
+        return spark.read.format(ref.format).load(str(where))
+    except MixedParquetTypes:
+        raise
     except Exception as exc:  # noqa: BLE001 (Spark's AnalysisException or a Py4JJavaError: one line instead of a JVM trace)
         raise _location_error(exc, where, ref.format) from None
-
-
-def _nanosecond_timestamps(spark: SparkSession, table: DataFrame) -> DataFrame:
-    """Timestamps of nanoseconds as timestamps. pandas writes them (Feast's own example files
-    have them), and Spark refuses them unless read as their raw count (the session's
-    spark.sql.legacy.parquet.nanosAsLong, jobs/spark.py): such a column, a bigint here and
-    TIMESTAMP(NANOS) in a file's footer, becomes a timestamp again, to the microsecond."""
-    longs = [f.name for f in table.schema.fields if isinstance(f.dataType, T.LongType)]
-    files = table.inputFiles() if longs else []
-    if not files:
-        return table
-    jvm = spark.sparkContext._jvm
-    footer = jvm.org.apache.parquet.hadoop.ParquetFileReader.readFooter(
-        spark.sparkContext._jsc.hadoopConfiguration(), jvm.org.apache.hadoop.fs.Path(files[0])
-    )
-    nanos = {}
-    for field in footer.getFileMetaData().getSchema().getFields():
-        logical = field.getLogicalTypeAnnotation() if field.isPrimitive() else None
-        text = str(logical.toString()) if logical is not None else ""
-        if field.getName() in longs and text.startswith("TIMESTAMP(NANOS"):
-            nanos[field.getName()] = "timestamp" if text.endswith("true)") else "timestamp_ntz"  # true: UTC instants
-    for name, kind in nanos.items():
-        micros = F.expr(f"timestamp_micros(div({ident(name)}, 1000))")
-        table = table.withColumn(name, micros if kind == "timestamp" else micros.cast("timestamp_ntz"))
-    return table
 
 
 def _check_local(path: Path, where: Location, fmt: str) -> None:
@@ -254,7 +232,7 @@ def on_dates(
     if problem:
         raise SchemaDriftError(f"source {source!r}: {problem}" if source else problem)
     exact, spans = sorted(set(dates)), list(ranges)
-    day = F.col(column)
+    day = F.col(ident(column))  # quoted: a name may hold a dot
     if isinstance(df.schema[column].dataType, T.StringType):
         days = set(exact) | {a + dt.timedelta(days=n) for a, b in spans for n in range((b - a).days + 1)}
         kept = df.where(day.isin(sorted(d.isoformat() for d in days)) if days else F.lit(False))

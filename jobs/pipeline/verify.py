@@ -70,6 +70,9 @@ def same_value(feature: FeatureDef, found: Any, expected: Any) -> bool:
         return all(map(number, found)) and bool(np.array_equal(np.asarray(found, np.float32), np.asarray(expected, np.float32)))
     if feature.type == "int_list":
         return all(isinstance(v, int) and not isinstance(v, bool) for v in found) and found == list(expected)
+    if feature.type == "float_list":  # the SQL store's JSON holds a whole number as an integer: equal as numbers
+        width = np.float32 if feature.precision == "float32" else np.float64
+        return all(map(number, found)) and bool(np.array_equal(np.asarray(found, width), np.asarray(expected, width)))
     return all(isinstance(v, str) for v in found) and found == list(expected)
 
 

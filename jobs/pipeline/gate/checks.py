@@ -120,6 +120,7 @@ _TYPE_NAMES = {
     "embedding": "ArrayType",
     "int_list": "ArrayType",
     "string_list": "ArrayType",
+    "float_list": "ArrayType",
     "json": "StringType",  # canonical JSON text by then (jobs/json_values.py): no range or set checks apply
 }
 
@@ -135,9 +136,7 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
         Check(f"{c} not null", "expect_column_values_to_not_be_null", {"column": c, "mostly": tolerance})
         for c in key_columns(source, entity)
     ]
-    checks.append(
-        Check("entity key unique after de-duplication", "expect_column_values_to_be_in_set", {"column": CONFLICTS, "value_set": [0]})
-    )
+    checks.append(_unique_check(source))
     for f in source.features:
         checks.append(Check(f"{f.name} is {f.type}", "expect_column_values_to_be_of_type", {"column": f.name, "type_": _type_name(f)}))
         if f.type == "embedding":
@@ -182,6 +181,15 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
         label = f"{extra.type}({', '.join(f'{k}={v}' for k, v in extra.kwargs.items())})"
         checks.append(Check(label, extra.type, dict(extra.kwargs), extra.severity))
     return checks
+
+
+def _unique_check(source: SourceDef) -> Check:
+    """No key with tied versions (_conflicts: jobs/transforms.latest_per_key). With ``on_tie:
+    keep_one`` a tie keeps one row: the check passes (mostly 0) and still counts the keys."""
+    name, kwargs = "entity key unique after de-duplication", {"column": CONFLICTS, "value_set": [0]}
+    if source.on_tie == "keep_one":
+        return Check(f"{name} (on_tie: keep_one: a tie keeps one row)", "expect_column_values_to_be_in_set", {**kwargs, "mostly": 0.0})
+    return Check(name, "expect_column_values_to_be_in_set", kwargs)
 
 
 def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:

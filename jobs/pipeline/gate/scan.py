@@ -20,7 +20,7 @@ from feature_defs import SourceDef
 from jobs.pipeline.gate.sql_text import ident, literal
 
 NUMERIC = ("float", "int")
-LISTS = ("embedding", "int_list", "string_list")
+LISTS = ("embedding", "int_list", "string_list", "float_list")
 EXAMPLES = 20
 """Unexpected values listed per failed check (great-expectations' partial_unexpected_list)."""
 
@@ -182,4 +182,4 @@ def unexpected_examples(df: DataFrame, check) -> list:
     bad = _unexpected(check)
     if bad is None:
         return []
-    return [r[0] for r in df.where(F.expr(bad)).select(check.kwargs["column"]).limit(EXAMPLES).collect()]
+    return [r[0] for r in df.where(F.expr(bad)).select(F.col(ident(check.kwargs["column"]))).limit(EXAMPLES).collect()]

@@ -41,7 +41,9 @@ class RunSummary:
     snapshot_entities: int = 0
     """Entities after de-duplication, bad ones included: what the expectations count."""
     conflicting_keys: int = 0
-    """Keys with differing versions as recent as the one kept."""
+    """Keys with differing versions as recent as the one kept (on_tie: fail, the default)."""
+    tied_keys_kept: int = 0
+    """on_tie: keep_one: keys whose latest versions tied with different values; one of them was kept."""
     expectations: list[dict[str, Any]] = field(default_factory=list)
     """Each great-expectations check: name, expectation, severity, success, counts."""
     data_docs: str | None = None
@@ -147,6 +149,8 @@ class RunSummary:
         rows.append(("entities", f"{self.entities:,}"))
         if self.conflicting_keys:
             rows.append(("keys with conflicting versions", f"{self.conflicting_keys:,}"))
+        if self.tied_keys_kept:
+            rows.append(("keys with tied versions, one kept (on_tie: keep_one)", f"{self.tied_keys_kept:,}"))
         if self.expectations:
             failed = [e for e in self.expectations if not e["success"]]
             blocking = sum(e["severity"] == "blocking" for e in failed)
