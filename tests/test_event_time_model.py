@@ -1,0 +1,357 @@
+"""Event-time runs lose no row: a model-based test. Random arrivals of rows (late, early, at
+an existing event time with a created time before, equal to or after it, at the last
+window's end, still to come) between random runs (a date past, today, tomorrow or past the
+horizon; incremental, up to now, to an --until past, still to come or past the horizon; a
+run whose SQL write fails midway, then run again), through the ledger (``recorded_run``, as
+``materialize run`` runs a source), both stores read back raw after every run.
+
+The model is the documented rule alone (feature_defs/README.md "Selection by event time",
+jobs/README.md "Incremental runs and the ledger's windows", serializers/FORMAT.md "Writes"):
+a run of a date covers every event time up to the end of that date, an incremental run from
+the latest window end a succeeded run recorded less the lookback (everything, for the first)
+up to --until or now; neither ends after the time the run reads the table. A run writes, of
+its window's rows, each entity's latest by event time (then created time, a row without one
+losing), as of that event time in whole seconds; a store keeps what it holds when that is
+later. So each entity ends as its latest row among those some succeeded run's window held
+when it read the table. A failed run's window does not count; what it wrote stays. A date
+past tomorrow, an --until past the horizon or not after the window's start is refused, a
+window without rows is not ready: one line, nothing written or recorded.
+
+The failure midway is the SQL store refusing rows from its n-th insert on (a trigger), after
+Redis was written: a driver killed instead would leave its step ``running`` and its lease
+held for minutes; neither kind of step counts (tests/test_event_time.py has both).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass, field, replace
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from fm_config import QualityConf, RunConf
+from fm_config.redis import RedisSettings
+from fm_config.sql import SqlSettings
+from jobs import event_time
+from jobs.operations.backfill import recorded_run
+from jobs.operations.ledger import Ledger, aware, sink_targets
+from jobs.operations.windows import WindowError
+from jobs.pipeline.read import SourceNotReady
+from serializers import decode, field_id
+from serializers.horizon import FutureDateError
+from sinks.sql.config import sql_sink_config
+from sinks.sql.preflight import ensure_schema
+from stores.sql import connect
+
+from .test_event_time import FRESH, SCHEMA, epoch, write_events
+
+UTC = dt.UTC
+LOOKBACK = dt.timedelta(hours=1)
+ENTITIES = (1, 2, 3, 4)
+FEATURES = (("score", "float"), ("tag", "string"))
+NO_CREATED = dt.datetime.min.replace(tzinfo=UTC)
+
+# -- the steps (event times relative to B, the clock when the example starts: the runs cut
+# their windows at the driver's clock, so "today" and "still to come" mean what they say) --
+
+AGO = (2 * 1440 + 7, 1440 + 13, 240, 90, 40, 10)  # minutes before B: the last two within the lookback of a run at B
+AHEAD = (30, 150, 3 * 1440 + 5)  # minutes after B: still to come during the test; the last past the horizon
+arrival = st.one_of(
+    st.tuples(st.just("ago"), st.sampled_from(AGO), st.sampled_from((0, 250_000))),  # with sub-seconds or not
+    st.tuples(st.just("ahead"), st.sampled_from(AHEAD), st.just(0)),
+    st.tuples(st.just("edge"), st.sampled_from((0, -1)), st.just(0)),  # at the last window's end (the next window's), a second before
+    st.tuples(st.just("same"), st.integers(0, 20), st.just(0)),  # the event time of a row already there
+)
+created = st.sampled_from(("none", "earlier", "equal", "later"))
+row = st.tuples(st.sampled_from(ENTITIES), arrival, created, st.booleans())  # the last: a null score
+run = st.one_of(
+    st.tuples(st.just("date"), st.sampled_from((-2, -1, 0, 1, 2))),  # days from today
+    st.tuples(st.just("incremental"), st.sampled_from(("now", "past_far", "past_near", "ahead", "beyond"))),
+)
+UNTIL = {"past_far": -2 * 60, "past_near": -30, "ahead": 60, "beyond": 3 * 1440}  # minutes from B
+# a step: rows arrive (maybe none), then a run, whose SQL write may fail at its (n mod
+# entities written)-th row, then run again
+step = st.tuples(st.lists(row, max_size=3), run, st.one_of(st.none(), st.integers(0, 3)))
+
+
+@dataclass(frozen=True)
+class Row:
+    entity: int
+    score: float | None
+    tag: str
+    event: dt.datetime
+    created: dt.datetime | None
+
+    def rank(self) -> tuple:
+        return (self.event, self.created is not None, self.created or NO_CREATED)
+
+    def stored(self) -> tuple[dict, int]:
+        """What a store holds for it: its non-null features, as of its event time in whole seconds."""
+        return {k: v for k, v in (("score", self.score), ("tag", self.tag)) if v is not None}, epoch(self.event)
+
+
+@dataclass
+class Model:
+    base: dt.datetime
+    rows: list[Row] = field(default_factory=list)
+    ends: list[dt.datetime] = field(default_factory=list)  # of the succeeded runs' windows
+    stored: dict[int, Row] = field(default_factory=dict)
+
+    def add(self, entity: int, when: tuple, kind: str, null_score: bool) -> Row:
+        """A row arriving (the ``row`` strategy's draw); its values are its number, unique."""
+        what, n, micros = when
+        if what == "ago":
+            event = self.base - dt.timedelta(minutes=n) + dt.timedelta(microseconds=micros)
+        elif what == "ahead":
+            event = self.base + dt.timedelta(minutes=n)
+        elif what == "edge":
+            event = max(self.ends, default=self.base) + dt.timedelta(seconds=n)
+        else:
+            event = self.rows[n % len(self.rows)].event if self.rows else self.base
+        # the created time: none, or a minute before, equal to or a minute after the latest of the
+        # rows already at this event time (of any entity)
+        known = max((r.created for r in self.rows if r.event == event and r.created), default=None)
+        if kind == "later":
+            made = (known or self.base) + dt.timedelta(minutes=1)
+        elif kind == "earlier" and known:
+            made = known - dt.timedelta(minutes=1)
+        else:
+            made = known if kind == "equal" else None
+        number = len(self.rows) + 1
+        new = Row(entity, None if null_score else number + 0.25, f"row {number}", event, made)
+        # an entity's rows of one event and created time carry one version (different ones would
+        # be a conflict the gate refuses): a second is a copy
+        twin = next((r for r in self.rows if (r.entity, r.event, r.created) == (entity, event, made)), None)
+        new = replace(new, score=twin.score, tag=twin.tag) if twin else new
+        self.rows.append(new)
+        return new
+
+    def since(self) -> dt.datetime | None:
+        return max(self.ends, default=None)
+
+    def outcome(self, run: tuple, today: dt.date, now: dt.datetime) -> tuple[str, dt.datetime | None, dt.datetime]:
+        """(what the run does: ok, future, window, not ready; its window's start; the end asked for),
+        for a run reading the table at ``now``."""
+        if run[0] == "date":
+            day = today + dt.timedelta(days=run[1])
+            asked = event_time.date_window(day).end
+            if day > today + dt.timedelta(days=1):
+                return "future", None, asked
+            if not self.inside(asked - dt.timedelta(days=1), asked):  # no row of that day
+                return "not ready", None, asked
+            start = None
+        else:
+            asked = now if run[1] == "now" else self.base + dt.timedelta(minutes=UNTIL[run[1]])
+            if asked > dt.datetime.combine(today + dt.timedelta(days=2), dt.time(), tzinfo=UTC):
+                return "future", None, asked
+            since = self.since()
+            start = None if since is None else since - LOOKBACK
+            if start is not None and start >= min(asked, now):
+                return "window", start, asked
+        return ("ok" if self.inside(start, min(asked, now)) else "not ready"), start, asked
+
+    def inside(self, start: dt.datetime | None, end: dt.datetime) -> list[Row]:
+        return [r for r in self.rows if (start is None or r.event >= start) and r.event < end]
+
+    def written(self, start: dt.datetime | None, end: dt.datetime) -> dict[int, Row]:
+        """Each entity's row a run of [start, end) writes: its latest by event time, then created."""
+        out: dict[int, Row] = {}
+        for r in self.inside(start, end):
+            if r.entity not in out or r.rank() > out[r.entity].rank():
+                out[r.entity] = r
+        return out
+
+    def after(self, writes: dict[int, Row]) -> dict[int, Row]:
+        """The stores after those writes: a later stored as-of time stays, an equal one is replaced."""
+        stored = dict(self.stored)
+        for entity, r in writes.items():
+            if entity not in stored or epoch(r.event) >= epoch(stored[entity].event):
+                stored[entity] = r
+        return stored
+
+
+# -- the stores, read back raw --
+
+
+def redis_state(client) -> dict[int, tuple[dict, int]]:
+    out = {}
+    for entity in ENTITIES:
+        fields = client.hgetall(f"c:{entity}")
+        if not fields:
+            continue
+        as_of = int(fields.pop(FRESH))
+        values = {name: decode(kind, fields.pop(field_id(name))) for name, kind in FEATURES if field_id(name) in fields}
+        assert not fields, (entity, fields)  # nothing but the source's features and its freshness field
+        out[entity] = (values, as_of)
+    return out
+
+
+def sql_state(conn) -> dict[int, tuple[dict, int]]:
+    found = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = 'events'")
+    return {int(k): (json.loads(doc), epoch(as_of)) for k, doc, as_of in found}
+
+
+def expected(stored: dict[int, Row]) -> dict[int, tuple[dict, int]]:
+    return {entity: r.stored() for entity, r in stored.items()}
+
+
+def clock() -> dt.datetime:
+    return dt.datetime.now(UTC).replace(microsecond=0)
+
+
+def arm_crash(conn, at: int) -> None:
+    """The SQL store fails from its ``at``-th row inserted on: the rows before are committed
+    (a transaction per row here), the run fails midway, as a store going away would leave it."""
+    conn.execute("CREATE SEQUENCE crash_rows")
+    conn.execute(
+        "CREATE FUNCTION crash() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"IF nextval('crash_rows') >= {at} THEN RAISE EXCEPTION 'the store failed mid-write'; END IF; RETURN NEW; END $$"
+    )
+    conn.execute("CREATE TRIGGER crash BEFORE INSERT ON consumer_features FOR EACH ROW EXECUTE FUNCTION crash()")
+
+
+def disarm_crash(conn) -> None:
+    conn.execute("DROP TRIGGER crash ON consumer_features")
+    conn.execute("DROP FUNCTION crash()")
+    conn.execute("DROP SEQUENCE crash_rows")
+
+
+# -- the test --
+
+
+@settings(
+    max_examples=3, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(first=st.lists(row, min_size=1, max_size=3), steps=st.lists(step, min_size=1, max_size=3))
+# always among the examples: the first incremental run; rows arriving late within the lookback
+# (loaded by the next incremental run), later than it (left to a run of a date), at the last
+# window's end (the next window's); an --until still to come, cut at the read, whose SQL write
+# fails midway, run again; an --until before the window's start; a run of today, cut at its
+# read, loading the row later than the lookback and not the row still to come; a date past tomorrow
+@example(
+    first=[(1, ("ago", 240, 0), "none", False), (2, ("ago", 10, 0), "later", False)],
+    steps=[
+        ([], ("incremental", "now"), None),
+        (
+            [(1, ("ago", 90, 0), "none", False), (4, ("ago", 40, 0), "none", False), (3, ("edge", 0, 0), "none", True)],
+            ("incremental", "ahead"),
+            1,
+        ),
+        ([(2, ("ago", 40, 0), "none", False)], ("incremental", "past_far"), None),
+        ([(1, ("same", 0, 0), "later", False), (4, ("ahead", 30, 0), "none", False)], ("date", 0), None),
+        ([], ("date", 2), None),
+    ],
+)
+# a table holding only a row still to come: a run of today has nothing up to its read
+@example(
+    first=[(1, ("ahead", 30, 0), "none", False)],
+    steps=[([], ("date", 0), None), ([(2, ("ago", 10, 0), "none", False)], ("incremental", "now"), None)],
+)
+def test_event_time_runs_leave_both_stores_as_the_model_says(spark, tmp_path_factory, redis_server, pg_server, first, steps):
+    now = dt.datetime.now(UTC)
+    if now.time() >= dt.time(23, 55):  # "today" must stay today during the example
+        time.sleep((dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=UTC) - now).total_seconds() + 1)
+    root = tmp_path_factory.mktemp("event-model")
+    redis = redis_server.client()
+    redis.flushall()
+    with pg_server.connect() as conn:
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+    conf = RunConf(
+        env="test",
+        data_root=str(root),
+        ledger_root=str(root / "ledger"),
+        definitions_dir=str(root / "defs"),
+        quarantine_root=str(root / "quarantine"),
+        reports_dir=str(root / "reports"),
+        sinks=["redis", "cockroach"],
+        redis=RedisSettings(url=redis_server.url, password_env=None, sample_entities=10),
+        # a transaction per row: a failing insert leaves the rows before it written
+        sql=SqlSettings(dsn=pg_server.dsn, password_env=None, batch_rows=1, statements_per_transaction=1, retry_base_delay=0.01),
+        quality=QualityConf(expectations=False, verify_sample=10),
+    )
+    model = Model(base=clock())
+    rows = [model.add(e, w, c, n) for e, w, c, n in first]
+    defs = write_events(spark, root, [astuple(r) for r in rows], extra=f"  lookback_seconds: {int(LOOKBACK.total_seconds())}\n")
+    source, entity = defs.sources["events"], defs.entities["consumer"]
+    table = sql_sink_config(conf, source, entity, model.base.date())
+    with connect(table) as conn:
+        ensure_schema(conn, table)
+    ledger = Ledger(spark, root / "ledger")
+
+    def attempt(run: tuple, pg, crash_at: int | None = None) -> None:
+        """Run it, compare what it did and both stores with the model, and move the model on."""
+        today, before = dt.datetime.now(UTC).date(), clock()
+        what, start, asked = model.outcome(run, today, before)
+        day = today + dt.timedelta(days=run[1]) if run[0] == "date" else event_time.end_date(asked)
+        until = None if run[0] == "date" else asked
+        if crash_at is not None and what == "ok":
+            arm_crash(pg, 1 + crash_at % len(model.written(start, min(asked, before))))
+        recorded = ledger.source_steps("events")
+        try:
+            summary = recorded_run(spark, conf, defs, ledger, "run", "events", day, until=until)
+            error = None
+        except Exception as exc:  # noqa: BLE001 (compared with the model below)
+            summary, error = None, exc
+        finally:
+            if crash_at is not None and what == "ok":
+                disarm_crash(pg)
+        after = clock()
+        assert dt.datetime.now(UTC).date() == today, "the date changed during the step"
+        state = (redis_state(redis), sql_state(pg))
+        if what != "ok":  # refused, one clear line: nothing written, no window recorded
+            kind = {"future": FutureDateError, "window": WindowError, "not ready": SourceNotReady}[what]
+            assert isinstance(error, kind), (run, what, error)
+            assert ("in the future" if what == "future" else "'events'") in str(error) and "\n" not in str(error), error
+            assert state == (expected(model.stored),) * 2, (run, what)
+            assert ledger.source_steps("events") == recorded, (run, what)
+            return
+        steps_now = ledger.source_steps("events")
+        assert len(steps_now) == len(recorded) + 1, run
+        last = max(steps_now, key=lambda s: s["started_at"])
+        # the time the run read the table (the driver's clock) ends the window when the end asked for is later
+        end = _aware(last["window_end"])
+        assert end == asked if asked <= before else before <= end <= after, (run, end, asked, before, after)
+        writes = model.written(start, end)
+        failed = crash_at is not None and error is not None
+        if failed:  # midway: each entity of each store as before or as written
+            written = model.after(writes)
+            for held in state:
+                for e in ENTITIES:
+                    either = [expected(model.stored).get(e), expected(written).get(e)]
+                    assert held.get(e) in either, (run, e, held.get(e), either)
+            assert "the store failed mid-write" in str(error) and last["status"] == "failed", error
+        else:
+            model.stored = model.after(writes)
+            assert state == (expected(model.stored),) * 2, (run, model)
+            assert error is None and summary.status == "succeeded" and last["status"] == "succeeded", (run, error)
+            assert crash_at is None, f"{run}: the SQL store's write was to fail at its row {1 + crash_at % len(writes)}"
+        # the window recorded: the model's start; the end asked for, when it was cut
+        assert (_aware(last["window_start"]) if last["window_start"] else None) == start, (run, last)
+        assert (_aware(last["window_requested_end"]) if last["window_requested_end"] else None) == (asked if end < asked else None)
+        if failed:
+            attempt(run, pg)  # and run again
+        else:
+            model.ends.append(end)
+
+    # The source's leases held across the steps, as a backfill holds them across its own: each
+    # run's claim and release would be two Delta commits more (a third of a run's time here).
+    lease = ledger.leases(conf.lease.seconds).hold("events", sorted(sink_targets(conf).values()), "run")
+    with pg_server.connect() as pg, lease:
+        assert (redis_state(redis), sql_state(pg)) == ({}, {})
+        for arrivals, run_, crash_at in steps:
+            if arrivals:
+                new = [model.add(*r) for r in arrivals]
+                spark.createDataFrame([astuple(r) for r in new], SCHEMA).write.format("delta").mode("append").save(str(root / "events"))
+            attempt(run_, pg, crash_at)
+
+
+def astuple(r: Row) -> tuple:
+    return (r.entity, r.score, r.tag, r.event, r.created)
+
+
+def _aware(when) -> dt.datetime:
+    return aware(when.to_pydatetime() if hasattr(when, "to_pydatetime") else when)  # the ledger's reader may give pandas' Timestamp
