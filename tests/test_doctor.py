@@ -39,7 +39,8 @@ def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_roo
     assert {n: c.status for n, c in checks.items()} == dict.fromkeys(
         ["java", "delta jars", "source consumer_daily", "source store_features_long", "ledger", "leases", "quarantine", "reports",
          "redis transport", "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql",
-         "sql table consumer_features", "sql table store_features", "server port", "server auth"],
+         "sql table consumer_features", "sql table store_features", "redis description", "sql description", "server port",
+         "server auth"],
         "ok",
     ) | dict.fromkeys(
         # ready to run, not to serve: no reader credentials, no keys or tables yet, a Redis without

@@ -27,7 +27,7 @@ from sinks.sql.preflight import ensure_schema
 from throwaway.servers import _as_postgres, start_redis
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
-from .expected import expected_hash
+from .expected import entity_count, expected_hash
 from .test_redis_job import CONSUMER, DEFS, expected_consumers
 from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
 
@@ -44,7 +44,7 @@ def row(i: int) -> tuple:
 
 
 def assert_all_hashes_exact(client: redis.Redis) -> None:
-    assert client.dbsize() == N
+    assert entity_count(client) == N
     pipe = client.pipeline(transaction=False)
     for i in range(1, N + 1):
         pipe.hgetall(f"c:{i}")
@@ -142,7 +142,7 @@ def test_redis_down_fails_clearly_and_a_rerun_of_the_date_completes(spark, run_c
         assert f"127.0.0.1:{server.port}" in message  # says which server
         restarted = start_redis(tmp_path / "redis", *AOF, port=server.port)
         client = restarted.client()
-        assert 0 < client.dbsize() < N
+        assert 0 < entity_count(client) < N
         summary = run_source(spark, conf, defs, "tiny", DAY2)
         assert summary.status == "succeeded"
         assert_all_hashes_exact(client)

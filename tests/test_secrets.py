@@ -18,6 +18,7 @@ from sinks.redis.config import redis_sink_config
 from throwaway.servers import start_redis
 
 from .conftest import DAY2_STR, env_conf
+from .expected import entity_count
 
 REDIS_SECRET = "r3dis-S3cret-7f1c0e"
 SQL_SECRET = "pg-S3cret-91ab44"
@@ -88,9 +89,9 @@ def test_known_secrets_never_reach_outputs_reports_errors_plans_or_the_event_log
     assert main(run) == 0
     # the secrets worked: both stores hold the snapshot
     authed = redis.Redis(host="127.0.0.1", port=server.port, password=REDIS_SECRET)
-    assert authed.dbsize() > 0
+    assert entity_count(authed) > 0
     with psycopg.connect(pg_server.dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == authed.dbsize()
+        assert conn.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == entity_count(authed)
 
     # the plans named where the passwords are; each writer read them there
     plans = b"".join(shipped)

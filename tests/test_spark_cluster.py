@@ -40,7 +40,7 @@ from serializers import field_id
 from throwaway.cluster import start_cluster
 
 from .conftest import DAY2_STR, env_conf, short_lived_jvm_options
-from .expected import expected_hash
+from .expected import entity_count, expected_hash
 from .test_redis_job import CONSUMER
 from .test_sql_job import check_consumer_rows
 
@@ -267,7 +267,7 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
     # field byte for byte as the reference encoder writes it (read through redis-py's own
     # cluster client, not the job's routing).
     primaries = redis_cluster.primaries()
-    assert sum(redis_cluster.client(p).dbsize() for p in primaries) == len(expected)
+    assert sum(entity_count(redis_cluster.client(p)) for p in primaries) == len(expected)
     assert all(redis_cluster.client(p).dbsize() > 0 for p in primaries)
     reader = RedisCluster(host="127.0.0.1", port=primaries[0])
     for consumer_id, row in expected.items():
@@ -378,7 +378,7 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
 
     expected = expected_consumers(sample_root)
     client = server.client()
-    assert client.dbsize() == len(expected)
+    assert entity_count(client) == len(expected)
     for consumer_id, row in expected.items():
         assert client.hgetall(f"c:{consumer_id}") == expected_hash_of(row), f"c:{consumer_id}"
     assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)

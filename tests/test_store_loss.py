@@ -87,9 +87,12 @@ def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_name
     assert f"STORE LOST DATA: redis at {conf.redis.url} no longer holds {TINY}'s data of {DAY1}" in out
     assert "STORE LOST DATA: cockroach at postgresql://" in out and f"restore it: {restore}" in out
     assert f"restore it: {restore}" in err.splitlines()
-    redis_line = next(line for line in err.splitlines() if line.startswith("store lost data: redis"))
-    assert f"0 of 20 {TINY} entities sampled by the run of {DAY1} still hold its data; db 0 holds 0 keys, the run of {DAY1} left 40" in (
-        redis_line
+    redis_line = next(line for line in err.splitlines() if line.startswith("store lost data: redis"))  # 41: 40 entities, the description
+    assert (
+        f"0 of 20 {TINY} entities sampled by the run of {DAY1} still hold its data; db 0 holds 0 keys, the run of {DAY1} left 41"
+        in (  # 40 entities and the description
+            redis_line
+        )
     )
     sql_line = next(line for line in err.splitlines() if line.startswith("store lost data: cockroach"))
     assert sql_line.endswith(

@@ -20,7 +20,7 @@ from jobs.pipeline.run import run_source
 from serializers import field_id
 
 from .conftest import SAMPLE_DATES, tiny_consumer_source
-from .expected import expected_hash
+from .expected import entity_keys, expected_hash
 from .test_bad_values import as_of, same_json, written
 
 DAY = SAMPLE_DATES[1]
@@ -102,7 +102,7 @@ def test_a_source_of_1000_features_of_every_type_is_written_and_checked(spark, s
     assert summary.profile["f8"]["max"] == BAD_LISTS * 1000 + 8.25 and summary.profile["f11"]["null_fraction"] == 0.25
 
     # Redis, raw: exactly the good entities, each hash what the scalar encoder makes of its values
-    assert sorted(redis_db.scan_iter()) == [b"c:1", b"c:2"]
+    assert sorted(entity_keys(redis_db)) == [b"c:1", b"c:2"]
     stamp = int(as_of(DAY).timestamp())
     for e, values in good.items():
         assert redis_db.hgetall(f"c:{e}") == expected_hash(source.features, values, field_id("_ts:tiny"), stamp), e
