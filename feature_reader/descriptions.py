@@ -73,8 +73,8 @@ def fetch_sql(defs: Definitions, config) -> dict[str, Description | None]:
     with sql_connect(config) as conn:
         try:
             rows = conn.execute(sql.SQL(SELECT).format(table_identifier(SQL_TABLE, config.schema)), (sorted(tables),)).fetchall()
-        except psycopg.errors.UndefinedTable:
-            rows = []
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            rows = []  # no table yet, or a reader role granted before it (conf/base/sql-grants.sql): read as before
     found = from_sql(rows)
     return {entity: found.get(table) or None for table, entity in tables.items()}
 
@@ -104,14 +104,20 @@ class Verdicts:
         self.defs = defs
         self.refused: dict[str, dict[str, dict[str, str]]] = {}  # store -> source -> feature -> why
         self.undescribed: dict[str, list[str]] = {}  # store -> entity types
-        self.read_at: dict[str, float] = {}
+        self.read_at: dict[str, float] = {}  # store -> the last read of its description, or its last failure
+        self.ok_at: dict[str, float] = {}  # store -> the last read that succeeded
+        self.generation = 0  # changes whenever what is refused changes (rows masked before are not cached)
         self._lock = threading.Lock()
 
     def due(self, store: str, every: float, now: float) -> bool:
         return now - self.read_at.get(store, -1e18) >= every
 
+    def stale(self, store: str, every: float, now: float) -> bool:
+        """None read yet, or the last one that succeeded older than ``every``: not read by."""
+        return now - self.ok_at.get(store, -1e18) >= every
+
     def known(self, store: str) -> bool:
-        return store in self.read_at
+        return store in self.ok_at
 
     def update(self, store: str, found: Mapping[str, Description | None], now: float) -> bool:
         """Take a store's description as fetched; whether what is refused there changed."""
@@ -133,7 +139,9 @@ class Verdicts:
             changed = refused != self.refused.get(store, {})
             self.refused[store] = refused
             self.undescribed[store] = sorted(e for e in _names(self.defs) if found.get(e) is None)
-            self.read_at[store] = now
+            self.read_at[store] = self.ok_at[store] = now
+            if changed:
+                self.generation += 1
         return changed
 
     def mask(self, store: str, rows: dict[Unit, SourceRow]) -> dict[Unit, SourceRow]:
@@ -160,7 +168,7 @@ class Verdicts:
         and the undescribed entity types (nothing when every store agrees with the definitions)."""
         out = {}
         with self._lock:
-            for store in sorted(self.read_at):
+            for store in sorted(self.ok_at):
                 refused = sorted(w for by_feature in self.refused.get(store, {}).values() for w in by_feature.values())
                 undescribed = list(self.undescribed.get(store, []))
                 if refused or undescribed:

@@ -147,9 +147,10 @@ class _Core:
             got: dict[Key, SourceRow] = {}
             error: BaseException | None = None
             try:
-                start = time.perf_counter()
+                start, generation = time.perf_counter(), self.verdicts.generation
                 got = yield from self._read(claimed, features, store)
-                self._keep(got, time.perf_counter() - start)
+                if self.verdicts.generation == generation:  # else masked under verdicts since replaced: not kept
+                    self._keep(got, time.perf_counter() - start)
             except BaseException as exc:  # a cancelled caller (GeneratorExit, CancelledError) too
                 error = exc if isinstance(exc, Exception) else StoreError("the read was cancelled by its caller")
                 if not isinstance(exc, StoreError):
@@ -345,6 +346,12 @@ class _Base:
     def _description_due(self, name: str) -> bool:
         return self._core.verdicts.due(name, self.conf.reader.description_refresh_seconds, monotonic())
 
+    def _description_stale(self, name: str) -> bool:
+        """No description read yet, or the last one twice the interval old (no read refreshed
+        it, or the refreshes failed): not read by; a read waits for a new one, or fails as a
+        store failure (the fallback and stale values answer)."""
+        return self._core.verdicts.stale(name, 2 * self.conf.reader.description_refresh_seconds, monotonic())
+
     @property
     def refused_features(self) -> int:
         return self._core.verdicts.refused_features()
@@ -474,19 +481,20 @@ class FeatureReader(_Base):
     def _described(self, name: str) -> None:
         """The store's description, read when due: one caller reads it, the others go on with
         the one they have (they wait only for the first)."""
-        if not self._description_due(name):
+        stale = self._description_stale(name)
+        if not stale and not self._description_due(name):
             return
-        known = self._core.verdicts.known(name)
         lock = self._describing[name]
-        if not lock.acquire(blocking=not known):
+        if not lock.acquire(blocking=stale):
             return
         try:
-            if not self._description_due(name):
+            stale = self._description_stale(name)
+            if not stale and not self._description_due(name):  # another thread read it meanwhile
                 return
             try:
                 found = self._fetch_description(name)
             except StoreError:
-                if not known:
+                if stale:
                     raise
                 self._description_failed(name)
                 return
@@ -599,21 +607,22 @@ class AsyncFeatureReader(_Base):
     async def _described(self, name: str) -> None:
         """The store's description, read in a thread when due, one read at a time; only the
         first is waited for (later ones refresh in the background)."""
-        if not self._description_due(name):
+        stale = self._description_stale(name)
+        if not stale and not self._description_due(name):
             return
         task = self._describing_tasks.get(name)
         if task is None or task.done():
             task = self._describing_tasks[name] = asyncio.ensure_future(self._describe(name))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        if not self._core.verdicts.known(name):
-            await asyncio.shield(task)
+        if stale:
+            await asyncio.shield(task)  # none yet, or too old to read by (an idle reader): the read waits for it
 
     async def _describe(self, name: str) -> None:
-        known = self._core.verdicts.known(name)
+        stale = self._description_stale(name)
         try:
             found = await asyncio.to_thread(self._fetch_description, name)
         except StoreError:
-            if not known:
+            if stale:
                 raise
             self._description_failed(name)
             return

@@ -108,7 +108,7 @@ def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: 
 
 def _start_cluster(binary: str, workdir: Path, primaries: int, replicas: int, extra: tuple[str, ...], node_timeout_ms: int) -> LocalCluster:
     shutil.rmtree(workdir, ignore_errors=True)  # no nodes.conf of an earlier cluster
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)  # a try's nodes may still be writing in it as they stop
     cluster = LocalCluster(workdir, free_ports(primaries * (1 + replicas)))
     try:
         for port in cluster.ports:

@@ -15,7 +15,7 @@ from sinks.redis.config import redis_sink_config
 from sinks.redis.description import read_description
 from sinks.sql.config import sql_sink_config
 from sinks.sql.description import read_descriptions
-from stores.errors import TerminalError
+from stores.errors import TerminalError, TransientError
 from stores.sql import connect
 
 STORE_NAMES = {"redis": "redis", "cockroach": "sql"}
@@ -42,8 +42,11 @@ def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> li
         label = f"{STORE_NAMES[store]} description"
         try:
             found = _found(conf, defs, store)
-        except (TerminalError, redis.RedisError, psycopg.OperationalError, OSError):
+        except (TransientError, redis.ConnectionError, redis.TimeoutError, psycopg.OperationalError, OSError):
             continue  # the store's own check says it cannot be reached
+        except TerminalError as exc:  # e.g. an ACL without the description's key
+            checks.append(Check("fail", label, str(exc).splitlines()[0], "conf/base/redis-acl.txt, conf/base/sql-grants.sql"))
+            continue
         problems = []
         for source in defs.sources.values():
             held = found.get(source.entity, {})

@@ -41,12 +41,13 @@ def described_writes(
         with sql_connect(sql_sink) as conn:
             found["cockroach"] = read_descriptions(conn, sql_sink.schema, [sql_sink.table]).get(sql_sink.table, {})
     by_name = {f.stored_name: f for f in source.features}
+    taken = set(encodings).union(*found.values())  # one fresh name per feature, free in every store
     problems = []
     for store, held in found.items():
         for name, why in sorted(conflicts(held, source.name, encodings).items()):
             problems.append(
                 f"source {source.name!r}: feature {by_name[name].name!r}: {STORE_NAMES[store]} says its stored name {name!r} is "
-                f"{why}: give it fresh storage with `stored_as: {next_stored_name(name, set(held))}`, or change it back"
+                f"{why}: give it fresh storage with `stored_as: {next_stored_name(name, taken)}`, or change it back"
             )
     if problems:
         raise DefinitionError(problems)  # before either store is written

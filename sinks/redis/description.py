@@ -8,7 +8,7 @@ from __future__ import annotations
 import redis
 
 from serializers.description import Description, parse_redis, redis_key_of, redis_value
-from sinks.errors import TerminalSinkError
+from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.router import KeyRouter, is_cluster
 from stores.redis import connect
@@ -34,6 +34,8 @@ def _one(config: RedisSinkConfig, cluster: bool | None, add):
             f"redis: this user may not use {key.decode()!r}, the hash describing the entity type's keys "
             f"(serializers/FORMAT.md): add ~{key.decode()} to its ACL (conf/base/redis-acl.txt)"
         ) from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # a rerun may find it up: transient
+        raise TransientSinkError(f"redis: the description at {key.decode()!r}: {exc}") from exc
     except redis.RedisError as exc:
         raise TerminalSinkError(f"redis: the description at {key.decode()!r}: {exc}") from exc
     finally:

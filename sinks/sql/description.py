@@ -27,6 +27,6 @@ def read_descriptions(conn: psycopg.Connection, schema: str | None, tables: list
 
 
 def record_description(conn: psycopg.Connection, schema: str | None, table: str, entries: Description) -> None:
-    """Upsert ``entries`` of entity table ``table`` (one transaction: the caller's)."""
+    """Upsert ``entries`` of entity table ``table`` (each row on its own: the entries are independent)."""
     if entries:
         conn.cursor().executemany(sql.SQL(UPSERT).format(description_table(schema)), sql_rows(table, entries))
