@@ -446,3 +446,15 @@ def test_doctor_names_a_store_whose_description_disagrees_with_the_lock(tmp_path
             "consumer: 'z': the store holds 'bool evolving retired', which stored.lock does not record"
         )
     )
+    # after `defs --lock` retires 'a', before the next run: the store is behind the lock, not against it
+    folder = define(tmp_path / "defs2", {"b": ("string", "b")})
+    write_lock(folder, locked(load_definitions(folder, check_lock=False), defs.lock, dt.date(2026, 11, 28)))
+    entries = {"a": Held("int", "evolving"), "b": Held("string", "evolving")}
+    redis_server.client().delete("c")
+    record_redis(redis_sink_config(conf, source, defs.entities["consumer"]), entries, cluster=False)
+    with connect(sql_sink) as conn:
+        conn.execute("DELETE FROM stored_names")
+        record_sql(conn, None, "consumer_features", entries)
+    checks = check_descriptions(conf, load_definitions(folder), ["redis", "cockroach"])
+    agrees = "2 entity type(s) described; it agrees with the definitions and stored.lock; the next run records a as stored.lock says"
+    assert [(c.status, c.detail) for c in checks] == [("ok", agrees)] * 2

@@ -10,23 +10,12 @@ import redis
 from serializers.description import Description, parse_redis, redis_key_of, redis_value
 from sinks.errors import TerminalSinkError, TransientSinkError
 from sinks.redis.config import RedisSinkConfig
-from sinks.redis.router import KeyRouter, is_cluster
-from stores.redis import connect
-
-
-def _router(config: RedisSinkConfig, cluster: bool | None) -> KeyRouter:
-    if cluster is None:
-        probe = connect(config)
-        try:
-            cluster = is_cluster(probe)
-        finally:
-            probe.close()
-    return KeyRouter(config, cluster)
+from sinks.redis.router import KeyRouter, cluster_mode
 
 
 def _one(config: RedisSinkConfig, cluster: bool | None, add):
     key = redis_key_of(config.key_prefix)
-    router = _router(config, cluster)
+    router = KeyRouter(config, cluster_mode(config, cluster))
     try:
         return router.run([key], add)[0]
     except redis.exceptions.NoPermissionError as exc:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import redis
 
 from sinks.redis.config import RedisSinkConfig
-from sinks.redis.router import ClusterTopology, KeyRouter, is_cluster
+from sinks.redis.router import ClusterTopology, KeyRouter, cluster_mode
 from stores.redis import connect, node_address
 
 
@@ -35,12 +35,7 @@ def observe(config: RedisSinkConfig, cluster: bool | None = None) -> dict[str, A
     """The server(s) of ``config`` as they are now: ``{"servers": {address: run_id}, "db",
     "keys", "aof", "save", "rdb_last_save", "keys_loaded", "uptime"}`` (a cluster: keys and
     loaded keys summed over the primaries, the smallest uptime)."""
-    if cluster is None:
-        client = connect(config)
-        try:
-            cluster = is_cluster(client)
-        finally:
-            client.close()
+    cluster = cluster_mode(config, cluster)
     addresses: list[str | None] = list(ClusterTopology.discover(config).primaries) if cluster else [None]
     db = 0 if cluster else database(config.url)
     out: dict[str, Any] = {"servers": {}, "db": db, "keys": 0, "aof": False, "save": None, "rdb_last_save": 0, "keys_loaded": 0}

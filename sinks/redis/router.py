@@ -27,6 +27,17 @@ def is_cluster(client: redis.Redis) -> bool:
     return bool(int(client.info("cluster").get("cluster_enabled", 0)))
 
 
+def cluster_mode(config: RedisSinkConfig, cluster: bool | None) -> bool:
+    """``cluster`` when known, else whether the configured server says it runs in cluster mode."""
+    if cluster is not None:
+        return cluster
+    client = connect(config)
+    try:
+        return is_cluster(client)
+    finally:
+        client.close()
+
+
 @dataclass
 class ClusterTopology:
     """Which primary owns each slot, read with CLUSTER SLOTS from any node that answers."""
