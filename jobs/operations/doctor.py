@@ -47,12 +47,24 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
     if "cockroach" in sinks:
         steps.append(("sql", lambda: check_sql(conf, defs, sources)))
     steps.append(("stored data", lambda: check_stored_data(conf, defs, sources, sinks)))  # against the ledger
-    steps.append(("descriptions", lambda: check_descriptions(conf, defs, sinks)))  # against the lock and the definitions
+    # steps that yielded a FAIL: a Redis URL whose scheme its port does not speak is not asked
+    # again (each read would wait for its timeout)
+    failed: set[str] = set()
+    reached = {"redis": ("redis transport",), "cockroach": ()}
+    steps.append(
+        (
+            "descriptions",  # against the lock and the definitions
+            lambda: check_descriptions(conf, defs, [s for s in sinks if not failed.intersection(reached[s])]),
+        )
+    )
     steps += read_side_steps(conf, defs, sources, sinks)
     steps.append(("server", lambda: check_server(conf)))
     for name, step in steps:
         try:
-            yield from step()
+            for check in step():
+                if check.status == "fail":
+                    failed.add(name)
+                yield check
         except Exception as exc:  # noqa: BLE001 (a check that could not finish is a finding, not a crash)
             if missing := missing_extra(exc):  # e.g. doctor run where only the reader is installed
                 yield Check(
@@ -62,6 +74,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
                     f"{install_hint(missing[1])} (the {TITLES[missing[1]]} extra)",
                 )
                 continue
+            failed.add(name)
             yield Check("fail", name, f"could not check: {type(exc).__name__}: {str(exc).strip() or 'no message'}")
 
 
