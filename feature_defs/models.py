@@ -123,6 +123,10 @@ class FeatureDef(_Strict):
     """int_list/string_list: Snappy (default) or none; json, float_list: none (default) or Snappy."""
     max_bytes: PositiveInt | None = None
     """json only: a larger encoded value is bad input (default 65,536)."""
+    json_text_elements: bool | None = None
+    """json only: a column that is an array of strings holds each element's JSON text (Feast's
+    Array(Json)): the value is the array of those elements; an element that is not one JSON
+    value is bad input. Any other column is read as without it."""
     max_length: PositiveInt | None = None
     """string only: longer strings (in characters) are bad input."""
     max_null_fraction: Fraction | None = None
@@ -162,6 +166,7 @@ class FeatureDef(_Strict):
             "precision": {"float", "float_list"},
             "compression": {"int_list", "string_list", "json", "float_list"},
             "max_bytes": {"json"},
+            "json_text_elements": {"json"},
             "max_length": {"string"},
             "min_value": {"float", "int"},
             "max_value": {"float", "int"},

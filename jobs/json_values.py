@@ -98,11 +98,50 @@ def _canonical(name: str, max_bytes: int, values: pa.Array) -> pa.Array:
     return pa.StructArray.from_arrays([pa.array(shown, pa.string()), pa.array(reasons, pa.string())], names=["text", "problem"])
 
 
-def _canonical_of(name: str, max_bytes: int):
+def _joined_elements(name: str, values: pa.Array) -> tuple[pa.Array, list[str | None]]:
+    """Arrays of strings that are JSON texts (``json_text_elements``) as the JSON text of each array, and per
+    row why it is bad input: an element that is not one JSON value by itself (``1, 2`` would
+    splice two elements in) or not JSON at all. A null element is JSON's null."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    rows = values.to_pylist()
+    flat = [e for row in rows if row is not None for e in row if e is not None]
+    texts, problems = json_texts(pa.array(flat, pa.string()))
+    joined, reasons, at = [], [], 0
+    for row in rows:
+        if row is None:
+            joined.append(None)
+            reasons.append(None)
+            continue
+        parts, reason = [], None
+        for i, element in enumerate(row):
+            if element is None:
+                parts.append("null")
+                continue
+            text, problem = texts[at], problems[at]
+            at += 1
+            if problem is not None and reason is None:
+                reason = f"{name}: element {i}: {problem.reason}"
+            parts.append(text.decode("utf-8") if text is not None else "null")
+        joined.append(None if reason else "[" + ",".join(parts) + "]")
+        reasons.append(reason)
+    return pa.array(joined, pa.string()), reasons
+
+
+def _canonical_of(name: str, max_bytes: int, text_elements: bool = False):
     """:func:`_canonical` of one feature, as an Arrow UDF takes it (typed: Arrays to Arrays)."""
 
     def canonical(values: pa.Array) -> pa.Array:
-        return _canonical(name, max_bytes, values)
+        strings = pa.types.is_list(values.type) and pa.types.is_string(values.type.value_type)
+        if not (text_elements and strings):  # the option reads an array of strings; any other column as it is
+            return _canonical(name, max_bytes, values)
+        joined, reasons = _joined_elements(name, values)
+        made = _canonical(name, max_bytes, joined)
+        if not any(reasons):
+            return made
+        shown = [_as_text(v) if r else t for v, r, t in zip(values.to_pylist(), reasons, made.field("text").to_pylist())]
+        problems = [r or p for r, p in zip(reasons, made.field("problem").to_pylist())]
+        return pa.StructArray.from_arrays([pa.array(shown, pa.string()), pa.array(problems, pa.string())], names=["text", "problem"])
 
     return canonical
 
@@ -113,7 +152,7 @@ def canonical_json(df: DataFrame, source: SourceDef) -> tuple[DataFrame, list]:
     features. An Arrow UDF per json column: only that column goes through Python."""
     jsons = [f for f in source.features if f.type == "json"]
     for f in jsons:
-        made = F.arrow_udf(_canonical_of(f.name, f.options["max_bytes"]), "text string, problem string")
+        made = F.arrow_udf(_canonical_of(f.name, f.options["max_bytes"], bool(f.json_text_elements)), "text string, problem string")
         df = df.withColumn(_problem_column(f.name), made(F.col(f.name)))
         df = df.withColumn(f.name, F.col(_problem_column(f.name)).getField("text"))
     return df, [F.col(_problem_column(f.name)).getField("problem") for f in jsons]

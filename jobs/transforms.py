@@ -83,15 +83,15 @@ def _accepts(feature_type: str, found: T.DataType) -> bool:
         return isinstance(found, (*_INTEGRAL, *_TIMES))
     if feature_type == "bool":
         return isinstance(found, T.BooleanType)
-    if feature_type == "string":
-        return isinstance(found, T.StringType)
+    if feature_type == "string":  # a decimal: its exact text (decimal_text_sql)
+        return isinstance(found, (T.StringType, T.DecimalType))
     if not isinstance(found, T.ArrayType):
         return False
     element = found.elementType
     return {
         "embedding": isinstance(element, (T.FloatType, T.DoubleType)),
         "int_list": isinstance(element, _INTEGRAL),
-        "string_list": isinstance(element, T.StringType),
+        "string_list": isinstance(element, (T.StringType, T.DecimalType)),  # a decimal: its exact text
         "float_list": isinstance(element, (T.FloatType, T.DoubleType, *_INTEGRAL)),
     }[feature_type]
 
@@ -101,6 +101,23 @@ def epoch_seconds_sql(column: str, found: T.DataType) -> str:
     date: the last two read as UTC, the session's time zone): what an ``int`` feature reads from
     a time column, as Feast stores a UnixTimestamp feature and as the event time is stored."""
     return f"unix_seconds({column})" if isinstance(found, T.TimestampType) else f"unix_seconds(CAST({column} AS TIMESTAMP))"
+
+
+def decimal_text_sql(column: str, found: T.DecimalType) -> str:
+    """SQL for the exact text of a decimal, as Python's ``str(Decimal)`` and Java's
+    ``BigDecimal.toString`` write it (what Feast stores for a Decimal feature): plain, with every
+    digit of the scale, unless the value is below 1E-6 in magnitude, then in scientific notation
+    (``1.000E-7``, ``0E-10``). Spark's own cast always writes it plain."""
+    plain = f"CAST({column} AS STRING)"
+    if found.scale == 0:
+        return plain
+    digits = f"coalesce(nullif(regexp_replace(replace(CAST(abs({column}) AS STRING), '.', ''), '^0+', ''), ''), '0')"
+    adjusted = f"(length({digits}) - 1 - {found.scale})"
+    scientific = (
+        f"concat(if({column} < 0, '-', ''), substr({digits}, 1, 1), if(length({digits}) > 1, concat('.', substr({digits}, 2)), ''), "
+        f"'E', CAST({adjusted} AS STRING))"
+    )
+    return f"CASE WHEN {column} IS NULL THEN NULL WHEN {adjusted} >= -6 THEN {plain} ELSE {scientific} END"
 
 
 def key_columns(source: SourceDef, entity: EntityDef) -> list[str]:
@@ -286,6 +303,12 @@ def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date:
             continue
         if f.type == "int" and isinstance(found[f.source_column], _TIMES):  # every time has its seconds: nothing can fail
             typed[f.name] = epoch_seconds_sql(raw, found[f.source_column])
+            continue
+        if f.type == "string" and isinstance(found[f.source_column], T.DecimalType):  # every decimal has its text
+            typed[f.name] = decimal_text_sql(raw, found[f.source_column])
+            continue
+        if f.type == "string_list" and isinstance(getattr(found[f.source_column], "elementType", None), T.DecimalType):
+            typed[f.name] = f"transform({raw}, _d -> {decimal_text_sql('_d', found[f.source_column].elementType)})"
             continue
         typed[f.name] = f"try_cast({raw} AS {type_name})"
         # a failed cast is bad input: read as a null it would delete the stored value

@@ -411,3 +411,23 @@ def test_fuzzed_corrupt_bytes_are_refused_with_decode_error_or_read_as_a_value()
         assert decode("json", again) == value
 
     check()
+
+
+def test_an_array_of_json_texts_is_the_array_of_their_values_and_each_must_be_one_value():
+    # json_text_elements (Feast's Array(Json)): the job's Arrow step, as the Spark UDF calls it
+    from jobs.json_values import _canonical_of
+
+    canonical = _canonical_of("aj", 65536, text_elements=True)
+    rows = [['{"x": 1.0}', "[2]", None, ' "s" '], [], None, ["1, 2"], ["{"], ['"a"', "NaN"]]
+    made = canonical(pa.array(rows, pa.list_(pa.string())))
+    texts, problems = made.field("text").to_pylist(), made.field("problem").to_pylist()
+    assert texts[:3] == ['[{"x":1},[2],null,"s"]', "[]", None]
+    assert problems[:3] == [None, None, None]
+    # not one JSON value by itself (spliced in, "1, 2" would be two elements): bad input, shown as read
+    assert problems[3].startswith("aj: element 0: ") and texts[3] == '["1, 2"]'
+    assert problems[4].startswith("aj: element 0: ") and problems[5].startswith("aj: element 1: ")
+    # any other column is read as without the option: an array of strings stays one
+    plain = _canonical_of("aj", 65536)(pa.array([["[2]"]], pa.list_(pa.string())))
+    assert plain.field("text").to_pylist() == ['["[2]"]']
+    structs = canonical(pa.array([[{"a": 1}]], pa.list_(pa.struct([("a", pa.int64())]))))
+    assert structs.field("text").to_pylist() == ['[{"a":1}]']

@@ -194,3 +194,45 @@ def test_a_long_layouts_key_time_name_and_value_columns_may_have_any_name(spark)
     }
     latest = tf.latest_good_date(tf.with_entity_id(per_date, ODD_LONG, STORE), ODD_LONG, STORE)
     assert {r[tf.ENTITY_ID]: (r["score"], r["jour ds"], r[tf.AS_OF]) for r in latest.collect()} == {"nyc:1": (3.5, D2, 1795219200)}
+
+
+def test_a_string_over_a_decimal_column_is_the_decimals_exact_text_as_python_writes_it(spark):
+    from decimal import Decimal
+
+    from pyspark.sql import types as T
+
+    # Python's str(Decimal) (what Feast stores for a Decimal feature): plain down to 1E-6, below
+    # that scientific, every digit of the scale kept; Spark's own cast writes them all plain
+    scales = {0: ["0", "-12", "99999999999999999999"], 3: ["12.500", "-0.001", "0.000", "1000000.000"],
+              10: ["0.0000010000", "0.0000001000", "-0.0000000001", "0E-10", "123.4560000000", "-9.9999999999"]}  # fmt: skip
+    source = SourceDef(
+        name="tiny", entity="store", location="tiny", layout="wide", date_column="ds",
+        features=[{"name": f"d{s}", "type": "string"} for s in scales],
+    )  # fmt: skip
+    width = max(map(len, scales.values()))
+    rows = [("nyc", i, *(Decimal(v[i]) if i < len(v) else None for v in scales.values()), D2) for i in range(width)]
+    schema = T.StructType(
+        [T.StructField("region", T.StringType()), T.StructField("store_id", T.LongType())]
+        + [T.StructField(f"d{s}", T.DecimalType(20, s)) for s in scales]
+        + [T.StructField("ds", T.DateType())]
+    )
+    df = spark.createDataFrame(rows, schema).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    assert tf.schema_problems(df.schema, source, STORE) == []
+    got = {r["store_id"]: r for r in tf.wide_features(df, source, STORE).collect()}
+    for s, values in scales.items():
+        assert [got[i][f"d{s}"] for i in range(width)] == [str(Decimal(v)) for v in values] + [None] * (width - len(values)), s
+    assert [got[i]["d10"] for i in range(3)] == ["0.0000010000", "1.000E-7", "-1E-10"]  # the rule's edge, written out
+    assert all(r[tf.REASONS] == [] for r in got.values())
+
+    # an array of decimals under a string_list: each element so
+    lists = SourceDef(
+        name="tiny", entity="store", location="tiny", layout="wide", date_column="ds", features=[{"name": "ds10", "type": "string_list"}]
+    )
+    element = T.DecimalType(20, 10)
+    arrays = spark.createDataFrame(
+        [("nyc", 1, [Decimal(v) for v in scales[10]] + [None], D2), ("nyc", 2, None, D2)],
+        T.StructType([*schema.fields[:2], T.StructField("ds10", T.ArrayType(element)), T.StructField("ds", T.DateType())]),
+    ).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    assert tf.schema_problems(arrays.schema, lists, STORE) == []
+    got = {r["store_id"]: r["ds10"] for r in tf.wide_features(arrays, lists, STORE).collect()}
+    assert got == {1: [str(Decimal(v)) for v in scales[10]] + [None], 2: None}

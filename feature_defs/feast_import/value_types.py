@@ -62,8 +62,10 @@ _LISTS: dict[str, TypeChoice] = {
     "TIME_UUID": _choice("string_list", "string_list of the UUIDs' text"),
     "DECIMAL": _choice("string_list", "string_list of the decimals' text"),
     "BOOL": _choice("json", "json: a JSON array of booleans (no bool list type here)"),
-    "MAP": _choice("json", "json: a JSON array of objects"),
-    "JSON": _choice("json", "json: a JSON array"),
+    "MAP": _choice("json", "json: a JSON array of objects (of an array of strings: each one's JSON text)", json_text_elements=True),
+    "JSON": _choice(
+        "json", "json: a JSON array (of an array of strings: each one's JSON text, as Feast reads it)", json_text_elements=True
+    ),
     "STRUCT": _choice("json", "json: a JSON array of objects"),
     "BYTES": TypeChoice(None, _NO_BYTES),
     "UNIX_TIMESTAMP": TypeChoice(None, "no list type here holds timestamps"),
