@@ -13,7 +13,7 @@ trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
 "$PY" -m pytest -m "not spark" --basetemp "$work/other" "$@" > "$work/other.log" 2>&1 &
 other=$!
-{ PYTHONUNBUFFERED=1 "$PY" -m pytest -m spark --basetemp "$work/spark" "$@" 2>&1; echo $? > "$work/spark.rc"; } | sed -u 's/^/[spark] /' &
+{ PYTHONUNBUFFERED=1 "$PY" -m pytest -m spark -n "${SPARK_WORKERS:-2}" --dist loadfile --basetemp "$work/spark" "$@" 2>&1; echo $? > "$work/spark.rc"; } | sed -u 's/^/[spark] /' &
 spark=$!
 
 wait "$other"; other_rc=$?
