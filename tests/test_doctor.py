@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis
 
-from fm_config import SparkConf
+from fm_config import RunConf, SparkConf
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
@@ -46,9 +46,14 @@ def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_roo
         # ready to run, not to serve: no reader credentials, no keys or tables yet, a Redis without
         # persistence whose default user is open (loopback: warnings)
         ["reader redis", "redis keys", "redis persistence", "redis default user",
-         "reader sql consumer_features", "reader sql store_features"],
+         "reader sql", "reader sql consumer_features", "reader sql store_features"],
         "warn",
     )  # fmt: skip
+    # the suite's PostgreSQL user is a superuser, as the local demo's: said plainly
+    assert checks["reader sql"].detail == (
+        "reader.sql is not set: reads run as postgres, the writer's role, which is a superuser: it may write every table, "
+        "and files and programs on the server"
+    )
     info = redis_db.info("memory")
     assert f"of {int(info['maxmemory']):,} B used" in checks["redis memory"].detail and info["maxmemory"] == 256 * 2**20
     # consumer: the consumer_daily features and a freshness field; store: the long source's
@@ -171,7 +176,14 @@ def acl_grants(user: str) -> set[str]:
     return {a[1:].upper() for a in line if a.startswith("+")}
 
 
-def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf, acl_redis, sql_roles, pg_db, tmp_path):
+def write_surface(admin: redis.Redis) -> set[str]:
+    """What a reader's user must not run, as the server lists it: its @write and @dangerous
+    commands, INFO aside (fm_reader's ACL grants it), EVALSHA added (the writer's)."""
+    listed = {n.decode() for cat in ("write", "dangerous") for n in admin.execute_command("COMMAND LIST", "FILTERBY", "ACLCAT", cat)}
+    return listed - {"info"} | {"evalsha"}
+
+
+def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf, acl_redis, tmp_path):
     server, password = acl_redis
     admin = server.client()
     admin.acl_log_reset()
@@ -183,19 +195,19 @@ def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf,
         with_reader = conf.model_copy(update={"redis": redis_settings, "reader": ReaderSettings(redis=reader_redis)})
         return [c for c in run_checks(with_reader, DEFS, SOURCES, ["redis"]) if c.name == "reader redis"]
 
+    # the server's default user (no password, every command) may run ACL DRYRUN: it judges
+    surface = write_surface(admin)
     [ok] = reader_check(conf.redis, as_reader)
-    assert (
-        ok.status == "ok"
-        and ok.detail == "user fm_reader may read c:* and s:* and may not write them (HSET, HDEL, DEL, EXPIRE, SET, EVALSHA refused)"
-    )
+    assert (ok.status, ok.detail) == (
+        "ok", f"user fm_reader may read c:* and s:* and may run none of the {len(surface)} @write and @dangerous commands "
+        "(ACL DRYRUN as default)")  # fmt: skip
     # the writer's user as the reader's: what it may write is what its ACL line grants
-    writes = sorted(acl_grants("fm_writer") & {"HSET", "HDEL", "DEL", "EXPIRE", "SET", "EVALSHA"})
-    assert writes == ["EVALSHA", "EXPIRE", "HDEL", "HSET"]
+    writes = sorted(acl_grants("fm_writer") & {name.upper() for name in surface})
+    assert writes == ["EVALSHA", "EXPIRE", "HDEL", "HSET", "PERSIST"]
     [bad] = reader_check(conf.redis, {**as_reader, "username": "fm_writer"})
-    assert (
-        bad.status == "fail"
-        and bad.detail == f"reader.redis user fm_writer may write c:* and s:* ({', '.join(writes)}): reads need none of that"
-    )
+    assert (bad.status, bad.detail) == (
+        "fail", f"reader.redis user fm_writer may write with {', '.join(writes)}: reads need none of that (ACL DRYRUN as default)"
+    )  # fmt: skip
     assert "conf/base/redis-acl.txt" in bad.fix
     writer = RedisSettings(url=server.url, username="fm_writer", password_file=str(tmp_path / "pw"))
     [unset] = reader_check(writer, None)
@@ -213,12 +225,15 @@ def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf,
     assert password not in refused.detail
     # nothing was written, and what was refused was refused before it ran
     assert admin.dbsize() == 0
-    probes = {"hset", "hdel", "del", "expire", "set", "evalsha", "hmget", "scan", "config|get"}
+    # ACL DRYRUN is asked of the reader's user first; COMMAND LIST of fm_writer as the reader (another user lists them)
+    probes = {"hmget", "scan", "config|get", "acl|dryrun", "command|list"}
     assert {e["object"] for e in admin.acl_log() if e["reason"] == "command"} <= probes
 
-    # SQL: fm_reader may only SELECT the tables the schema step made
+
+def test_the_readers_sql_role_is_checked_can_read_and_cannot_write(run_conf, sql_roles, pg_db):
+    # fm_reader may only SELECT the tables the schema step made
     owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
-    sql_conf = conf.model_copy(
+    sql_conf = run_conf.model_copy(
         update={"sql": SqlSettings(dsn=sql_roles["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD"), "sinks": ["cockroach"]}
     )
     assert ensure_tables(sql_conf.model_copy(update={"sql": owner}), DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
@@ -230,7 +245,9 @@ def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf,
     as_sql_reader = {"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"}
     checks = sql_checks(as_sql_reader)
     assert (checks["reader sql consumer_features"].status, checks["reader sql consumer_features"].detail) == (
-        "ok", "role fm_reader may SELECT from consumer_features and not write it")  # fmt: skip
+        "ok", "role fm_reader may SELECT from consumer_features and nothing more (no other privilege on it, not its owner)")  # fmt: skip
+    assert (checks["reader sql"].status, checks["reader sql"].detail) == (
+        "ok", "role fm_reader is not a superuser nor a member of pg_write_server_files or pg_execute_server_program")  # fmt: skip
     assert (
         checks["reader sql store_features"].status == "warn"
         and "store_features is not there yet" in checks["reader sql store_features"].detail
@@ -245,6 +262,114 @@ def test_the_readers_credentials_are_checked_can_read_and_cannot_write(run_conf,
     pg_db.execute("REVOKE SELECT ON consumer_features FROM fm_reader")
     revoked = sql_checks(as_sql_reader)["reader sql consumer_features"]
     assert revoked.status == "fail" and revoked.detail == "role fm_reader may not SELECT from consumer_features: reads fail"
+    assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == 0
+
+
+# commands without keys that doctor_rights.py tries in a form their own checks refuse, or that only reads
+KEYLESS_TRIED = {
+    "flushall", "flushdb", "swapdb", "config|set", "function|delete", "function|flush", "function|load", "function|restore",
+    "acl|deluser", "acl|dryrun", "acl|log", "client|kill", "client|unblock", "client|pause", "client|no-evict", "client|list",
+    "bgsave", "replicaof", "slaveof", "failover", "latency|reset", "config|get", "acl|getuser", "latency|history", "latency|graph",
+    "latency|histogram", "acl|users", "acl|list", "slowlog|len", "lastsave", "role", "latency|latest", "latency|doctor", "module|list",
+}  # fmt: skip
+
+
+def test_a_readers_redis_user_is_judged_on_every_write_and_dangerous_command(acl_redis, tmp_path):
+    from jobs.operations.doctor_reads import check_reader_redis
+
+    server, password = acl_redis
+    (tmp_path / "pw").write_text(password)
+    admin = redis.Redis(host="127.0.0.1", port=server.port, username="admin", password=password)
+    server.client().execute_command("ACL", "SETUSER", "admin", "on", ">" + password, "~*", "&*", "+@all")
+    surface = write_surface(admin)
+    infos = dict(zip(sorted(surface), admin.execute_command("COMMAND INFO", *sorted(surface))))
+    writes = sorted(n for n in surface if b"@write" in infos[n][6] or n == "evalsha")
+
+    def judged(user: str, *rules: str):
+        if rules:
+            admin.execute_command("ACL", "SETUSER", user, "reset", "on", ">" + password, *rules)
+        reader = ReaderSettings(redis={"username": user, "password_file": str(tmp_path / "pw")})
+        conf = RunConf(redis=RedisSettings(url=server.url, password_env=None), sinks=["redis"], reader=reader)
+        [check], _ = check_reader_redis(conf, DEFS, SOURCES)
+        return check.status, check.detail
+
+    # the issue's reader: FLUSHALL, RENAME, HINCRBY and CONFIG GET besides its reads
+    loose = ("resetkeys", "~c", "~c:*", "~s", "~s:*", "-@all", "+hmget", "+ping", "+command", "+flushall", "+rename", "+hincrby",
+             "+config|get")  # fmt: skip
+    said = "may write with FLUSHALL, HINCRBY, RENAME and run @dangerous CONFIG GET: reads need none of that"
+    # judged by ACL DRYRUN as the server's default user (no password, every command)
+    assert judged("loose", *loose) == ("fail", f"reader.redis user loose {said} (ACL DRYRUN as default)")
+    # no user here may run ACL DRYRUN (the default user off; the writer's user is the same default): each command tried
+    admin.execute_command("ACL", "SETUSER", "default", "off")
+    tried = "each tried where Redis refuses it before it runs"
+    assert judged("loose") == ("fail", f"reader.redis user loose {said} ({tried})")
+    # the documented reader passes; the commands without keys and without a refused form are named as not tried
+    untried = sorted(n for n in surface if infos[n][3] == 0 and b"movablekeys" not in infos[n][2] and n not in KEYLESS_TRIED)
+    status, detail = judged("fm_reader")
+    assert status == "ok" and detail.startswith(
+        f"user fm_reader may read c:* and s:* and may run none of the {len(surface) - len(untried)} @write and @dangerous commands "
+        f"({tried}); {len(untried)} commands without keys ("
+    ), detail
+    assert detail.endswith(") were not tried: only ACL DRYRUN judges them without running them, and no user here may run it")
+    # a user that may run every command but ACL DRYRUN, on keys it may only read: every probe refused before it runs
+    admin.execute_command("ACL", "SETUSER", "wide", "on", ">" + password, "resetkeys", "%R~c", "%R~c:*", "%R~s", "%R~s:*", "+@all",
+                          "-acl|dryrun")  # fmt: skip
+    config, users = admin.config_get("*"), admin.acl_users()
+    status, detail = judged("wide")
+    shown = [n.replace("|", " ").upper() for n in writes[:10]]
+    assert status == "fail" and detail.startswith(f"reader.redis user wide may write with {', '.join(shown)} and {len(writes) - 10} more")
+    assert admin.dbsize() == 0 and admin.config_get("*") == config and admin.acl_users() == users
+    assert admin.execute_command("FUNCTION LIST") == [] and admin.script_exists(WRITE_SCRIPT_SHA) == [False]
+    # keys it may read anywhere: a write command could run on any key, so none is tried
+    status, detail = judged("everywhere", "resetkeys", "%R~*", "-@all", "+hmget", "+ping", "+command")
+    assert status == "warn" and "@write commands" in detail and "this user may read keys outside its prefixes" in detail
+    assert admin.dbsize() == 0
+
+
+def test_a_readers_sql_role_is_judged_on_every_privilege_ownership_and_the_file_roles(run_conf, sql_roles, pg_db):
+    from jobs.operations.doctor_reads import check_reader_sql
+
+    owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
+    conf = run_conf.model_copy(update={"sql": owner, "sinks": ["cockroach"]})
+    assert ensure_tables(conf, DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
+    reader = conf.model_copy(update={"reader": ReaderSettings(sql={"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"})})
+
+    def judged() -> dict[str, tuple[str, str]]:
+        return {c.name: (c.status, c.detail) for c in check_reader_sql(reader, DEFS, ["consumer_daily"])}
+
+    only = "reads need only SELECT"
+    pg_db.execute("GRANT TRUNCATE ON consumer_features TO fm_reader")
+    pg_db.execute("GRANT UPDATE (features) ON consumer_features TO fm_reader")  # one column is enough to change rows
+    pg_db.execute("GRANT pg_execute_server_program TO fm_reader")
+    assert judged() == {
+        "reader sql": ("fail", "reader.sql role fm_reader is a member of pg_execute_server_program: runs programs on the server "
+                       f"(COPY ... TO PROGRAM): {only}"),
+        "reader sql consumer_features": ("fail", f"reader.sql role fm_reader may UPDATE, TRUNCATE consumer_features: {only}"),
+    }  # fmt: skip
+    pg_db.execute("REVOKE TRUNCATE, UPDATE ON consumer_features FROM fm_reader")
+    pg_db.execute("REVOKE UPDATE (features) ON consumer_features FROM fm_reader")
+    pg_db.execute("GRANT pg_write_server_files TO fm_reader")
+    pg_db.execute("ALTER TABLE consumer_features OWNER TO fm_reader")
+    assert judged() == {
+        "reader sql": ("fail", "reader.sql role fm_reader is a member of pg_execute_server_program: runs programs on the server "
+                       "(COPY ... TO PROGRAM); is a member of pg_write_server_files: writes files on the server (COPY ... TO a file): "
+                       f"{only}"),
+        "reader sql consumer_features": ("fail", "reader.sql role fm_reader may INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER "
+                                         f"consumer_features and owns consumer_features: {only}"),
+    }  # fmt: skip
+    pg_db.execute("ALTER TABLE consumer_features OWNER TO fm_schema")  # fm_reader's own grants went with the table
+    pg_db.execute("GRANT SELECT ON consumer_features TO fm_reader")
+    pg_db.execute("REVOKE pg_execute_server_program, pg_write_server_files FROM fm_reader")
+    pg_db.execute("ALTER ROLE fm_reader SUPERUSER")
+    try:
+        assert judged() == {
+            "reader sql": ("fail", "reader.sql role fm_reader is a superuser: it may write every table, and files and programs on the "
+                           f"server: {only}"),
+            "reader sql consumer_features": ("fail", f"reader.sql role fm_reader may write consumer_features (a superuser): {only}"),
+        }  # fmt: skip
+    finally:
+        pg_db.execute("ALTER ROLE fm_reader NOSUPERUSER")
+    assert judged()["reader sql consumer_features"][0] == "ok"
     assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == 0
 
 

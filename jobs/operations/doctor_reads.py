@@ -3,20 +3,19 @@ connect with, and what a Redis they read from holds and risks.
 
 Nothing is written, and no check needs an admin user:
 
-- The reader's Redis user is probed with commands that could not change anything even if
-  they were allowed: Redis checks a command's ACL before running it, and each probe, when
-  run, is a no-op on a key that cannot exist (a random name under each entity's prefix):
-  ``HDEL``/``DEL``/``EXPIRE`` of a missing key, ``HSET`` with an odd number of arguments
-  and ``SET ... NX XX`` (refused by the command itself, after the ACL check), ``EVALSHA``
-  of a script that is not loaded. ``NOPERM`` means refused; any other answer, allowed.
-  (``ACL DRYRUN`` and ``ACL GETUSER`` would say the same but need an admin user.)
-- The reader's SQL role is asked ``has_table_privilege`` in a read-only session.
+- The reader's Redis user: ``HMGET`` and ``PING`` of a key that cannot exist (a random name
+  under each entity's prefix); then every ``@write`` and ``@dangerous`` command, judged by
+  ``ACL DRYRUN`` where some user here may run it, else run where Redis refuses it before it
+  runs (doctor_rights.py).
+- The reader's SQL role, in a read-only session: superuser, membership in the roles that
+  write files or run programs, and per table every privilege beyond ``SELECT`` and
+  ownership (doctor_rights.py).
 - ``rediss://`` at a plain port, or ``redis://`` at a TLS one, is found by sending ``PING``
   in plain text on a socket of its own: a plain Redis answers RESP, a TLS one closes it.
 - Whether the database holds the project's keys: ``SCAN MATCH <prefix>*`` (bounded) when
   the user may, else ``INFO keyspace`` (conf/base/redis-acl.txt grants no SCAN).
 - Persistence: ``CONFIG GET`` when the user may, else ``INFO persistence``.
-- The default user: a connection without credentials, then the same no-op probes plus
+- The default user: a connection without credentials, then HSET with an odd argument count and
   ``CONFIG SET`` of a parameter that does not exist.
 """
 
@@ -32,6 +31,7 @@ from urllib.parse import urlsplit
 from feature_defs import Definitions
 from fm_config import RunConf
 from jobs.operations.check import Check, Status
+from jobs.operations.doctor_rights import FILE_ROLES, RedisRights, redis_rights, sql_role_powers, sql_table_rights
 
 LEAST_PRIVILEGE = "conf/README.md 'Least privilege'"
 SCAN_BATCHES = 10
@@ -144,21 +144,6 @@ def _port_speaks(host: str, port: int) -> str:
 # -- Redis: the reader's user can read and cannot write ----------------------------------------
 
 
-WRITES = ("HSET", "HDEL", "DEL", "EXPIRE", "SET", "EVALSHA")
-
-
-def _write_probes(key: bytes) -> list[tuple]:
-    """Writes that change nothing even when allowed (see the module's docstring)."""
-    return [
-        ("HSET", key, b"f", b"v", b"odd-argument-count"),
-        ("HDEL", key, b"f"),
-        ("DEL", key),
-        ("EXPIRE", key, 1),
-        ("SET", key, b"v", b"NX", b"XX"),
-        ("EVALSHA", "0" * 40, 1, key),
-    ]
-
-
 def probe(client, *args) -> bool:
     """Whether this user may run ``args`` (False: refused with NOPERM before it ran)."""
     import redis
@@ -185,37 +170,32 @@ def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> 
     from serializers.keys import key_prefix
     from stores.redis import connect, server_address
 
-    creds = conf.reader.redis
     rconf = conf.reader_redis_connection()  # a missing password fails here, naming where it was looked for
     user = rconf.username or "default"
-    where = server_address(rconf.url)
     client = connect(rconf, socket_timeout=5.0)
     try:
         try:
             client.ping()
         except redis.AuthenticationError as exc:
-            section = "reader.redis" if creds else "redis"
+            section = "reader.redis" if conf.reader.redis else "redis"
             return [
                 Check(
                     "fail",
                     "reader redis",
-                    f"{where}: user {user}: authentication refused ({exc})",
+                    f"{server_address(rconf.url)}: user {user}: authentication refused ({exc})",
                     f"check {section}.username and the password in {section}.password_env/_file",
                 )
             ], False
         except redis.ConnectionError as exc:
+            where = server_address(rconf.url)
             return [Check("fail", "reader redis", f"{where}: cannot connect ({exc})", "start Redis or fix redis.url")], False
         except redis.exceptions.NoPermissionError:
             pass  # PING refused: the reader's health check would fail, said below
-        entities = {defs.entity_of(defs.source(s)).prefix for s in sources}
-        unreadable, writable = [], set()
-        for prefix in sorted(entities):
-            key = _probe_key(conf, prefix)
-            if not probe(client, "HMGET", key, b"f"):
-                unreadable.append(key_prefix(prefix, conf.redis.namespace) + "*")
-            writable |= {args[0] for args in _write_probes(key) if probe(client, *args)}
-        pattern = " and ".join(key_prefix(p, conf.redis.namespace) + "*" for p in sorted(entities))
+        prefixes = sorted({defs.entity_of(defs.source(s)).prefix for s in sources})
+        keys = [_probe_key(conf, prefix) for prefix in prefixes]
+        unreadable = [key_prefix(p, conf.redis.namespace) + "*" for p, key in zip(prefixes, keys) if not probe(client, "HMGET", key, b"f")]
         other = [] if probe(client, "PING") else ["PING (the server's /health)"]
+        rights = redis_rights(client, user, _judges(conf, rconf), keys[0])
     finally:
         client.close()
     checks = []
@@ -229,29 +209,48 @@ def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> 
                 f"grant the fm_reader ACL (conf/base/redis-acl.txt, {LEAST_PRIVILEGE})",
             )
         )
-    written = ", ".join(sorted(writable))
-    if creds is None:
-        checks.append(
-            Check(
-                "warn",
-                "reader redis",
-                f"reader.redis is not set: reads run as {user}, the writer's user"
-                + (f", which may also write {pattern} ({written})" if writable else ""),
-                f"create the fm_reader user (conf/base/redis-acl.txt) and set reader.redis ({LEAST_PRIVILEGE})",
-            )
-        )
-    elif writable:
-        checks.append(
-            Check(
-                "fail",
-                "reader redis",
-                f"reader.redis user {user} may write {pattern} ({written}): reads need none of that",
-                f"give it the fm_reader ACL (conf/base/redis-acl.txt, {LEAST_PRIVILEGE})",
-            )
-        )
-    if not checks:
-        checks.append(Check("ok", "reader redis", f"user {user} may read {pattern} and may not write them ({', '.join(WRITES)} refused)"))
-    return checks, True
+    pattern = " and ".join(key_prefix(p, conf.redis.namespace) + "*" for p in prefixes)
+    return checks + _reader_redis_rights(conf, user, pattern, rights, not checks), True
+
+
+def _judges(conf: RunConf, rconf) -> list[Callable]:
+    """Other connections that may run ACL DRYRUN for the reader's user: the writer's user
+    (when the reader has its own), the default user without a password."""
+    from stores.redis import connect
+
+    writer = [lambda: connect(conf.redis_connection(), socket_timeout=5.0)] if conf.reader.redis else []
+    return [*writer, lambda: connect(replace(rconf, username=None, password=None, secret=None), socket_timeout=5.0)]
+
+
+def _few(names: list[str], shown: int = 10) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _reader_redis_rights(conf: RunConf, user: str, pattern: str, rights: RedisRights | None, reads: bool) -> list[Check]:
+    """What the reader's user may change: @write and @dangerous commands (doctor_rights.py)."""
+    fix = f"give it the fm_reader ACL (conf/base/redis-acl.txt, {LEAST_PRIVILEGE})"
+    if rights is None:
+        return [Check("warn", "reader redis", f"user {user}: whether it may write was not judged: no user here may list the commands "
+                      "(COMMAND)", "grant +command as fm_reader's ACL does (conf/base/redis-acl.txt)")]  # fmt: skip
+    writes = [c for c in rights.allowed if c in rights.writes]
+    dangerous = [c for c in rights.allowed if c not in rights.writes]
+    said = " and ".join([f"write with {_few(writes)}"] * bool(writes) + [f"run @dangerous {_few(dangerous)}"] * bool(dangerous))
+    if conf.reader.redis is None:
+        create = f"create the fm_reader user (conf/base/redis-acl.txt) and set reader.redis ({LEAST_PRIVILEGE})"
+        detail = f"reader.redis is not set: reads run as {user}, the writer's user" + (f", which may also {said}" if said else "")
+        return [Check("warn", "reader redis", detail, create)]
+    if said:
+        return [Check("fail", "reader redis", f"reader.redis user {user} may {said}: reads need none of that ({rights.how})", fix)]
+    untried = [c for c in rights.untried if c in rights.writes]
+    if untried:
+        detail = f"user {user}: {len(untried)} @write commands ({_few(untried, 5)}) could not be judged: {rights.why_untried}"
+        return [Check("warn", "reader redis", detail, fix)]
+    tried = rights.commands - len(rights.untried)
+    detail = f"may run none of the {tried} @write and @dangerous commands ({rights.how})"
+    if rights.untried:
+        why = rights.why_untried if rights.dryrun else "only ACL DRYRUN judges them without running them, and no user here may run it"
+        detail += f"; {len(rights.untried)} commands without keys ({_few(rights.untried, 3)}) were not tried: {why}"
+    return [Check("ok", "reader redis", f"user {user} may read {pattern} and {detail}")] if reads else []
 
 
 # -- Redis: the database holds the project's keys, persistence, the default user ------------
@@ -411,68 +410,52 @@ def check_reader_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> li
     from sinks.sql.config import sql_sink_config
     from stores.sql import connect
 
-    creds = conf.reader.sql
     sconf = conf.reader_sql_connection()
-    info = conninfo_to_dict(sconf.dsn)
-    role = info.get("user", "?")
+    role = conninfo_to_dict(sconf.dsn).get("user", "?")
     try:
         conn = connect(sconf)
     except Exception as exc:  # noqa: BLE001 (a refused login is this check's finding)
-        section = "reader.sql" if creds else "sql"
+        section = "reader.sql" if conf.reader.sql else "sql"
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return [Check("fail", "reader sql", f"role {role}: cannot connect ({text})", f"check {section} and its password")]
-    checks: list[Check] = []
     with conn:
         conn.execute("SET default_transaction_read_only = on")  # nothing this session does can write
-        tables = sorted({defs.entity_of(defs.source(s)).sql_table for s in sources})
-        for table in tables:
+        superuser, powers = sql_role_powers(conn)
+        checks = [_reader_sql_role(conf, role, superuser, powers)]
+        for table in sorted({defs.entity_of(defs.source(s)).sql_table for s in sources}):
             config = replace(sql_sink_config(conf), table=table)
-            row = conn.execute(
-                "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'INSERT'), has_table_privilege(c.oid, 'UPDATE'), "
-                "has_table_privilege(c.oid, 'DELETE') "
-                "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE c.relname = %s AND n.nspname = COALESCE(%s, current_schema())",
-                (config.table, config.schema),
-            ).fetchone()
-            if row is None:
-                checks.append(
-                    Check(
-                        "warn",
-                        f"reader sql {table}",
-                        f"{config.table_name} is not there yet: reads from the SQL store fail until a run (or materialize schema) makes it",
-                    )
-                )
-                continue
-            may_read, *writes = row
-            writable = [name for name, ok in zip(("INSERT", "UPDATE", "DELETE"), writes) if ok]
-            if not may_read:
-                checks.append(
-                    Check(
-                        "fail",
-                        f"reader sql {table}",
-                        f"role {role} may not SELECT from {config.table_name}: reads fail",
-                        f"grant the fm_reader role's SELECT (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})",
-                    )
-                )
-            elif writable and creds is None:
-                checks.append(
-                    Check(
-                        "warn",
-                        f"reader sql {table}",
-                        f"reader.sql is not set: reads run as {role}, the writer's role, "
-                        f"which may {', '.join(writable)} {config.table_name}",
-                        f"create the fm_reader role (conf/base/sql-grants.sql) and set reader.sql ({LEAST_PRIVILEGE})",
-                    )
-                )
-            elif writable:
-                checks.append(
-                    Check(
-                        "fail",
-                        f"reader sql {table}",
-                        f"reader.sql role {role} may {', '.join(writable)} {config.table_name}: reads need only SELECT",
-                        f"give it the fm_reader role's grants only (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})",
-                    )
-                )
-            else:
-                checks.append(Check("ok", f"reader sql {table}", f"role {role} may SELECT from {config.table_name} and not write it"))
+            rights = sql_table_rights(conn, config.table, config.schema)
+            checks.append(_reader_sql_table(conf, role, f"reader sql {table}", config.table_name, rights, superuser))
     return checks
+
+
+def _reader_sql_role(conf: RunConf, role: str, superuser: bool, powers: list[str]) -> Check:
+    """Whether the reader's role may write anything whatever the tables' grants: a superuser,
+    or a member of the roles that write files or run programs on the server."""
+    said = "is a superuser: it may write every table, and files and programs on the server" if superuser else "; ".join(powers)
+    if said and conf.reader.sql is None:
+        create = f"create the fm_reader role (conf/base/sql-grants.sql) and set reader.sql ({LEAST_PRIVILEGE})"
+        return Check("warn", "reader sql", f"reader.sql is not set: reads run as {role}, the writer's role, which {said}", create)
+    if said:
+        fix = f"give it the fm_reader role's grants only (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})"
+        return Check("fail", "reader sql", f"reader.sql role {role} {said}: reads need only SELECT", fix)
+    return Check("ok", "reader sql", f"role {role} is not a superuser nor a member of {' or '.join(FILE_ROLES)}")
+
+
+def _reader_sql_table(conf: RunConf, role: str, name: str, table: str, rights, superuser: bool) -> Check:
+    if rights is None:
+        return Check("warn", name, f"{table} is not there yet: reads from the SQL store fail until a run (or materialize schema) makes it")
+    may_read, privileges, owner = rights
+    if not may_read:
+        fix = f"grant the fm_reader role's SELECT (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})"
+        return Check("fail", name, f"role {role} may not SELECT from {table}: reads fail", fix)
+    said = " and ".join([f"may {', '.join(privileges)} {table}"] * bool(privileges) + [f"owns {table}"] * owner)
+    if superuser:
+        said = f"may write {table} (a superuser)"
+    if said and conf.reader.sql is None:
+        create = f"create the fm_reader role (conf/base/sql-grants.sql) and set reader.sql ({LEAST_PRIVILEGE})"
+        return Check("warn", name, f"reader.sql is not set: reads run as {role}, the writer's role, which {said}", create)
+    if said:
+        fix = f"give it the fm_reader role's grants only (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})"
+        return Check("fail", name, f"reader.sql role {role} {said}: reads need only SELECT", fix)
+    return Check("ok", name, f"role {role} may SELECT from {table} and nothing more (no other privilege on it, not its owner)")
