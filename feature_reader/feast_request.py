@@ -52,6 +52,8 @@ def parse_body(body: bytes | str) -> dict[str, Any]:
         data = json.loads(raw, parse_int=_exact_int, parse_constant=_not_json) if _LONG_NUMBER.search(raw) else orjson.loads(raw)
     except ValueError as exc:  # orjson.JSONDecodeError and json.JSONDecodeError are ValueErrors
         raise RequestError(f"the request body is not JSON: {shown(str(exc), 200)}") from None
+    except RecursionError:  # the json module's parse of a body nested past Python's recursion limit
+        raise RequestError("the request body is not JSON: depth limit exceeded") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object with 'features' (or 'feature_service') and 'entities'")
     unknown = sorted(set(data) - FEAST_FIELDS - IGNORED - OURS)

@@ -4,7 +4,7 @@ server facing hostile clients needs.
 uvicorn writes a response's head and its body with two writes, and the event loop sends
 each at once: two system calls and two TCP segments per response, and on loopback each
 send costs about as much as the receiver's work on it. Here the writes of one turn of
-the event loop go out together (head and body; the responses of pipelined requests too).
+the event loop go out together (a response's head and body).
 
 Bounds uvicorn does not have (``Limits``, from ``server:`` in conf):
 
@@ -14,9 +14,16 @@ Bounds uvicorn does not have (``Limits``, from ``server:`` in conf):
   response (uvicorn arms its keep-alive timer only after a first response);
 - the request head is at most ``max_header_bytes`` and ``max_headers`` lines (431):
   httptools buffers a header line whole before handing it over, with no limit;
+- an answer must leave for the client's socket within ``write_timeout`` of being written,
+  else the connection is dropped with it: a client that stops reading pins nothing for
+  long. The next request of a connection starts only once its last answer has left, so
+  no answer is made to wait in memory behind one; every close is bounded alike;
+- answer bytes waiting for slow clients, over all connections, are at most
+  ``max_unsent_bytes``: past it new requests and connections get 503 and are closed;
 - past ``max_connections`` open connections a new one is answered 503 and closed;
 - at shutdown a request whose body is still coming is answered 503 and closed at once
-  (it is not in flight: nothing was read for it yet).
+  (it is not in flight: nothing was read for it yet); an answer still unsent gets half
+  the shutdown grace (at most ``write_timeout``) to leave, then its connection is dropped.
 
 Refusals are JSON bodies like the application's (``{"error": ..., "type": ...}``), then a
 lingering close: the write side is shut, what the client still sends is read and
@@ -26,6 +33,10 @@ dropped for up to ``LINGER`` seconds, so the client reads the answer instead of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import socket
+import struct
 from dataclasses import dataclass
 
 import httptools
@@ -44,16 +55,53 @@ class Limits:
 
     read_timeout: float
     idle_timeout: float
+    write_timeout: float
     max_header_bytes: int
     max_headers: int
     max_connections: int
+    max_unsent_bytes: int
+    shutdown_grace: float
 
     @classmethod
     def from_settings(cls, server) -> Limits:
         return cls(
             read_timeout=server.read_timeout_ms / 1000, idle_timeout=server.idle_timeout_ms / 1000,
+            write_timeout=server.write_timeout_ms / 1000, shutdown_grace=server.shutdown_grace_ms / 1000,
             max_header_bytes=server.max_header_bytes, max_headers=server.max_headers, max_connections=server.max_connections,
+            max_unsent_bytes=server.max_unsent_bytes,
         )  # fmt: skip
+
+
+def _malloc_trim():
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc's; elsewhere none
+    except OSError:
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+class _Unsent:
+    """Answer bytes written and not yet taken by the clients' sockets, over the process's
+    connections: each counts, when the transport pauses its writes, the larger of its buffer
+    and its last write (the buffer holds a view of it: all of it stays in memory)."""
+
+    bytes = 0
+    _trim: asyncio.TimerHandle | None = None
+
+    def dropped(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A connection was dropped with what it held: once the transport has let its buffers go, glibc
+        is asked to give the freed memory back (it keeps it otherwise, and the RSS stays up)."""
+        if self._trim is None and _MALLOC_TRIM is not None:
+            self._trim = loop.call_later(1.0, self._trimmed)
+
+    def _trimmed(self) -> None:
+        self._trim = None
+        _MALLOC_TRIM(0)  # type: ignore[misc]
+
+
+UNSENT = _Unsent()
 
 
 class _Refused(Exception):
@@ -63,9 +111,14 @@ class _Refused(Exception):
 class _OneWrite:
     """A connection's transport whose writes in one turn of the event loop go out as one."""
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, close_within: float | None = None):
         self._transport, self._loop = transport, loop
         self._queued: list[bytes] = []
+        self.flushed = 0
+        """The size of the last write."""
+        self.close_within = close_within
+        """Seconds a closed connection gets to send what it holds before it is dropped (None: no bound)."""
+        self._abort: asyncio.TimerHandle | None = None
 
     def write(self, data: bytes) -> None:
         if not self._queued:
@@ -76,12 +129,40 @@ class _OneWrite:
         if self._queued:
             data = b"".join(self._queued)
             self._queued.clear()
+            self.flushed = len(data)
             if not self._transport.is_closing():
                 self._transport.write(data)
 
     def close(self) -> None:
+        if self._transport.is_closing():
+            return
         self._flush()  # a response's last bytes, then the close
-        self._transport.close()
+        self._transport.close()  # which waits for the buffer to drain: a client that never reads would hold it
+        if self.close_within is not None:
+            self.abort_within(self.close_within)
+
+    def abort_within(self, seconds: float) -> None:
+        """Drop the connection, and what it still holds, unless it is gone (or ``keep`` is
+        called) within ``seconds``; of two such deadlines the earlier stands."""
+        due = self._loop.time() + seconds
+        if self._abort is not None:
+            if self._abort.when() <= due:
+                return
+            self._abort.cancel()
+        self._abort = self._loop.call_at(due, self._drop)
+
+    def _drop(self) -> None:
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:  # a reset rather than a close: the kernel drops what it still holds for the client too
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._transport.abort()
+        UNSENT.dropped(self._loop)
+
+    def keep(self) -> None:
+        if self._abort is not None:
+            self._abort.cancel()
+            self._abort = None
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
@@ -98,27 +179,40 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._reading_since: float | None = None
         """When the request being read began (loop time); None between requests."""
-        self._in_head = False
-        self._head_raw = self._fed = 0
+        self._in_head = self._chunk_done = False
+        """_chunk_done: a request ended in the chunk being fed (one beginning after it has only part of the chunk)."""
+        self._head_raw = self._head_slack = self._fed = 0
         self._refused = False
+        self._unsent = 0
+        """This connection's part of UNSENT."""
+        self._waiting = False
+        """A request read while the last answer had not left: started once it has (resume_writing)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_OneWrite(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(_OneWrite(transport, self.loop, self.limits.write_timeout))  # type: ignore[arg-type]
+        # writes pause whenever the socket leaves bytes of them, and resume once all have left: the span
+        # the write deadline bounds (high 1, not 0: a TLS transport pauses at a size >= high, and may at once)
+        transport.set_write_buffer_limits(high=1, low=0)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, f"too many connections (server.max_connections {self.limits.max_connections:,}); retry later", "Overloaded")
+            return
+        if UNSENT.bytes > self.limits.max_unsent_bytes:
+            self._overloaded()
             return
         # until its first request, as between requests: closed when idle
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_read_timer()
+        self._release()
+        self.transport.keep()  # type: ignore[attr-defined]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return  # lingering: read and dropped
         self._unset_keepalive_if_required()
-        self._fed = len(data)
+        self._fed, self._chunk_done = len(data), False
         if self._in_head:  # a head begun in an earlier chunk: the parser holds these bytes until the line ends
             self._head_raw += self._fed
         try:
@@ -134,12 +228,15 @@ class OneWriteProtocol(HttpToolsProtocol):
                 self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
             return
-        if self._in_head and self._head_raw > self.limits.max_header_bytes:
+        if self._in_head and self._head_raw - self._head_slack > self.limits.max_header_bytes:
             self._too_large()  # still in the head after these bytes: all of them are the head's
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_raw = True, 0
+        # the chunk it begins in counts whole; where a request ended earlier in that chunk (pipelined),
+        # the chunk is slack: the head is then measured when it ends (on_headers_complete)
+        self._in_head, self._head_raw = True, self._fed
+        self._head_slack = self._fed if self._chunk_done else 0
         self._reading_since = now = self.loop.time()
         if self._read_timer is None:  # one timer per connection, re-armed when it fires: not one per request
             self._read_timer = self.loop.call_at(now + self.limits.read_timeout, self._check_read)
@@ -147,27 +244,73 @@ class OneWriteProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         limit = self.limits.max_header_bytes
-        # the head is at most the bytes fed since it began (this chunk whole, earlier ones): only
-        # a head that may pass the limit is measured (counting in on_header cost 1.3 us a request)
-        if len(self.headers) > self.limits.max_headers or (
-            self._head_raw + self._fed > limit and len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > limit
-        ):
+        # _head_raw bounds the head from above: only a head that may pass the limit is measured
+        # (counting in on_header cost 1.3 us a request)
+        if len(self.headers) > self.limits.max_headers or (self._head_raw > limit and self._head_bytes() > limit):
             self._too_large()
             raise _Refused  # stops the parser: the application never sees it
+        if UNSENT.bytes > self.limits.max_unsent_bytes:
+            self._overloaded()
+            raise _Refused
         super().on_headers_complete()
 
+    def _head_bytes(self) -> int:
+        """The head's bytes as sent with one space after each colon: request line, header lines, blank line."""
+        return len(self.parser.get_method()) + len(self.url) + 12 + sum(len(n) + len(v) + 4 for n, v in self.headers) + 2
+
     def on_message_complete(self) -> None:
-        self._reading_since = None
+        self._reading_since, self._chunk_done = None, True
         super().on_message_complete()
 
+    def _start_asgi_task(self, cycle, app) -> None:
+        if self.flow.write_paused:  # the last answer has not left: this one is made once it has, not to wait in memory
+            self.flow.pause_reading()
+            self.pipeline.append((cycle, app))  # the next to start: pop() takes from this end
+            self._waiting = True
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def on_response_complete(self) -> None:
+        if self.pipeline:
+            self.transport._flush()  # type: ignore[attr-defined]  # written now: whether it left decides when the next starts
+        super().on_response_complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._release()
+        self._unsent = max(self.transport.get_write_buffer_size(), self.transport.flushed)  # type: ignore[attr-defined]
+        UNSENT.bytes += self._unsent
+        self.transport.abort_within(self.limits.write_timeout)  # type: ignore[attr-defined]
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._release()
+        if self.transport.is_closing():
+            return  # its close's deadline stands; no request starts
+        self.transport.keep()  # type: ignore[attr-defined]
+        if self._waiting:
+            self._waiting = False
+            super()._start_asgi_task(*self.pipeline.pop())
+
+    def _release(self) -> None:
+        UNSENT.bytes -= self._unsent
+        self._unsent = 0
+
     def shutdown(self) -> None:
+        # what is still unsent gets half the grace to leave: the process waits for its connections until then
+        transport = self.transport
+        transport.close_within = min(self.limits.write_timeout, self.limits.shutdown_grace / 2)  # type: ignore[attr-defined]
         cycle = self.cycle
-        if cycle is not None and not cycle.response_started and cycle.more_body:
+        if self.flow.write_paused:
+            transport.close()  # its last answer has not left; a request read behind it was not started
+        elif cycle is not None and not cycle.response_started and cycle.more_body:
             self._refuse(503, "the server is stopping; retry on another", "ShuttingDown", linger=False)
         elif self._in_head:
-            self.transport.close()  # a request whose head is still coming: nothing to answer yet
+            transport.close()  # a request whose head is still coming: nothing to answer yet
         else:
             super().shutdown()
+        if transport.is_closing():  # closed before (a refusal's linger), or now
+            transport.abort_within(transport.close_within)  # type: ignore[attr-defined]
 
     def _too_large(self) -> None:
         self._refuse(
@@ -176,6 +319,10 @@ class OneWriteProtocol(HttpToolsProtocol):
             "(server.max_header_bytes, server.max_headers)",
             "HeadersTooLarge",
         )
+
+    def _overloaded(self) -> None:
+        text = f"answers not yet taken by slow clients pass {self.limits.max_unsent_bytes:,} bytes (server.max_unsent_bytes); retry later"
+        self._refuse(503, text, "Overloaded")
 
     def _check_read(self) -> None:
         self._read_timer = None

@@ -23,7 +23,7 @@ ERROR_STATUSES = {
     "415": "A body that is not declared JSON",
     "422": "Wrong or missing entity key columns, a key of the wrong type or outside int64",
     "431": "A request head over server.max_header_bytes or server.max_headers (the connection closes)",
-    "503": "Overloaded (server.max_in_flight, server.max_connections), a store down, or stopping",
+    "503": "Overloaded (server.max_in_flight, server.max_connections, server.max_unsent_bytes), a store down, or stopping",
     "504": "No answer within server.deadline_ms or a store's reader.timeout_ms",
 }
 CONNECTION_STATUSES = ("408", "431", "503")
@@ -154,7 +154,11 @@ SCHEMAS: dict[str, Any] = {
         "required": ["status", "stores"],
         "properties": {
             "status": {"type": "string", "enum": ["ready", "unavailable"]},
-            "stores": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Per store: ok, or why not"},
+            "stores": {
+                "type": "object",
+                "additionalProperties": {"type": "string"},
+                "description": "Per store: ok, or why not (with server.auth only to a caller whose token verifies; others: unavailable)",
+            },
         },
     },
 }

@@ -69,7 +69,9 @@ def _part(entity: EntityDef, key: str, kind: str, value: Any, row: int) -> Any:
         return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise EntityKeyError(f"entity key {key!r} row {row}: expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
+            # a list or object is named, not shown: its text may nest past Python's recursion limit
+            got = type(value).__name__ + ("" if isinstance(value, (list, dict)) else f" {str(value)[:40]!r}")
+            raise EntityKeyError(f"entity key {key!r} row {row}: expected an integer, got {got}")
         if not -(2**63) <= int(value) < 2**63:
             raise EntityKeyError(f"entity key {key!r} row {row}: {shown(str(value), 40)} is outside int64")
         return int(value)

@@ -6,8 +6,10 @@ measured fastest among well-kept ones (bench/README.md, "The feature server"). R
 - ``POST /get-online-features``: Feast's request body, Feast's response body, byte for
   byte what ``materialize get`` prints for the same request;
 - ``GET /health`` (and ``GET /health/ready``, readiness): 200 when every configured store
-  answers on the reader's own connections, else 503 naming the one that does not; the
-  answer is kept ``server.health_cache_ms`` (unless a store call failed since), so probes at any rate cost one check per period;
+  answers on the reader's own connections, else 503 naming the one that does not (with
+  server.auth, why only to a caller whose token verifies: others get "unavailable", the log
+  gets the reason once per change); the answer is kept ``server.health_cache_ms`` (unless a
+  store call failed since), so probes at any rate cost one check per period;
 - ``GET /health/live`` (liveness): 200 while the process answers, whatever the stores;
 - ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight);
 - ``GET /openapi.json``: the OpenAPI document of these routes (feature_reader/openapi.py).
@@ -17,7 +19,7 @@ Every GET route answers HEAD too; a wrong method gets 405 with ``Allow``.
 Limits from ``server:`` in conf: body bytes (413), requests in flight (503 at once:
 back-pressure rather than a queue that grows; a request counts once its body is read),
 a deadline per request (504); entities per request from ``reader.max_entities`` (400).
-Connections (read timeout, idle timeout, header size and count, how many): one_write.py.
+Connections (read timeout, idle timeout, write deadline, header size and count, how many, unsent answer bytes): one_write.py.
 A POST body must be JSON (415 otherwise). Errors are JSON ``{"error": ..., "type": ...}``
 naming the bad part, names cut to 100 characters; never a stack trace, a connection
 string or a password.
@@ -110,10 +112,14 @@ class FeatureServer:
         self.in_flight_gauge = Gauge("feature_server_in_flight_requests", "Requests being answered", registry=self.registry)
         self.in_flight_gauge.set_function(lambda: self.in_flight)
         self.registry.register(_ReaderCounters(reader))
-        self._health: tuple[float, int, int, bytes] | None = None  # (when, failed calls then, status, body) of the last check
+        # (when, failed calls then, status, body, body without the stores' details) of the last check
+        self._health: tuple[float, int, int, bytes, bytes] | None = None
+        self._store_states: dict[str, str] = {}  # each store's last health answer: a change is logged
         self._checking: asyncio.Future | None = None
         auth = self.settings.auth
-        self.auth = Authenticator(auth, reader.defs, reader.conf.path) if auth.mode == "jwt" else None
+        # max_features checked before authorizing: an oversized request is refused before its names are looked at
+        limit = reader.conf.reader.max_features
+        self.auth = Authenticator(auth, reader.defs, reader.conf.path, max_features=limit) if auth.mode == "jwt" else None
         if self.auth:
             self.auth.register(self.registry)
 
@@ -168,26 +174,41 @@ class FeatureServer:
         if path == ONLINE:
             return await self._online(scope, receive, grants)
         if path == "/health" or path == "/health/ready":
-            return (*await self._ready(), JSON)
+            status, detailed, brief = await self._ready()
+            return status, (detailed if await self._shown_details(scope["headers"]) else brief), JSON
         if path == "/health/live":
             return 200, b'{"status":"alive"}', JSON
         if path == "/openapi.json":
             return 200, openapi_json(), JSON
         return 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
 
-    async def _ready(self) -> tuple[int, bytes]:
-        """The stores' check, kept server.health_cache_ms unless a store call failed since;
-        probes arriving during one share it."""
+    async def _shown_details(self, headers) -> bool:
+        """Whether a health answer may name the stores' addresses and errors: to every caller
+        without server.auth (a read's 503 names them too), else to a caller whose token verifies."""
+        if self.auth is None:
+            return True
+        if not any(name == b"authorization" for name, _ in headers):
+            return False
+        try:
+            await self.auth.authenticate(ONLINE, headers)  # as for a read: the health routes themselves are open
+        except AuthError:
+            return False  # still the open answer: a probe with a stale token is a probe
+        return True
+
+    async def _ready(self) -> tuple[int, bytes, bytes]:
+        """The stores' check (status, body, body without details), kept server.health_cache_ms
+        unless a store call failed since; probes arriving during one share it."""
         kept = self._health
         if kept is not None and kept[1] == self.reader.failed_calls and time.monotonic() - kept[0] < self.settings.health_cache_ms / 1000:
-            return kept[2], kept[3]
+            return kept[2], kept[3], kept[4]
         if self._checking is None or self._checking.done():
             self._checking = asyncio.ensure_future(self._check())
         return await asyncio.shield(self._checking)
 
-    async def _check(self) -> tuple[int, bytes]:
+    async def _check(self) -> tuple[int, bytes, bytes]:
         failed = self.reader.failed_calls
         stores = await self.reader.ping()
+        self._log_stores(stores)
         ready = all(v == "ok" for v in stores.values())
         answer = {"status": "ready" if ready else "unavailable", "stores": stores}
         # what each store holds against the definitions: features refused there, entity types not yet described
@@ -195,8 +216,20 @@ class FeatureServer:
         if described:
             answer["descriptions"] = described
         status, body = (200 if ready else 503), orjson.dumps(answer)
-        self._health = (time.monotonic(), failed, status, body)
-        return status, body
+        brief = {"status": answer["status"], "stores": {name: "ok" if v == "ok" else "unavailable" for name, v in stores.items()}}
+        self._health = (time.monotonic(), failed, status, body, orjson.dumps(brief))
+        return status, body, self._health[4]
+
+    def _log_stores(self, stores: dict[str, str]) -> None:
+        """A store's failure logged when it begins or changes, and its return: once per change
+        however often probes come (the open health answer says only 'unavailable')."""
+        for name, state in stores.items():
+            if state != self._store_states.get(name, "ok"):
+                if state == "ok":
+                    log.warning("store %s answers again", name)
+                else:
+                    log.warning("store %s does not answer: %s", name, shown(state, 300))
+        self._store_states = stores
 
     async def _online(self, scope: dict, receive, grants=None) -> tuple[int, bytes, bytes]:
         _json_only(scope["headers"], self.settings.require_content_type)
@@ -259,6 +292,8 @@ class FeatureServer:
                 # with the default thresholds it came every few seconds while the cache filled
                 gc.set_threshold(*GC_THRESHOLDS)
                 self.reader.warm()  # the stores' connections open in the background; a store down does not stop the start
+                if self.auth:
+                    self.auth.start()  # the JWKS URL's first fetch, in the background: reads get 503 until keys arrive
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.reader.close()
@@ -291,18 +326,15 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     import os
     from functools import partial
 
-    import uvicorn
-
     from feature_reader.auth import AuthConfigError, check_start
     from feature_reader.one_write import Limits, OneWriteProtocol
-    from feature_reader.tls import check_tls_files, uvicorn_options
+    from feature_reader.tls import start_error, uvicorn_options
 
     host = host or conf.server.host
     port = conf.server.port if port is None else port
     auth = check_start(conf.server, host, insecure_no_auth, conf.path)
-    failed = [detail for status, _, detail in check_tls_files(conf.server.tls, conf.path) if status == "fail"]
-    if failed:
-        raise AuthConfigError("server.tls: " + "; ".join(failed))
+    if (problem := start_error(conf.server.tls, conf.path)) is not None:
+        raise AuthConfigError(problem)
     tls = uvicorn_options(conf.server.tls, conf.path)
     _open_files(conf.server.max_connections)
     # proxy_headers off: X-Forwarded-For only sets the client's address, which nothing here logs
@@ -323,15 +355,43 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     who = "bearer tokens (server.auth)" if auth == "jwt" else "no authentication"
     if tls.get("ssl_ca_certs"):
         who += f", client certificates {conf.server.tls.client_cert}"
-    print(f"[serve] Feast's feature-server API on {scheme}://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}; {who}): "
-          f"POST /get-online-features, GET /health[/live|/ready], GET /metrics, GET /openapi.json. Ctrl-C or SIGTERM stops it.",
-          flush=True)  # fmt: skip
+    banner = (f"[serve] Feast's feature-server API on {scheme}://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}; "
+              f"{who}): POST /get-online-features, GET /health[/live|/ready], GET /metrics, GET /openapi.json. "
+              "Ctrl-C or SIGTERM stops it.")  # fmt: skip
     if workers > 1:
         os.environ["FM_SERVE_ENV"] = conf.env
-        uvicorn.run("feature_reader.server:_app_from_env", factory=True, workers=workers, **options)
-    else:
-        uvicorn.run(FeatureServer(_reader(conf)), **options)
+    _run("feature_reader.server:_app_from_env" if workers > 1 else FeatureServer(_reader(conf)), workers, banner, options)
     print("[serve] stopped", flush=True)
+
+
+def _run(app, workers: int, banner: str, options: dict) -> None:
+    """uvicorn.run, printing ``banner`` once the port is bound (a start that never binds must not say it serves)."""
+    import sys
+
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    config = uvicorn.Config(app, workers=workers, factory=workers > 1, **options)
+    if workers > 1:
+        sockets = [config.bind_socket()]
+        print(banner, flush=True)
+        Multiprocess(config, sockets=sockets).run()
+        return
+
+    class Bound(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                print(banner, flush=True)
+
+    server = Bound(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
 def _open_files(connections: int) -> None:

@@ -13,6 +13,16 @@ from typing import Literal
 Finding = tuple[Literal["ok", "warn", "fail"], str, str]
 """(status, what was checked, detail)."""
 
+CIPHERS = ":".join(
+    (
+        "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+        "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+        "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384", "DHE-RSA-CHACHA20-POLY1305",
+    )
+)  # fmt: skip
+"""TLS 1.2's suites: Mozilla's intermediate profile, AEAD only (OpenSSL's default adds
+ECDHE with AES-CBC). TLS 1.3's suites are all AEAD and set apart by OpenSSL."""
+
 
 def _read(path: Path, setting: str) -> tuple[bytes | None, Finding | None]:
     try:
@@ -131,13 +141,20 @@ def _spki():
     return serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
 
 
+def start_error(tls, root_path: Callable[[str], Path]) -> str | None:
+    """Why ``serve`` must not start on server.tls (None: it may), each failure naming its
+    file and its setting."""
+    failed = [f"{detail} ({setting})" for status, setting, detail in check_tls_files(tls, root_path) if status == "fail"]
+    return "server.tls: " + "; ".join(failed) if failed else None
+
+
 def uvicorn_options(tls, root_path: Callable[[str], Path]) -> dict:
     """uvicorn's ssl_* options for server.tls (empty: plain HTTP)."""
     import ssl
 
     if not tls.cert_file:
         return {}
-    options = {"ssl_certfile": str(root_path(tls.cert_file)), "ssl_keyfile": str(root_path(tls.key_file))}
+    options = {"ssl_certfile": str(root_path(tls.cert_file)), "ssl_keyfile": str(root_path(tls.key_file)), "ssl_ciphers": CIPHERS}
     if tls.client_ca_file:
         options["ssl_ca_certs"] = str(root_path(tls.client_ca_file))
         options["ssl_cert_reqs"] = ssl.CERT_REQUIRED if tls.client_cert == "required" else ssl.CERT_OPTIONAL

@@ -208,6 +208,12 @@ class ServerSettings(Settings):
     """A request's head and body must arrive within this of its first byte; past it 408 and the connection closes."""
     idle_timeout_ms: float = Field(65_000.0, gt=0)
     """A connection with no request under way is closed after this (longer than a load balancer's usual 60 s, so it closes first)."""
+    write_timeout_ms: float = Field(10_000.0, gt=0)
+    """An answer must leave for the client's socket within this of being written; past it the
+    connection is dropped (a client that stops reading pins nothing longer)."""
+    max_unsent_bytes: int = Field(64 << 20, ge=0)
+    """Answer bytes waiting for slow clients, over all connections of a worker; past this new
+    requests and connections get 503 and are closed."""
     max_connections: int = Field(1024, ge=1)
     """Open connections per worker; a new one past this is answered 503 and closed."""
     max_header_bytes: int = Field(16_384, ge=1024)

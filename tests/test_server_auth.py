@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from throwaway.servers import free_port
+from throwaway.servers import again_if_port_taken, free_port, start_failed
 
 from .conftest import env_conf
 from .test_server import MATERIALIZE, start_serving
@@ -569,3 +570,320 @@ def test_tokens_without_the_auth_extra_stop_the_start_in_one_line_naming_it(redi
     assert done.returncode == 2 and done.stderr == (
         "materialize serve needs the token authentication extra (jwt is not installed): pip install 'feature-materializer[auth]'\n"
     ), done.stderr
+
+
+# --- hostile callers and identity providers that misbehave ---------------------------------------
+
+
+class Idp:
+    """A real JWKS endpoint the test steers: it serves ``body`` at /jwks, trickles it a byte
+    every ``trickle`` seconds (faster than any read timeout: only a deadline on the whole
+    fetch stops it), and redirects /start to ``location``."""
+
+    def __init__(self, body: bytes, host: str = "127.0.0.1"):
+        self.body, self.trickle, self.location, self.paths, self.closed = body, None, None, [], False
+        idp = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                idp.paths.append(self.path)
+                if self.path == "/start" and idp.location:
+                    self.send_response(302)
+                    self.send_header("location", idp.location)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                body, trickle = idp.body, idp.trickle
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                for i in range(0, len(body), 1 if trickle else len(body)):
+                    if idp.closed:
+                        return
+                    self.wfile.write(body[i : i + 1] if trickle else body)
+                    time.sleep(trickle or 0)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, path: str = "/jwks", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self.closed = True
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+def _authenticator(settings: dict, **kw):
+    from feature_defs import DEFAULT_DIR, load_definitions
+    from feature_reader.auth import Authenticator
+    from fm_config.reader import ServerAuthSettings
+
+    return Authenticator(ServerAuthSettings(**settings), load_definitions(DEFAULT_DIR), Path, **kw)
+
+
+def _bearer(token: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {token}".encode())]
+
+
+def test_refused_requests_leave_nothing_behind_and_the_feature_limit_comes_first(jwt_served, signer):
+    """A token that verifies but grants nothing sends bodies near server.max_body_bytes of
+    distinct references: each is refused and nothing stays (they were once all kept)."""
+    nobody = signer.token(["nobody"])
+
+    def refs(i: int) -> dict:  # 1,000 references (reader.max_features) of ~1,000 characters: ~1 MB of names
+        return {"features": [f"s{i:03d}_{j:04d}_{'x' * 990}:f" for j in range(1000)], "entities": {"consumer_id": [1]}}
+
+    for i in range(8):  # warm-up: the allocator's pools at their working size
+        _refused(jwt_served.post(refs(i), nobody), 403, "does not grant reading source 's")
+    before = _rss_kib(jwt_served.process.pid)
+    requests = 48
+    for i in range(8, 8 + requests):
+        _refused(jwt_served.post(refs(i), nobody), 403, "and 990 more (server.auth.grants)")
+    grown = _rss_kib(jwt_served.process.pid) - before
+    names_sent_kib = requests * 1000 * 1000 // 1024  # what keeping each refused request would hold, at least
+    assert grown < names_sent_kib // 4, f"RSS grew {grown} KiB over {requests} refused requests"
+    # over the limit: the limit's answer, before the names are looked at (once: 403 naming them)
+    over = {"features": [f"s{j}:f" for j in range(1001)], "entities": {"consumer_id": [1]}}
+    _refused(jwt_served.post(over, nobody), 400, "1,001 feature references in one request; the limit is 1,000 (reader.max_features)")
+
+
+def test_the_authorization_memo_is_bounded_by_the_bytes_it_holds(signer, tmp_path):
+    """In process: granted requests are remembered up to DECISION_BYTES of names (measured by
+    tracemalloc, not by the memo's own count); refused ones are not remembered at all."""
+    import asyncio
+    import tracemalloc
+
+    from feature_reader.auth import DECISION_BYTES, AuthError
+
+    (tmp_path / "jwks.json").write_bytes(_jwks(signer))
+    auth = _authenticator(_auth({"jwks_file": str(tmp_path / "jwks.json")}))
+    stores = asyncio.run(auth.authenticate("/get-online-features", _bearer(signer.token(["store-model"]))))
+    nobody = asyncio.run(auth.authenticate("/get-online-features", _bearer(signer.token(["nobody"]))))
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(64):  # 500 granted references of ~1,000 characters: ~0.5 MB each, 32 MB in all
+        auth.authorize(stores, {"features": [f"store_features_long:{i:03d}_{j:04d}_{'x' * 990}" for j in range(500)]})
+    held = tracemalloc.get_traced_memory()[0] - base
+    kept = list(auth.decisions)
+    for i in range(16):
+        with pytest.raises(AuthError):
+            auth.authorize(nobody, {"features": [f"s{i:03d}_{j:04d}_{'x' * 990}:f" for j in range(500)]})
+    held_after_refusals = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert 0 < held <= DECISION_BYTES + (1 << 20), held  # the bound, and some slack for the dict itself
+    assert held_after_refusals - held < 1 << 20, held_after_refusals
+    assert list(auth.decisions) == kept  # no refusal was kept
+    assert auth.decisions.bytes <= DECISION_BYTES and len(auth.decisions) >= 1  # the memo still serves repeats
+
+
+def _start_announced(tmp: Path, settings: dict) -> Https:
+    """``serve`` returned as soon as it says it serves; the port must accept at that moment."""
+    folder = env_conf(tmp / f"conf-{len(list(tmp.glob('conf-*')))}", "t", json.dumps(settings))
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    log = tmp / f"serve-{folder.name}.log"
+
+    def start(port: int) -> Https:
+        process = subprocess.Popen([MATERIALIZE, "serve", "--env", "t", "--port", str(port)], stdout=log.open("wb"),
+                                   stderr=subprocess.STDOUT, env=environ)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while "[serve] Feast's feature-server API on" not in log.read_text():
+                if process.poll() is not None:
+                    raise start_failed(f"the server exited: {log.read_text()}", log)
+                assert time.monotonic() < deadline, f"the server never said it serves: {log.read_text()}"
+                time.sleep(0.02)
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()  # said: so bound
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        return Https(port, process, log, None)
+
+    return again_if_port_taken(lambda: start(free_port()))
+
+
+def _answered(post, status: int, seconds: float = 15) -> tuple[int, bytes, dict]:
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = post()
+        if answer[0] == status or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.2)
+
+
+def test_a_trickling_jwks_url_stops_neither_the_start_nor_the_refresh(signer, redis_server, tmp_path):
+    idp = Idp(_jwks(signer))
+    idp.trickle = 0.5  # a byte every half second: each read is quick, the fetch never ends
+    auth = _auth({"jwks_url": idp.url()}, jwks_timeout_seconds=1, jwks_refresh_seconds=1)
+    served = _start_announced(tmp_path, _settings(redis_server, 11, auth=auth))
+    try:
+        token = signer.token(["analyst"])
+        began = time.monotonic()
+        status, body, _ = served.post(RANKING, token)
+        assert status == 503, body  # keys not there yet: 503, not 401, and within the fetch's deadline
+        assert "no complete answer within 1 s (server.auth.jwks_timeout_seconds)" in json.loads(body)["error"]
+        assert time.monotonic() - began < 1 + 1 + 2
+        idp.trickle = None
+        assert _answered(lambda: served.post(RANKING, token), 200)[0] == 200  # the next refresh brought the keys
+        # it trickles again while a key is added: refreshes are cut off, then the key is picked up once it answers
+        rotated = Signer("k2")
+        idp.body, idp.trickle = _jwks(signer, rotated), 0.5
+        time.sleep(2.5)
+        idp.trickle = None
+        assert _answered(lambda: served.post(RANKING, rotated.token(["analyst"])), 200)[0] == 200
+        assert served.post(RANKING, token)[0] == 200
+    finally:
+        assert served.stop() == -signal.SIGTERM
+        idp.close()
+    assert "could not be fetched: no complete answer within 1 s" in served.log.read_text()
+
+
+def _p192_jwk(kid: str) -> dict:
+    import base64
+
+    numbers = ec.generate_private_key(ec.SECP192R1()).public_key().public_numbers()
+
+    def part(n: int) -> str:
+        return base64.urlsafe_b64encode(n.to_bytes(24, "big")).rstrip(b"=").decode()
+
+    return {"kty": "EC", "crv": "P-192", "x": part(numbers.x), "y": part(numbers.y), "kid": kid, "use": "sig"}
+
+
+def _oaep_jwk(kid: str) -> dict:
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    public = rsa.generate_private_key(65537, 2048).public_key()
+    return {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(public)), "kid": kid, "alg": "RSA-OAEP"}  # no "use"
+
+
+def test_unusable_jwks_entries_are_skipped_and_logged_once_each(signer, redis_server, tmp_path):
+    from feature_reader.auth import AuthConfigError, load_jwks
+
+    junk = [_p192_jwk("p192"), _oaep_jwk("enc1")]
+    idp = Idp(json.dumps({"keys": [*junk, signer.jwk]}).encode())
+    served = start(tmp_path, _settings(redis_server, 11, auth=_auth({"jwks_url": idp.url()}, jwks_refresh_seconds=1)), None)
+    try:
+        assert _answered(lambda: served.post(RANKING, signer.token(["analyst"])), 200)[0] == 200
+        rotated = Signer("k2")
+        idp.body = json.dumps({"keys": [*junk, signer.jwk, rotated.jwk]}).encode()
+        assert _answered(lambda: served.post(RANKING, rotated.token(["analyst"])), 200)[0] == 200  # rotation goes on
+        time.sleep(2.2)  # more refreshes: the same entries are not logged again
+    finally:
+        assert served.stop() == -signal.SIGTERM
+        idp.close()
+    lines = served.log.read_text().splitlines()
+    assert [line for line in lines if "skipped" in line] == [
+        f"WARNING feature_reader.auth: server.auth.jwks_url {idp.url()}: key 0 (kid 'p192') skipped: Unsupported crv: P-192",
+        f"WARNING feature_reader.auth: server.auth.jwks_url {idp.url()}: key 1 (kid 'enc1') skipped: its alg 'RSA-OAEP' is not a "
+        "signature algorithm",
+    ]
+    with pytest.raises(AuthConfigError) as none_usable:  # only when no key is usable is the set refused
+        load_jwks(json.dumps({"keys": junk}), "jwks.json", skipped=[])
+    assert str(none_usable.value) == (
+        "jwks.json: no usable RSA, EC or OKP signing key in the JWKS (key 0 (kid 'p192') skipped: Unsupported crv: P-192; "
+        "key 1 (kid 'enc1') skipped: its alg 'RSA-OAEP' is not a signature algorithm)"
+    )
+
+
+def test_a_redirect_of_the_jwks_url_is_held_to_its_rule(signer):
+    """In process, a real JWKS server on every address: /start redirects to /jwks by a name
+    that is not loopback (http, refused before any connection) or by 127.0.0.1 (followed)."""
+    import asyncio
+
+    from feature_reader.auth import AuthError
+
+    name = socket.gethostname()
+    if name == "localhost" or name.startswith("127."):  # no name of its own: its address on a route out (nothing is sent)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            name = probe.getsockname()[0]
+    assert not name.startswith("127."), name
+    idp = Idp(_jwks(signer), host="0.0.0.0")
+    token = _bearer(signer.token(["analyst"]))
+    try:
+        idp.location = idp.url(host=name)  # plain http to another host (this one by name: served, were it followed)
+        auth = _authenticator(_auth({"jwks_url": idp.url("/start")}))
+        with pytest.raises(AuthError) as refused:
+            asyncio.run(auth.authenticate("/get-online-features", token))
+        assert refused.value.status == 503 and str(refused.value) == (
+            f"cannot verify tokens: the JWKS at {idp.url('/start')} could not be fetched: redirected to {idp.location}, "
+            "which is not https (nor http on loopback): not followed"
+        )
+        assert idp.paths == ["/start"]
+        idp.location = idp.url()  # http on loopback: allowed, so followed
+        auth = _authenticator(_auth({"jwks_url": idp.url("/start")}))
+        assert asyncio.run(auth.authenticate("/get-online-features", token)).may_read_source("consumer_daily")
+        assert idp.paths == ["/start", "/start", "/jwks"]
+    finally:
+        idp.close()
+
+
+def _signed(signer: Signer, **claims) -> str:
+    now = int(time.time())
+    return jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "iat": now, "roles": ["analyst"], **claims}, signer.key, algorithm="ES256",
+                      headers={"kid": signer.kid})  # fmt: skip
+
+
+def test_time_claims_that_are_not_numbers_get_401(jwt_served, signer):
+    later = int(time.time()) + 600
+    for claims, name in (({"exp": 10**400}, "exp"), ({"exp": str(later)}, "exp"), ({"exp": later, "nbf": "0"}, "nbf"),
+                         ({"exp": later, "iat": True}, "iat")):  # fmt: skip
+        token = _signed(signer, **claims)
+        _refused(jwt_served.post(RANKING, token), 401, f"the token's {name!r} is not a NumericDate", token)
+    assert jwt_served.post(RANKING, _signed(signer, exp=later + 0.5))[0] == 200  # a fraction is a number
+
+
+def test_cached_tokens_leave_with_their_key(signer):
+    """In process, a real JWKS server rotating: at the refresh that removes a key (or changes
+    it under its kid), the tokens it verified leave the cache and are refused."""
+    import asyncio
+
+    from feature_reader.auth import AuthError
+
+    second = Signer("k2")
+    idp = Idp(_jwks(signer, second))
+    auth = _authenticator(_auth({"jwks_url": idp.url()}, jwks_refresh_seconds=1))
+    first_token, second_token = _bearer(signer.token(["analyst"])), _bearer(second.token(["analyst"]))
+
+    async def until_refreshed(test) -> None:
+        deadline = time.monotonic() + 10
+        while not test():
+            assert time.monotonic() < deadline, "the keys were never refreshed"
+            try:
+                await auth.authenticate("/get-online-features", second_token)  # requests drive the refresh
+            except AuthError:
+                pass  # refused once its key is replaced: asserted below
+            await asyncio.sleep(0.1)
+
+    async def run() -> None:
+        for _ in range(2):
+            await auth.authenticate("/get-online-features", first_token)
+            await auth.authenticate("/get-online-features", second_token)
+        assert auth.stats == {"verified": 2, "cached": 2, "refused": 0}
+        idp.body = _jwks(second)  # k1 leaves
+        await until_refreshed(lambda: "k1" not in auth.keys.keys)
+        with pytest.raises(AuthError, match="the token's key id 'k1' is not in the JWKS"):
+            await auth.authenticate("/get-online-features", first_token)
+        assert auth.stats["cached"] > 2  # k2's token still came from the cache
+        replaced = Signer("k2")  # another key under the same kid
+        idp.body = _jwks(replaced)
+        await until_refreshed(lambda: auth.keys.keys["k2"][2] == json.dumps(replaced.jwk, sort_keys=True))
+        with pytest.raises(AuthError, match="signature does not verify"):
+            await auth.authenticate("/get-online-features", second_token)
+
+    try:
+        asyncio.run(run())
+    finally:
+        idp.close()

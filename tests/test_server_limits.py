@@ -1,7 +1,9 @@
 """`materialize serve` against hostile clients, over raw sockets: clients that send half a
 request hold no serving slot and get 408; idle and surplus connections are closed; a
 stalled client does not hold SIGTERM past the shutdown grace; request heads are bounded in
-size and count (431) and the server's memory with them. No traceback in any log."""
+size and count (431) and the server's memory with them; clients that stop reading are
+dropped at the write deadline and their answers freed; a deeply nested body gets 4xx.
+No traceback in any log."""
 
 from __future__ import annotations
 
@@ -179,6 +181,216 @@ def test_request_heads_are_bounded_in_size_and_count(written, tmp_path):  # noqa
     finally:
         server.stop()
     assert "Traceback" not in server.log.read_text()
+
+
+BIG_ASK = json.dumps({"features": [f"every_type:{f}" for f in ("f", "f32", "n", "b", "s", "e", "il", "sl")],
+                      "entities": {"consumer_id": [1, 2, 3] * 7000}}).encode()  # fmt: skip
+"""A request whose answer (about 8 MB) is larger than what the kernel holds for a client that does not read."""
+BIG = {"reader": {"max_entities": 21_000}, "server": {"max_body_bytes": 1 << 20}}
+
+
+def _big_answer(port: int) -> int:
+    """The size of BIG_ASK's answer, read whole."""
+    with _connect(port) as conn:
+        conn.sendall(POST % len(BIG_ASK) + BIG_ASK)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += conn.recv(65536)
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+        while len(body) < length:
+            body += conn.recv(1 << 20)
+        return length
+
+
+def _not_reading(port: int, clients: int) -> list[socket.socket]:
+    """Clients that each send three requests for a large answer at once, then never read (a small
+    receive buffer, so the kernel holds little for them)."""
+    conns = []
+    for _ in range(clients):
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.settimeout(60)
+        conn.connect(("127.0.0.1", port))
+        conn.sendall((POST % len(BIG_ASK) + BIG_ASK) * 3)
+        conns.append(conn)
+    return conns
+
+
+def _received_until_dropped(conn: socket.socket) -> int:
+    """Bytes read until the server closes or resets the connection (socket.timeout if it never does)."""
+    received = 0
+    try:
+        while chunk := conn.recv(1 << 20):
+            received += len(chunk)
+    except ConnectionResetError:
+        pass
+    conn.close()
+    return received
+
+
+def _pinned_per_client(answer: int) -> int:
+    """Bytes of a first answer the server must keep itself for a client that does not read: what the
+    kernel's send buffer (at most tcp_wmem's maximum) and the client's 4 KB receive buffer do not take."""
+    kernel = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2]) + 2 * 4096
+    assert answer > kernel + (1 << 20), (answer, kernel)  # else the kernel would hold the answer: no test
+    return answer - kernel
+
+
+def _wait_for(what, check, timeout: float = 60) -> None:
+    """Until ``check()``; past ``timeout`` an AssertionError saying ``what()``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.1)
+
+
+def test_clients_that_stop_reading_are_dropped_at_the_write_deadline_and_their_answers_freed(written, tmp_path):  # noqa: F811
+    """Pipelined requests behind a large answer, never read: the answer stayed in the server's memory
+    as long as the client kept the socket (no read, idle or in-flight bound applied)."""
+    conf, _ = written
+    settings = _settings(conf, **BIG)
+    settings["server"].update(write_timeout_ms=4000, read_timeout_ms=3000, idle_timeout_ms=3000, max_unsent_bytes=1 << 30)
+    server = serve(tmp_path, "unread", settings)
+    pid = server.process.pid
+    try:
+        answer = max(_big_answer(server.port) for _ in range(2))  # twice: the server's memory warmed to such answers
+        pinned = _pinned_per_client(answer) // 1024  # kB, as /proc says
+        level = _status(pid, "VmRSS")
+        clients = _not_reading(server.port, 10)
+        # the first answers are made and held: at least three at once (the deadline is 4 s, an answer takes < 1 s)
+        rss = lambda: _status(pid, "VmRSS")  # noqa: E731
+        _wait_for(lambda: f"RSS {rss()} kB never passed {level} + 3 x {pinned}", lambda: rss() > level + 3 * pinned)
+        # past the deadline each is dropped with what it held: RSS back within one client's answer of its level
+        _wait_for(lambda: f"RSS {rss()} kB not back near {level} (+{pinned})", lambda: rss() < level + pinned, timeout=30)
+        for conn in clients:
+            assert _received_until_dropped(conn) < answer  # closed or reset before its first answer was whole
+        assert _big_answer(server.port) == answer  # a client that reads is served
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def test_answers_waiting_for_slow_clients_are_bounded_server_wide(written, tmp_path):  # noqa: F811
+    conf, _ = written
+    settings = _settings(conf, **BIG)
+    settings["server"].update(write_timeout_ms=5000, max_unsent_bytes=1 << 20)
+    server = serve(tmp_path, "unsent", settings)
+    try:
+        answer = _big_answer(server.port)
+        assert _pinned_per_client(answer) > 1 << 20  # one client that stops reading passes the bound
+        clients = _not_reading(server.port, 2)
+        statuses: list = []
+
+        def refused() -> bool:
+            statuses.append(server.post(json.loads(ASK)))
+            return statuses[-1][0] != 200
+
+        _wait_for(lambda: f"never refused: {statuses[-3:]}", refused, timeout=30)
+        status, body = statuses[-1]
+        assert (status, json.loads(body)["type"]) == (503, "Overloaded") and "server.max_unsent_bytes" in json.loads(body)["error"], body
+        # they are dropped at the deadline (not read meanwhile: a read would let their answers leave): the bound is free again
+        _wait_for(lambda: f"still refused: {statuses[-1]}", lambda: not refused(), timeout=30)
+        for conn in clients:
+            assert _received_until_dropped(conn) < answer
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def test_sigterm_with_clients_that_stop_reading_stops_quietly(written, tmp_path):  # noqa: F811
+    """Each such client logged a traceback at SIGTERM (its next answer cancelled while waiting to be written)."""
+    conf, _ = written
+    settings = _settings(conf, **BIG)
+    settings["server"].update(write_timeout_ms=120_000, shutdown_grace_ms=2000)
+    server = serve(tmp_path, "unread-term", settings)
+    pid = server.process.pid
+    try:
+        answer = _big_answer(server.port)
+        pinned = _pinned_per_client(answer) // 1024
+        level = _status(pid, "VmRSS")
+        clients = _not_reading(server.port, 4)
+        _wait_for(lambda: "the answers were never held", lambda: _status(pid, "VmRSS") > level + 3 * pinned)
+        time.sleep(1)  # the pipelined requests behind them reach the server
+        start = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == -signal.SIGTERM
+        assert time.monotonic() - start < 20  # within the grace (2 s; 20: a busy machine), not the 120 s write deadline
+    finally:
+        server.stop()
+    for conn in clients:
+        assert _received_until_dropped(conn) < answer
+    log = server.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def _head(size: int) -> bytes:
+    """A GET /health head of exactly ``size`` bytes (a header padded to it)."""
+    start, pad = b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: ", b"\r\n\r\n"
+    return start + b"a" * (size - len(start) - len(pad)) + pad
+
+
+def test_a_head_is_counted_from_the_packet_it_begins_in(written, tmp_path):  # noqa: F811
+    """The chunk a head began in was not counted: a head eight times the limit passed when its
+    blank line came in a later packet."""
+    conf, _ = written
+    server = serve(tmp_path, "packets", _settings(conf, server={"max_header_bytes": 4096}))
+    try:
+        for size, cuts, status in [
+            (4096, (4094,), 200),
+            (4096, (1000, 3000, 4095), 200),
+            (4097, (4095,), 431),
+            (4097, (1000, 3000, 4096), 431),
+            (8 * 4096, (8 * 4096 - 2,), 431),
+        ]:
+            head = _head(size)
+            assert len(head) == size
+            conn = _connect(server.port)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                for start, end in zip((0, *cuts), (*cuts, size)):
+                    conn.sendall(head[start:end])
+                    time.sleep(0.1)  # a packet, read on its own
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before the last packet: the answer was written first
+            got, body = _answer(conn)
+            conn.close()
+            assert got == status, (size, cuts, got, body)
+            if status == 431:
+                assert body["type"] == "HeadersTooLarge" and "server.max_header_bytes" in body["error"], body
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_a_deeply_nested_body_gets_4xx_and_no_log_line(written, tmp_path):  # noqa: F811
+    """A 19-digit number sends a body to the json module's exact parse, which raised
+    RecursionError on deep nesting (500, an error logged each time); a list nested 1,000 deep
+    as a key (orjson takes up to 1,024) raised it when named in the error."""
+    conf, _ = written
+    server = serve(tmp_path, "deep", _settings(conf, server={"max_body_bytes": 1 << 20}))
+    long = b"1234567890123456789"
+    cases = [
+        (b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + long + b", " + b"[" * 100_000 + b"]" * 100_000 + b"]}}",
+         400, "the request body is not JSON: depth limit exceeded"),
+        (b'{"features": ["every_type:n"], "entities": {"consumer_id": [' + long + b"]}, " + b'"x": {' * 50_000 + b"}" * 50_000 + b"}",
+         400, "the request body is not JSON: depth limit exceeded"),
+        (b'{"features": ["every_type:n"], "entities": {"consumer_id": [1, ' + b"[" * 1000 + b"]" * 1000 + b"]}}",
+         422, "entity key 'consumer_id' row 1: expected an integer, got list"),
+    ]  # fmt: skip
+    try:
+        logged = server.log.read_text()
+        for body, status, text in cases:
+            for _ in range(5):
+                got, answer = server.post(body)
+                assert (got, json.loads(answer)["error"]) == (status, text), answer[:300]
+        assert server.post(json.loads(ASK))[0] == 200
+        assert server.log.read_text() == logged  # not a line more: an unauthenticated caller cannot fill the log
+    finally:
+        server.stop()
 
 
 def test_a_long_name_or_key_gets_a_short_answer(written, tmp_path):  # noqa: F811

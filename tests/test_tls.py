@@ -4,10 +4,14 @@ that take TLS only, with a throwaway CA made here (and a second, unrelated CA)."
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import ipaddress
 import json
 import os
 import shutil
+import signal
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -50,9 +54,10 @@ from stores.redis import connect_url as redis_connect
 from stores.sql import connect
 from throwaway.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 
-from .conftest import TINY_SOURCE, first_then_real
+from .conftest import TINY_SOURCE, env_conf, first_then_real
 from .expected import expected_hash, row_of
 from .test_redis_job import DAY2
+from .test_server import MATERIALIZE, start_serving
 from .test_sql_job import AS_OF_DAY2, table_rows
 
 SECRET = "never-in-a-message-7f3a"
@@ -477,3 +482,83 @@ def test_job_writers_and_verification_use_the_configured_tls(tls_redis, tls_redi
     tls_redis_db.hset("c:e4", field_id("score"), encode("float", 99.5))
     tls_pg_db.execute("""UPDATE consumer_features SET features = features || '{"score": 99.5}' WHERE entity_key = 'e4'""")
     assert [m.count for m in (verify_redis(redis_conf, source, rows), verify_sql(sql_conf, source, rows))] == [1, 1]
+
+
+# --- the feature server's HTTPS (server.tls) -------------------------------------------------
+
+
+class _Https:
+    """A `materialize serve` process on HTTPS (start_serving asks it /health)."""
+
+    def __init__(self, port: int, process: subprocess.Popen, log: Path, ca: Path):
+        self.port, self.process, self.log, self.ca = port, process, log, ca
+
+    def handshake(self, ciphers: str | None = None) -> tuple[str, str]:
+        """(TLS version, suite) agreed with a client offering only ``ciphers`` over TLS 1.2
+        (None: a default TLS client); ssl.SSLError when the server takes none of them."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if ciphers is not None:
+            context.maximum_version = ssl.TLSVersion.TLSv1_2
+            context.set_ciphers(ciphers)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.version(), tls.cipher()[0]
+
+    def request(self, method: str, path: str, timeout: float = 30) -> tuple[int, bytes]:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=context)
+        try:
+            conn.request(method, path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+def _serve_https(tmp_path: Path, redis_url: str, tls: dict, ca: Path) -> _Https:
+    settings = {"sinks": ["redis"], "redis": {"url": redis_url, "password_env": None, "mode": "standalone"}, "server": {"tls": tls}}
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(settings))
+    environ = {**os.environ, "FM_CONF_DIR": str(folder)}
+    command = [MATERIALIZE, "serve", "--env", "t"]
+    return start_serving(command, environ, tmp_path / "serve.log", served_as=lambda port, process, log: _Https(port, process, log, ca))
+
+
+# Mozilla's intermediate profile names these TLS 1.2 suites for an ECDSA certificate (ours)
+INTERMEDIATE_ECDSA = {"ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-ECDSA-CHACHA20-POLY1305"}
+
+
+def test_the_servers_tls_1_2_takes_aead_suites_only(certs, redis_server, tmp_path):
+    served = _serve_https(tmp_path, redis_server.url, {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)}, certs.ca)
+    try:
+        with pytest.raises(ssl.SSLError):  # a TLS 1.2 client offering only CBC suites gets no handshake
+            served.handshake("ECDHE-ECDSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA384:ECDHE-ECDSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA")
+        assert served.handshake("ECDHE-ECDSA-AES128-GCM-SHA256") == ("TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256")
+        assert served.handshake()[0] == "TLSv1.3"
+        # every TLS 1.2 suite this client's OpenSSL knows, offered one at a time
+        offered = {c["name"] for c in ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).get_ciphers() if c["protocol"] == "TLSv1.2"}
+        taken = set()
+        for name in sorted(offered):
+            try:
+                taken.add(served.handshake(name)[1])
+            except ssl.SSLError:
+                pass
+        assert taken == INTERMEDIATE_ECDSA & offered and taken
+    finally:
+        assert served.stop() == -signal.SIGTERM
+
+
+def test_a_bad_tls_file_stops_the_server_naming_the_file_and_its_setting(certs, redis_server, tmp_path):
+    missing, not_pem = tmp_path / "missing.pem", tmp_path / "ca.txt"
+    not_pem.write_text("not a certificate\n")
+    tls = {"cert_file": str(missing), "key_file": str(certs.server_key), "client_ca_file": str(not_pem)}
+    settings = {"sinks": ["redis"], "redis": {"url": redis_server.url, "password_env": None, "mode": "standalone"}, "server": {"tls": tls}}
+    folder = env_conf(tmp_path / "conf", "t", json.dumps(settings))
+    done = subprocess.run([MATERIALIZE, "serve", "--env", "t", "--port", str(free_port())], env={**os.environ, "FM_CONF_DIR": str(folder)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{missing}: No such file or directory (server.tls.cert_file)" in done.stderr
+    assert f"{not_pem}: not a PEM certificate (server.tls.client_ca_file)" in done.stderr
