@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from feature_reader.errors import RequestError
+from feature_reader.memo import BoundedMemo, names_bytes
 from fm_config import ConfigError
 from fm_config.reader import _SAFE_ALGORITHMS, _fetched_safely
 
@@ -337,26 +338,17 @@ def unauthorized(message: str, error: str | None = "invalid_token") -> AuthError
     return AuthError(401, message, "Unauthorized", _challenge(error, message.replace('"', "'").encode("ascii", "replace").decode()))
 
 
-class DecisionMemo(dict):
+class DecisionMemo(BoundedMemo):
     """Requests found granted, per (grants, feature service, references): models repeat their
-    requests. Bounded by entries and by the bytes of the names it holds, emptied whole when
-    full (as the reader's selection memo); a refused request is never kept, so a caller
-    sending distinct refused requests leaves nothing behind."""
+    requests. A refused request is never kept, so a caller sending distinct refused requests
+    leaves nothing behind."""
 
     def __init__(self, max_entries: int = DECISIONS, max_bytes: int = DECISION_BYTES):
-        super().__init__()
-        self.max_entries, self.max_bytes, self.bytes = max_entries, max_bytes, 0
+        super().__init__(max_entries, max_bytes)
 
     def keep(self, key: tuple) -> None:
         _, service, refs = key
-        size = 200 + sys.getsizeof(service) + (sys.getsizeof(refs) + sum(map(sys.getsizeof, refs)) if refs else 0)
-        if size > self.max_bytes // 4:  # a request this large is not worth keeping
-            return
-        if len(self) >= self.max_entries or self.bytes + size > self.max_bytes:
-            self.clear()
-            self.bytes = 0
-        self[key] = True
-        self.bytes += size
+        super().keep(key, True, 200 + sys.getsizeof(service) + names_bytes(refs))
 
 
 def _numeric_date(value: Any) -> bool:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numbers
 import re
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from feature_defs import Definitions, EntityDef, FeatureDef, SourceDef
 from feature_reader.errors import EntityKeyError, RequestError, UnknownNameError, shown
+from feature_reader.memo import BoundedMemo, names_bytes
 from serializers.keys import entity_id
 
 _BAD_STRING_PART = re.compile(r"[:\x00-\x1f\x7f\ud800-\udfff]")  # lone surrogates: no UTF-8 (a key is UTF-8)
@@ -146,28 +146,18 @@ def select(defs: Definitions, features: list[str] | None, feature_service: str |
     return Selection(columns, {s.name: s for s, _ in pairs}, involved, needed, groups, names, asked, fields)
 
 
-class SelectionMemo(dict):
-    """Resolved feature references kept between requests (models repeat a few lists), bounded
-    by entries and by the bytes of what it keeps; when full it is emptied whole (the lists in
-    use come back at once)."""
+class SelectionMemo(BoundedMemo):
+    """Resolved feature references kept between requests (models repeat a few lists)."""
 
     PER_COLUMN = 400
     """Bytes a resolved column costs beyond its reference: the column, its name, its places in the selection."""
 
     def __init__(self, max_entries: int = 512, max_bytes: int = 16 << 20):
-        super().__init__()
-        self.max_entries, self.max_bytes, self.bytes = max_entries, max_bytes, 0
+        super().__init__(max_entries, max_bytes)
 
     def keep(self, key: tuple, selection: Selection) -> None:
         refs = key[0] if isinstance(key[0], tuple) else ()
-        size = sys.getsizeof(refs) + sum(map(sys.getsizeof, refs)) + self.PER_COLUMN * len(selection.columns) + 200
-        if size > self.max_bytes // 4:  # a list this large is not worth keeping
-            return
-        if len(self) >= self.max_entries or self.bytes + size > self.max_bytes:
-            self.clear()
-            self.bytes = 0
-        self[key] = selection
-        self.bytes += size
+        super().keep(key, selection, names_bytes(refs) + self.PER_COLUMN * len(selection.columns) + 200)
 
 
 def _selection(defs: Definitions, features, feature_service, full_feature_names, memo: SelectionMemo | None) -> Selection:
