@@ -152,6 +152,23 @@ def test_redis_down_fails_clearly_and_a_rerun_of_the_date_completes(spark, run_c
             restarted.stop()
 
 
+def _kill_a_python_worker_connected_to(port: int, killed: list[int]) -> None:
+    # only Python workers are looked at (a JVM's many sockets make the scan slow), and
+    # again until one is found: the writer may be between two connections
+    deadline = time.monotonic() + 20
+    while not killed and time.monotonic() < deadline:
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if "pyspark" not in " ".join(proc.cmdline()):
+                    continue
+                if any(c.raddr and c.raddr.port == port for c in proc.net_connections("tcp")):
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed.append(proc.pid)
+                    return
+            except psutil.Error:
+                continue
+
+
 def test_spark_task_killed_and_retried_ends_like_a_clean_run(spark, run_conf, fault_data, tmp_path):
     """Kills the Python worker that is writing to Redis; Spark runs the task again (the
     session allows 2 attempts per task, as a cluster does by default)."""
@@ -160,20 +177,15 @@ def test_spark_task_killed_and_retried_ends_like_a_clean_run(spark, run_conf, fa
     killed: list[int] = []
 
     def kill_a_writer() -> None:
-        # only Python workers are looked at (a JVM's many sockets make the scan slow), and
-        # again until one is found: the writer may be between two connections
-        deadline = time.monotonic() + 10
-        while not killed and time.monotonic() < deadline:
-            for proc in psutil.Process().children(recursive=True):
-                try:
-                    if "pyspark" not in " ".join(proc.cmdline()):
-                        continue
-                    if any(c.raddr and c.raddr.port == server.port for c in proc.net_connections("tcp")):
-                        os.kill(proc.pid, signal.SIGKILL)
-                        killed.append(proc.pid)
-                        return
-                except psutil.Error:
-                    continue
+        # writes paused first: the writers wait mid-write with their connections open, so one
+        # is found however slowly a busy machine scans (unpaused, a quick write could end first)
+        pause = redis.Redis(host="127.0.0.1", port=server.port)
+        pause.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+        try:
+            _kill_a_python_worker_connected_to(server.port, killed)
+        finally:
+            pause.execute_command("CLIENT", "UNPAUSE")
+            pause.close()
 
     try:
         # small chunks: the write lasts long enough to be caught in the act
