@@ -25,6 +25,10 @@ Bounds uvicorn does not have (``Limits``, from ``server:`` in conf):
   (it is not in flight: nothing was read for it yet); an answer still unsent gets half
   the shutdown grace (at most ``write_timeout``) to leave, then its connection is dropped.
 
+Warnings a caller without a token can cause (a malformed request, an upgrade to websocket or
+h2c, which this server does not speak) are logged at most once a minute each, with how many
+came since the last line (``QuietWarnings``): a caller repeating them cannot fill the log.
+
 Refusals are JSON bodies like the application's (``{"error": ..., "type": ...}``), then a
 lingering close: the write side is shut, what the client still sends is read and
 dropped for up to ``LINGER`` seconds, so the client reads the answer instead of a reset.
@@ -35,8 +39,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 import httptools
@@ -80,6 +86,28 @@ def _malloc_trim():
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+class QuietWarnings:
+    """At most one warning per kind each ``every`` seconds; the next line says how many were not logged."""
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0, clock=time.monotonic):
+        self.logger, self.every, self.clock = logger, every, clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def warn(self, message: str) -> None:
+        now, last = self.clock(), self._last.get(message)
+        if last is not None and now - last < self.every:
+            self._held[message] = self._held.get(message, 0) + 1
+            return
+        held = self._held.pop(message, 0)
+        self._last[message] = now
+        since = f" ({held:,} more in the last {now - last:.0f} s, not logged)" if held else ""
+        self.logger.warning("%s%s", message, since)
+
+
+WARNINGS = QuietWarnings(logging.getLogger("uvicorn.error"))
 
 
 class _Unsent:
@@ -221,11 +249,11 @@ class OneWriteProtocol(HttpToolsProtocol):
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
-                self._unsupported_upgrade_warning()
+                WARNINGS.warn("Unsupported upgrade request (websocket, h2c): answered as plain HTTP.")
             return
         except httptools.HttpParserError:
             if not self._refused:
-                self.logger.warning("Invalid HTTP request received.")
+                WARNINGS.warn("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
             return
         if self._in_head and self._head_raw - self._head_slack > self.limits.max_header_bytes:

@@ -464,3 +464,54 @@ def test_serve_raises_the_open_file_limit_that_max_connections_needs():
     )
     soft = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
     assert int(soft) == (1024 + 256 if hard == resource.RLIM_INFINITY else min(1024 + 256, hard))
+
+
+def test_malformed_and_upgrade_requests_log_one_warning_a_minute(written, tmp_path):  # noqa: F811
+    """A caller without a token repeating a malformed request or an upgrade (websocket, h2c)
+    adds one warning line per kind a minute, not one per request."""
+    conf, _ = written
+    server = serve(tmp_path, "quiet", _settings(conf))
+    malformed = b"GET / HTTP/1.1\r\nhost x\r\n\r\n"
+    upgrades = [
+        b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+        b"http2-settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    ]
+    try:
+        for _ in range(20):
+            for raw in (malformed, *upgrades):
+                with _connect(server.port) as conn:
+                    conn.sendall(raw)
+                    first = conn.recv(65536)  # the status line (an upgrade's connection stays open)
+                    assert first.split(b" ", 2)[1] == (b"400" if raw is malformed else b"200"), first
+        lines = [line for line in server.log.read_text().splitlines() if "WARNING" in line.upper()]
+        assert sorted(line.split(":", 1)[-1].strip() for line in lines) == [
+            "Invalid HTTP request received.",
+            "Unsupported upgrade request (websocket, h2c): answered as plain HTTP.",
+        ], lines
+    finally:
+        server.stop()
+
+
+def test_quiet_warnings_say_how_many_were_not_logged():
+    import logging
+
+    from feature_reader.one_write import QuietWarnings
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    logger, lines, now = logging.getLogger("test.quiet"), Lines(), [100.0]
+    logger.addHandler(lines)
+    warnings = QuietWarnings(logger, every=60, clock=lambda: now[0])
+    for t in (100, 101, 130, 159.9, 160, 161, 300):
+        now[0] = t
+        warnings.warn("bad")
+    warnings.warn("other")
+    assert lines.lines == ["bad", "bad (3 more in the last 60 s, not logged)", "bad (1 more in the last 140 s, not logged)", "other"]
