@@ -111,6 +111,13 @@ class FeatureServer:
         self._series: dict[tuple[str, int], Any] = {}
         self.in_flight_gauge = Gauge("feature_server_in_flight_requests", "Requests being answered", registry=self.registry)
         self.in_flight_gauge.set_function(lambda: self.in_flight)
+        from feature_reader.one_write import UNSENT  # the connections' count (uvicorn's protocol: the [server] extra)
+
+        unsent = Gauge(
+            "feature_server_unsent_bytes", "Answer bytes written and not yet taken by slow clients (server.max_unsent_bytes)",
+            registry=self.registry,
+        )  # fmt: skip
+        unsent.set_function(lambda: UNSENT.bytes)
         self.registry.register(_ReaderCounters(reader))
         # (when, failed calls then, status, body, body without the stores' details) of the last check
         self._health: tuple[float, int, int, bytes, bytes] | None = None

@@ -262,10 +262,12 @@ def test_clients_that_stop_reading_are_dropped_at_the_write_deadline_and_their_a
         # the first answers are made and held: at least three at once (the deadline is 4 s, an answer takes < 1 s)
         rss = lambda: _status(pid, "VmRSS")  # noqa: E731
         _wait_for(lambda: f"RSS {rss()} kB never passed {level} + 3 x {pinned}", lambda: rss() > level + 3 * pinned)
+        assert _unsent(server) > 3 * pinned * 1024  # /metrics says what they hold
         # past the deadline each is dropped with what it held: RSS back within one client's answer of its level
         _wait_for(lambda: f"RSS {rss()} kB not back near {level} (+{pinned})", lambda: rss() < level + pinned, timeout=30)
         for conn in clients:
             assert _received_until_dropped(conn) < answer  # closed or reset before its first answer was whole
+        assert _unsent(server) == 0
         assert _big_answer(server.port) == answer  # a client that reads is served
     finally:
         server.stop()
@@ -295,10 +297,17 @@ def test_answers_waiting_for_slow_clients_are_bounded_server_wide(written, tmp_p
         _wait_for(lambda: f"still refused: {statuses[-1]}", lambda: not refused(), timeout=30)
         for conn in clients:
             assert _received_until_dropped(conn) < answer
+        assert _unsent(server) == 0
     finally:
         server.stop()
     log = server.log.read_text()
     assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def _unsent(server) -> float:
+    status, text = server.request("GET", "/metrics")
+    assert status == 200, text
+    return float(next(line.split()[1] for line in text.decode().splitlines() if line.startswith("feature_server_unsent_bytes ")))
 
 
 def test_sigterm_with_clients_that_stop_reading_stops_quietly(written, tmp_path):  # noqa: F811
