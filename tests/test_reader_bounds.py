@@ -72,6 +72,29 @@ def test_the_cache_counts_keys_and_drops_entries_past_their_stale_window_unasked
     assert cache.sweep() == puts and cache.bytes == 0
 
 
+def test_a_full_cache_keeps_pythons_youngest_generation_small():
+    """A full cache frees an entry for each it makes, so Python's own count (allocations minus
+    frees) stays under its threshold and new entries piled up in the youngest generation,
+    until one collection walked them all (250 ms at 35,000 entries of 50 floats). The cache
+    collects it every YOUNG_EVERY puts: at most that many entries wait to be looked at."""
+    import gc
+
+    from feature_reader.cache import YOUNG_EVERY
+
+    settings = CacheSettings(ttl_seconds=600, jitter=0, max_entries=20_000, max_bytes=1 << 30)
+    cache = L1Cache(settings, rng=lambda: 0.5)
+    gc.collect()
+    largest = 0
+    for i in range(60_000):
+        values = tuple(float(i + j) for j in range(50))
+        cache.put((("redis",), "s", str(i), "*"), values, size=400, negative=False, delta=0.001)
+        if i % 500 == 0:
+            largest = max(largest, len(gc.get_objects(0)))
+    assert len(cache) == 20_000 and cache.evictions == 40_000
+    # three tracked objects a put (key, values, entry), plus the test's own few
+    assert largest <= 3 * YOUNG_EVERY + 200, largest
+
+
 DEFS = """entities:
   - {name: shop, prefix: s, keys: [{name: shop_id, type: string}], sql_table: shop_features}
 """
