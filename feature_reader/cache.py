@@ -139,7 +139,7 @@ class L1Cache:
                 oldest = next(iter(self._entries))
                 self._drop(oldest)
                 self.evictions += 1
-        if young:
+        if young and gc.isenabled():  # a program that turned the collector off keeps it off
             gc.collect(0)
 
     def sweep(self, limit: int = 100_000) -> int:
