@@ -36,7 +36,7 @@ from urllib.parse import urljoin, urlsplit
 from feature_reader.errors import RequestError
 from feature_reader.memo import BoundedMemo, names_bytes
 from fm_config import ConfigError
-from fm_config.reader import _SAFE_ALGORITHMS, _fetched_safely
+from fm_config.reader import SAFE_ALGORITHMS, fetched_safely
 
 log = logging.getLogger("feature_reader.auth")
 
@@ -157,7 +157,7 @@ def load_jwks(data: bytes | str, where: str, skipped: list[str] | None = None) -
         if not isinstance(entry, dict) or entry.get("use", "sig") != "sig" or entry.get("kty") not in ("RSA", "EC", "OKP"):
             continue  # encryption keys and symmetric ("oct") keys never verify a token here
         kid, algorithm = entry.get("kid", ""), entry.get("alg")
-        why = None if algorithm is None or algorithm in _SAFE_ALGORITHMS else f"its alg {_cut(algorithm)!r} is not a signature algorithm"
+        why = None if algorithm is None or algorithm in SAFE_ALGORITHMS else f"its alg {_cut(algorithm)!r} is not a signature algorithm"
         if why is None:
             try:
                 keys[str(kid)] = (jwt.PyJWK(entry).key, algorithm, json.dumps(entry, sort_keys=True))
@@ -194,7 +194,7 @@ def _fetch(url: str, timeout: float) -> bytes:
         if location is None:
             return body
         target = urljoin(url, location)
-        if not _fetched_safely(target):
+        if not fetched_safely(target):
             raise OSError(f"redirected to {_cut(target)}, which is not https (nor http on loopback): not followed")
         url = target
     raise OSError(f"more than {JWKS_REDIRECTS} redirects")

@@ -117,7 +117,7 @@ class Grant(Settings):
     feature_services: list[str] = []
 
 
-def _fetched_safely(url: str) -> bool:
+def fetched_safely(url: str) -> bool:
     """https, or http to a loopback host (by the parsed host: http://localhost@elsewhere/ is elsewhere)."""
     parts = urlsplit(url)
     if parts.scheme == "https":
@@ -132,7 +132,8 @@ def _fetched_safely(url: str) -> bool:
         return False
 
 
-_SAFE_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+SAFE_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+"""Signature algorithms with a public key: a token is never checked with a shared secret."""
 
 
 class ServerAuthSettings(Settings):
@@ -168,16 +169,16 @@ class ServerAuthSettings(Settings):
 
     @model_validator(mode="after")
     def _complete(self) -> ServerAuthSettings:
-        bad = [a for a in self.algorithms if a not in _SAFE_ALGORITHMS]
+        bad = [a for a in self.algorithms if a not in SAFE_ALGORITHMS]
         if bad:
             raise KeyProblem(
-                "algorithms", f"server.auth.algorithms: {', '.join(bad)} refused (asymmetric only: {', '.join(_SAFE_ALGORITHMS)})"
+                "algorithms", f"server.auth.algorithms: {', '.join(bad)} refused (asymmetric only: {', '.join(SAFE_ALGORITHMS)})"
             )
         if self.mode != "jwt":
             return self
         if (self.jwks_file is None) == (self.jwks_url is None):
             raise KeyProblem("jwks_file", "server.auth.mode jwt needs exactly one of jwks_file or jwks_url")
-        if self.jwks_url and not _fetched_safely(self.jwks_url):
+        if self.jwks_url and not fetched_safely(self.jwks_url):
             raise KeyProblem(
                 "jwks_url", "server.auth.jwks_url must be https:// (keys fetched in clear could be replaced; http on loopback only)"
             )
