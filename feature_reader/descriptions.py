@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import psycopg
@@ -44,11 +44,14 @@ REFUSED = _Refused()
 STORE_NAMES = {"redis": "Redis", "cockroach": "SQL"}
 
 
-def fetch_redis(defs: Definitions, rconf, namespace: str | None, cluster: bool, timeout: float) -> dict[str, Description | None]:
+def fetch_redis(
+    defs: Definitions, rconf, namespace: str | None, cluster: bool, timeout: float, seeds: Sequence[tuple[str, int]] = ()
+) -> dict[str, Description | None]:
     """Entity type -> the entries of its stored names (None: no entry for any: undescribed).
-    HMGET of the reader's own names: the reader's ACL (conf/base/redis-acl.txt) grants it."""
+    HMGET of the reader's own names: the reader's ACL (conf/base/redis-acl.txt) grants it.
+    ``seeds``: the cluster's nodes the reader knows, beside the URL's (which may be down)."""
     if cluster:
-        client = connect_cluster(rconf, socket_timeout=timeout, connect_timeout=timeout)
+        client = connect_cluster(rconf, socket_timeout=timeout, connect_timeout=timeout, seeds=seeds)
     else:
         client = connect(rconf, socket_timeout=timeout, connect_timeout=timeout)
     try:

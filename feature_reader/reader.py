@@ -37,7 +37,7 @@ from feature_reader.singleflight import AsyncFlights, NoFlights, ThreadFlights
 from feature_reader.sql_reads import AsyncSqlReads, SqlReads
 from fm_config import RunConf, load_config
 from serializers.horizon import as_of_horizon
-from stores.redis import connect, is_cluster
+from stores.redis import connect, is_cluster, known_nodes
 from stores.redis import server_address as redis_server_address
 
 STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
@@ -328,7 +328,8 @@ class _Base:
         try:
             if name == "redis":
                 store = self._stores["redis"] or self._make_redis()
-                return fetch_redis(self.defs, self._rconf, self.conf.redis.namespace, store.cluster, wait)
+                seeds = known_nodes(store.client) if store.cluster else ()  # the URL's node may be the one that failed
+                return fetch_redis(self.defs, self._rconf, self.conf.redis.namespace, store.cluster, wait, seeds)
             return fetch_sql(self.defs, self._stores["cockroach"].config)
         except StoreError:
             raise

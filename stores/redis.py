@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Sequence
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -148,9 +150,19 @@ def connect_async(config: RedisConnection, *, socket_timeout: float, connect_tim
     return aioredis.Redis(connection_pool=pool)
 
 
-def connect_cluster(config: RedisConnection, *, socket_timeout: float, connect_timeout: float) -> redis.RedisCluster:
-    """A Redis Cluster client seeded by the config's URL (its own retry follows MOVED and ASK)."""
-    return redis.RedisCluster.from_url(config.url, **client_options(config, socket_timeout, connect_timeout))
+def connect_cluster(
+    config: RedisConnection, *, socket_timeout: float, connect_timeout: float, seeds: Sequence[tuple[str, int]] = ()
+) -> redis.RedisCluster:
+    """A Redis Cluster client seeded by the config's URL and ``seeds`` (host, port) besides: a
+    client made while the URL's node is down finds the cluster through the others (its own
+    retry follows MOVED and ASK)."""
+    nodes = [redis.cluster.ClusterNode(host, port) for host, port in seeds]
+    return redis.RedisCluster.from_url(config.url, startup_nodes=nodes, **client_options(config, socket_timeout, connect_timeout))
+
+
+def known_nodes(client) -> list[tuple[str, int]]:
+    """The (host, port) of every node a cluster client (sync or asyncio) knows: seeds for another client."""
+    return [(node.host, node.port) for node in client.nodes_manager.nodes_cache.values()]
 
 
 def connect_cluster_async(

@@ -215,3 +215,46 @@ def test_async_reader_reads_a_redis_miss_from_sql_for_the_missed_entity_only(clu
         assert off.column("n").statuses == ["NOT_FOUND", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
     finally:
         node.restore(key, 0, saved, replace=True)
+
+
+def test_the_description_is_read_again_after_the_urls_node_is_gone(cluster, written, tmp_path):
+    """The reader's description of what the cluster holds is read again through a new client,
+    which was seeded only by redis.url's node: once that node died (a failover, a node
+    replaced), every refresh failed and, the description too old, every read failed, though
+    the cluster served. A node without slots joins, seeds the reader, and is killed."""
+    import time
+
+    from throwaway.servers import free_ports, start_redis
+
+    conf, defs = written
+    seed = start_redis(tmp_path / "seed", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", port=free_ports(1)[0])
+    first = cluster.client(cluster.ports[0])
+    first.execute_command("CLUSTER", "MEET", "127.0.0.1", str(seed.port))
+    node = redis.Redis(host="127.0.0.1", port=seed.port)
+    deadline = time.monotonic() + 30
+    while not (node.cluster("info")["cluster_state"] == "ok" and int(node.cluster("info")["cluster_known_nodes"]) == 4):
+        assert time.monotonic() < deadline, node.cluster("info")
+        time.sleep(0.2)
+    seed_id = node.execute_command("CLUSTER", "MYID").decode()
+    refresh = 0.5
+    conf = with_mode(conf, "cluster", description_refresh_seconds=refresh)
+    conf = conf.model_copy(update={"redis": conf.redis.model_copy(update={"url": f"redis://127.0.0.1:{seed.port}/0"})})
+
+    async def read(reader):
+        return await reader.get_online_features(EVERY_TYPE_FEATURES, CONSUMERS, store="redis")
+
+    async def run():
+        async with AsyncFeatureReader(conf, defs, cache=False) as reader:
+            assert_expected(await read(reader), "async, seeded by the node")
+            seed.stop()
+            await asyncio.sleep(2 * refresh + 0.3)  # the description past twice its interval: read again before a read
+            assert_expected(await read(reader), "async, the node gone")
+            await asyncio.sleep(2 * refresh + 0.3)
+            assert_expected(await read(reader), "async, the node gone, again")
+
+    try:
+        asyncio.run(run())
+    finally:
+        seed.stop()
+        for port in cluster.ports:  # the others forget it: the module's later tests see the cluster as it was
+            cluster.client(port).execute_command("CLUSTER", "FORGET", seed_id)
