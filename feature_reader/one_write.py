@@ -21,6 +21,12 @@ Bounds uvicorn does not have (``Limits``, from ``server:`` in conf):
 - answer bytes waiting for slow clients, over all connections, are at most
   ``max_unsent_bytes``: past it new requests and connections get 503 and are closed;
 - past ``max_connections`` open connections a new one is answered 503 and closed;
+- at most ``MAX_PIPELINED`` requests of a connection wait behind the one being answered
+  (uvicorn parses every request of what it read, 256 KiB at once: 89 waiting requests a
+  connection were seen); past it the rest of what the client sent is dropped and the
+  connection closes after the waiting ones are answered (a pipelining client sends again
+  what a closed connection did not answer). A connection that is lost lets its waiting
+  requests go at once, rather than at Python's next full collection;
 - at shutdown a request whose body is still coming is answered 503 and closed at once
   (it is not in flight: nothing was read for it yet); an answer still unsent gets half
   the shutdown grace (at most ``write_timeout``) to leave, then its connection is dropped.
@@ -53,6 +59,12 @@ from fm_config.reader import ServerSettings
 
 LINGER = 2.0
 """Seconds a refused connection is read (and dropped) before it closes."""
+MAX_PIPELINED = 16
+"""Requests of one connection parsed and waiting behind the one being answered."""
+
+
+def _nothing() -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -210,7 +222,8 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._in_head = self._chunk_done = False
         """_chunk_done: a request ended in the chunk being fed (one beginning after it has only part of the chunk)."""
         self._head_raw = self._head_slack = self._fed = 0
-        self._refused = False
+        self._refused = self._full = False
+        """_full: MAX_PIPELINED requests wait; what the client sends after them is dropped."""
         self._unsent = 0
         """This connection's part of UNSENT."""
         self._waiting = False
@@ -235,10 +248,17 @@ class OneWriteProtocol(HttpToolsProtocol):
         self._release()
         self.transport.keep()  # type: ignore[attr-defined]
         super().connection_lost(exc)
+        # a waiting request's cycle links back to this protocol (its on_response): a reference
+        # cycle only a full collection frees, rare in this server; unlinked, each goes now
+        for cycle, _app in self.pipeline:
+            cycle.on_response = _nothing
+        self.pipeline.clear()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.on_response = _nothing  # one running resets it when it ends; one never started would not
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
-            return  # lingering: read and dropped
+        if self._refused or self._full:
+            return  # lingering, or past the waiting requests: read and dropped
         self._unset_keepalive_if_required()
         self._fed, self._chunk_done = len(data), False
         if self._in_head:  # a head begun in an earlier chunk: the parser holds these bytes until the line ends
@@ -252,6 +272,9 @@ class OneWriteProtocol(HttpToolsProtocol):
                 WARNINGS.warn("Unsupported upgrade request (websocket, h2c): answered as plain HTTP.")
             return
         except httptools.HttpParserError:
+            if self._full:
+                self.cycle.keep_alive = False  # the last one waiting: its answer closes the connection
+                return
             if not self._refused:
                 WARNINGS.warn("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
@@ -260,6 +283,9 @@ class OneWriteProtocol(HttpToolsProtocol):
             self._too_large()  # still in the head after these bytes: all of them are the head's
 
     def on_message_begin(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._full = True
+            raise _Refused  # stops the parser: this request and the rest are dropped
         super().on_message_begin()
         # the chunk it begins in counts whole; where a request ended earlier in that chunk (pipelined),
         # the chunk is slack: the head is then measured when it ends (on_headers_complete)

@@ -524,3 +524,30 @@ def test_quiet_warnings_say_how_many_were_not_logged():
         warnings.warn("bad")
     warnings.warn("other")
     assert lines.lines == ["bad", "bad (3 more in the last 60 s, not logged)", "bad (1 more in the last 140 s, not logged)", "other"]
+
+
+def test_requests_waiting_behind_one_are_bounded_per_connection(written, tmp_path):  # noqa: F811
+    """uvicorn parsed every request of what it read at once (256 KiB: 89 requests a connection were
+    seen waiting, held until a full collection). At most MAX_PIPELINED wait: the client gets the
+    answers of the one being answered and those waiting, the last with `connection: close`."""
+    from feature_reader.one_write import MAX_PIPELINED
+
+    conf, _ = written
+    server = serve(tmp_path, "pipelined", _settings(conf))
+    try:
+        with _connect(server.port) as conn:
+            conn.sendall((POST % len(ASK) + ASK) * 40)  # one segment: read and parsed at once
+            received = b""
+            while chunk := conn.recv(65536):
+                received += chunk
+        heads = [part.split(b"\r\n\r\n")[0] for part in received.split(b"HTTP/1.1 ")[1:]]
+        assert len(heads) == 1 + MAX_PIPELINED and all(h.startswith(b"200 OK") for h in heads), heads[:2]
+        assert [b"connection: close" in h for h in heads] == [False] * MAX_PIPELINED + [True]
+        with _connect(server.port) as conn:  # a client that waits for each answer is not bounded
+            for _ in range(40):
+                conn.sendall(POST % len(ASK) + ASK)
+                assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log and "WARNING" not in log.upper(), log
