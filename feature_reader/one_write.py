@@ -90,14 +90,27 @@ class Limits:
         )  # fmt: skip
 
 
-def _malloc_trim():
+def _glibc(name: str):
     try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc's; elsewhere none
+        return getattr(ctypes.CDLL(None), name, None)  # glibc's; elsewhere none
     except OSError:
         return None
 
 
-_MALLOC_TRIM = _malloc_trim()
+_MALLOC_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt")
+M_MMAP_THRESHOLD = -3
+LARGE = 128 << 10
+"""Allocations from this size up get pages of their own, given back when freed."""
+
+
+def fixed_mmap_threshold() -> None:
+    """Keep glibc's mmap threshold at 128 KiB. It rises by itself to the largest block freed
+    (up to 32 MiB): after one 1 MB request body or answer was freed, later ones came from
+    the heap, whose freed pages glibc keeps (the RSS stayed up by the largest bodies seen).
+    A fixed threshold gives every large body and answer its own pages, unmapped when freed."""
+    if _MALLOPT is not None:
+        _MALLOPT(M_MMAP_THRESHOLD, LARGE)
 
 
 class QuietWarnings:

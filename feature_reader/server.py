@@ -294,6 +294,9 @@ class FeatureServer:
             if message["type"] == "lifespan.startup":
                 gc.collect()
                 gc.freeze()  # what start-up made is not garbage: full collections then skip it
+                from feature_reader.one_write import fixed_mmap_threshold
+
+                fixed_mmap_threshold()
                 # the cache holds up to reader.cache.max_entries rows, a few tracked objects
                 # each; a full collection walks them all (130 ms at 180,000 rows, measured), and
                 # with the default thresholds it came every few seconds while the cache filled

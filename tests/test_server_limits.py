@@ -551,3 +551,37 @@ def test_requests_waiting_behind_one_are_bounded_per_connection(written, tmp_pat
         server.stop()
     log = server.log.read_text()
     assert "Traceback" not in log and "WARNING" not in log.upper(), log
+
+
+MMAP_PROBE = r"""
+import ctypes, sys
+from feature_reader.one_write import fixed_mmap_threshold
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                                               "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "fixed":
+    fixed_mmap_threshold()
+big = bytearray(4 << 20)
+del big  # freed: glibc's own threshold rises to 4 MiB
+before = libc.mallinfo2().hblkhd
+block = bytearray(1 << 20)
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+def test_large_bodies_get_pages_of_their_own_after_a_larger_one_was_freed():
+    """glibc raises its mmap threshold to the largest block freed: after a 4 MB body, 1 MB ones
+    came from the heap, whose freed pages it keeps (the server's RSS stayed up). The server
+    fixes the threshold at start: a 1 MB block is mapped (mallinfo2's hblkhd), as the first was."""
+    import subprocess
+    import sys
+
+    def mapped(mode: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", MMAP_PROBE, mode], capture_output=True, text=True, check=True).stdout)
+
+    assert mapped("default") == 0  # glibc's own rule: from the heap
+    assert mapped("fixed") >= 1 << 20
