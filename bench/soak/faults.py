@@ -149,3 +149,59 @@ def slow_clients(port: int, count: int, seconds: float) -> Window:
         "200 slow clients" if count == 200 else f"{count} slow clients", start, time.time(),
         {"clients": count, "refused_at_connect": refused, "closed_by_server": len(closed), "held_seconds": seconds},
     )  # fmt: skip
+
+
+@dataclass
+class Hostile:
+    """The hostile phase's parameters (Plan.hostile)."""
+
+    seconds: float = 40.0
+    holders: int = 4
+    """Token holders sending refused bodies at the server's limits; half hold a token granting nothing, half one granting another source."""
+    rate: float = 2.0
+    """Refused bodies per second per holder."""
+    non_readers: int = 32
+    depth: int = 100
+    """Requests each non-reading client pipelines (each for a 100 x 50 answer)."""
+    trickle: float = 1.0
+    """Seconds between the JWKS's bytes while the phase lasts."""
+
+
+def hostile(url: str, idp, signer, entities: int, h: Hostile, write_deadline: float) -> Window:
+    """For ``h.seconds`` at once: refused huge requests from token holders, clients that
+    pipeline and never read, and the JWKS trickling (fresh tokens probed meanwhile); then
+    the JWKS answers at once again. Notes what each met."""
+    from bench.soak import hostile as clients
+    from bench.soak.data import features
+    from bench.soak.idp import NOBODY, OTHER, READER
+
+    port, names = int(url.rsplit(":", 1)[1]), features()
+    non_readers = clients.NonReaders(port, signer.token([READER]), names, entities, h.non_readers, h.depth)
+    refused: dict = {}
+    probed: dict = {}
+    stop = threading.Event()
+    threads = [threading.Thread(target=clients.send_refused, args=(port, i, signer.token([(NOBODY, OTHER)[i % 2]]), h.rate, stop, refused))
+               for i in range(h.holders)]  # fmt: skip
+    threads += [threading.Thread(target=non_readers.run, args=(stop,)),
+                threading.Thread(target=clients.probe_fresh_tokens, args=(url, signer, READER, names, stop, probed))]  # fmt: skip
+    start = time.time()
+    idp.trickle = h.trickle
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(h.seconds)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        idp.trickle = None
+    back = time.time()
+    fetches = [f for f in idp.fetches if start <= f[0] < back]
+    notes = {
+        "seconds": h.seconds, "holders": h.holders, "refused_answers": refused,
+        **non_readers.notes(write_deadline),
+        "fresh_tokens_while_trickling": probed, "jwks_trickle_seconds_per_byte": h.trickle,
+        "jwks_fetches_in_window": len(fetches), "jwks_fetches_whole": sum(1 for f in fetches if f[3]),
+        "jwks_fetch_longest_seconds": round(max((f[1] - f[0] for f in fetches), default=0.0), 2),
+    }  # fmt: skip
+    return Window("hostile clients", start, back, notes)

@@ -4,9 +4,10 @@ keep-alive HTTP/1.1 connections on raw asyncio streams, and every 200 answer che
 
 Run as a process of its own (``python -m bench.soak.load SPEC``), so the fault driver's
 blocking calls never delay a request. SPEC (JSON): streams (url, rate, and either entity id
-lists sent round-robin or how to draw ids afresh for each request), the table the expected values come from, the wall-clock start,
-and a stop file: the load runs until that file exists, then waits for the answers in
-flight and writes one record per request to ``out``.
+lists sent round-robin or how to draw ids afresh for each request), the bearer token every
+request carries, the table the expected values come from, the wall-clock start, and a
+stop file: the load runs until that file exists, then waits for the answers in flight and
+writes one record per request to ``out``.
 
 A checked answer: the entity column is the request's ids; for an entity of the table, its
 50 values are exactly those of one date of the table (OLD or NEW, never some of each),
@@ -144,24 +145,33 @@ def _error_type(body: bytes) -> str:
         return body[:40].decode(errors="replace")
 
 
+def _streams(spec: dict, names: list[str]) -> list[dict]:
+    """Each stream's pool, rate, request head (with the bearer token when the spec has one) and bodies or how to draw them."""
+    auth = f"Authorization: Bearer {spec['token']}\r\n" if spec.get("token") else ""
+    streams = []
+    for s in spec["streams"]:
+        host, port = s["url"].split("//", 1)[1].split(":")
+        head = (f"POST /get-online-features HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n{auth}"
+                "Content-Length: ").encode()  # fmt: skip
+        bodies = [orjson.dumps({"features": names, "entities": {"entity_id": ids}}) for ids in s.get("ids", ())]
+        draw = s.get("draw")
+        rng = random.Random(draw["seed"]) if draw else None
+        streams.append({"pool": Pool(host, int(port)), "rate": s["rate"], "head": head, "bodies": bodies, "ids": s.get("ids"),
+                        "draw": draw, "rng": rng})  # fmt: skip
+    return streams
+
+
 async def run(spec: dict) -> dict:
     from bench.soak.data import NEW_DATE, OLD_DATE, expected, features
 
     values = expected(Path(spec["table"]))
     old, new = values[OLD_DATE], values[NEW_DATE]
     names = features()
-    streams = []
-    for s in spec["streams"]:
-        host, port = s["url"].split("//", 1)[1].split(":")
-        head = (f"POST /get-online-features HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: ").encode()
-        bodies = [orjson.dumps({"features": names, "entities": {"entity_id": ids}}) for ids in s.get("ids", ())]
-        draw = s.get("draw")
-        rng = random.Random(draw["seed"]) if draw else None
-        streams.append({"pool": Pool(host, int(port)), "rate": s["rate"], "head": head, "bodies": bodies, "ids": s.get("ids"),
-                        "draw": draw, "rng": rng})  # fmt: skip
+    streams = _streams(spec, names)
     records: list[list] = []
     detail: list = []
     samples: dict[str, str] = {}
+    last: dict[str, bytes] = {}  # the last body of each kind: a fault's first errors may differ from those that persist
     tasks: set[asyncio.Task] = set()
 
     async def one(i: int, n: int, sched: float) -> None:
@@ -182,11 +192,21 @@ async def run(spec: dict) -> dict:
         latency = time.time() - sched
         counts = check(data, ids, old, new, detail) if status == 200 else (0, 0, 0, 0)
         if status != 200:
-            kind = f"{status} {_error_type(data)}"
+            kind = f"{status} {_error_type(data)} (port {s['pool'].port})"  # per server: their errors differ
             if kind not in samples:
                 samples[kind] = data[:300].decode(errors="replace")
+            last[kind] = data[:300]
         records.append([i, round(sched, 4), round(latency * 1000, 3), status, *counts])
 
+    await _schedule(spec, streams, one, tasks)
+    if tasks:
+        await asyncio.wait(tasks)
+    last_samples = {k: v.decode(errors="replace") for k, v in last.items()}
+    return {"records": records, "wrong_detail": detail, "error_samples": samples, "error_samples_last": last_samples}
+
+
+async def _schedule(spec: dict, streams: list[dict], one, tasks: set) -> None:
+    """Start each request at its time, the earliest due among the streams first, until the stop file exists."""
     start, stop = spec["start"], Path(spec["stop"])
     nexts = [0] * len(streams)
     checked_stop = 0.0
@@ -195,8 +215,7 @@ async def run(spec: dict) -> dict:
         if now - checked_stop > 0.25:
             checked_stop = now
             if stop.exists():
-                break
-        # the earliest request due among the streams
+                return
         i = min(range(len(streams)), key=lambda j: nexts[j] / streams[j]["rate"])
         sched = start + nexts[i] / streams[i]["rate"]
         if sched > now:
@@ -206,9 +225,6 @@ async def run(spec: dict) -> dict:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         nexts[i] += 1
-    if tasks:
-        await asyncio.wait(tasks)
-    return {"records": records, "wrong_detail": detail, "error_samples": samples}
 
 
 def main(argv: list[str]) -> int:
