@@ -5,6 +5,7 @@ limits hold; SIGTERM lets a request in flight finish."""
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import os
@@ -95,6 +96,9 @@ def written(spark, tmp_path_factory, redis_server, pg_server):
 
 
 def _settings(conf, **extra) -> dict:
+    """Settings for a test server; ``extra`` is copied, so a test that updates its settings leaves shared
+    constants alone (one did: every later test in the module ran with its 1 MiB unsent bound)."""
+    extra = copy.deepcopy(extra)
     return {
         "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
         "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},

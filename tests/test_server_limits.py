@@ -261,8 +261,7 @@ def test_clients_that_stop_reading_are_dropped_at_the_write_deadline_and_their_a
         clients = _not_reading(server.port, 10)
         # the first answers are made and held: at least three at once (the deadline is 4 s, an answer takes < 1 s)
         rss = lambda: _status(pid, "VmRSS")  # noqa: E731
-        _wait_for(lambda: f"RSS {rss()} kB never passed {level} + 3 x {pinned}", lambda: rss() > level + 3 * pinned)
-        assert _unsent(server) > 3 * pinned * 1024  # /metrics says what they hold
+        _wait_for(lambda: f"only {_unsent(server):,.0f} bytes unsent (RSS {rss()} kB)", lambda: _unsent(server) > 3 * pinned * 1024)
         # past the deadline each is dropped with what it held: RSS back within one client's answer of its level
         _wait_for(lambda: f"RSS {rss()} kB not back near {level} (+{pinned})", lambda: rss() < level + pinned, timeout=30)
         for conn in clients:
@@ -316,13 +315,13 @@ def test_sigterm_with_clients_that_stop_reading_stops_quietly(written, tmp_path)
     settings = _settings(conf, **BIG)
     settings["server"].update(write_timeout_ms=120_000, shutdown_grace_ms=2000)
     server = serve(tmp_path, "unread-term", settings)
-    pid = server.process.pid
     try:
         answer = _big_answer(server.port)
-        pinned = _pinned_per_client(answer) // 1024
-        level = _status(pid, "VmRSS")
+        pinned = _pinned_per_client(answer)
         clients = _not_reading(server.port, 4)
-        _wait_for(lambda: "the answers were never held", lambda: _status(pid, "VmRSS") > level + 3 * pinned)
+        # what the server says it holds, not its RSS: garbage of the first answer's request, collected
+        # or not by then, moved the RSS as much as three held answers on a busy machine
+        _wait_for(lambda: f"the answers were never held: {_unsent(server):,.0f} bytes unsent", lambda: _unsent(server) > 3 * pinned)
         time.sleep(1)  # the pipelined requests behind them reach the server
         start = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
