@@ -141,20 +141,30 @@ class _Unsent:
     and its last write (the buffer holds a view of it: all of it stays in memory)."""
 
     bytes = 0
-    _trim: asyncio.TimerHandle | None = None
 
     def dropped(self, loop: asyncio.AbstractEventLoop) -> None:
         """A connection was dropped with what it held: once the transport has let its buffers go, glibc
-        is asked to give the freed memory back (it keeps it otherwise, and the RSS stays up)."""
-        if self._trim is None and _MALLOC_TRIM is not None:
-            self._trim = loop.call_later(1.0, self._trimmed)
-
-    def _trimmed(self) -> None:
-        self._trim = None
-        _MALLOC_TRIM(0)  # type: ignore[misc]
+        is asked to give the freed memory back."""
+        give_back_soon(loop)
 
 
 UNSENT = _Unsent()
+_trim: asyncio.TimerHandle | None = None
+
+
+def give_back_soon(loop: asyncio.AbstractEventLoop) -> None:
+    """Within a second, glibc is asked to give freed memory back to the system (``malloc_trim``): after
+    a large body or answer, whose parts (a 1 MB body's thousand 1 KB strings) come from the heap,
+    where glibc keeps freed pages (the RSS stays up by them). At most once a second, however often asked."""
+    global _trim
+    if _trim is None and _MALLOC_TRIM is not None:
+        _trim = loop.call_later(1.0, _trimmed)
+
+
+def _trimmed() -> None:
+    global _trim
+    _trim = None
+    _MALLOC_TRIM(0)  # type: ignore[misc]
 
 
 class _Refused(Exception):

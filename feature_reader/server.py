@@ -111,7 +111,9 @@ class FeatureServer:
         self._series: dict[tuple[str, int], Any] = {}
         self.in_flight_gauge = Gauge("feature_server_in_flight_requests", "Requests being answered", registry=self.registry)
         self.in_flight_gauge.set_function(lambda: self.in_flight)
-        from feature_reader.one_write import UNSENT  # the connections' count (uvicorn's protocol: the [server] extra)
+        from feature_reader.one_write import LARGE, UNSENT, give_back_soon  # uvicorn's protocol: the [server] extra
+
+        self._large, self._give_back = LARGE, give_back_soon
 
         unsent = Gauge(
             "feature_server_unsent_bytes", "Answer bytes written and not yet taken by slow clients (server.max_unsent_bytes)",
@@ -241,6 +243,8 @@ class FeatureServer:
     async def _online(self, scope: dict, receive, grants=None) -> tuple[int, bytes, bytes]:
         _json_only(scope["headers"], self.settings.require_content_type)
         body = await self._body(scope, receive)  # not in flight yet: the connection's read timeout bounds this
+        if len(body) >= self._large:  # its parts come from the heap: given back once this request is done
+            self._give_back(asyncio.get_running_loop())
         if self.in_flight >= self.settings.max_in_flight:
             raise _Refused(503, f"overloaded: {self.in_flight} requests in flight (server.max_in_flight); retry later", "Overloaded")
         self.in_flight += 1
