@@ -367,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     print_targets(results["targets"])
     if args.output:
         args.output.write_text(json.dumps(results, indent=1) + "\n")
-        chart(results, args.output.with_suffix(".png"))
+        try:
+            chart(results, args.output.with_suffix(".png"))
+        except ModuleNotFoundError:  # matplotlib: bench/requirements.txt, which `make bench-serve` installs
+            print(f"\nwrote {args.output} (no chart: pip install -r bench/requirements.txt for matplotlib)")
+            return 0
         print(f"\nwrote {args.output} and {args.output.with_suffix('.png')}")
     return 0
 
