@@ -116,23 +116,43 @@ def _cut(name: Any) -> str:
     return text if len(text) <= 80 else text[:80] + "..."
 
 
-def refused_parts(grants: Grants, args: dict, defs) -> list[str]:
-    """What of a parsed request (feast_request.parse_body) the caller may not read, as 'source x' / 'feature service y'."""
+SHOWN_REFUSALS = 10
+"""Refused parts a 403 names; the others are counted."""
+
+
+def refused_parts(grants: Grants, args: dict, defs) -> tuple[list[str], int]:
+    """What of a parsed request (feast_request.parse_body) the caller may not read: the first
+    SHOWN_REFUSALS as 'source x' / 'feature service y', and how many in all. Only those shown
+    are written out: a body of a thousand refused references made a thousand small strings
+    per request, which the allocator's pools kept scattered (the soak's hostile phase)."""
     service = args.get("feature_service")
     if service is not None:
         if grants.may_read_service(service):
-            return []
+            return [], 0
         known = defs.services.get(service)  # a service whose every source is granted reads nothing more than those sources
         if known is not None and all(grants.may_read_source(ref.partition(":")[0]) for ref in known.features):
-            return []
-        return [f"feature service {_cut(service)!r}"]
-    names = dict.fromkeys(ref.partition(":")[0] for ref in args.get("features") or () if isinstance(ref, str))
-    return [f"source {_cut(n)!r}" for n in names if not grants.may_read_source(n)]
+            return [], 0
+        return [f"feature service {_cut(service)!r}"], 1
+    shown: list[str] = []
+    seen: set[str] = set()
+    count = 0
+    for ref in args.get("features") or ():
+        if not isinstance(ref, str):
+            continue
+        at = ref.find(":")
+        name = ref if at < 0 else ref[:at]
+        if name in seen or grants.may_read_source(name):
+            continue
+        seen.add(name)
+        count += 1
+        if len(shown) < SHOWN_REFUSALS:
+            shown.append(f"source {_cut(name)!r}")
+    return shown, count
 
 
-def forbidden(refused: list[str]) -> AuthError:
-    shown = refused[:10] + ([f"and {len(refused) - 10} more"] if len(refused) > 10 else [])
-    return AuthError(403, f"this token does not grant reading {', '.join(shown)} (server.auth.grants)", "Forbidden")
+def forbidden(shown: list[str], count: int) -> AuthError:
+    more = [f"and {count - len(shown)} more"] if count > len(shown) else []
+    return AuthError(403, f"this token does not grant reading {', '.join(shown + more)} (server.auth.grants)", "Forbidden")
 
 
 # -- keys ------------------------------------------------------------------------------------
@@ -461,9 +481,9 @@ class Authenticator:
                 return
         except TypeError:  # a reference that is not a string: decided (and refused by the reader) without the memo
             key = None
-        refused = refused_parts(grants, args, self.defs)
-        if refused:
-            raise forbidden(refused)
+        shown, count = refused_parts(grants, args, self.defs)
+        if count:
+            raise forbidden(shown, count)
         if key is not None:
             self.decisions.keep(key)
 

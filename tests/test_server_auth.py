@@ -887,3 +887,25 @@ def test_cached_tokens_leave_with_their_key(signer):
         asyncio.run(run())
     finally:
         idp.close()
+
+
+def test_a_refusal_writes_out_only_the_parts_it_names():
+    """A 403 names ten refused sources and counts the others; it wrote out a line for each of
+    a thousand, small strings the allocator's pools kept scattered (the soak's hostile phase)."""
+    import tracemalloc
+
+    from feature_reader.auth import Grants, forbidden, refused_parts
+
+    grants = Grants(frozenset({"granted"}), frozenset())
+    args = {"features": ["granted:f", *(f"s{j:04d}:f" for j in range(1000)), "s0001:g", 7]}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        shown, count = refused_parts(grants, args, None)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert count == 1000 and shown == [f"source 's{j:04d}'" for j in range(10)]
+    assert kept < 4096, kept  # ten short lines and their list (a thousand lines: about 100 KB)
+    expected = ", ".join(f"source 's{j:04d}'" for j in range(10)) + ", and 990 more"
+    assert str(forbidden(shown, count)) == f"this token does not grant reading {expected} (server.auth.grants)"
