@@ -236,8 +236,15 @@ def is_bad(df: DataFrame) -> Column:
     return F.size(F.col(REASONS)) > 0
 
 
-def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> list[Column]:
-    # Latest first; exact ties broken by hashes of the whole row so reruns pick the same row.
+ORDER_HASHES = ("_o1", "_o2")
+"""The columns holding a row's two content hashes while its key's rows are ordered."""
+
+
+def _with_order(df: DataFrame, source: SourceDef, partition: list[str]) -> tuple[DataFrame, list[Column]]:
+    """``df`` with the order's content hashes as columns, and the order: latest first, exact ties
+    broken by hashes of the whole row so reruns pick the same row. As columns, not expressions:
+    Spark computed an expression of a window's order again for every window over it, and sorted
+    every row again for each (four sorts of a key's history, one now)."""
     order = [col(source.timestamp_column).desc_nulls_last()] if source.timestamp_column else []
     if source.created_column:  # select_by event_time: of rows of one event time, the latest created (Feast's rule)
         order.append(col(source.created_column).desc_nulls_last())
@@ -249,7 +256,9 @@ def _order_columns(df: DataFrame, source: SourceDef, partition: list[str]) -> li
     # (null, 1) differ. Two different rows of a key equal in both hashes: about 2^-96. (The
     # rows' JSON text as the last key, as before, tripled the time of the sort.)
     hashed.append(F.array(*[F.isnull(col(c)) for c in content]))
-    return order + [F.xxhash64(*hashed).desc(), F.hash(*hashed).desc()]
+    first, second = ORDER_HASHES
+    staged = df.withColumn(first, F.xxhash64(*hashed)).withColumn(second, F.hash(*hashed))
+    return staged, order + [F.col(first).desc(), F.col(second).desc()]
 
 
 def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], unique: bool = False) -> DataFrame:
@@ -266,25 +275,23 @@ def latest_per_key(df: DataFrame, source: SourceDef, partition: list[str], uniqu
     if unique:
         return df.withColumn(CONFLICTS, F.lit(0))
     values = [source.value_column] if source.layout == "long" else [f.source_column for f in source.features]
-    window = Window.partitionBy(*[col(p) for p in partition]).orderBy(*_order_columns(df, source, partition))
-    whole = Window.partitionBy(*[col(p) for p in partition])
-    ts = source.timestamp_column
-    tied = col(ts).eqNullSafe(F.max(col(ts)).over(whole)) if ts else F.lit(True)
-    if source.created_column:  # a later created time decides: rows of other created times are no conflict
-        tied = tied & col(source.created_column).eqNullSafe(F.first(col(source.created_column)).over(window))
-    # Values hashed for the rows tied with the one kept only (it is one of them): a key's
-    # history of many rows costs its sort, not a JSON text per row.
-    ranked = (
-        df.withColumn("_tied", tied)
-        .withColumn(
-            "_h", F.when(F.col("_tied"), F.xxhash64(F.to_json(F.struct(*[col(v) for v in values]))))
-        )  # to_json: (1, null) and (null, 1) differ
-        .withColumn("_rank", F.row_number().over(window))
-        .withColumn("_kept_h", F.first("_h").over(window))
+    staged, order = _with_order(df, source, partition)
+    keys = [col(p) for p in partition]
+    window = Window.partitionBy(*keys).orderBy(*order)
+    times = [c for c in (source.timestamp_column, source.created_column) if c]
+    tops = [f"_top{i}" for i in range(len(times))]
+    # one sort: the rank and the kept row's times over one window, the conflicts over its partition
+    ranked = staged.select(
+        "*", F.row_number().over(window).alias("_rank"), *[F.first(col(t)).over(window).alias(top) for t, top in zip(times, tops)]
     )
-    other = F.when(F.col("_tied") & (F.col("_h") != F.col("_kept_h")), F.col("_h"))
-    ranked = ranked.withColumn(CONFLICTS, F.size(F.collect_set(other).over(whole)))
-    return ranked.where("_rank = 1").drop("_rank", "_h", "_kept_h", "_tied")
+    tied = F.lit(True)
+    for t, top in zip(times, tops):  # as recent as the kept row (its time is null only when every row's is)
+        tied = tied & col(t).eqNullSafe(F.col(top))
+    # Values hashed for the rows tied with the one kept only (it is one of them, so its own
+    # hash is in the set): a key's history of many rows costs its sort, not a JSON text per row.
+    tied_values = F.when(tied, F.xxhash64(F.to_json(F.struct(*[col(v) for v in values]))))  # to_json: (1, null) and (null, 1) differ
+    conflicts = F.size(F.collect_set(tied_values).over(Window.partitionBy(*keys))) - 1
+    return ranked.withColumn(CONFLICTS, conflicts).where("_rank = 1").drop("_rank", *ORDER_HASHES, *tops)
 
 
 def wide_features(df: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False, unique: bool = False) -> DataFrame:

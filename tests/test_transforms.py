@@ -64,6 +64,16 @@ def test_the_latest_row_per_key_wins_and_ties_are_counted_as_conflicts(spark):
     assert first == again  # the tie is broken the same way whatever the order
 
 
+def test_the_latest_row_per_key_costs_one_sort(spark):
+    """The order's hashes were expressions, computed again for each window over them: Spark
+    sorted every row four times (2.6-2.9 s against 4.4-5.7 s for 1,000,000 keys x 3 rows)."""
+    import re
+
+    df = spark.createDataFrame([("nyc", 1, 1.0, 10, at(1), D2)], SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    plan = tf.latest_per_key(df, WIDE, ["region", "store_id"])._jdf.queryExecution().executedPlan().toString()
+    assert len(re.findall(r"\bSort \[", plan)) == 1, plan
+
+
 def test_one_row_per_key_skips_the_de_duplication_and_gives_the_same_rows(spark):
     rows = [("nyc", 1, 1.5, 10, at(1), D2), ("sf", 2, None, 20, at(3), D2), ("la", 3, 1e39, 30, None, D2)]
     df = spark.createDataFrame(rows, SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
