@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import time
 from collections.abc import Sequence
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -28,6 +29,26 @@ TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
 def is_transient(exc: BaseException) -> bool:
     # a refused password is a ConnectionError to redis-py, but no retry fixes it
     return isinstance(exc, TRANSIENT) and not isinstance(exc, redis.AuthenticationError)
+
+
+LOADING_WAIT_S = 60.0
+"""How long a caller waits for a restarted server to load its data before giving up (transient)."""
+
+
+def info_once_loaded(client: redis.Redis, *sections: str, wait_s: float = LOADING_WAIT_S) -> dict:
+    """``INFO`` of ``sections`` (persistence among them) once the server has loaded its data.
+
+    While Redis loads an append-only file at start it answers INFO but turns AOF off until
+    the load ends (``aof_enabled:0``, ``loading:1``): read then, a restarted server with
+    persistence looks like one without, and a writer would stop a run that can go on."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        info = client.info(*sections, "persistence")
+        if not int(info.get("loading", 0)):
+            return info
+        if time.monotonic() >= deadline:
+            raise redis.BusyLoadingError(f"Redis is still loading its data after {wait_s:g} s")
+        time.sleep(0.1)
 
 
 class TlsVerificationError(TerminalError):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pyarrow as pa
 import pytest
+import redis
 
 from serializers.batch import FeatureSpec, encode_batch
 from serializers.scalar import field_id
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
+from stores.redis import info_once_loaded
 from throwaway.servers import start_redis
 
 from .expected import expected_hash, row_of
@@ -120,6 +125,50 @@ def test_restart_without_persistence_mid_write_is_not_taken_for_success(tmp_path
     finally:
         for s in (server, restarted):
             if s and s.process.poll() is None:
+                s.stop()
+
+
+def test_a_restart_with_persistence_is_waited_for_while_it_loads(tmp_path):
+    # While Redis loads its append-only file it answers INFO with aof_enabled:0 (AOF is off
+    # until the load ends): a writer that reconnects then must wait, not stop the run.
+    aof = ("--appendonly", "yes", "--appendfsync", "always")
+    server = start_redis(tmp_path / "aof", *aof)
+    restarted: list = []
+    try:
+        client = server.client()
+        client.eval("for i = 1, 3000 do redis.call('SET', 'pad:' .. i, i) end", 0)  # keys that take a while to load
+        with RedisSink(sink_config(server.url, retries=10)) as sink:
+            sink.write_batch(encode_batch(things(7), SPECS))
+            client.bgrewriteaof()  # the keys in an RDB preamble, which key-load-delay slows (1 ms a key)
+            while int(client.info("persistence")["aof_rewrite_in_progress"]) or int(client.info("persistence")["aof_rewrite_scheduled"]):
+                time.sleep(0.05)
+            server.process.kill()
+            server.process.wait()
+            slow = ("--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024")
+            starter = threading.Thread(target=lambda: restarted.append(start_redis(tmp_path / "aof", *aof, *slow, port=server.port)))
+            starter.start()
+            probe = redis.Redis(port=server.port, socket_timeout=5)
+            deadline = time.monotonic() + 20
+            while True:  # until the server is up and loading
+                try:
+                    if int(probe.info("persistence")["loading"]):
+                        break
+                except redis.ConnectionError:
+                    pass
+                assert time.monotonic() < deadline, "the restarted server was never seen loading"
+                time.sleep(0.01)
+            with pytest.raises(redis.BusyLoadingError, match="still loading its data after 0 s"):
+                info_once_loaded(probe, "server", wait_s=0)
+            sink.write_batch(encode_batch(things(7, offset=100), SPECS))  # reconnects while the server loads
+            starter.join(timeout=30)
+        assert sink.stats.retries >= 1 and int(probe.info("persistence")["aof_enabled"]) == 1
+        assert probe.dbsize() == 3014  # the padding and both batches: nothing acknowledged was lost
+        for batch, offset in ((things(7), 0), (things(7, offset=100), 100)):
+            for i in range(7):
+                assert probe.hgetall(f"t:{offset + i}") == expected_hash(SPECS, row_of(batch, i), FRESH, 1700000000)
+    finally:
+        for s in (server, *restarted):
+            if s.process.poll() is None:
                 s.stop()
 
 

@@ -24,7 +24,7 @@ import redis
 
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.router import ClusterTopology, KeyRouter, cluster_mode
-from stores.redis import connect, node_address
+from stores.redis import connect, info_once_loaded, node_address
 
 
 def database(url: str) -> int:
@@ -43,7 +43,7 @@ def observe(config: RedisSinkConfig, cluster: bool | None = None) -> dict[str, A
     for address in addresses:
         client = connect(config, address)
         try:
-            info = client.info("server", "persistence", "keyspace")
+            info = info_once_loaded(client, "server", "keyspace")
             try:
                 settings = client.config_get("appendonly") | client.config_get("save")
             except redis.ResponseError:  # NOPERM: the writer's ACL has no CONFIG

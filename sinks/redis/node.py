@@ -31,7 +31,7 @@ from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
 from sinks.redis.config import RedisSinkConfig
 from sinks.retry import call_with_retries
-from stores.redis import TRANSIENT, connect, is_transient, node_address, server_address
+from stores.redis import TRANSIENT, connect, info_once_loaded, is_transient, node_address, server_address
 
 
 class CeilingReached(CapacityError):
@@ -256,8 +256,9 @@ class RedisSink:
     def _check_not_restarted(self) -> None:
         """A server that restarted mid-write without persistence has lost what it had
         acknowledged, which no resend of the pending chunks brings back: stop, ask for a rerun."""
-        run_id = self.client.info("server")["run_id"]
-        if self._run_id is not None and run_id != self._run_id and not int(self.client.info("persistence").get("aof_enabled", 0)):
+        info = info_once_loaded(self.client, "server")
+        run_id = info["run_id"]
+        if self._run_id is not None and run_id != self._run_id and not int(info.get("aof_enabled", 0)):
             raise RedisRestarted(
                 f"Redis at {server_address(self.config.url)} restarted during the write without persistence (AOF off): "
                 f"keys this writer wrote before may be lost; rerun the date"

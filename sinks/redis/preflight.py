@@ -20,7 +20,7 @@ from sinks.redis.node import KeysEvicted, RedisRestarted
 from sinks.redis.router import SLOTS, ClusterTopology, KeyRouter, is_cluster, key_slots
 from sinks.redis.writer import RedisWritePlan
 from sinks.retry import call_with_retries
-from stores.redis import TRANSIENT, connect, is_transient, node_address
+from stores.redis import TRANSIENT, connect, info_once_loaded, is_transient, node_address
 
 
 @dataclass
@@ -205,7 +205,7 @@ def check_after_write(config: RedisSinkConfig, baselines: dict[str, MemoryInfo],
         addresses = router.topology.primaries if router.topology else [None]
         used = evicted = 0
         for address in addresses:
-            info = router.client(address).info("memory", "stats", "server", "persistence")
+            info = info_once_loaded(router.client(address), "memory", "stats", "server")
             used += int(info["used_memory"])
             name = address or node_address(config.url)
             if name not in baselines:
