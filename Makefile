@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-soak bench-feast-example check-feast-client
+.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-serve-floor bench-soak bench-feast-example check-feast-client
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
@@ -76,6 +76,9 @@ bench-serve: services-start  ## the feature server under open-loop load (vegeta)
 
 bench-serve-cost: setup     ## what TLS and bearer tokens cost the feature server: CPU per request and p50/p99 against plain HTTP, modes alternated (about 5 minutes)
 	$(BIN)/python -m bench.serve_cost --output bench/results/serve_cost.json
+
+bench-serve-floor: services-start  ## the server's CPU per request against the bare stack (uvicorn, orjson) with and without a redis-py read, and what the load's core has left (about 6 minutes)
+	$(BIN)/python -m bench.serve_floor --output bench/results/serve_floor.json
 
 bench-soak: setup           ## the feature server under open-loop load while Redis, PostgreSQL and Redis Cluster fail one at a time (about 7 minutes)
 	$(BIN)/python -m bench.soak --output bench/results/soak_results.json
