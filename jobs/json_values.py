@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 
 from feature_defs import SourceDef
 from jobs.pipeline.gate.sql_text import literal
-from serializers.columnar import json_texts, json_values
+from serializers.columnar import json_text_column, json_texts, json_values
 
 EXPECTED = "json (a string of JSON text, or a map with string keys, a struct or an array)"
 """What the schema check says a json feature's column must be."""
@@ -89,7 +89,10 @@ def _as_text(value) -> str | None:
 def _canonical(name: str, max_bytes: int, values: pa.Array) -> pa.Array:
     """A json column's values as (canonical text, the reason it is bad input): the text null
     for a null; for a bad value, the value as read (what the quarantine shows)."""
-    texts, problems = json_texts(values, max_bytes)
+    made, bad = json_text_column(values, max_bytes)
+    if bad is None:  # the common case, kept in Arrow
+        return pa.StructArray.from_arrays([made.cast(pa.string()), pa.nulls(len(made), pa.string())], names=["text", "problem"])
+    texts, problems = made.to_pylist(), bad
     shown = [None if t is None else t.decode("utf-8") for t in texts]
     if any(problems):
         raw = json_values(values)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import snappy
 
-from serializers import json_value
+from serializers import json_fast, json_value
 from serializers.errors import BadValue
 from serializers.floats import format_float_array
 from serializers.json_value import BadJson
@@ -210,12 +210,91 @@ def _json_converter(t: pa.DataType, strict: bool = True) -> Callable[[Any], Any]
     return None
 
 
-def json_texts(arr: pa.Array, max_bytes: int | None = None) -> tuple[list[bytes | None], list[BadJson | None]]:
-    """The canonical JSON text of each value (None: null) and, per row, why it is bad input
-    (None: it is not). A string or binary column holds JSON texts; any other (struct, map,
-    list, numbers, booleans) holds the values themselves."""
+def json_text_column(arr: pa.Array, max_bytes: int | None = None) -> tuple[pa.Array, list[BadJson | None] | None]:
+    """The canonical JSON text of each value as a binary array (null: a null, or bad input)
+    and, when some value is bad input, per row why (None where it is not); None instead of
+    the list when no value is. A string or binary column holds JSON texts; any other
+    (struct, map, list, numbers, booleans) holds the values themselves. Struct columns of
+    scalars and string columns take the fast ways of :mod:`serializers.json_fast`, every
+    row they cannot vouch for the reference's (:func:`serializers.json_value.canonical`)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    fast = json_fast.struct_texts(arr) if pa.types.is_struct(arr.type) else None
+    if fast is None:
+        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+            texts, problems = _texts_of_strings(arr.to_pylist(), max_bytes)
+        else:
+            texts, problems = _reference_texts(arr, max_bytes)
+        return pa.array(texts, pa.binary()), problems if any(problems) else None
+    made, slow = fast
+    made = made.cast(pa.binary())
+    if max_bytes is not None:
+        slow = pc.or_(slow, pc.fill_null(pc.greater(pc.binary_length(made), max_bytes), False))
+    redo = np.flatnonzero(slow.to_numpy(zero_copy_only=False))
+    if not len(redo):
+        return made, None
+    texts = made.to_pylist()
+    redone, problems_of = _reference_texts(arr.take(pa.array(redo)), max_bytes)
+    problems: list[BadJson | None] = [None] * len(arr)
+    for row, text, problem in zip(redo.tolist(), redone, problems_of):
+        texts[row], problems[row] = text, problem
+    return pa.array(texts, pa.binary()), problems if any(problems) else None
+
+
+def json_texts(arr: pa.Array, max_bytes: int | None = None) -> tuple[list[bytes | None], list[BadJson | None]]:
+    """:func:`json_text_column` as lists: the texts, and per row why a value is bad input (None: it is not)."""
+    texts, problems = json_text_column(arr, max_bytes)
+    return texts.to_pylist(), problems or [None] * len(texts)
+
+
+def _texts_of_strings(values: list, max_bytes: int | None) -> tuple[list[bytes | None], list[BadJson | None]]:
+    texts: list[bytes | None] = []
+    problems: list[BadJson | None] = []
+    memo = _MEMO.setdefault(max_bytes, {})
+    remember, hits = True, 0
+    for i, value in enumerate(values):
+        if i == MEMO_TRIAL:  # texts that hardly repeat: the memo would only cost
+            remember = hits * 10 >= i
+        if value is None:
+            text, problem = None, None
+        elif remember and (known := memo.get(value)) is not None:
+            text, problem = known
+            hits += 1
+        else:
+            text, problem = _text_of(value, max_bytes)
+            if remember and len(value) <= MEMO_CHARS:
+                if len(memo) >= MEMO_TEXTS:
+                    memo.clear()  # cheaper than keeping the most recent: texts that repeat come back at once
+                memo[value] = (text, problem)
+        texts.append(text)
+        problems.append(problem)
+    return texts, problems
+
+
+MEMO_CHARS = 512
+"""JSON texts up to this long are remembered (up to :data:`MEMO_TEXTS` of them per
+process and max_bytes): a column's texts often repeat (a configuration, a few categories),
+and the same text always has the same canonical form."""
+MEMO_TEXTS = 4096
+MEMO_TRIAL = 1024
+"""A batch whose first this many texts found fewer than one in ten remembered stops using the memo."""
+_MEMO: dict[int | None, dict[str, tuple[bytes | None, BadJson | None]]] = {}
+
+
+def _text_of(value: str, max_bytes: int | None) -> tuple[bytes | None, BadJson | None]:
+    try:
+        try:
+            text = json_fast.text_canonical(value)
+            if max_bytes is not None and text is not None and len(text) > max_bytes:
+                raise json_fast.Unsure
+        except json_fast.Unsure:
+            text = json_value.canonical(value, max_bytes)
+        return text, None
+    except BadJson as exc:
+        return None, exc
+
+
+def _reference_texts(arr: pa.Array, max_bytes: int | None) -> tuple[list[bytes | None], list[BadJson | None]]:
     convert = _json_converter(arr.type)
     texts: list[bytes | None] = []
     problems: list[BadJson | None] = []
