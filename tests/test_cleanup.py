@@ -135,6 +135,21 @@ def test_cleanup_removes_a_removed_sources_fields_from_every_key_it_wrote(spark,
     assert len(cleanups(ledger)) == 1
 
 
+def test_the_ledger_reads_the_same_with_and_without_spark(spark, written, tmp_path, monkeypatch):
+    # runs read the ledger's files themselves (jobs/operations/ledger_files.py); Spark is the fallback
+    conf, ledger = written
+    (tmp_path / "defs" / "tiny.yaml").unlink()
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 0  # a cleanup step in the ledger too
+    target = redis_target(conf)
+    steps, (writes, legacy) = ledger.write_steps("consumer"), ledger.redis_writes("consumer", target)
+    expected = [("consumer_daily", "run", "succeeded"), ("tiny", "backfill-latest", "succeeded")]
+    assert [(s["source"], s["kind"], s["status"]) for s in steps] == expected
+    assert [w.source for w in writes] == ["consumer_daily"] and legacy == []  # tiny's fields were all cleaned
+    monkeypatch.setattr(Ledger, "_steps_without_spark", lambda self, source=None: None)
+    assert ledger.write_steps("consumer") == steps
+    assert ledger.redis_writes("consumer", target) == (writes, legacy)
+
+
 def test_cleanup_of_a_source_whose_table_is_gone_records_only_what_it_did(spark, written, redis_db, tmp_path, capsys):
     conf, ledger = written
     before = raw(redis_db)

@@ -49,6 +49,7 @@ from jobs.transforms import key_columns
 from serializers import freshness_field_name
 
 log = logging.getLogger(__name__)
+_EPOCH = dt.datetime.min.replace(tzinfo=dt.UTC)
 
 SCHEMA = T.StructType(
     [
@@ -322,13 +323,21 @@ class Ledger:
     def source_steps(self, source: str) -> list[dict]:
         """Every step of ``source`` in its latest state, as dicts: read without Spark
         (ledger_files.py, milliseconds where a Spark query takes seconds), else with it."""
+        found = self._steps_without_spark(source)
+        if found is not None:
+            return found
+        return [r.asDict() for r in self.steps().where(F.col("source") == source).collect()]
+
+    def _steps_without_spark(self, source: str | None = None) -> list[dict] | None:
+        """Every step (of ``source``) in its latest state, read by ledger_files.py; None when
+        that reader cannot (the caller then asks Spark)."""
         from jobs.operations.ledger_files import read_steps
 
         try:
             return read_steps(self.files, self.path, tuple(SCHEMA.fieldNames()), source)
         except OSError as exc:  # a log feature that reader does not follow, a filesystem it cannot reach
             log.info("reading the ledger with Spark: %s", exc)
-        return [r.asDict() for r in self.steps().where(F.col("source") == source).collect()]
+        return None
 
     def written_dates(self, source: str, targets: dict[str, str], steps: list[dict] | None = None) -> dict[dt.date, set[str]]:
         """Dates of ``source`` that succeeded steps wrote to every one of these sink targets,
@@ -358,9 +367,15 @@ class Ledger:
     def write_steps(self, entity: str) -> list[dict]:
         """Every step that wrote (or may have written) sources of ``entity``, oldest first,
         with its stored names and their encodings."""
-        rows = self.steps().where((F.col("entity") == entity) & (F.col("kind") != "cleanup") & F.col("source").isNotNull())
         columns = ("run_id", "kind", "source", "start_date", "status", "features", "encodings")
-        found = [r.asDict() for r in rows.orderBy("started_at", "run_id").select(*columns).collect()]
+        steps = self._steps_without_spark()
+        if steps is not None:
+            mine = [s for s in steps if s["entity"] == entity and s["kind"] != "cleanup" and s["source"] is not None]
+            mine.sort(key=lambda s: (s["started_at"] is not None, s["started_at"] or _EPOCH, s["run_id"]))  # Spark's order: nulls first
+            found = [{c: s[c] for c in columns} for s in mine]
+        else:
+            rows = self.steps().where((F.col("entity") == entity) & (F.col("kind") != "cleanup") & F.col("source").isNotNull())
+            found = [r.asDict() for r in rows.orderBy("started_at", "run_id").select(*columns).collect()]
         for step in found:
             step["encodings"] = json.loads(step["encodings"]) if step["encodings"] else None
         return found
@@ -376,7 +391,10 @@ class Ledger:
         keys; and the succeeded cleanups recorded without saying what they did (older
         versions): their claims are not trusted, since they covered only the keys of the
         sources defined at the time."""
-        rows = self.steps().where(F.col("entity") == entity).collect()
+        rows = self._steps_without_spark()
+        if rows is None:
+            rows = [r.asDict() for r in self.steps().where(F.col("entity") == entity).collect()]
+        rows = [r for r in rows if r["entity"] == entity]
         cleaned: dict[str, set[str]] = {}  # run_id of a write step -> names removed from its keys
         legacy = []
         for r in rows:
@@ -384,7 +402,7 @@ class Ledger:
                 continue
             if r["cleanup"] is None:
                 if r["status"] == "succeeded":
-                    legacy.append(r.asDict())
+                    legacy.append(r)
                 continue
             if canonical_target("redis", json.loads(r["targets"] or "{}").get("redis")) != canonical_target("redis", target):
                 continue
