@@ -393,9 +393,10 @@ def _prefix_problems(entities, places: _Places) -> list[str]:
 
 
 def _field_id_problems(entity, sources, places: _Places, held: set[str] = frozenset()) -> list[str]:
-    """Names, stored names and field ids are unique per entity type, across all of its sources
-    (``held``: the stored names the lock knows, never suggested)."""
-    problems, owners, ids, stored = [], {}, {}, {}
+    """Stored names and field ids are unique per entity type, across all of its sources (one hash
+    per entity holds them all); a feature's name only within its source (``held``: the stored
+    names the lock knows, never suggested)."""
+    problems, ids, stored = [], {}, {}
     taken = held | {f.stored_name for s in sources for f in s.features}
     for source in sources:
         skey = f"source:{source.name}"
@@ -409,10 +410,6 @@ def _field_id_problems(entity, sources, places: _Places, held: set[str] = frozen
         for feature in source.features:
             fkey = f"{skey}:{feature.name}"
             label = f"feature {feature.name!r} of source {source.name!r}"
-            if feature.name in owners and owners[feature.name] != source.name:
-                problems.append(f"{places.at(fkey)}: entity {entity.name!r}: {label} is also defined by source {owners[feature.name]!r}")
-                continue
-            owners[feature.name] = source.name
             if feature.stored_name in stored:
                 problems.append(
                     f"{places.at(fkey)}: entity {entity.name!r}: {label} is stored as {feature.stored_name!r}, like "
@@ -420,7 +417,7 @@ def _field_id_problems(entity, sources, places: _Places, held: set[str] = frozen
                 )
                 continue
             stored[feature.stored_name] = label
-            if feature.field_id in ids and not ids[feature.field_id].startswith(f"feature {feature.name!r}"):
+            if feature.field_id in ids and ids[feature.field_id] != label:
                 problems.append(
                     f"{places.at(fkey)}: field id collision in entity {entity.name!r}: {label} and {ids[feature.field_id]} "
                     f"both have field id {feature.field_id}"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from feature_defs import DEFAULT_DIR, DefinitionError, load_definitions
 from feature_defs.stored_lock import LOCK_NAME, changes, locked, read_lock, write_lock
 from feature_reader import FeatureReader
+from feature_reader.errors import RequestError
 from fm_config import QualityConf, RunConf
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
@@ -389,6 +390,55 @@ def test_random_definition_changes_and_snapshots_never_serve_old_bytes(tmp_path_
             continue
         apply_change(folder, model, proposed)
         check_stores(conf, folder, model)
+
+
+def test_two_sources_with_a_feature_of_one_name_share_each_entitys_hash(tmp_path, redis_server, pg_server):
+    """One hash per entity holds every source of its entity type (as Feast keeps one key per
+    entity): ``a`` of two sources lives under two stored names, each read as its own type."""
+    import xxhash
+
+    folder = define(tmp_path / "defs", "name: a, type: int")
+    (folder / "other.yaml").write_text(HEAD.replace("evolving", "other") + "    - {name: a, type: string, stored_as: a@2}\n")
+    defs = load_definitions(folder, check_lock=False)
+    conf = RunConf(
+        redis=RedisSettings(url=redis_server.url, password_env=None),
+        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
+        sinks=["redis", "cockroach"],
+        reader=ReaderSettings(timeout_ms=10_000),
+        quality=QualityConf(expectations=False),
+    )
+    redis_server.client().flushall()
+    with pg_server.connect() as conn:
+        conn.execute("DROP TABLE IF EXISTS consumer_features, stored_names")
+    day = dt.date(2026, 3, 1)
+    for name, column in (("evolving", pa.array([7, None], pa.int64())), ("other", pa.array(["seven", "eight"]))):
+        source = defs.sources[name]
+        entity = defs.entity_of(source)
+        batch = pa.RecordBatch.from_pydict({"_id": ["1", "2"], "a": column})
+        redis_plan = RedisWritePlan(sink=redis_sink_config(conf, source, entity, day), features=feature_specs(source))
+        list(write_partition(redis_plan, iter([batch])))
+        table = sql_sink_config(conf, source, entity, day)
+        with connect(table) as conn:
+            ensure_schema(conn, table)
+        docs, non_finite = encode_json_maps(batch, feature_specs(source))
+        sql_batch = pa.RecordBatch.from_pydict({"_id": ["1", "2"], "_features_json": docs, "_non_finite": pa.array(non_finite)})
+        list(write_partition(SqlWritePlan(sink=table), iter([sql_batch])))
+
+    client = redis_server.client()
+    assert sorted(client.keys("*")) == [b"c:1", b"c:2"]  # one key per consumer (the run's driver writes the description)
+    field = {n: xxhash.xxh32_intdigest(n.encode()).to_bytes(4, "little") for n in ("a", "a@2", "_ts:evolving", "_ts:other")}
+    epoch = str(as_of_epoch(day)).encode()
+    assert client.hgetall("c:1") == {field["a"]: b"7", field["a@2"]: b"seven", field["_ts:evolving"]: epoch, field["_ts:other"]: epoch}
+    assert client.hgetall("c:2") == {field["a@2"]: b"eight", field["_ts:evolving"]: epoch, field["_ts:other"]: epoch}
+
+    with FeatureReader(conf, defs, cache=False) as reader:
+        for store in ("redis", "sql"):
+            got = reader.get_online_features(["evolving:a", "other:a"], {"consumer_id": [1, 2]}, store=store, full_feature_names=True)
+            assert got.column("evolving__a").values == [7, None], store
+            assert got.column("evolving__a").statuses == ["PRESENT", "NULL_VALUE"], store
+            assert got.column("other__a").values == ["seven", "eight"], store
+            with pytest.raises(RequestError, match="features a come from several sources: ask with full_feature_names"):
+                reader.get_online_features(["evolving:a", "other:a"], {"consumer_id": [1]}, store=store)
 
 
 # --- the issue's cases through the real job (Spark) on the real servers --------------------

@@ -283,6 +283,23 @@ def test_field_id_collision_across_sources(tmp_path):
     ) in problems_of(folder)
 
 
+def test_two_sources_of_one_entity_type_share_a_feature_name_under_different_stored_names(tmp_path):
+    """One hash per entity holds every source's features: a feature name is unique within its
+    source, a stored name (the field) within the entity type."""
+    other = source("    - {name: a, type: int}\n", name="later")
+    folder = write_defs(tmp_path, source("    - {name: a, type: float}\n"))
+    (folder / "src2.yaml").write_text(other)
+    assert problems_of(folder).splitlines()[-1] == (
+        f"  {folder / 'src2.yaml'}:{line_with(other, 'name: a')}: entity 'consumer': feature 'a' of source 'later' is stored as "
+        "'a', like feature 'a' of source 'src': give it fresh storage with `stored_as: a@2`"
+    )
+    (folder / "src2.yaml").write_text(other.replace("{name: a, type: int}", "{name: a, type: int, stored_as: a@2}"))
+    defs = load_definitions(folder)
+    ours, theirs = defs.sources["src"].feature("a"), defs.sources["later"].feature("a")
+    assert (ours.field_id, theirs.field_id) == (xxhash.xxh32_intdigest(b"a"), xxhash.xxh32_intdigest(b"a@2"))
+    assert (ours.type, theirs.type) == ("float", "int")
+
+
 def test_freshness_field_collision_exact_message(tmp_path):
     text = source("    - {name: f8385, type: float}\n", name="src12490")
     folder = write_defs(tmp_path, text)

@@ -13,6 +13,7 @@ import copy
 import datetime as dt
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -157,8 +158,15 @@ INIT_LEFT_OUT = {
 }
 
 
-def init_source(name: str, entity: str, repo: Path, descriptions: dict) -> dict:
-    features = [{**f, **({"description": descriptions[f["name"]]} if f["name"] in descriptions else {})} for f in INIT_FEATURES]
+def init_source(name: str, entity: str, repo: Path, descriptions: dict, stored_suffix: str = "") -> dict:
+    features = [
+        {
+            **f,
+            **({"description": descriptions[f["name"]]} if f["name"] in descriptions else {}),
+            **({"stored_as": f["name"] + stored_suffix} if stored_suffix else {}),
+        }
+        for f in INIT_FEATURES
+    ]
     return {
         "source": {
             "name": name,
@@ -190,21 +198,13 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
     driver_key = [{"name": "driver_id", "type": "int"}]  # Int64, which Feast infers from the Parquet file
     assert load["entities.yaml"] == {
         "entities": [
+            # one entity type for both views: one hash per driver holds both, as Feast keeps one key per driver
             {"name": "driver", "prefix": "d", "keys": driver_key, "sql_table": "driver_features", "description": "Feast entity driver"},
-            {
-                # the push view has the same feature names as driver_hourly_stats: an entity type of its own
-                "name": "driver__driver_hourly_stats_fresh",
-                "prefix": "ddhsf",
-                "keys": driver_key,
-                "sql_table": "driver__driver_hourly_stats_fresh_features",
-                "description": "Feast entity driver, for driver_hourly_stats_fresh",
-            },
         ]
     }
     assert load["driver_hourly_stats.yaml"] == init_source("driver_hourly_stats", "driver", init_repo, INIT_DESCRIPTIONS)
-    assert load["driver_hourly_stats_fresh.yaml"] == init_source(
-        "driver_hourly_stats_fresh", "driver__driver_hourly_stats_fresh", init_repo, {}
-    )
+    # the push view has the same feature names as driver_hourly_stats: fresh stored names keep them apart in that hash
+    assert load["driver_hourly_stats_fresh.yaml"] == init_source("driver_hourly_stats_fresh", "driver", init_repo, {}, "@2")
     every = [f["name"] for f in INIT_FEATURES]
     assert load["feature_services.yaml"] == {
         "feature_services": [
@@ -216,8 +216,11 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
     encodings = {"conv_rate": "float/float32", "acc_rate": "float/float32", "avg_daily_trips": "int"} | dict.fromkeys(every[3:], "json")
     assert load["stored.lock"] == {
         "entities": {
-            entity: {f: {"source": source, "feature": f, "encoding": encodings[f]} for f in sorted(every)}
-            for entity, source in (("driver", "driver_hourly_stats"), ("driver__driver_hourly_stats_fresh", "driver_hourly_stats_fresh"))
+            "driver": {
+                f + suffix: {"source": source, "feature": f, "encoding": encodings[f]}
+                for source, suffix in (("driver_hourly_stats", ""), ("driver_hourly_stats_fresh", "@2"))
+                for f in every
+            }
         }
     }
     # what every command loads: strict, with the lock
@@ -228,9 +231,17 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
     summary = init_import.files["IMPORTED.md"].decode()
     for view in ("driver_hourly_stats", "driver_hourly_stats_fresh"):
         for feature, choice in INIT_TYPES.items():
-            (line,) = [x for x in run.stdout.splitlines() if x.startswith(f"  {view}:{feature}: ")]
+            line, *stored = [x for x in run.stdout.splitlines() if x.startswith(f"  {view}:{feature}: ")]
             assert line.startswith(f"  {view}:{feature}: {choice}"), line
-            assert f"  - {line.strip()}\n" in summary
+            if view == "driver_hourly_stats_fresh":  # and why it is stored under another name
+                assert stored == [
+                    f"  {view}:{feature}: stored as {feature}@2: '{feature}' is source driver_hourly_stats's, in the same hash "
+                    "per entity (stored_as)"
+                ]
+            else:
+                assert stored == []
+            for each in (line, *stored):
+                assert f"  - {each.strip()}\n" in summary
     assert_left_out(run.stdout, INIT_LEFT_OUT)
     for line in left_out_lines(run.stdout):
         assert f"- {line}\n" in summary
@@ -267,18 +278,19 @@ def test_a_type_change_needs_stored_as(init_import, init_repo, tmp_path):
     path = out / "driver_hourly_stats.yaml"
     at = path.read_text().splitlines().index("    - {name: conv_rate, type: float, precision: float32}") + 1
     assert line.startswith(f"{path}:{at}: source 'driver_hourly_stats': feature 'conv_rate': float/float32 -> string")
-    assert "`stored_as: conv_rate@2`" in line and "on the feature in that file (the next import keeps it)" in line
+    # (conv_rate@2 is driver_hourly_stats_fresh's conv_rate, in the same hash per driver)
+    assert "`stored_as: conv_rate@3`" in line and "on the feature in that file (the next import keeps it)" in line
     assert files_of(out) == init_import.files  # nothing written
 
     # the way forward the line names: stored_as on the imported feature, kept by the next import
     text = path.read_text()
     path.write_text(
-        text.replace("{name: conv_rate, type: float, precision: float32}", "{name: conv_rate, type: float, stored_as: conv_rate@2}")
+        text.replace("{name: conv_rate, type: float, precision: float32}", "{name: conv_rate, type: float, stored_as: conv_rate@3}")
     )
     done = import_dump(dump, init_repo, out, "my_project")
-    assert yaml.safe_load(path.read_text())["source"]["features"][0] == {"name": "conv_rate", "type": "string", "stored_as": "conv_rate@2"}
+    assert yaml.safe_load(path.read_text())["source"]["features"][0] == {"name": "conv_rate", "type": "string", "stored_as": "conv_rate@3"}
     lock = yaml.safe_load((out / "stored.lock").read_text())["entities"]["driver"]
-    assert lock["conv_rate@2"] == {"source": "driver_hourly_stats", "feature": "conv_rate", "encoding": "string"}
+    assert lock["conv_rate@3"] == {"source": "driver_hourly_stats", "feature": "conv_rate", "encoding": "string"}
     assert lock["conv_rate"] == {
         "source": "driver_hourly_stats",
         "feature": "conv_rate",
@@ -290,7 +302,7 @@ def test_a_type_change_needs_stored_as(init_import, init_repo, tmp_path):
     load_definitions(out)
 
 
-def test_a_view_removed_in_feast_is_removed_and_the_lock_keeps_its_gone_entity_types_names(init_import, init_repo, tmp_path):
+def test_a_view_removed_in_feast_is_removed_and_its_stored_names_retired(init_import, init_repo, tmp_path):
     out = tmp_path / "defs"
     shutil.copytree(init_import.out, out)
     dump = copy.deepcopy(init_import.dump)
@@ -300,11 +312,51 @@ def test_a_view_removed_in_feast_is_removed_and_the_lock_keeps_its_gone_entity_t
     assert "driver_hourly_stats.yaml" in done.written.unchanged
     entities = yaml.safe_load((out / "entities.yaml").read_text())["entities"]
     assert [e["name"] for e in entities] == ["driver"]
-    # the lock still says what the stores hold under the gone entity type's keys (they stay until their TTL)
-    assert yaml.safe_load((out / "stored.lock").read_text()) == yaml.safe_load(init_import.files["stored.lock"])
-    assert "entity type driver__driver_hourly_stats_fresh (prefix ddhsf) is no longer imported" in "\n".join(done.plan.warnings)
+    # the lock keeps what the drivers' hashes hold under the gone view's names, retired (never served)
+    today = dt.datetime.now(dt.UTC).date().isoformat()
+    before = yaml.safe_load(init_import.files["stored.lock"])["entities"]["driver"]
+    expected = {n: e | ({"retired": today} if n.endswith("@2") else {}) for n, e in before.items()}
+    assert yaml.safe_load((out / "stored.lock").read_text()) == {"entities": {"driver": expected}}
     services = yaml.safe_load((out / "feature_services.yaml").read_text())["feature_services"]
     assert [s["name"] for s in services] == ["driver_activity_v1", "driver_activity_v2"]  # v3 read only the removed view
+    load_definitions(out)
+
+
+def test_an_earlier_output_with_the_push_view_on_its_own_entity_type_keeps_it(init_import, init_repo, tmp_path):
+    """Imports before one hash per entity held every view gave the push view an entity type of
+    its own: its keys are written, so a later import keeps it there, and says when it goes."""
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    fresh, own = out / "driver_hourly_stats_fresh.yaml", "driver__driver_hourly_stats_fresh"
+    fresh.write_text(re.sub(r", stored_as: \w+@2", "", fresh.read_text()).replace("entity: driver\n", f"entity: {own}\n"))
+    entities = out / "entities.yaml"
+    entities.write_text(
+        entities.read_text() + f"  - name: {own}\n    prefix: ddhsf\n    keys:\n      - {{name: driver_id, type: int}}\n"
+        f"    sql_table: {own}_features\n    description: Feast entity driver, for driver_hourly_stats_fresh\n"
+    )
+    lock = yaml.safe_load(init_import.files["stored.lock"])["entities"]["driver"]
+    earlier = {
+        "driver": {n: e for n, e in lock.items() if "@" not in n},
+        own: {n.removesuffix("@2"): e for n, e in lock.items() if "@" in n},
+    }
+    (out / "stored.lock").write_text(yaml.safe_dump({"entities": earlier}))
+    load_definitions(out)
+
+    done = import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    assert yaml.safe_load(fresh.read_text())["source"]["entity"] == own
+    assert "stored_as" not in fresh.read_text()
+    assert [e["name"] for e in yaml.safe_load(entities.read_text())["entities"]] == ["driver", own]
+    (line,) = [x for x in done.plan.lines if x.startswith("source driver_hourly_stats_fresh ")]
+    assert f", entity type {own} (as in the earlier output), " in line
+    assert yaml.safe_load((out / "stored.lock").read_text()) == {"entities": earlier}
+
+    dump = copy.deepcopy(init_import.dump)
+    dump["feature_views"] = [v for v in dump["feature_views"] if v["name"] != "driver_hourly_stats_fresh"]
+    done = import_dump(dump, init_repo, out, "my_project")
+    assert [e["name"] for e in yaml.safe_load(entities.read_text())["entities"]] == ["driver"]
+    # the lock still says what the stores hold under the gone entity type's keys (they stay until their TTL)
+    assert yaml.safe_load((out / "stored.lock").read_text()) == {"entities": earlier}
+    assert f"entity type {own} (prefix ddhsf) is no longer imported" in "\n".join(done.plan.warnings)
     load_definitions(out)
 
 

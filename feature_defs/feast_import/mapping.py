@@ -5,10 +5,12 @@ Names stay Feast's (a view is a source of the same name, a field a feature of th
 so a Feast client's references (``driver_hourly_stats:conv_rate``, ``full_feature_names``)
 work unchanged. What does not fit is listed with the reason and left out, never renamed.
 
-Two rules of this project shape the mapping beyond the types: an entity type is one Redis key
-per entity, its keys the join keys of one or more Feast entities; and a feature's name is
-unique per entity type. A view whose feature names another view of the same entities already
-has (Feast's example defines two such views) gets an entity type of its own, ``<entity>__<view>``.
+One rule of this project shapes the mapping beyond the types: an entity type is one Redis key
+per entity (one hash holds every source's features, as Feast keeps one key per entity), its
+keys the join keys of one or more Feast entities, and a stored name is unique per entity type.
+A view whose feature names another view of the same entities already has (Feast's example
+defines two such views) goes on the same entity type, those features stored under fresh
+stored names (``stored_as: conv_rate@2``), said in the plan.
 
 An earlier output (``Previous``) keeps what must not move: the entity type each source is on,
 each entity type's prefix and SQL table, and what an operator added to the files (``stored_as``,
@@ -31,6 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 from feature_defs.feast_import.errors import FeastImportError
 from feature_defs.feast_import.value_types import feature_type, key_type
 from feature_defs.models import EntityDef, FeatureDef, FeatureName, FeatureServiceDef, Identifier, KeyColumn, Prefix, SourceDef, TableName
+from feature_defs.stored_lock import next_stored_name
 
 # The patterns of feature_defs/models.py, checked before a definition is built, so a name that
 # does not fit is left out with its reason instead of failing the whole import.
@@ -131,7 +134,7 @@ class _EntityType:
     entity_names: tuple[str, ...]
     key_origin: tuple[str, ...]
     features: dict[str, str] = field(default_factory=dict)
-    """feature name -> the source that has it."""
+    """stored name -> the source that has it."""
 
 
 def resolve_path(repo: Path, uri: str) -> str:
@@ -391,8 +394,8 @@ class _Mapper:
     # --- entity types ------------------------------------------------------------------------
     def assign(self, drafts: dict[str, _Draft]) -> dict[str, tuple[_Draft, _EntityType, str]]:
         """Each draft's entity type: the one it had in the earlier output, else the type of its
-        entities, else one of its own when its feature names are taken there (see the module
-        doc); with why, when it is not its entities' type."""
+        entities; with why, when it is not its entities' type. Its features whose stored names
+        are taken there by a source placed before it get fresh ones (see the module doc)."""
         types: dict[str, _EntityType] = {}
         placed: dict[str, tuple[_Draft, _EntityType, str]] = {}
 
@@ -405,12 +408,6 @@ class _Mapper:
                 return ""
             if et.keys != d.keys:
                 return f"its keys differ from those of entity type {candidate} ({_keys_text(et.keys)})"
-            clash = sorted({f.name for f in d.features} & set(et.features))
-            if clash:
-                return (
-                    f"its feature names {', '.join(clash)} are features of source {et.features[clash[0]]} on entity type "
-                    f"{candidate} already, and a feature name is unique per entity type here"
-                )
             return ""
 
         for name in sorted(drafts, key=lambda n: (n not in self.previous.sources, n)):  # earlier assignments first
@@ -430,9 +427,28 @@ class _Mapper:
                 self.left_out(f"feature view {name}", why)
                 continue
             et = types.setdefault(chosen, _EntityType(chosen, d.keys, d.entity_names, d.key_origin))
-            et.features.update(dict.fromkeys((f.name for f in d.features), name))
+            self._fresh_stored_names(d, et)
+            et.features.update(dict.fromkeys((f.stored_name for f in d.features), name))
             placed[name] = (d, et, "" if chosen == base else why)
         return placed
+
+    @staticmethod
+    def _fresh_stored_names(d: _Draft, et: _EntityType) -> None:
+        """Fresh stored names for ``d``'s features whose stored names another source of ``et``
+        has (the same feature name in two views of one entity), said under each feature's line."""
+        taken = set(et.features) | {f.stored_name for f in d.features}
+        for i, f in enumerate(d.features):
+            if f.stored_name in et.features:
+                fresh = next_stored_name(f.stored_name, taken)
+                taken.add(fresh)
+                d.features[i] = f = f.model_copy(update={"stored_as": fresh})
+            owner = et.features.get(f.name)
+            if owner is None or f.stored_name == f.name:
+                continue
+            ref = f"{d.view['name']}:{f.name}"  # said on every import, the stored_as kept from the earlier output too
+            line = f"  {ref}: stored as {f.stored_name}: {f.name!r} is source {owner}'s, in the same hash per entity (stored_as)"
+            at = [j for j, text in enumerate(d.feature_lines) if text.startswith(f"  {ref}: ")]
+            d.feature_lines.insert(at[0] + 1 if at else len(d.feature_lines), line)
 
     def entity_defs(self, used: dict[str, _EntityType]) -> list[EntityDef]:
         """The entity types the sources use, each with its line (before the sources' lines)."""
