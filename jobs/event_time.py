@@ -17,8 +17,8 @@ broken by ``created_column`` (the latest wins), then as any exact tie is
 - Sub-seconds order the rows of an entity within a run; the stored as-of time is the event
   time floored to whole epoch seconds (the freshness field holds decimal seconds, and Feast's
   own SDK returns event timestamps as whole seconds too).
-- A row with a null event time is bad input: quarantined with a reason naming the source and
-  column, never written. A row whose event time is after the window's end is not part of it
+- A row with a null event time is bad input: quarantined with a reason naming the column,
+  never written. A row whose event time is after the window's end is not part of it
   (a later window has it); no window ends beyond the horizon (serializers/horizon.py: the
   midnight after tomorrow, UTC), so an event time past it (2099: a unit or clock gone wrong)
   is never written, as no run takes a date past tomorrow.
@@ -27,6 +27,8 @@ broken by ``created_column`` (the latest wins), then as any exact tie is
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from pyspark.sql import Column, DataFrame
@@ -111,9 +113,39 @@ def cut_note(requested_end: dt.datetime) -> str:
     )
 
 
-def read_time() -> dt.datetime:
-    """The driver's clock, to the second (floored), as a run starts reading its table."""
+_run_read_time: dt.datetime | None = None
+"""The one read time of the sources of a run under way (one_read_time), else None."""
+
+
+def read_time(*, own: bool = False) -> dt.datetime:
+    """The driver's clock, to the second (floored), as a run starts reading its table; inside
+    ``one_read_time`` (unless ``own``), the time the run's sources started together."""
+    if _run_read_time is not None and not own:
+        return _run_read_time
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def cut_at_read(window: EventWindow) -> EventWindow:
+    """``window`` as a run reading its table now covers it (EventWindow.read_at): at the run's
+    one read time, or at this source's own clock when that would leave nothing of the window
+    (the source waited for the lease of a run that read later)."""
+    cut = window.read_at(read_time())
+    if cut.start is not None and cut.start >= cut.end:
+        cut = window.read_at(read_time(own=True))
+    return cut
+
+
+@contextmanager
+def one_read_time() -> Iterator[dt.datetime]:
+    """The sources of one run read their tables as of one instant, taken before any of them
+    reads (so no later than any of their reads): their windows are cut alike, and two sources
+    over the same rows share one read and one prepared snapshot (jobs/pipeline/shared_cache.py)."""
+    global _run_read_time
+    _run_read_time = read_time(own=True)
+    try:
+        yield _run_read_time
+    finally:
+        _run_read_time = None
 
 
 def end_date(end: dt.datetime) -> dt.date:
@@ -171,7 +203,9 @@ def rows_in(df: DataFrame, source: SourceDef, window: EventWindow) -> int:
 
 
 def null_event_time_reason(source: SourceDef) -> str:
-    return f"{source.name}: null event time ({source.timestamp_column})"
+    """The reason names the column, not the source (the quarantine row and the summary do), so
+    sources over the same rows tag them alike and share their prepared snapshot."""
+    return f"null event time ({source.timestamp_column})"
 
 
 def tag_null_event_time(df: DataFrame, source: SourceDef) -> DataFrame:

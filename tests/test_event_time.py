@@ -140,7 +140,7 @@ ROWS = [  # consumer_id, score, tag, event_ts, created
     (6, 8.0, "replaces 2099", at("2026-11-20T02:00:00"), None),
     (7, 1.0, "no time", None, None),
 ]
-NULL_TIME = "events: null event time (event_ts)"
+NULL_TIME = "null event time (event_ts)"
 
 
 def test_each_entity_is_stored_as_of_its_latest_row_by_event_time_and_never_older(spark, both_stores, redis_db, pg_db, tmp_path):
@@ -423,6 +423,35 @@ def test_an_incremental_window_starts_at_the_last_succeeded_end_of_every_store_l
     assert incremental_window(source, steps, {"cockroach": both["cockroach"], "redis": "redis://other:6379"}, until).start is None
     with pytest.raises(WindowError, match=r"--until 2026-11-20T12:00:00Z is not after the window's start 2026-11-21T00:00:00Z"):
         incremental_window(source, steps, redis, at("2026-11-20T12:00:00"))
+
+
+def test_the_sources_of_one_run_are_cut_at_one_read_time_taken_before_any_reads(monkeypatch):
+    """for_each_source: every source of the run sees one read time, taken as the run starts,
+    however long the others took; a window with nothing left before it uses its own clock."""
+    from jobs.pipeline.run import for_each_source
+
+    clock = iter(at(t) for t in ("2026-11-20T10:00:00", "2026-11-20T10:07:00", "2026-11-20T10:09:00", "2026-11-20T10:30:00"))
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return next(clock)
+
+    monkeypatch.setattr(event_time.dt, "datetime", Clock)
+    seen, done = {}, {}
+
+    def work(name: str):
+        seen[name] = event_time.cut_at_read(event_time.date_window(DAY))
+        if name == "late":  # its last window ended after the run's read time: its own clock, 10:07
+            since = at("2026-11-20T10:05:00")
+            return event_time.cut_at_read(event_time.EventWindow(since - dt.timedelta(seconds=60), END_OF_DAY, since=since))
+        return None
+
+    for_each_source(["a", "b", "late"], work, 1, lambda name, result, exc: done.setdefault(name, (result, exc)))
+    assert {n: w.end for n, w in seen.items()} == dict.fromkeys(("a", "b", "late"), at("2026-11-20T10:00:00"))
+    late, exc = done["late"]
+    assert exc is None and (late.start, late.end) == (at("2026-11-20T10:04:00"), at("2026-11-20T10:07:00"))
+    assert event_time.read_time() == at("2026-11-20T10:09:00")  # after the run: the clock again
 
 
 def test_a_window_ends_no_later_than_the_time_its_run_reads_the_table():

@@ -96,24 +96,44 @@ def test_create_upgrades_an_older_ledger_so_appends_at_once_do_not_conflict(spar
     assert sorted(s["source"] for s in ledger.list()) == ["s0", "s1", "s2", "s3"]
 
 
-def test_sources_over_one_table_keep_caches_of_their_own(spark, run_conf, tmp_path):
-    """Spark shares a cache entry among equal plans: one source's unpersist must not drop another's."""
+def test_sources_over_one_table_share_one_cache_and_release_it_last(spark, run_conf, tmp_path):
+    """Spark shares a cache entry among equal plans: sources preparing the same rows alike
+    (a view and its push view) read one cached snapshot, and one source's release must not
+    drop it under another; a source that prepares other rows keeps its own."""
+    from jobs.pipeline import shared_cache
     from jobs.pipeline.context import RunContext
     from jobs.pipeline.prepare import prepare
     from jobs.pipeline.read import read
 
     features, schema = "    - {name: score, type: float}\n", "consumer_id long, score double, ds date"
     defs = tiny_consumer_source(spark, tmp_path, features, schema, [(1, 1.0, DAY2), (2, 2.0, DAY2)])
-    twin_yaml = (tmp_path / "defs" / "tiny.yaml").read_text().replace("name: tiny", "name: twin")
-    (tmp_path / "defs" / "twin.yaml").write_text(twin_yaml.replace("{name: score,", "{name: twin_score, column: score,"))
+    tiny_yaml = (tmp_path / "defs" / "tiny.yaml").read_text()
+    # twin: the same rows alike, its feature stored under another name; other: another column name
+    (tmp_path / "defs" / "twin.yaml").write_text(
+        tiny_yaml.replace("name: tiny", "name: twin").replace("{name: score,", "{name: score, stored_as: score@2,")
+    )
+    (tmp_path / "defs" / "other.yaml").write_text(
+        tiny_yaml.replace("name: tiny", "name: other").replace("{name: score,", "{name: other_score, column: score,")
+    )
     defs = load_definitions(tmp_path / "defs")
     conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
-    tiny, twin = (
-        prepare(ctx, read(ctx))
-        for ctx in (RunContext(spark, conf, defs.source(n), defs.entity_of(defs.source(n)), DAY2) for n in ("tiny", "twin"))
-    )
-    for df in tiny.cached:
-        df.unpersist()
+    persisted = lambda: len(spark.sparkContext._jsc.getPersistentRDDs())  # noqa: E731
+    prepared, added = {}, {}
+    for name in ("tiny", "twin", "other"):
+        ctx = RunContext(spark, conf, defs.source(name), defs.entity_of(defs.source(name)), DAY2)
+        start = persisted()
+        prepared[name] = prepare(ctx, read(ctx))
+        added[name] = persisted() - start
+    tiny, twin, other = prepared.values()
+    assert tiny.share_key == twin.share_key != other.share_key
+    assert added["twin"] == 0 and added["tiny"] > 0 and added["other"] > 0  # twin cached nothing of its own
+    assert shared_cache.holders(tiny.share_key) == 2
+    tiny.release()
+    assert [df.storageLevel.useMemory for df in twin.cached] == [True, True]  # twin still reads them
+    assert twin.good.collect() == tiny.good.collect() and len(twin.good.collect()) == 2
+    other.release()
+    assert [df.storageLevel.useMemory for df in other.cached] == [False, False]
     assert [df.storageLevel.useMemory for df in twin.cached] == [True, True]
-    for df in twin.cached:
-        df.unpersist()
+    twin.release()
+    assert [df.storageLevel.useMemory for df in [*tiny.cached, *twin.cached]] == [False] * 4
+    assert shared_cache.holders(tiny.share_key) == 0

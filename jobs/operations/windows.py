@@ -40,7 +40,7 @@ from pyspark.sql import SparkSession
 
 from feature_defs import SourceDef
 from fm_config import RunConf
-from jobs.event_time import EventWindow, lookback_seconds, no_rows, read_time, rows_in, utc_text
+from jobs.event_time import EventWindow, cut_at_read, lookback_seconds, no_rows, rows_in, utc_text
 from jobs.operations.ledger import WRITE_KINDS, aware, on_target
 from jobs.operations.store_state import date_ranges, restore_command
 from jobs.pipeline.read import SourceNotReady
@@ -93,8 +93,7 @@ def incremental_window(
 def read_window(source: SourceDef, window: EventWindow, now: dt.datetime | None = None) -> EventWindow:
     """``window`` as a run reading the table at ``now`` (default: the clock) covers it: cut there
     when it would end later (EventWindow.read_at); WindowError when nothing is left of it."""
-    now = read_time() if now is None else now
-    cut = window.read_at(now)
+    cut = cut_at_read(window) if now is None else window.read_at(now)
     if cut.start is not None and cut.start >= cut.end:
         raise WindowError(
             f"source {source.name!r}: the window's start {utc_text(cut.start)} (the last window's end {utc_text(cut.since or cut.start)} "

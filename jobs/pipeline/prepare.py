@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from jobs import event_time
 from jobs import transforms as tf
+from jobs.pipeline import shared_cache
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.source_table import dated
 
@@ -44,6 +45,12 @@ class Prepared:
     quarantine: DataFrame
     cached: list[DataFrame]
     counts: SnapshotCounts
+    share_key: str = ""
+    """Sources of the run that prepare the same rows share the cached frames (shared_cache.py)."""
+
+    def release(self) -> None:
+        """Done with the cached frames: unpersisted once no other source reads them."""
+        shared_cache.release(self.share_key)
 
 
 def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
@@ -59,19 +66,28 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     With the SQL sink in the run, each row's JSON object is built here, so an object over
     ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
     """
+    key = shared_cache.share_key(ctx.source, ctx.entity, ctx.date, ctx.end, ctx.window)
+    shared_cache.hold(key)
+    try:
+        return _prepare(ctx, raw, key)
+    except BaseException:
+        shared_cache.release(key)
+        raise
+
+
+def _prepare(ctx: RunContext, raw: DataFrame, key: str) -> Prepared:
     conf, source, entity = ctx.conf, ctx.source, ctx.entity
     if ctx.window is not None:  # select_by event_time: the rows of the window, and those without an event time
         snapshot = event_time.in_window(raw, source, ctx.window)
     else:
         snapshot = dated(raw, source.date_column, ctx.date, ctx.end)
-    # A plan of its own per source (the filter is always true, and optimized away): Spark
-    # shares one cache entry among equal plans, and another source of the run over the same
-    # table would unpersist it under this one (parallel_sources).
-    snapshot = snapshot.where(F.lit(source.name).isNotNull())
+    # The plan carries the share key (the filter is always true, and optimized away): Spark
+    # shares one cache entry among equal plans, which sources of the run with this key have.
+    snapshot = snapshot.where(F.lit(key).isNotNull())
     tagged = tf.tag_key_problems(snapshot, source, entity)
     if ctx.window is not None:
         tagged = event_time.tag_null_event_time(tagged, source)
-    tagged = tagged.persist()
+    tagged = shared_cache.cache(key, tagged)
     read = _count_read(ctx, tagged)
     good_rows = tagged.where(~tf.is_bad(tagged))
     unique = read["duplicates"] == 0
@@ -80,14 +96,14 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
         # blocks) stays the same size however large the snapshot; the de-duplication reuses it.
         partitions = max(conf.spark.shuffle_partitions, math.ceil(read["rows"] / conf.spark.rows_per_partition))
         good_rows = good_rows.repartition(partitions, *[tf.col(k) for k in tf.key_columns(source, entity)])
-    checked = _checked(ctx, good_rows, unique).persist()
+    checked = shared_cache.cache(key, _checked(ctx, good_rows, unique))
     counts = _count_checked(ctx, checked, read)
     written = checked
     if ctx.per_date:
         written = tf.latest_good_date(checked, source, entity)
         if "cockroach" in conf.sinks:
             written = written.sortWithinPartitions(tf.ENTITY_ID)
-        written = written.persist()
+        written = shared_cache.cache(key, written)
         latest = written.count()
         counts = replace(counts, earlier_dates=counts.entities - latest, entities=latest)
     for_writers = _for_writers(conf, counts.entities, written)
@@ -102,6 +118,7 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
         quarantine=quarantine,
         cached=[tagged, checked, *([written] if ctx.per_date else [])],
         counts=counts,
+        share_key=key,
     )
 
 

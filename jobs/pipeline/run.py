@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 
 from feature_defs import Definitions
 from fm_config import RunConf
-from jobs.event_time import EventWindow, date_window, no_rows, null_event_time_note, read_time
+from jobs import event_time
+from jobs.event_time import EventWindow, cut_at_read, date_window, no_rows, null_event_time_note
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.describe import check_descriptions
 from jobs.pipeline.gate import checks as quality
@@ -102,7 +103,7 @@ def _window(source, date: dt.date, end: dt.date | None, window: EventWindow | No
         return None
     if end is not None:
         raise ValueError(f"source {source.name!r} selects by event time: a run covers a window of event times, not a range of dates")
-    return (window or date_window(date)).read_at(read_time())
+    return cut_at_read(window or date_window(date))
 
 
 def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool) -> Prepared:
@@ -114,8 +115,7 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
             prepared = prepare(ctx, raw)
             summary.record(prepared.counts)
         if not prepared.counts.snapshot_entities:  # no rows: not a success of 0 entities
-            for df in prepared.cached:
-                df.unpersist()
+            prepared.release()
             if ctx.window is not None:
                 raise SourceNotReady(no_rows(ctx.source, ctx.window, table_ref(ctx.conf, ctx.source), "nothing was written"))
             raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end, done="nothing was written")
@@ -149,7 +149,7 @@ def for_each_source(
         else:
             done(name, result, None)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names))), thread_name_prefix="source") as pool:
+    with event_time.one_read_time(), ThreadPoolExecutor(max_workers=max(1, min(parallel, len(names))), thread_name_prefix="source") as pool:
         list(pool.map(one, names))
 
 

@@ -35,8 +35,7 @@ class RecordedStep:
             summary.status = getattr(exc, "report_status", "failed")  # e.g. "not ready": no rows for the date
             summary.error = f"{type(exc).__name__}: {exc}"
         if self.prepared:
-            for df in self.prepared.cached:
-                df.unpersist()
+            self.prepared.release()
         if self.report:
             with summary.stage("report"):
                 summary.seconds = time.perf_counter() - self.start
