@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
@@ -43,15 +43,16 @@ class RunContext:
         return replace(sql_sink_config(self.conf, self.source, self.entity, self.date), follow_expiry=self.shared_entity)
 
     @contextmanager
-    def stage(self, summary, name: str) -> Iterator[None]:
-        """Time a stage in the summary, and tag the Spark jobs it runs with the local property
-        ``fm.stage`` (the Spark UI and event log then say which stage ran each job)."""
+    def stage(self, summary, name: str, *, timed: bool = True) -> Iterator[None]:
+        """Time a stage in the summary (unless not ``timed``: the caller adds its seconds), and
+        tag the Spark jobs it runs with the local property ``fm.stage`` (the Spark UI and event
+        log then say which stage ran each job)."""
         sc = self.spark.sparkContext if self.spark is not None else None
         previous = sc.getLocalProperty("fm.stage") if sc else None
         if sc:
             sc.setLocalProperty("fm.stage", name)
         try:
-            with summary.stage(name):
+            with summary.stage(name) if timed else nullcontext():
                 yield
         finally:
             if sc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,7 +27,7 @@ from jobs.pipeline.report.stage import RecordedStep, new_summary, report_dir
 from jobs.pipeline.report.summary import RunSummary
 from jobs.pipeline.snapshot_order import check_mostly_newer
 from jobs.pipeline.source_table import table_ref
-from jobs.pipeline.verify import verify_writes
+from jobs.pipeline.verify import verify_sample, verify_writes
 from jobs.pipeline.write_redis import write_redis
 from jobs.pipeline.write_sql import prepare_sql, write_sql
 from jobs.progress import progress
@@ -79,12 +80,18 @@ def run_source(
         with ctx.stage(summary, "gate"):
             docs = check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
         try:  # the data docs render while the stores are written
+            if conf.quality.verify_sample:  # the rows to read back, taken before the write (verify_sample)
+                start = time.perf_counter()
+                with ctx.stage(summary, "verify", timed=False):
+                    sample = verify_sample(ctx, prepared.good, summary)
+                sampled = time.perf_counter() - start
             _write(ctx, prepared, summary)
             if after_write:
                 after_write(summary)
             if conf.quality.verify_sample:
                 with ctx.stage(summary, "verify"):
-                    verify_writes(ctx, prepared.good, summary)
+                    verify_writes(ctx, sample, summary)
+                summary.stages["verify"] += sampled
             if guard_skipped_newer:
                 check_mostly_newer(ctx, summary)
         finally:
@@ -212,5 +219,5 @@ def verify_source(
             with sql_connect(ctx.sql_config()) as conn:
                 summary.sinks["cockroach"] = {"dialect": dialect_of(conf.sql, conn)}
         with ctx.stage(summary, "verify"):
-            verify_writes(ctx, prepared.good, summary)
+            verify_writes(ctx, verify_sample(ctx, prepared.good, summary), summary)
     return summary

@@ -170,10 +170,15 @@ def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mism
     return out
 
 
-def verify_writes(ctx: RunContext, good: DataFrame, summary: RunSummary) -> None:
-    """Read a random sample back from every store written; any difference fails the run."""
+def verify_sample(ctx: RunContext, good: DataFrame, summary: RunSummary) -> list[dict[str, Any]]:
+    """The rows to read back after the write (taken before it: the write of another source of
+    the run holds Spark's task slots while it runs, and this small job would wait for it)."""
+    return sample_rows(good, ctx.conf.quality.verify_sample, summary.entities)
+
+
+def verify_writes(ctx: RunContext, rows: list[dict[str, Any]], summary: RunSummary) -> None:
+    """Read ``rows`` (verify_sample) back from every store written; any difference fails the run."""
     conf, source, entity, date = ctx.conf, ctx.source, ctx.entity, ctx.date
-    rows = sample_rows(good, conf.quality.verify_sample, summary.entities)
     found = []
     if "redis" in summary.sinks:
         sink_conf = ctx.redis_config()
