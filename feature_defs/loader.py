@@ -411,9 +411,11 @@ def _field_id_problems(entity, sources, places: _Places, held: set[str] = frozen
             fkey = f"{skey}:{feature.name}"
             label = f"feature {feature.name!r} of source {source.name!r}"
             if feature.stored_name in stored:
+                fresh = next_stored_name(feature.stored_name, taken)
+                taken.add(fresh)  # a third source of the name is told another
                 problems.append(
                     f"{places.at(fkey)}: entity {entity.name!r}: {label} is stored as {feature.stored_name!r}, like "
-                    f"{stored[feature.stored_name]}: give it fresh storage with `stored_as: {next_stored_name(feature.stored_name, taken)}`"
+                    f"{stored[feature.stored_name]}: give it fresh storage with `stored_as: {fresh}`"
                 )
                 continue
             stored[feature.stored_name] = label

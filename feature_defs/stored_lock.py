@@ -111,7 +111,7 @@ def changes(defs, lock: Lock | None) -> list[Change]:
         held = lock.entities.get(entity, {})
         used = {f.stored_name for s in defs.sources_of(entity) for f in s.features}
         orphans = {n: e for n, e in held.items() if not e.retired and n not in used}
-        defined = {f.name for s in defs.sources_of(entity) for f in s.features}
+        defined = {(s.name, f.name) for s in defs.sources_of(entity) for f in s.features}  # a name is unique per source
         retired_ids = {field_id_int(n): n for n, s in held.items() if s.retired}
         for source in defs.sources_of(entity):
             for f in source.features:
@@ -167,7 +167,7 @@ def changes(defs, lock: Lock | None) -> list[Change]:
                     if what:
                         out.append(Change(entity, at, ", ".join(what), True))
         for name, entry in orphans.items():
-            gone = "removed" if entry.feature not in defined else f"no longer stored as {name!r}"
+            gone = "removed" if (entry.source, entry.feature) not in defined else f"no longer stored as {name!r}"
             out.append(
                 Change(
                     entity,

@@ -129,8 +129,9 @@ def cut_at_read(window: EventWindow) -> EventWindow:
     """``window`` as a run reading its table now covers it (EventWindow.read_at): at the run's
     one read time, or at this source's own clock when that would leave nothing of the window
     (the source waited for the lease of a run that read later)."""
-    cut = window.read_at(read_time())
-    if cut.start is not None and cut.start >= cut.end:
+    shared = read_time()
+    cut = window.read_at(shared)
+    if (cut.start is not None and cut.start >= cut.end) or (window.since is not None and window.since > shared):
         cut = window.read_at(read_time(own=True))
     return cut
 
@@ -141,6 +142,9 @@ def one_read_time() -> Iterator[dt.datetime]:
     reads (so no later than any of their reads): their windows are cut alike, and two sources
     over the same rows share one read and one prepared snapshot (jobs/pipeline/shared_cache.py)."""
     global _run_read_time
+    if _run_read_time is not None:  # inside a run's: that one holds
+        yield _run_read_time
+        return
     _run_read_time = read_time(own=True)
     try:
         yield _run_read_time

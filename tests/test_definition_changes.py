@@ -131,6 +131,17 @@ def test_a_removed_feature_comes_back_only_under_a_new_stored_name(tmp_path):
     assert refusal(folder)[0].endswith("`stored_as: b@3`")  # past every version taken
 
 
+def test_a_feature_removed_from_one_source_is_removed_though_another_source_has_its_name(tmp_path):
+    folder = define(tmp_path / "defs", "name: a, type: float")
+    (folder / "other.yaml").write_text(HEAD.replace("evolving", "other") + "    - {name: a, type: int, stored_as: a@2}\n")
+    lock(folder)
+    define(folder, "name: b, type: string")
+    assert (
+        f"{folder / LOCK_NAME}: source 'evolving': feature 'a': removed: its stored name 'a' is retired (never served again; "
+        "`materialize cleanup` deletes the values); record it with `materialize defs --lock`"
+    ) in refusal(folder)
+
+
 def test_a_rename_keeps_its_values_with_stored_as_and_a_plain_rename_says_how(tmp_path):
     folder = define(tmp_path / "defs", "name: orders, type: int")
     lock(folder)

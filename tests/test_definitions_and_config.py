@@ -293,6 +293,10 @@ def test_two_sources_of_one_entity_type_share_a_feature_name_under_different_sto
         f"  {folder / 'src2.yaml'}:{line_with(other, 'name: a')}: entity 'consumer': feature 'a' of source 'later' is stored as "
         "'a', like feature 'a' of source 'src': give it fresh storage with `stored_as: a@2`"
     )
+    third = source("    - {name: a, type: string}\n", name="third")
+    (folder / "src3.yaml").write_text(third)
+    assert problems_of(folder).count("give it fresh storage with `stored_as: a@3`") == 1  # each clash told a name of its own
+    (folder / "src3.yaml").unlink()
     (folder / "src2.yaml").write_text(other.replace("{name: a, type: int}", "{name: a, type: int, stored_as: a@2}"))
     defs = load_definitions(folder)
     ours, theirs = defs.sources["src"].feature("a"), defs.sources["later"].feature("a")

@@ -321,6 +321,17 @@ def test_a_view_removed_in_feast_is_removed_and_its_stored_names_retired(init_im
     assert [s["name"] for s in services] == ["driver_activity_v1", "driver_activity_v2"]  # v3 read only the removed view
     load_definitions(out)
 
+    # back in Feast: its names are past the retired ones (their old values may still be stored)
+    done = import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    back = yaml.safe_load((out / "driver_hourly_stats_fresh.yaml").read_text())["source"]["features"]
+    assert [f["stored_as"] for f in back] == [f["name"] + "@3" for f in INIT_FEATURES]
+    lock = yaml.safe_load((out / "stored.lock").read_text())["entities"]["driver"]
+    assert {n: e for n, e in lock.items() if n.endswith("@2")} == {n: e for n, e in expected.items() if n.endswith("@2")}
+    assert {n: e["source"] for n, e in lock.items() if n.endswith("@3")} == {
+        f["name"] + "@3": "driver_hourly_stats_fresh" for f in INIT_FEATURES
+    }
+    load_definitions(out)
+
 
 def test_an_earlier_output_with_the_push_view_on_its_own_entity_type_keeps_it(init_import, init_repo, tmp_path):
     """Imports before one hash per entity held every view gave the push view an entity type of

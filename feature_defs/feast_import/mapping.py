@@ -85,6 +85,8 @@ class Previous:
     """entity type name -> its mapping as written (prefix, sql_table, keys, ttl_seconds)."""
     sources: dict = field(default_factory=dict)
     """source name -> its mapping as written (entity, features, schedule, ...)."""
+    held: dict = field(default_factory=dict)
+    """entity type name -> every stored name its stored.lock holds (retired ones too): never picked afresh."""
 
     def prefixes(self) -> set[str]:
         return {e["prefix"] for e in self.entities.values() if isinstance(e.get("prefix"), str)}
@@ -427,16 +429,17 @@ class _Mapper:
                 self.left_out(f"feature view {name}", why)
                 continue
             et = types.setdefault(chosen, _EntityType(chosen, d.keys, d.entity_names, d.key_origin))
-            self._fresh_stored_names(d, et)
+            self._fresh_stored_names(d, et, self.previous.held.get(chosen, set()))
             et.features.update(dict.fromkeys((f.stored_name for f in d.features), name))
             placed[name] = (d, et, "" if chosen == base else why)
         return placed
 
     @staticmethod
-    def _fresh_stored_names(d: _Draft, et: _EntityType) -> None:
+    def _fresh_stored_names(d: _Draft, et: _EntityType, held: set[str]) -> None:
         """Fresh stored names for ``d``'s features whose stored names another source of ``et``
-        has (the same feature name in two views of one entity), said under each feature's line."""
-        taken = set(et.features) | {f.stored_name for f in d.features}
+        has (the same feature name in two views of one entity), past every name the lock holds
+        (``held``), said under each feature's line."""
+        taken = set(et.features) | {f.stored_name for f in d.features} | held
         for i, f in enumerate(d.features):
             if f.stored_name in et.features:
                 fresh = next_stored_name(f.stored_name, taken)

@@ -130,7 +130,12 @@ def read_previous(out: Path) -> Previous:
             }
             kept = {k: source[k] for k in KEPT_SOURCE_KEYS if k in source}
             sources[source["name"]] = {"entity": source.get("entity"), "features": features, **kept}
-    return Previous(entities=entities, sources=sources)
+    try:
+        lock = read_lock(out)
+    except LockFileError:
+        lock = None  # said when the output is checked (check_and_write)
+    held = {entity: set(names) for entity, names in lock.entities.items()} if lock else {}
+    return Previous(entities=entities, sources=sources, held=held)
 
 
 def summary(plan: Plan, repo: Path, out: Path) -> str:

@@ -49,8 +49,10 @@ class Prepared:
     """Sources of the run that prepare the same rows share the cached frames (shared_cache.py)."""
 
     def release(self) -> None:
-        """Done with the cached frames: unpersisted once no other source reads them."""
-        shared_cache.release(self.share_key)
+        """Done with the cached frames: unpersisted once no other source reads them (once per prepare)."""
+        if not self.__dict__.get("_released"):
+            self.__dict__["_released"] = True
+            shared_cache.release(self.share_key)
 
 
 def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
@@ -66,7 +68,7 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     With the SQL sink in the run, each row's JSON object is built here, so an object over
     ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
     """
-    key = shared_cache.share_key(ctx.source, ctx.entity, ctx.date, ctx.end, ctx.window)
+    key = shared_cache.share_key(ctx.source, ctx.entity, ctx.date, ctx.end, ctx.window, stored_names="cockroach" in ctx.conf.sinks)
     shared_cache.hold(key)
     try:
         return _prepare(ctx, raw, key)

@@ -89,9 +89,11 @@ def run_source(
             if after_write:
                 after_write(summary)
             if conf.quality.verify_sample:
-                with ctx.stage(summary, "verify"):
-                    verify_writes(ctx, sample, summary)
-                summary.stages["verify"] += sampled
+                try:
+                    with ctx.stage(summary, "verify"):
+                        verify_writes(ctx, sample, summary)
+                finally:
+                    summary.stages["verify"] += sampled
             if guard_skipped_newer:
                 check_mostly_newer(ctx, summary)
         finally:
@@ -120,20 +122,27 @@ def _checked_snapshot(ctx: RunContext, summary: RunSummary, *, quarantine: bool)
             raw = read(ctx)
         with ctx.stage(summary, "prepare"):
             prepared = prepare(ctx, raw)
-            summary.record(prepared.counts)
-        if not prepared.counts.snapshot_entities:  # no rows: not a success of 0 entities
-            prepared.release()
-            if ctx.window is not None:
-                raise SourceNotReady(no_rows(ctx.source, ctx.window, table_ref(ctx.conf, ctx.source), "nothing was written"))
-            raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end, done="nothing was written")
-        with ctx.stage(summary, "quarantine"):
-            bad = prepared.counts.bad_rows
-            if quarantine:
-                summary.quarantine_table = write_quarantine(ctx, prepared.quarantine, bad)
-            summary.bad_reasons = reason_counts(prepared.quarantine, bad)
-        if ctx.window is not None and (note := null_event_time_note(ctx.source, summary.bad_reasons, summary.quarantine_table)):
-            summary.warnings.append(note)
+        try:
+            _quarantine(ctx, summary, prepared, quarantine=quarantine)
+        except BaseException:
+            prepared.release()  # the caller never gets it: released here, or another source's frames stay cached
+            raise
     return prepared
+
+
+def _quarantine(ctx: RunContext, summary: RunSummary, prepared: Prepared, *, quarantine: bool) -> None:
+    summary.record(prepared.counts)
+    if not prepared.counts.snapshot_entities:  # no rows: not a success of 0 entities
+        if ctx.window is not None:
+            raise SourceNotReady(no_rows(ctx.source, ctx.window, table_ref(ctx.conf, ctx.source), "nothing was written"))
+        raise not_ready(ctx.conf, ctx.source, ctx.date, ctx.end, done="nothing was written")
+    with ctx.stage(summary, "quarantine"):
+        bad = prepared.counts.bad_rows
+        if quarantine:
+            summary.quarantine_table = write_quarantine(ctx, prepared.quarantine, bad)
+        summary.bad_reasons = reason_counts(prepared.quarantine, bad)
+    if ctx.window is not None and (note := null_event_time_note(ctx.source, summary.bad_reasons, summary.quarantine_table)):
+        summary.warnings.append(note)
 
 
 # Sources run at once in one process (materialize run's parallel_sources) take turns writing:
@@ -212,7 +221,7 @@ def verify_source(
     with RecordedStep(summary, report_dir(conf, source.name, date) / "verification.json", "verified", conf.files) as step:
         with progress(spark, f"read {source.name}"), ctx.stage(summary, "prepare"):
             step.prepared = prepared = prepare(ctx, read(ctx))
-            summary.record(prepared.counts)
+        summary.record(prepared.counts)
         if "redis" in conf.sinks:
             summary.sinks["redis"] = {}
         if "cockroach" in conf.sinks:

@@ -2,12 +2,12 @@
 
 Spark keeps one cache entry for equal plans. Two sources over the same table with the same
 keys, columns, types and window (Feast's batch view and its push view, which the import puts
-side by side) prepare equal plans, so the second reads the rows the first cached instead of
-reading and preparing them again. Each source's plan carries its share key (a filter that is
-always true): sources whose definitions differ but for names, descriptions and stored names
-never share an entry, and a source's cached frames are unpersisted when the last source
-holding its key ends (before this, one source's unpersist dropped the entry under another
-still reading it: each plan then carried its source's name and shared nothing).
+side by side) prepare equal plans, so when they run at once (``parallel_sources``) the second
+reads the rows the first cached instead of reading and preparing them again. Each source's
+plan carries its share key (a filter that is always true), so only sources with the same key
+can share an entry, and a key's cached frames are unpersisted when the last source holding
+it ends: one source's unpersist never drops an entry another still reads (before this, each
+plan carried its source's name, and nothing was shared).
 """
 
 from __future__ import annotations
@@ -24,17 +24,19 @@ _holders: dict[str, int] = {}
 _frames: dict[str, list[DataFrame]] = {}
 
 
-def share_key(source, entity, date, end, window) -> str:
+def share_key(source, entity, date, end, window, *, stored_names: bool) -> str:
     """What the prepared rows depend on, as a short digest: the source's definition without its
-    name, descriptions and stored names (they change no prepared row), its entity type, the
-    dates and the event-time window."""
+    name and descriptions, its entity type's keys, the dates and the event-time window; and its
+    stored names only when they are in the rows (``stored_names``: the SQL store's JSON objects
+    are keyed by them)."""
     spec = source.model_dump(mode="json", exclude={"name", "description"})
     for feature in spec.get("features", []):
-        feature.pop("stored_as", None)
         feature.pop("description", None)
+        if not stored_names:
+            feature.pop("stored_as", None)
     what = {
         "source": spec,
-        "entity": entity.model_dump(mode="json", exclude={"description"}),
+        "keys": [key.model_dump(mode="json") for key in entity.keys],
         "dates": [str(date), str(end)],
         "window": None if window is None else [str(window.start), str(window.end)],
     }
@@ -50,9 +52,9 @@ def hold(key: str) -> None:
 def cache(key: str, df: DataFrame) -> DataFrame:
     """``df`` cached for the sources holding ``key`` (unpersisted with the last of them); a plan
     another source cached already is used as it is (Spark would warn that it is cached)."""
-    if df.storageLevel == StorageLevel.NONE:  # looked up by plan, as Spark shares the entry
-        df = df.persist()
-    with _lock:
+    with _lock:  # not while the last holder of the key unpersists it (release)
+        if df.storageLevel == StorageLevel.NONE:  # looked up by plan, as Spark shares the entry
+            df = df.persist()
         _frames.setdefault(key, []).append(df)
     return df
 
@@ -64,9 +66,8 @@ def release(key: str) -> None:
         if _holders[key]:
             return
         del _holders[key]
-        frames = _frames.pop(key, [])
-    for df in frames:
-        df.unpersist()
+        for df in _frames.pop(key, []):
+            df.unpersist()  # not blocking: the entry is gone before another source can look it up
 
 
 def holders(key: str) -> int:
