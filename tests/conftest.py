@@ -19,14 +19,13 @@ from fm_config import CatalogConf, QualityConf, RunConf, SparkConf
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
-from jobs.sample_data import sample_dates, write_sample_tables
+from jobs.sample_data import write_sample_tables
 from throwaway.metastore import HiveMetastore, start_metastore
 from throwaway.servers import PostgresServer, RedisServer, start_postgres, start_redis
 
-SAMPLE_DATES = sample_dates(2)  # 2026-11-19, 2026-11-20
-DAY2_STR = SAMPLE_DATES[1].isoformat()
-SAMPLE_CONSUMERS = 300
-SAMPLE_STORES = 60
+from .support.jvm import short_lived_jvm_options
+from .support.privileges import GRANTS_FILE, ROLES, acl_commands
+from .support.samples import SAMPLE_CONSUMERS, SAMPLE_DATES, SAMPLE_STORES
 
 
 @pytest.fixture(scope="session")
@@ -113,17 +112,6 @@ def spark(spark_events, hive_metastore):
     session.stop()
 
 
-def short_lived_jvm_options() -> str:
-    """For a JVM that runs one small job: the quick JIT, the serial collector, the class archive.
-
-    C1 alone reserves 48 MB for compiled code, not tiered's 240: a run of both sample
-    sources filled it in 23 s, the JVM stopped compiling, then failed to link method handles
-    and took the SparkContext down mid-run. Hence the tiered size."""
-    from jobs.jars import class_archive_options
-
-    return f"-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC {class_archive_options()}".strip()
-
-
 @pytest.fixture(scope="session")
 def sample_root(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
@@ -155,71 +143,7 @@ def sql_conf(run_conf, pg_server, pg_db) -> RunConf:
     return run_conf.model_copy(update={"sinks": ["cockroach"], "sql": sql})
 
 
-TINY_SOURCE = "source:\n  name: tiny\n  entity: consumer\n  location: tiny\n  layout: wide\n  features:\n"
-
-
-def tiny_consumer_source(spark, tmp_path: Path, features_yaml: str, schema: str, rows: list, extra_yaml: str = ""):
-    """A consumer source 'tiny' of its own (definitions folder and Delta table under
-    ``tmp_path``), for tests that need values the sample data does not have. Returns the
-    definitions; run it with ``data_root=tmp_path``."""
-    from feature_defs import DEFAULT_DIR, load_definitions
-
-    folder = tmp_path / "defs"
-    folder.mkdir(exist_ok=True)
-    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
-    (folder / "tiny.yaml").write_text(TINY_SOURCE + features_yaml + extra_yaml)
-    defs = load_definitions(folder)
-    # not via pandas, which would turn NaN into null
-    spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny"))
-    return defs
-
-
-def env_conf(folder: Path, env: str, settings: str) -> Path:
-    """A conf folder of its own (point FM_CONF_DIR at it): an empty base and ``env`` with these settings (YAML)."""
-    (folder / "base").mkdir(parents=True)
-    (folder / env).mkdir()
-    (folder / env / "m.yaml").write_text(settings)
-    return folder
-
-
-TINY_LONG_SOURCE = (
-    "source:\n  name: tiny_long\n  entity: consumer\n  location: tiny_long\n  layout: long\n"
-    "  name_column: feature_name\n  value_column: value\n  features:\n"
-)
-
-
-def tiny_long_consumer_source(spark, tmp_path: Path, features_yaml: str, value_type: str, rows: list):
-    """A long-layout consumer source 'tiny_long' of its own: rows (consumer_id, feature_name,
-    value, ds) with a value column of Spark type ``value_type``. Returns the definitions;
-    run it with ``data_root=tmp_path``."""
-    from feature_defs import DEFAULT_DIR, load_definitions
-
-    folder = tmp_path / "defs"
-    folder.mkdir(exist_ok=True)
-    (folder / "entities.yaml").write_text((DEFAULT_DIR / "entities.yaml").read_text())
-    (folder / "tiny_long.yaml").write_text(TINY_LONG_SOURCE + features_yaml)
-    defs = load_definitions(folder)
-    schema = f"consumer_id long, feature_name string, value {value_type}, ds date"
-    spark.createDataFrame(rows, schema).write.format("delta").mode("overwrite").save(str(tmp_path / "tiny_long"))
-    return defs
-
-
-# -- least privilege: the documented Redis ACL and SQL grants, as written (conf/README.md) --
-
-ROOT = Path(__file__).resolve().parent.parent
-ACL_FILE = ROOT / "conf" / "base" / "redis-acl.txt"
-GRANTS_FILE = ROOT / "conf" / "base" / "sql-grants.sql"
-PLACEHOLDER = ">CHANGE_ME"
-ROLES = ("fm_schema", "fm_writer", "fm_reader", "fm_cleanup")
-ACL_USERS = ("fm_writer", "fm_reader")
-
-
-def acl_commands(password: str) -> list[list[str]]:
-    """The documented ACL SETUSER lines (one per user), each with a real password in place of the placeholder."""
-    lines = [line.split() for line in ACL_FILE.read_text().splitlines() if line.strip()]
-    assert [args[:3] for args in lines] == [["ACL", "SETUSER", user] for user in ACL_USERS]
-    assert all(args.count(PLACEHOLDER) == 1 for args in lines)
-    return [[f">{password}" if a == PLACEHOLDER else a for a in args] for args in lines]
+# -- least privilege: the documented Redis ACL and SQL grants (tests/support/privileges.py) --
 
 
 @pytest.fixture
@@ -270,14 +194,3 @@ def taken_port() -> Iterator[int]:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         yield held.getsockname()[1]
-
-
-def first_then_real(first, real):
-    """A stand-in for a port picker: ``first`` on its first call, then what ``real`` picks; and the calls."""
-    calls = []
-
-    def pick(*args):
-        calls.append(args)
-        return first if len(calls) == 1 else real(*args)
-
-    return pick, calls

@@ -25,8 +25,9 @@ from jobs.operations.ledger import Ledger  # noqa: E402
 from jobs.spark import HUGE_METHODS  # noqa: E402
 from serializers import decode, field_id  # noqa: E402
 
-from .conftest import SAMPLE_DATES, env_conf  # noqa: E402
 from .expected import entity_count  # noqa: E402
+from .support.confs import env_conf  # noqa: E402
+from .support.samples import SAMPLE_DATES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGS = ROOT / "airflow" / "dags"

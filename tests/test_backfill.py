@@ -16,8 +16,8 @@ from jobs.sample_data import sample_dates, write_sample_tables
 from serializers import field_id
 from throwaway.servers import start_redis
 
-from .conftest import env_conf
 from .expected import entity_count
+from .support.confs import env_conf
 
 DEFS = load_definitions()
 FIVE = sample_dates(5)  # 2026-11-16 .. 2026-11-20

@@ -32,7 +32,7 @@ from jobs.pipeline.run import run_source
 from jobs.transforms import REASONS, long_features
 from serializers import encode, field_id
 
-from .conftest import SAMPLE_DATES, tiny_consumer_source, tiny_long_consumer_source
+from .support.samples import SAMPLE_DATES, tiny_consumer_source, tiny_long_consumer_source
 
 DAY1, DAY2 = SAMPLE_DATES
 FLT_MAX = float(np.finfo(np.float32).max)

@@ -19,7 +19,8 @@ from jobs.operations.cleanup import plan_cleanup, recorded_cleanup
 from jobs.operations.ledger import SCHEMA, Ledger, redis_target
 from serializers import field_id, freshness_field_name
 
-from .conftest import SAMPLE_DATES, env_conf, tiny_consumer_source
+from .support.confs import env_conf
+from .support.samples import SAMPLE_DATES, tiny_consumer_source
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from serializers import field_id
 
-from .conftest import DAY2_STR
+from .support.samples import DAY2_STR
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

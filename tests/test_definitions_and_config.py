@@ -17,7 +17,7 @@ import xxhash
 from feature_defs import DefinitionError, load_definitions
 from fm_config import ConfigError, load_config
 
-from .conftest import env_conf
+from .support.confs import env_conf
 
 ENTITIES = """\
 entities:

@@ -17,7 +17,9 @@ from jobs.operations.schema import ensure_tables
 from serializers.resp import WRITE_SCRIPT_SHA
 from throwaway.servers import free_port, start_redis
 
-from .conftest import ACL_FILE, env_conf, tiny_consumer_source
+from .support.confs import env_conf
+from .support.privileges import ACL_FILE
+from .support.samples import tiny_consumer_source
 from .test_cli import BIN, run
 from .test_redis_job import DEFS
 from .test_tls import certs, start_tls_redis  # noqa: F401 (certs: the module's throwaway CA, a fixture)

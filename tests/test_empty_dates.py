@@ -22,8 +22,9 @@ from jobs.pipeline.gate.checks import previous_success
 from jobs.pipeline.report.summary import RunSummary
 from serializers import as_of_epoch, decode, field_id
 
-from .conftest import env_conf, tiny_consumer_source, tiny_long_consumer_source
 from .expected import entity_keys
+from .support.confs import env_conf
+from .support.samples import tiny_consumer_source, tiny_long_consumer_source
 
 D1, D2, D3 = (dt.date(2026, 11, 17) + dt.timedelta(days=n) for n in range(3))
 FEATURES = "    - {name: score, type: float}\n    - {name: orders, type: int}\n"

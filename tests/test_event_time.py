@@ -35,8 +35,8 @@ from serializers.horizon import FutureDateError, check_until
 from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 
-from .conftest import env_conf
 from .expected import expected_hash
+from .support.confs import env_conf
 
 UTC = dt.UTC
 DAY = dt.date(2026, 11, 20)

@@ -26,8 +26,8 @@ from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from throwaway.servers import _as_postgres, start_redis
 
-from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .expected import entity_count, expected_hash
+from .support.samples import SAMPLE_DATES, tiny_consumer_source
 from .test_redis_job import CONSUMER, DEFS, expected_consumers
 from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
 

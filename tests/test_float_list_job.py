@@ -25,7 +25,7 @@ from fm_config.sql import SqlSettings
 from serializers import field_id, freshness_field
 from serializers.keys import as_of_epoch
 
-from .conftest import SAMPLE_DATES, TINY_SOURCE
+from .support.samples import SAMPLE_DATES, TINY_SOURCE
 from .test_json_job import _asgi_post
 
 DAY = SAMPLE_DATES[1]

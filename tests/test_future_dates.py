@@ -27,8 +27,9 @@ from jobs.sample_data import consumer_rows
 from serializers import field_id, freshness_field
 from serializers.keys import as_of_epoch
 
-from .conftest import SAMPLE_CONSUMERS, SAMPLE_DATES, env_conf
 from .expected import entity_keys, expected_hash
+from .support.confs import env_conf
+from .support.samples import SAMPLE_CONSUMERS, SAMPLE_DATES
 
 DEFS = load_definitions()
 SOURCE = DEFS.sources["consumer_daily"]

@@ -144,3 +144,13 @@ def test_configuration_and_read_side_import_nothing_heavy():
                 # the one exception: the driver's report files (Files) go through pyarrow's filesystems, imported when used
                 heavy = [n for n in names if n.split(".")[0] in HEAVY and not (module == "fm_config.locations" and n == "pyarrow")]
                 assert not heavy, f"{module} imports {heavy}"
+
+
+def test_test_modules_take_shared_helpers_from_support_not_from_conftest():
+    """conftest.py holds fixtures; what tests share is in tests/support/ (redis-py's tests/helpers.py)."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "conftest":
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []

@@ -46,7 +46,7 @@ from throwaway.venvs import (
     resolve,
 )
 
-from .conftest import env_conf
+from .support.confs import env_conf
 from .test_reader import BIG, DAY, ENTITIES, EVERY_TYPE, ROWS
 from .test_server import MATERIALIZE, Served, start_serving
 

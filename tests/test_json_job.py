@@ -29,7 +29,7 @@ from jobs.transforms import schema_problems
 from serializers import field_id, freshness_field
 from serializers.keys import as_of_epoch
 
-from .conftest import SAMPLE_DATES, TINY_SOURCE
+from .support.samples import SAMPLE_DATES, TINY_SOURCE
 
 DAY = SAMPLE_DATES[1]
 DB = 7  # a Redis database of this module's own
@@ -235,7 +235,7 @@ def test_feast_responses_of_get_and_the_server_carry_the_values_as_json(written,
     values Feast's own store gives (feature_reader/README.md)."""
     from jobs.cli import main
 
-    from .conftest import env_conf
+    from .support.confs import env_conf
 
     conf, defs, _ = written
     request = {"features": ["tiny:cfg", "tiny:meta", "tiny:prof", "tiny:hist"], "entities": {"consumer_id": [1, 10, 13]}}

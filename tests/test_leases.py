@@ -29,9 +29,11 @@ from jobs.operations.ledger import SCHEMA as LEDGER_SCHEMA
 from jobs.operations.ledger import Entry, Ledger, sink_targets
 from jobs.operations.local_commits import DeltaLogError, commit_lock
 
-from .conftest import SAMPLE_DATES, env_conf, short_lived_jvm_options
 from .expected import entity_count
 from .lease_racer import source_of
+from .support.confs import env_conf
+from .support.jvm import short_lived_jvm_options
+from .support.samples import SAMPLE_DATES
 
 DEFS = load_definitions()
 SOURCE = "consumer_daily"

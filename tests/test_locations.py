@@ -18,8 +18,9 @@ from jobs.operations.ledger import Ledger, canonical_target
 from jobs.pipeline.gate.checks import previous_success
 from jobs.pipeline.read import source_path
 
-from .conftest import SAMPLE_DATES, env_conf
 from .expected import entity_count
+from .support.confs import env_conf
+from .support.samples import SAMPLE_DATES
 
 DEFS = load_definitions()
 

@@ -15,7 +15,8 @@ from feature_defs.stored_lock import locked, read_lock, write_lock
 from jobs.cli import EXIT_FAILED, main
 from jobs.operations.ledger import Ledger
 
-from .conftest import DAY2_STR, SAMPLE_DATES, env_conf, tiny_consumer_source
+from .support.confs import env_conf
+from .support.samples import DAY2_STR, SAMPLE_DATES, tiny_consumer_source
 
 DAY2 = SAMPLE_DATES[1]
 

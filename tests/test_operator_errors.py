@@ -25,7 +25,7 @@ from stores.errors import TerminalError
 from stores.sql import connect as real_connect
 from throwaway.servers import free_port
 
-from .conftest import env_conf
+from .support.confs import env_conf
 
 DAY = "2026-11-20"
 MISSING_ROLE = "fm_no_such_role"

@@ -20,7 +20,8 @@ from jobs.pipeline.report.stage import report_dir
 from jobs.pipeline.run import run_source, validate_source
 from serializers import field_id
 
-from .conftest import TINY_SOURCE, env_conf, tiny_consumer_source
+from .support.confs import env_conf
+from .support.samples import TINY_SOURCE, tiny_consumer_source
 from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, source_rows
 
 

@@ -24,7 +24,7 @@ from serializers import encode, field_id, freshness_field
 from serializers.keys import as_of_epoch
 from throwaway.servers import start_redis
 
-from .conftest import SAMPLE_DATES
+from .support.samples import SAMPLE_DATES
 
 DAY = SAMPLE_DATES[1]
 AS_OF = as_of_epoch(DAY)
@@ -245,7 +245,7 @@ def test_values_older_than_max_age_are_withheld(written):
 def test_feature_service_and_the_get_command(written, tmp_path, monkeypatch, capsys):
     from jobs.cli import main
 
-    from .conftest import env_conf
+    from .support.confs import env_conf
 
     conf, defs = written
     with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:

@@ -19,8 +19,8 @@ from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
 from throwaway.servers import start_redis
 
-from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .expected import entity_count, is_null
+from .support.samples import SAMPLE_DATES, tiny_consumer_source
 
 DEFS = load_definitions()
 CONSUMER = DEFS.sources["consumer_daily"]

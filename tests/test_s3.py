@@ -18,7 +18,8 @@ from pyarrow import fs
 
 from throwaway.servers import start_s3
 
-from .conftest import DAY2_STR, SAMPLE_DATES, env_conf
+from .support.confs import env_conf
+from .support.samples import DAY2_STR, SAMPLE_DATES
 from .test_cli import ROOT
 from .test_redis_job import DAY2, check_consumer_hashes, expected_consumers
 

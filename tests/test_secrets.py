@@ -17,8 +17,9 @@ from jobs.cli import main
 from sinks.redis.config import redis_sink_config
 from throwaway.servers import start_redis
 
-from .conftest import DAY2_STR, env_conf
 from .expected import entity_count
+from .support.confs import env_conf
+from .support.samples import DAY2_STR
 
 REDIS_SECRET = "r3dis-S3cret-7f1c0e"
 SQL_SECRET = "pg-S3cret-91ab44"

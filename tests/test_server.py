@@ -22,7 +22,8 @@ import redis
 from fm_config.redis import RedisSettings
 from throwaway.servers import again_if_port_taken, free_port, start_failed, start_redis
 
-from .conftest import env_conf, first_then_real
+from .support.confs import env_conf
+from .support.ports import first_then_real
 from .test_reader import BIG, write_sample
 
 MATERIALIZE = str(Path(sys.executable).parent / "materialize")

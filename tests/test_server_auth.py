@@ -32,7 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from throwaway.servers import again_if_port_taken, free_port, start_failed
 
-from .conftest import env_conf
+from .support.confs import env_conf
 from .test_server import MATERIALIZE, start_serving
 from .test_tls import _builder, _pem, _pem_key, make_ca, make_server_cert
 

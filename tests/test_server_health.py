@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from throwaway.servers import start_redis
 
-from .conftest import env_conf
+from .support.confs import env_conf
 from .test_server import MATERIALIZE, start_serving
 
 ISSUER, AUDIENCE = "https://idp.test", "feature-server"

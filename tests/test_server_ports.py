@@ -11,7 +11,7 @@ import throwaway.servers
 from throwaway.cluster import start_cluster
 from throwaway.servers import start_postgres, start_redis
 
-from .conftest import first_then_real
+from .support.ports import first_then_real
 
 
 def test_redis_starts_on_another_port_when_its_port_is_taken(tmp_path, monkeypatch, taken_port):

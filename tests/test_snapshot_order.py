@@ -18,7 +18,7 @@ from sinks.redis.node import KeysEvicted, RedisRestarted
 from sinks.redis.preflight import check_after_write
 from throwaway.servers import start_redis
 
-from .conftest import SAMPLE_DATES
+from .support.samples import SAMPLE_DATES
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES

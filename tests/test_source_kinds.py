@@ -37,8 +37,8 @@ from serializers import field_id, freshness_field_name
 from serializers.batch import FeatureSpec
 from serializers.keys import as_of_epoch
 
-from .conftest import env_conf
 from .expected import entity_keys, expected_hash
+from .support.confs import env_conf
 
 D1, D2, D3 = dt.date(2026, 11, 19), dt.date(2026, 11, 20), dt.date(2026, 11, 21)
 KINDS = ("parquet_file", "parquet_folder", "parquet_hive", "catalog_table")

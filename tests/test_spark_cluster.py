@@ -39,8 +39,10 @@ from jobs import jars as delta_jars
 from serializers import field_id
 from throwaway.cluster import start_cluster
 
-from .conftest import DAY2_STR, env_conf, short_lived_jvm_options
 from .expected import entity_count, expected_hash
+from .support.confs import env_conf
+from .support.jvm import short_lived_jvm_options
+from .support.samples import DAY2_STR
 from .test_redis_job import CONSUMER
 from .test_sql_job import check_consumer_rows
 

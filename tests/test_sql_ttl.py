@@ -30,7 +30,7 @@ from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from sinks.sql.upserts import SqlSink
 
-from .conftest import SAMPLE_DATES
+from .support.samples import SAMPLE_DATES
 
 DAY = SAMPLE_DATES[1]
 TTL = 3  # seconds; jitter adds int(3 * 0.1) = 0

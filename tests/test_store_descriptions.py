@@ -372,7 +372,7 @@ def test_get_and_the_server_on_the_changed_definitions_say_why(retyped, tmp_path
     import os
     import subprocess
 
-    from .conftest import env_conf
+    from .support.confs import env_conf
     from .test_server import MATERIALIZE, serve
 
     conf, v2, _, _ = retyped

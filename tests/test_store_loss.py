@@ -25,7 +25,8 @@ from sinks.redis import identity
 from sinks.redis.config import redis_sink_config
 from throwaway.servers import start_redis
 
-from .conftest import SAMPLE_DATES, env_conf, tiny_consumer_source
+from .support.confs import env_conf
+from .support.samples import SAMPLE_DATES, tiny_consumer_source
 
 DEFS = load_definitions()
 DAY1, DAY2 = SAMPLE_DATES

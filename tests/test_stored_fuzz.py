@@ -25,7 +25,7 @@ from feature_reader import AsyncFeatureReader, FeatureReader
 from serializers import DecodeError, decode, encode, field_id, freshness_field
 from serializers.keys import redis_key
 
-from .conftest import env_conf
+from .support.confs import env_conf
 from .test_reader import AS_OF, EXPECTED
 from .test_server import MATERIALIZE, _settings, serve, write_sample_into
 

@@ -54,8 +54,10 @@ from stores.redis import connect_url as redis_connect
 from stores.sql import connect
 from throwaway.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
 
-from .conftest import TINY_SOURCE, env_conf, first_then_real
 from .expected import expected_hash, row_of
+from .support.confs import env_conf
+from .support.ports import first_then_real
+from .support.samples import TINY_SOURCE
 from .test_redis_job import DAY2
 from .test_server import MATERIALIZE, start_serving
 from .test_sql_job import AS_OF_DAY2, table_rows

@@ -19,8 +19,8 @@ import pytest
 from jobs.pipeline.run import run_source
 from serializers import field_id
 
-from .conftest import SAMPLE_DATES, tiny_consumer_source
 from .expected import entity_keys, expected_hash
+from .support.samples import SAMPLE_DATES, tiny_consumer_source
 from .test_bad_values import as_of, same_json, written
 
 DAY = SAMPLE_DATES[1]
