@@ -4,7 +4,7 @@ rows to write and rows to quarantine, with the counts the summary reports."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -46,12 +46,13 @@ class Prepared:
     cached: list[DataFrame]
     counts: SnapshotCounts
     share_key: str = ""
-    """Sources of the run that prepare the same rows share the cached frames (shared_cache.py)."""
+    """Sources of the run that prepare the same rows alike share the cached frames (shared_cache.py)."""
+    released: bool = field(default=False, repr=False)
 
     def release(self) -> None:
         """Done with the cached frames: unpersisted once no other source reads them (once per prepare)."""
-        if not self.__dict__.get("_released"):
-            self.__dict__["_released"] = True
+        if not self.released:
+            self.released = True
             shared_cache.release(self.share_key)
 
 
