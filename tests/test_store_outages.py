@@ -185,7 +185,10 @@ def test_a_paused_redis_fails_over_to_sql_and_its_breaker_stops_the_waiting(tmp_
                 after = _values(await ask([35]))
             return first, during, stats, states, after, reader.breaker_states
 
-    first, during, stats, states, after, states_after = asyncio.run(run())
+    try:
+        first, during, stats, states, after, states_after = asyncio.run(run())
+    finally:
+        own.stop()  # a paused server left behind outlives the suite
     assert first == [1000] and during == [[i] for i in range(1, 31)]
     assert (stats["fallbacks"], stats["breaker_opens"], stats["breaker_skips"]) == (30, 1, 27)
     assert states["redis"] == OPEN and after == [1035] and states_after["redis"] == CLOSED
