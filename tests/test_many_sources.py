@@ -119,15 +119,22 @@ def test_sources_over_one_table_share_one_cache_and_release_it_last(spark, run_c
     defs = load_definitions(tmp_path / "defs")
     conf = run_conf.model_copy(update={"data_root": str(tmp_path)})
     persisted = lambda: len(spark.sparkContext._jsc.getPersistentRDDs())  # noqa: E731
-    prepared, added = {}, {}
+    prepared, added, jobs = {}, {}, {}
     for name in ("tiny", "twin", "other"):
         ctx = RunContext(spark, conf, defs.source(name), defs.entity_of(defs.source(name)), DAY2)
         start = persisted()
-        prepared[name] = prepare(ctx, read(ctx))
+        spark.sparkContext.setJobGroup(f"share-{name}", name)
+        try:
+            prepared[name] = prepare(ctx, read(ctx))
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
         added[name] = persisted() - start
+        jobs[name] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(f"share-{name}"))
     tiny, twin, other = prepared.values()
     assert tiny.share_key == twin.share_key != other.share_key
     assert added["twin"] == 0 and added["tiny"] > 0 and added["other"] > 0  # twin cached nothing of its own
+    assert jobs["twin"] == 0 and jobs["tiny"] > 0 and jobs["other"] > 0  # nor counted again: tiny's counts are its
+    assert twin.counts == tiny.counts and twin.counts.entities == 2
     assert shared_cache.holders(tiny.share_key) == 2
     tiny.release()
     assert [df.storageLevel.useMemory for df in twin.cached] == [True, True]  # twin still reads them
@@ -138,3 +145,42 @@ def test_sources_over_one_table_share_one_cache_and_release_it_last(spark, run_c
     twin.release()
     assert [df.storageLevel.useMemory for df in [*tiny.cached, *twin.cached]] == [False] * 4
     assert shared_cache.holders(tiny.share_key) == 0
+
+
+def test_a_shared_count_runs_once_for_sources_asking_at_once():
+    """The second source asking while the first counts waits for that count; a count that
+    fails is not kept; the counts go with the key's last holder."""
+    import threading
+
+    from jobs.pipeline import shared_cache
+
+    key, calls, started, go = "test-counted", [], threading.Event(), threading.Event()
+
+    def slow():
+        calls.append(1)
+        started.set()
+        go.wait(10)
+        return {"rows": 3}
+
+    shared_cache.hold(key)
+    shared_cache.hold(key)
+    got = []
+    first = threading.Thread(target=lambda: got.append(shared_cache.counted(key, "read", slow)))
+    first.start()
+    started.wait(10)
+    second = threading.Thread(target=lambda: got.append(shared_cache.counted(key, "read", slow)))
+    second.start()
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert got == [{"rows": 3}, {"rows": 3}] and len(calls) == 1
+
+    def failing():
+        raise RuntimeError("the count failed")
+
+    with pytest.raises(RuntimeError, match="the count failed"):
+        shared_cache.counted(key, "checked", failing)
+    assert shared_cache.counted(key, "checked", lambda: 7) == 7  # counted again, not the failure kept
+    shared_cache.release(key)
+    shared_cache.release(key)
+    assert shared_cache.counted(key, "read", lambda: {"rows": 4}) == {"rows": 4}  # released: counted anew

@@ -91,7 +91,7 @@ def _prepare(ctx: RunContext, raw: DataFrame, key: str) -> Prepared:
     if ctx.window is not None:
         tagged = event_time.tag_null_event_time(tagged, source)
     tagged = shared_cache.cache(key, tagged)
-    read = _count_read(ctx, tagged)
+    read = shared_cache.counted(key, "read", lambda: _count_read(ctx, tagged))
     good_rows = tagged.where(~tf.is_bad(tagged))
     unique = read["duplicates"] == 0
     if not unique:
@@ -100,14 +100,14 @@ def _prepare(ctx: RunContext, raw: DataFrame, key: str) -> Prepared:
         partitions = max(conf.spark.shuffle_partitions, math.ceil(read["rows"] / conf.spark.rows_per_partition))
         good_rows = good_rows.repartition(partitions, *[tf.col(k) for k in tf.key_columns(source, entity)])
     checked = shared_cache.cache(key, _checked(ctx, good_rows, unique))
-    counts = _count_checked(ctx, checked, read)
+    counts = shared_cache.counted(key, "checked", lambda: _count_checked(ctx, checked, read))
     written = checked
     if ctx.per_date:
         written = tf.latest_good_date(checked, source, entity)
         if "cockroach" in conf.sinks:
             written = written.sortWithinPartitions(tf.ENTITY_ID)
         written = shared_cache.cache(key, written)
-        latest = written.count()
+        latest = shared_cache.counted(key, "latest", written.count)
         counts = replace(counts, earlier_dates=counts.entities - latest, entities=latest)
     for_writers = _for_writers(conf, counts.entities, written)
     ds = None if ctx.per_date else ctx.date.isoformat()

@@ -7,7 +7,8 @@ reads the rows the first cached instead of reading and preparing them again. Eac
 plan carries its share key (a filter that is always true), so only sources with the same key
 can share an entry, and a key's cached frames are unpersisted when the last source holding
 it ends: one source's unpersist never drops an entry another still reads (before this, each
-plan carried its source's name, and nothing was shared).
+plan carried its source's name, and nothing was shared). What prepare counts of those frames
+is shared the same way (:func:`counted`): the second source waits for the first's count.
 """
 
 from __future__ import annotations
@@ -15,13 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
+T = TypeVar("T")
 _lock = threading.Lock()
 _holders: dict[str, int] = {}
 _frames: dict[str, list[DataFrame]] = {}
+_counts: dict[tuple[str, str], object] = {}
+_counting: dict[tuple[str, str], threading.Lock] = {}
 
 
 def share_key(source, entity, date, end, window, *, stored_names: bool) -> str:
@@ -59,6 +65,25 @@ def cache(key: str, df: DataFrame) -> DataFrame:
     return df
 
 
+def counted(key: str, what: str, count: Callable[[], T]) -> T:
+    """``count()`` once for the sources holding ``key`` (a Spark job over the shared frames): a
+    source that asks while another counts waits for its result instead of running the job again.
+    A count that fails is not kept: the next source counts again."""
+    with _lock:
+        if (key, what) in _counts:
+            return _counts[key, what]
+        counting = _counting.setdefault((key, what), threading.Lock())
+    with counting:
+        with _lock:
+            if (key, what) in _counts:
+                return _counts[key, what]
+        found = count()
+        with _lock:
+            if key in _holders:  # not after the last holder released the key
+                _counts[key, what] = found
+        return found
+
+
 def release(key: str) -> None:
     """A source holding ``key`` is done with its cached frames: the last one unpersists them all."""
     with _lock:
@@ -66,6 +91,9 @@ def release(key: str) -> None:
         if _holders[key]:
             return
         del _holders[key]
+        for shared in [k for k in (*_counts, *_counting) if k[0] == key]:
+            _counts.pop(shared, None)
+            _counting.pop(shared, None)
         for df in _frames.pop(key, []):
             df.unpersist()  # not blocking: the entry is gone before another source can look it up
 
