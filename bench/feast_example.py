@@ -1,6 +1,6 @@
 """Feast's own example, scaled: `feast materialize` and `materialize run` on the same repository.
 
-    python -m bench.feast_example [--entities 1000000] [--rows-per-entity 3] [--output FILE]
+    python -m bench.feast_example [--entities 1000000] [--rows-per-entity 3] [--warm 2] [--output FILE]
 
 `feast init` writes Feast's driver-stats repository (Feast 0.67, pinned in its own venv:
 throwaway/feast_venv.py). Its `data/driver_stats.parquet` is scaled to ``--entities``
@@ -17,6 +17,12 @@ timed as a whole process, as a user would time it (this project's includes its J
 the data-quality gate). Both materialize both feature views of the example
 (`driver_hourly_stats` and `driver_hourly_stats_fresh`, read from the same file). The
 keys each wrote are counted and the Redis memory each added is measured.
+
+Last, ``--warm`` more runs of ours in one process after a first (database 0 emptied and the
+ledger removed before each, so each writes everything): the same work in a JVM whose
+code is compiled already, with the JVM's JIT compilation time of each run. On this 2-core
+machine the compiler threads share the cores with Spark's tasks; the difference between
+the first run and the next ones is what a fresh process pays for it.
 """
 
 from __future__ import annotations
@@ -118,7 +124,7 @@ def our_conf(workdir: Path, defs: Path, redis_url: str) -> Path:
         "sinks: [redis]\n"
         # as conf/local (the embedded default) runs Spark on this machine
         "spark:\n  master: local[2]\n  shuffle_partitions: 4\n  arrow_batch_rows: 5000\n  max_partition_bytes: 16m\n"
-        "  rows_per_partition: 50000\n  driver_memory: 4g\n"
+        "  driver_memory: 4g\n"
     )
     return conf
 
@@ -127,7 +133,46 @@ def used_memory(client) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def measure(entities: int, rows_per_entity: int, workdir: Path) -> dict:
+def in_one_process(workdir: Path, env: dict, date: dt.date, warm: int) -> list[dict]:
+    """``warm`` + 1 runs of ours in one child process (:func:`runs_in_one_process`)."""
+    out = workdir / "in-one-process.json"
+    cmd = [sys.executable, "-m", "bench.feast_example", "--in-one-process", f"{date.isoformat()},{warm + 1},{out}"]
+    print(f"{warm + 1} runs of ours in one process ...", flush=True)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=PROJECT_ROOT)
+    runs = json.loads(out.read_text())
+    for i, r in enumerate(runs):
+        print(f"  run {i + 1}: {r['seconds']:.1f} s, JIT compilation {r['jit_compile_s']:.1f} s", flush=True)
+    return runs
+
+
+def runs_in_one_process(spec: str) -> None:
+    """The child of :func:`in_one_process`: ``date,runs,output``; the env's conf is the bench's."""
+    import redis
+    from pyspark.sql import SparkSession
+
+    from fm_config import load_config
+    from jobs.cli import main as materialize
+
+    date, runs, out = spec.split(",")
+    conf = load_config()
+    runs_done = []
+    for _ in range(int(runs)):
+        redis.Redis.from_url(conf.redis.url).flushdb()
+        for folder in (conf.data_root, conf.reports_dir):
+            shutil.rmtree(folder, ignore_errors=True)
+        spark = SparkSession.getActiveSession()
+        compiled = lambda s: s._jvm.java.lang.management.ManagementFactory.getCompilationMXBean().getTotalCompilationTime() if s else 0  # noqa: E731
+        jit = compiled(spark)
+        start = time.perf_counter()
+        if materialize(["run", "--date", date, "--sink", "redis"]) != 0:
+            raise RuntimeError("materialize run failed in the warm loop")
+        seconds = time.perf_counter() - start
+        jit = (compiled(SparkSession.getActiveSession()) - jit) / 1000
+        runs_done.append({"seconds": round(seconds, 2), "jit_compile_s": round(jit, 1)})
+    Path(out).write_text(json.dumps(runs_done))
+
+
+def measure(entities: int, rows_per_entity: int, workdir: Path, warm: int = 0) -> dict:
     import redis
 
     from throwaway import feast_venv
@@ -181,6 +226,7 @@ def measure(entities: int, rows_per_entity: int, workdir: Path) -> dict:
         our_memory = used_memory(ours) - before
         our_keys = ours.dbsize()
         print(f"  {our_seconds:.1f} s, {our_keys:,} keys", flush=True)
+        in_one = in_one_process(workdir, env, date, warm) if warm else []
     finally:
         server.stop()
 
@@ -198,6 +244,8 @@ def measure(entities: int, rows_per_entity: int, workdir: Path) -> dict:
         "ours": {"seconds": round(our_seconds, 2), "keys": our_keys, "redis_bytes": our_memory, "summary": done.stdout[-4000:]},
         "values": values,
         "feast_over_ours": round(feast_seconds / our_seconds, 2),
+        "in_one_process": in_one,
+        "feast_over_ours_warm": round(feast_seconds / min(r["seconds"] for r in in_one[1:]), 2) if in_one[1:] else None,
         "memory_ours_over_feast": round(our_memory / feast_memory, 3) if feast_memory else None,
     }
 
@@ -208,14 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows-per-entity", type=int, default=3, help="hourly rows per driver (default 3)")
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / ".run" / "bench" / "feast-example")
     p.add_argument("--output", type=Path, default=HERE / "results" / "feast_example.json")
+    p.add_argument("--warm", type=int, default=2, help="runs of ours after a first in one process (default 2; 0: none)")
+    p.add_argument("--in-one-process", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    result = measure(args.entities, args.rows_per_entity, args.workdir.resolve())
+    if args.in_one_process:
+        runs_in_one_process(args.in_one_process)
+        return 0
+    result = measure(args.entities, args.rows_per_entity, args.workdir.resolve(), args.warm)
     f, o = result["feast"], result["ours"]
     print(f"\n| {result['data']['entities']:,} drivers x {result['data']['rows_per_entity']} rows | seconds | keys | Redis MiB |")
     print("|---|---:|---:|---:|")
     print(f"| feast materialize ({result['peer']}) | {f['seconds']:.1f} | {f['keys']:,} | {f['redis_bytes'] / 2**20:,.1f} |")
     print(f"| materialize run | {o['seconds']:.1f} | {o['keys']:,} | {o['redis_bytes'] / 2**20:,.1f} |")
     print(f"\nFeast's whole process / ours: {result['feast_over_ours']}x; import-feast {result['import_seconds']} s")
+    if result["feast_over_ours_warm"]:
+        print(f"Feast's whole process / ours in a JVM that ran it before: {result['feast_over_ours_warm']}x")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.output}")
