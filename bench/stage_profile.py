@@ -15,7 +15,8 @@ Python writers (their own seconds are shown apart); elsewhere the work is the JV
     python -m bench.stage_profile --entities 100000,1000000 --layout wide,long [--sinks redis|both]
 
 Each (size, layout, sinks) runs in a fresh process (its own JVM); results go to
-bench/results/stage_profile.json (``--output``).
+bench/results/stage_profile.json (``--output``). ``--again N``: N more runs after each, in
+its JVM (a new Spark session each; seconds per stage only): what the JVM's warm-up costs.
 """
 
 from __future__ import annotations
@@ -99,8 +100,9 @@ def _table(spark, conf, defs, name: str, entities: int) -> None:
     print(f"  made {name} ({entities:,} entities) in {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str], redis_url: str, extra: dict) -> dict:
-    """The child process: one run, its summary's stage seconds and its event log per stage."""
+def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str], redis_url: str, extra: dict, again: int = 0) -> dict:
+    """The child process: one run, its summary's stage seconds and its event log per stage;
+    then ``again`` more runs in this JVM, each in a new Spark session (their seconds only)."""
     import psycopg
     from psycopg import sql as pgsql
 
@@ -138,10 +140,19 @@ def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str
     (log,) = event_log.iterdir()  # a fresh folder per run: this run's log alone
     per_stage = stage_costs(log)
     writers = {s: v.get("slowest_writer_seconds") for s, v in summary.sinks.items()}
+    warm = []
+    for _ in range(again):  # the JVM stays, its compiled code with it
+        spark = build_spark(conf.spark)
+        try:
+            redis.Redis.from_url(redis_url).flushall()
+            warm_summary = run_source(spark, conf, defs, name, DATE)
+        finally:
+            spark.stop()
+        warm.append({"run_seconds": round(warm_summary.seconds, 2), "stages": {k: round(v, 2) for k, v in warm_summary.stages.items()}})
     return {
         "entities": entities, "layout": layout, "sinks": sinks, "spark": extra, "run_seconds": summary.seconds,
         "stages": {name: {"wall_seconds": round(seconds, 3), **per_stage.get(name, {})} for name, seconds in summary.stages.items()},
-        "untagged": per_stage.get(None, {}), "writer_seconds": writers, "jobs": per_stage["_jobs"],
+        "untagged": per_stage.get(None, {}), "writer_seconds": writers, "jobs": per_stage["_jobs"], "again_in_this_jvm": warm,
     }  # fmt: skip
 
 
@@ -278,6 +289,8 @@ def _print(result: dict) -> None:
             + " | ".join(f"{row.get(c, 0):,.1f}" if isinstance(row.get(c, 0), float) else f"{row.get(c, 0):,}" for c in cols)
             + " |"
         )
+    for i, run in enumerate(result.get("again_in_this_jvm", []), 2):
+        print(f"run {i} in the same JVM: {run['run_seconds']:.1f} s; " + ", ".join(f"{k} {v:.1f}" for k, v in run["stages"].items()))
     if result["untagged"]:
         print("| (no stage) | - | " + " | ".join(f"{result['untagged'].get(c, 0):,.1f}" for c in cols[1:]) + " |")
     print(f"writers' own seconds (Python): {result['writer_seconds']}")
@@ -294,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sources", type=int, help="instead: N sources of --entities each in one session, against one alone")
     p.add_argument("--parallel", type=int, help="with --sources: sources at once (default: the env's parallel_sources)")
     p.add_argument("--spark", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting for the run (experiments)")
+    p.add_argument(
+        "--again", type=int, default=0, help="after each profiled run, N more in its JVM (a new Spark session each): their seconds"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child and args.sources:
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child:
         entities, layout, sinks, redis_url, extra, out = json.loads(args.child)
-        Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url, extra)))
+        Path(out).write_text(json.dumps(run_one(args.env, args.workdir, entities, layout, sinks, redis_url, extra, args.again)))
         return 0
 
     from throwaway.servers import start_redis
@@ -357,7 +373,19 @@ def main(argv: list[str] | None = None) -> int:
                 extra = dict(kv.split("=", 1) for kv in args.spark)
                 child = json.dumps([entities, layout, sinks, server.url, extra, str(out)])
                 subprocess.run(
-                    [sys.executable, "-m", "bench.stage_profile", "--env", args.env, "--workdir", str(workdir), "--child", child],
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.stage_profile",
+                        "--env",
+                        args.env,
+                        "--workdir",
+                        str(workdir),
+                        "--again",
+                        str(args.again),
+                        "--child",
+                        child,
+                    ],
                     check=True,
                     cwd=PROJECT_ROOT,
                 )
