@@ -51,7 +51,7 @@ bench: services-start       ## benchmark the job on the standard shape against i
 bench-targets: services-start  ## the fast-end-to-end targets in one run, beside the Redis ceiling and feast materialize (about 25 minutes)
 	$(BIN)/python -m bench.targets --output bench/results/targets.json
 
-bench-feast-example: setup  ## feast materialize and materialize run on Feast's own example scaled to 1,000,000 drivers (about 8 minutes)
+bench-feast-example: setup  ## feast materialize and materialize run on Feast's own example scaled to 1,000,000 drivers (about 11 minutes)
 	$(BIN)/python -m bench.feast_example --output bench/results/feast_example.json
 
 bench-reads: services-start  ## the reader against the raw HMGET ceiling and Feast's get_online_features, and the stampede (about 4 minutes)
