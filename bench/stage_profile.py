@@ -265,6 +265,11 @@ def stage_costs(event_log: Path) -> dict:
     return out
 
 
+def _child_command(env: str, workdir: Path, *more: str) -> list[str]:
+    """This module run again as a child process (its own JVM)."""
+    return [sys.executable, "-m", "bench.stage_profile", "--env", env, "--workdir", str(workdir), *more]
+
+
 def _print(result: dict) -> None:
     head = f"{result['entities']:,} entities, {result['layout']} layout, {'+'.join(result['sinks'])}: run {result['run_seconds']:.1f} s"
     print(f"\n{head}")
@@ -335,19 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, count in (("one source", 1), (f"{args.sources} sources", args.sources)):
                 out = workdir / f"profile-{args.sources}-sources.json"
                 child = json.dumps([entities, server.url, count, str(out)])
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "bench.stage_profile",
-                    "--env",
-                    args.env,
-                    "--workdir",
-                    str(workdir),
-                    "--sources",
-                    str(args.sources),
-                    "--child",
-                    child,
-                ]
+                cmd = _child_command(args.env, workdir, "--sources", str(args.sources), "--child", child)
                 cmd += ["--parallel", str(args.parallel)] if args.parallel else []
                 subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
                 measured = json.loads(out.read_text())
@@ -372,23 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = workdir / f"profile-{entities}-{layout}.json"
                 extra = dict(kv.split("=", 1) for kv in args.spark)
                 child = json.dumps([entities, layout, sinks, server.url, extra, str(out)])
-                subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.stage_profile",
-                        "--env",
-                        args.env,
-                        "--workdir",
-                        str(workdir),
-                        "--again",
-                        str(args.again),
-                        "--child",
-                        child,
-                    ],
-                    check=True,
-                    cwd=PROJECT_ROOT,
-                )
+                cmd = _child_command(args.env, workdir, "--again", str(args.again), "--child", child)
+                subprocess.run(cmd, check=True, cwd=PROJECT_ROOT)
                 results.append(json.loads(out.read_text()))
                 _print(results[-1])
     finally:
