@@ -52,13 +52,15 @@ def test_the_latest_row_per_key_wins_and_ties_are_counted_as_conflicts(spark):
         ("la", 3, 4.0, 4, at(5), D2), ("la", 3, 4.0, 4, at(5), D2),  # a copy: no conflict
         # a tie whose non-null values have the same bits in other columns (Spark's hashes skip nulls)
         ("ny", 4, 1.0, None, at(5), D2), ("ny", 4, None, ONE_AS_BITS, at(5), D2),
+        # 0.0 and -0.0 are written apart (Spark's hashes take them for one): a conflict
+        ("zz", 5, 0.0, 1, at(5), D2), ("zz", 5, -0.0, 1, at(5), D2),
     ]  # fmt: skip
     for ordered in (rows, rows[::-1]):  # the input order changes nothing
         df = spark.createDataFrame(ordered, SCHEMA).withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
         got = rows_by_key(tf.latest_per_key(df, WIDE, ["region", "store_id"]), "score", "n", tf.CONFLICTS)
         assert got[("nyc", 1)] == (2.0, 20, 0) and got[("la", 3)] == (4.0, 4, 0)
         assert got[("sf", 2)][2] == 1 and got[("sf", 2)][:2] in ((1.0, 1), (9.0, 9))
-        assert got[("ny", 4)][2] == 1
+        assert got[("ny", 4)][2] == 1 and got[("zz", 5)][2] == 1
     first = rows_by_key(tf.latest_per_key(spark.createDataFrame(rows, SCHEMA), WIDE, ["region", "store_id"]), "n")
     again = rows_by_key(tf.latest_per_key(spark.createDataFrame(rows[::-1], SCHEMA), WIDE, ["region", "store_id"]), "n")
     assert first == again  # the tie is broken the same way whatever the order
