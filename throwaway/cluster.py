@@ -107,8 +107,15 @@ def start_cluster(workdir: Path, primaries: int = 3, replicas: int = 0, *extra: 
 
 
 def _start_cluster(binary: str, workdir: Path, primaries: int, replicas: int, extra: tuple[str, ...], node_timeout_ms: int) -> LocalCluster:
-    shutil.rmtree(workdir, ignore_errors=True)  # no nodes.conf of an earlier cluster
     workdir.mkdir(parents=True, exist_ok=True)  # a try's nodes may still be writing in it as they stop
+    # No nodes.conf of an earlier cluster: the folder emptied, not removed. Removed, its name was
+    # free again, and a second cluster starting at once in another thread (the tests' prefetch)
+    # was given the same folder by pytest's mktemp and removed it under the first.
+    for child in workdir.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
     cluster = LocalCluster(workdir, free_ports(primaries * (1 + replicas)))
     try:
         for port in cluster.ports:
