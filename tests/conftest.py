@@ -26,6 +26,7 @@ from throwaway.servers import PostgresServer, RedisServer, start_postgres, start
 from .support.jvm import short_lived_jvm_options
 from .support.privileges import GRANTS_FILE, ROLES, acl_commands
 from .support.samples import SAMPLE_CONSUMERS, SAMPLE_DATES, SAMPLE_STORES
+from .support.tls import Certs, make_certs
 
 
 @pytest.fixture(scope="session")
@@ -194,3 +195,9 @@ def taken_port() -> Iterator[int]:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         yield held.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Certs:
+    """A module's throwaway CA and server certificates (tests/support/tls.py)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

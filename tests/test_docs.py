@@ -369,7 +369,8 @@ def test_cluster_mode_templates_use_the_tested_arguments():
     """sinks/README.md's cluster deploy mode: the standalone line is what tests/test_spark_cluster.py
     submits; the YARN and Kubernetes templates keep each of its arguments, in order, bar the
     master, the bundle's path and name, the jars' paths and standalone's waitAppCompletion."""
-    from tests.test_spark_cluster import DELTA_JARS, ROOT, cluster_mode_args
+    from tests.support.cli import ROOT
+    from tests.support.spark_submit import DELTA_JARS, cluster_mode_args
 
     text = (ROOT / "sinks" / "README.md").read_text()
     section = text[text.index("#### Cluster deploy mode") :]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import redis
 
+from feature_defs import load_definitions
 from fm_config import RunConf, SparkConf
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisSettings
@@ -17,13 +18,13 @@ from jobs.operations.schema import ensure_tables
 from serializers.resp import WRITE_SCRIPT_SHA
 from throwaway.servers import free_port, start_redis
 
+from .support.cli import BIN, run
 from .support.confs import env_conf
 from .support.privileges import ACL_FILE
 from .support.samples import tiny_consumer_source
-from .test_cli import BIN, run
-from .test_redis_job import DEFS
-from .test_tls import certs, start_tls_redis  # noqa: F401 (certs: the module's throwaway CA, a fixture)
+from .support.tls import start_tls_redis
 
+DEFS = load_definitions()
 SOURCES = list(DEFS.sources)
 
 

@@ -46,7 +46,7 @@ from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from stores.sql import connect
 
-from .test_event_time import FRESH, SCHEMA, epoch, write_events
+from .support.events import FRESH, SCHEMA, epoch, write_events
 
 UTC = dt.UTC
 LOOKBACK = dt.timedelta(hours=1)

@@ -18,9 +18,9 @@ from pyarrow import fs
 
 from throwaway.servers import start_s3
 
+from .support.cli import ROOT
 from .support.confs import env_conf
 from .support.samples import DAY2_STR, SAMPLE_DATES
-from .test_cli import ROOT
 from .test_redis_job import DAY2, check_consumer_hashes, expected_consumers
 
 DAY1_STR = SAMPLE_DATES[0].isoformat()

@@ -33,8 +33,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from throwaway.servers import again_if_port_taken, free_port, start_failed
 
 from .support.confs import env_conf
+from .support.tls import builder, make_ca, make_server_cert, pem, pem_key
 from .test_server import MATERIALIZE, start_serving
-from .test_tls import _builder, _pem, _pem_key, make_ca, make_server_cert
 
 ISSUER = "https://idp.test"
 AUDIENCE = "feature-server"
@@ -67,7 +67,7 @@ class Pki:
 def _client_cert(ca_key, ca_cert):
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        _builder("fm-test-client", ca_cert.subject, key)
+        builder("fm-test-client", ca_cert.subject, key)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -81,8 +81,8 @@ def pki(tmp_path_factory) -> Pki:
     _, other = make_ca("fm unrelated CA")
     key, cert = make_server_cert(ca_key, ca_cert, [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
     client_key, client_cert = _client_cert(ca_key, ca_cert)
-    files = {"ca.pem": _pem(ca_cert), "other.pem": _pem(other), "server.pem": _pem(cert), "server.key": _pem_key(key),
-             "client.pem": _pem(client_cert), "client.key": _pem_key(client_key)}  # fmt: skip
+    files = {"ca.pem": pem(ca_cert), "other.pem": pem(other), "server.pem": pem(cert), "server.key": pem_key(key),
+             "client.pem": pem(client_cert), "client.key": pem_key(client_key)}  # fmt: skip
     for name, data in files.items():
         (folder / name).write_bytes(data)
     return Pki(*(folder / n for n in ("ca.pem", "other.pem", "server.pem", "server.key", "client.pem", "client.key")))
@@ -206,8 +206,8 @@ def test_a_client_certificate_is_required_when_a_client_ca_is_set(pki, redis_ser
             served.request("GET", "/health", context=_trusting(pki.ca))
         # a certificate from another CA is refused too
         other_key, other_cert = _client_cert(*make_ca("fm other client CA"))
-        (tmp_path / "o.pem").write_bytes(_pem(other_cert))
-        (tmp_path / "o.key").write_bytes(_pem_key(other_key))
+        (tmp_path / "o.pem").write_bytes(pem(other_cert))
+        (tmp_path / "o.key").write_bytes(pem_key(other_key))
         with pytest.raises((ssl.SSLError, OSError, http.client.HTTPException)):
             served.request("GET", "/health", context=_trusting(pki.ca, tmp_path / "o.pem", tmp_path / "o.key"))
     finally:
@@ -489,7 +489,7 @@ def _cert_valid_for(pki: Pki, folder: Path, days: float) -> Path:
         .not_valid_after(now + dt.timedelta(days=days)).sign(key, hashes.SHA256())
     )  # fmt: skip
     path = folder / f"cert-{days}.pem"
-    path.write_bytes(_pem(cert))
+    path.write_bytes(pem(cert))
     return path
 
 

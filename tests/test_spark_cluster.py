@@ -35,21 +35,20 @@ import pyspark
 import pytest
 from redis.cluster import RedisCluster
 
-from jobs import jars as delta_jars
 from serializers import field_id
 from throwaway.cluster import start_cluster
 
 from .expected import entity_count, expected_hash
+from .support.cli import ROOT
 from .support.confs import env_conf
 from .support.jvm import short_lived_jvm_options
 from .support.samples import DAY2_STR
+from .support.spark_submit import DELTA_JARS, cluster_mode_args
 from .test_redis_job import CONSUMER
 from .test_sql_job import check_consumer_rows
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
-DELTA_JARS = [ROOT / "jars" / name for name in delta_jars.DELTA_JARS]
 AS_OF = int(dt.datetime(2026, 11, 21, tzinfo=dt.UTC).timestamp())  # end of DAY2, UTC
 
 
@@ -289,24 +288,6 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
         f"checks {time.monotonic() - job_done:.1f}s"
     )
     shutil.rmtree(pex_root, ignore_errors=True)  # ~250 MB unpacked
-
-
-PYTHON_RUNNER = "org.apache.spark.deploy.PythonRunner"
-
-
-def cluster_mode_args(master: str, bundle: Path, job_args: list[str], sizing: list[str]) -> list[str]:
-    """spark-submit's arguments for the driver on the cluster, as sinks/README.md documents them
-    for standalone (``sizing``: memory, cores and JVM options, which the docs leave to the cluster)."""
-    return [
-        "--master", master, "--deploy-mode", "cluster",
-        "--class", PYTHON_RUNNER,  # standalone refuses Python applications in cluster mode; a jar is accepted
-        "--conf", "spark.pyspark.driver.python=python3.11",
-        "--conf", "spark.standalone.submit.waitAppCompletion=true",
-        "--jars", ",".join(map(str, DELTA_JARS)),
-        *sizing,
-        str(bundle), bundle.name, "",  # PythonRunner: the file Python runs (its copy in the driver's folder), no --py-files
-        *job_args,
-    ]  # fmt: skip
 
 
 def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sample_root, acl_redis, pg_server, pg_db, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import http.client
-import ipaddress
 import json
 import os
 import shutil
@@ -13,7 +12,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +21,6 @@ import psycopg
 import pyarrow as pa
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from fm_config import PROJECT_ROOT, RunConf
@@ -52,12 +46,14 @@ from stores.errors import TerminalError
 from stores.redis import TlsVerificationError
 from stores.redis import connect_url as redis_connect
 from stores.sql import connect
-from throwaway.servers import again_if_port_taken, free_port, start_postgres, wait_for_redis
+from throwaway.servers import free_port, start_postgres
 
 from .expected import expected_hash, row_of
+from .support import tls as tls_support
 from .support.confs import env_conf
 from .support.ports import first_then_real
 from .support.samples import TINY_SOURCE
+from .support.tls import TlsRedis, start_tls_redis, stop
 from .test_redis_job import DAY2
 from .test_server import MATERIALIZE, start_serving
 from .test_sql_job import AS_OF_DAY2, table_rows
@@ -66,142 +62,12 @@ SECRET = "never-in-a-message-7f3a"
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("history", "int_list")]
 FRESH = field_id("_ts:tls")
 
-# --- certificates ---------------------------------------------------------------------
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _builder(subject: str, issuer: x509.Name, key) -> x509.CertificateBuilder:
-    now = dt.datetime.now(dt.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-    )
-
-
-def make_ca(common_name: str):
-    key = ec.generate_private_key(ec.SECP256R1())
-    usage = x509.KeyUsage(
-        digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False, key_encipherment=False,
-        data_encipherment=False, key_agreement=False, encipher_only=False, decipher_only=False,
-    )  # fmt: skip
-    cert = (
-        _builder(common_name, _name(common_name), key)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(usage, critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def make_server_cert(ca_key, ca_cert, names: list[x509.GeneralName]):
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        _builder("tls-test-server", ca_cert.subject, key)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _pem(cert) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-
-@dataclass
-class Certs:
-    ca: Path
-    """The CA that signed the servers' certificates."""
-    other_ca: Path
-    """An unrelated CA: verifying with it must fail."""
-    server_cert: Path
-    server_key: Path
-    """For 127.0.0.1 (IP SAN) and localhost."""
-    elsewhere_cert: Path
-    elsewhere_key: Path
-    """Signed by the right CA, for another name only."""
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> Certs:
-    folder = tmp_path_factory.mktemp("certs")
-    ca_key, ca_cert = make_ca("fm test CA")
-    _, other_cert = make_ca("fm unrelated CA")
-    ours = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    server_key, server_cert = make_server_cert(ca_key, ca_cert, ours)
-    elsewhere_key, elsewhere_cert = make_server_cert(ca_key, ca_cert, [x509.DNSName("elsewhere.invalid")])
-    files = {
-        "ca.pem": _pem(ca_cert), "other_ca.pem": _pem(other_cert),
-        "server.pem": _pem(server_cert), "server.key": _pem_key(server_key),
-        "elsewhere.pem": _pem(elsewhere_cert), "elsewhere.key": _pem_key(elsewhere_key),
-    }  # fmt: skip
-    for name, data in files.items():
-        (folder / name).write_bytes(data)
-    (folder / "server.key").chmod(0o600)
-    (folder / "elsewhere.key").chmod(0o600)
-    return Certs(*(folder / n for n in ("ca.pem", "other_ca.pem", "server.pem", "server.key", "elsewhere.pem", "elsewhere.key")))
-
-
-# --- servers ----------------------------------------------------------------------------
-
-
-@dataclass
-class TlsRedis:
-    port: int
-    process: subprocess.Popen
-    ca: Path
-    check_hostname: bool = True
-    """False for a server whose certificate names another host on purpose."""
-
-    def url(self, host: str = "127.0.0.1") -> str:
-        return f"rediss://{host}:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        """A plain redis-py client over verified TLS, independent of the code under test."""
-        return redis.Redis(host="127.0.0.1", port=self.port, ssl=True, ssl_ca_certs=str(self.ca), ssl_cert_reqs="required",
-                           ssl_check_hostname=self.check_hostname, socket_timeout=5)  # fmt: skip
-
-
-def start_tls_redis(folder: Path, cert: Path, key: Path, ca: Path, *extra: str, check_hostname: bool = True) -> TlsRedis:
-    """A redis-server with no plain port (--port 0): every client that gets an answer spoke TLS."""
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / "redis.out"
-
-    def start(port: int) -> TlsRedis:
-        args = ["--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder),
-                "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
-                "--tls-auth-clients", "no", *extra]  # fmt: skip
-        with log.open("wb") as out:
-            process = subprocess.Popen([shutil.which("redis-server"), *args], stdout=out, stderr=subprocess.STDOUT)
-        server = TlsRedis(port, process, ca, check_hostname)
-        wait_for_redis(process, server.client, f"TLS redis-server on port {port}", log)
-        return server
-
-    return again_if_port_taken(lambda: start(free_port()))
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    process.wait(timeout=10)
-
 
 @pytest.fixture(scope="module")
 def tls_redis(certs, tmp_path_factory) -> Iterator[TlsRedis]:
     server = start_tls_redis(tmp_path_factory.mktemp("tls-redis"), certs.server_cert, certs.server_key, certs.ca, "--maxmemory", "64mb")
     yield server
-    _stop(server.process)
+    stop(server.process)
 
 
 @pytest.fixture
@@ -285,13 +151,13 @@ def redis_config(url: str, tls: RedisTls | None, **overrides) -> RedisSinkConfig
 
 def test_tls_redis_starts_on_another_port_when_its_port_was_taken(certs, tmp_path, monkeypatch, taken_port):
     pick, calls = first_then_real(taken_port, free_port)
-    monkeypatch.setattr(sys.modules[__name__], "free_port", pick)
+    monkeypatch.setattr(tls_support, "free_port", pick)
     server = start_tls_redis(tmp_path / "t", certs.server_cert, certs.server_key, certs.ca)
     try:
         assert len(calls) == 2 and server.port != taken_port
         assert server.client().ping() is True
     finally:
-        _stop(server.process)
+        stop(server.process)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # the certificate's IP and DNS names
@@ -322,7 +188,7 @@ def test_redis_certificate_for_another_name_is_refused(certs, tmp_path):
         with pytest.raises(TlsVerificationError, match=r"verification failed \(IP address mismatch"):
             write_one_batch(RedisSink(redis_config(server.url(), RedisTls(ca_file=str(certs.ca)))))
     finally:
-        _stop(server.process)
+        stop(server.process)
 
 
 def test_plain_redis_url_to_the_tls_port_is_refused(tls_redis, tls_redis_db):
