@@ -250,8 +250,8 @@ def _with_order(df: DataFrame, source: SourceDef, partition: list[str]) -> tuple
         order.append(col(source.created_column).desc_nulls_last())
     # Without the date column: a range run (date in the partition) breaks ties as a run of one date does.
     content = [c for c in df.columns if c not in partition and c not in (REASONS, source.date_column)]
-    # Spark hashes no map (a json feature's column may be one): its JSON text is hashed instead.
-    hashed = [F.to_json(col(c)) if isinstance(df.schema[c].dataType, T.MapType) else col(c) for c in content]
+    # Spark hashes no map, even nested (a json feature's column may hold one): its JSON text is hashed instead.
+    hashed = [F.to_json(col(c)) if _holds(df.schema[c].dataType, (T.MapType,)) else col(c) for c in content]
     # Spark's hashes skip nulls, so which columns are null is hashed too: (1, null) and
     # (null, 1) differ. Two different rows of a key equal in both hashes: about 2^-96. (The
     # rows' JSON text as the last key, as before, tripled the time of the sort.)
@@ -261,15 +261,16 @@ def _with_order(df: DataFrame, source: SourceDef, partition: list[str]) -> tuple
     return staged, order + [F.col(first).desc(), F.col(second).desc()]
 
 
-def _has_floats(t: T.DataType) -> bool:
-    if isinstance(t, (T.FloatType, T.DoubleType)):
+def _holds(t: T.DataType, kinds: tuple[type, ...]) -> bool:
+    """Whether a value of type ``t`` is, or nests anywhere, a type of ``kinds``."""
+    if isinstance(t, kinds):
         return True
     if isinstance(t, T.ArrayType):
-        return _has_floats(t.elementType)
+        return _holds(t.elementType, kinds)
     if isinstance(t, T.MapType):
-        return _has_floats(t.keyType) or _has_floats(t.valueType)
+        return _holds(t.keyType, kinds) or _holds(t.valueType, kinds)
     if isinstance(t, T.StructType):
-        return any(_has_floats(f.dataType) for f in t.fields)
+        return any(_holds(f.dataType, kinds) for f in t.fields)
     return False
 
 
@@ -284,7 +285,7 @@ def _values_hash(df: DataFrame, columns: list[str]) -> Column:
         c, t = col(name), df.schema[name].dataType
         if isinstance(t, (T.FloatType, T.DoubleType)):
             parts += [c, F.when(c == 0, F.startswith(c.cast("string"), F.lit("-")))]
-        elif isinstance(t, T.MapType) or (isinstance(t, (T.ArrayType, T.StructType)) and _has_floats(t)):
+        elif _holds(t, (T.MapType, T.FloatType, T.DoubleType)):  # Spark hashes no map, even nested
             parts.append(F.to_json(c))
         else:
             parts.append(c)

@@ -248,3 +248,15 @@ def test_a_string_over_a_decimal_column_is_the_decimals_exact_text_as_python_wri
     assert tf.schema_problems(arrays.schema, lists, STORE) == []
     got = {r["store_id"]: r["ds10"] for r in tf.wide_features(arrays, lists, STORE).collect()}
     assert got == {1: [str(Decimal(v)) for v in scales[10]] + [None], 2: None}
+
+
+def test_rows_holding_nested_maps_are_de_duplicated(spark):
+    """Spark hashes no map, even one inside an array (a json feature's column may hold one): such
+    a column is hashed as its JSON text, both to order a key's rows and to find conflicts."""
+    rows = [
+        ("nyc", 1, 1.0, 10, at(5), D2, [{"a": "1"}]), ("nyc", 1, 1.0, 10, at(5), D2, [{"a": "2"}]),  # a tie, same features
+        ("sf", 2, 1.0, 10, at(5), D2, [{"a": "1"}]), ("sf", 2, 2.0, 10, at(5), D2, [{"a": "1"}]),  # a tie, other features
+    ]  # fmt: skip
+    df = spark.createDataFrame(rows, f"{SCHEMA}, meta array<map<string,string>>").withColumn(tf.REASONS, tf.F.array().cast("array<string>"))
+    got = rows_by_key(tf.latest_per_key(df, WIDE, ["region", "store_id"]), tf.CONFLICTS)
+    assert got == {("nyc", 1): (0,), ("sf", 2): (1,)}
