@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from functools import cache
 from pathlib import Path
 
@@ -39,8 +40,10 @@ SPARK_CONF = {
 """What the materialize task's spark-submit adds to the connection's settings."""
 
 # Schedule groups named in feature_defs and their cron; any other group name is used as
-# the schedule itself (a preset like "@daily" or a cron expression).
+# the schedule itself (a preset like "@hourly" or a cron expression).
 SCHEDULES = {"nightly": "0 2 * * *"}
+CLEANUP_SCHEDULE = os.environ.get("FM_CLEANUP_SCHEDULE", "0 5 * * *")
+"""The cleanup DAG's: after the nightly uploads (it shares their Redis pool, so never beside one)."""
 
 # Airflow 3 cron schedules trigger at the cron time and make that the logical date: the
 # 02:00 run on D+1 has ds = D+1 and materializes D, the day that just ended.
@@ -57,19 +60,42 @@ DEFAULT_ARGS = {
 
 
 @cache
-def sources_by_group(definitions_dir: Path = DEFINITIONS_DIR) -> dict[str, list[str]]:
-    """{schedule group: [source names]} from the definition files (sorted, stable)."""
-    groups: dict[str, list[str]] = {}
+def _definitions(definitions_dir: Path) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """([(source, schedule group, select_by)], [entity names]) from the definition files (sorted, stable)."""
+    sources, entities = [], []
     for path in sorted(definitions_dir.glob("*.y*ml")):
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        source = data.get("source") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            continue
+        source = data.get("source")
         if isinstance(source, dict) and source.get("name"):
-            groups.setdefault(str(source.get("schedule", "nightly")), []).append(str(source["name"]))
-    return {group: sorted(names) for group, names in sorted(groups.items())}
+            sources.append((str(source["name"]), str(source.get("schedule", "nightly")), str(source.get("select_by", "date"))))
+        entities += [str(e["name"]) for e in data.get("entities") or [] if isinstance(e, dict) and e.get("name")]
+    return sorted(sources), sorted(set(entities))
+
+
+def sources_by_group(definitions_dir: Path = DEFINITIONS_DIR, select_by: str = "date") -> dict[str, list[str]]:
+    """{schedule group: [source names]} of the sources selected by ``select_by`` (date: the
+    nightly DAGs; event_time: the incremental ones)."""
+    groups: dict[str, list[str]] = {}
+    for name, group, selected_by in _definitions(definitions_dir)[0]:
+        if selected_by == select_by:
+            groups.setdefault(group, []).append(name)
+    return dict(sorted(groups.items()))
+
+
+def entities(definitions_dir: Path = DEFINITIONS_DIR) -> list[str]:
+    """The entity types defined (the cleanup DAG's tasks)."""
+    return _definitions(definitions_dir)[1]
 
 
 def cron_for(group: str) -> str:
     return SCHEDULES.get(group, group)
+
+
+def dag_suffix(group: str) -> str:
+    """A schedule group as a DAG id's end: "@hourly" -> "hourly", "*/15 * * * *" -> "15"."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", group).strip("_") or "schedule"
 
 
 def materialize(*args: str) -> str:

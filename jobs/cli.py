@@ -9,7 +9,16 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from jobs.exit_codes import EXIT_FAILED, EXIT_GATE_FAILED, EXIT_LEASE_HELD, EXIT_NOT_READY, EXIT_OK, EXIT_STORE_LOST, EXIT_USAGE
+from jobs.exit_codes import (
+    EXIT_FAILED,
+    EXIT_GATE_FAILED,
+    EXIT_LEASE_HELD,
+    EXIT_NOT_READY,
+    EXIT_OK,
+    EXIT_STORE_LOST,
+    EXIT_TERMINAL,
+    EXIT_USAGE,
+)
 
 
 def _date(text: str) -> dt.date:
@@ -519,9 +528,25 @@ def _each_source(args, action, report_name: str, setup=None, expectations: bool 
             return EXIT_USAGE  # definitions the stores cannot take: a retry cannot help
         if all(isinstance(errors[name], SourceNotReady) for name in failed):
             return EXIT_NOT_READY
-        gate_only = all(isinstance(errors[name], QualityGateError) for name in failed)
-        return EXIT_GATE_FAILED if gate_only else EXIT_FAILED
+        if all(isinstance(errors[name], QualityGateError) for name in failed):
+            return EXIT_GATE_FAILED
+        return EXIT_TERMINAL if all(retry_cannot_fix(errors[name]) for name in failed) else EXIT_FAILED
     return store_lost
+
+
+def retry_cannot_fix(exc: BaseException) -> bool:
+    """Whether running the same command again would fail the same way: definitions or a change
+    the stores refuse, the gate, a source table not as defined, a store's terminal answer (full,
+    refused TLS), a damaged ledger, the guard against older snapshots. A scheduler fails these
+    at once (exit codes 2, 4 and 7) and retries the others."""
+    from feature_defs import DefinitionError
+    from jobs.operations.local_commits import DeltaLogError
+    from jobs.pipeline.gate.checks import QualityGateError
+    from jobs.pipeline.snapshot_order import MostlySkippedNewer
+    from jobs.source_errors import SchemaDriftError
+    from stores.errors import TerminalError
+
+    return isinstance(exc, (DefinitionError, QualityGateError, TerminalError, SchemaDriftError, DeltaLogError, MostlySkippedNewer))
 
 
 def _store_lost(losses: list[dict]) -> int:
@@ -646,6 +671,7 @@ def cmd_backfill(args) -> int:
     from jobs.operations.backfill import BackfillError, plan_backfill, run_backfill, spans
     from jobs.operations.lease import LeaseHeld
     from jobs.operations.ledger import Ledger
+    from jobs.pipeline.gate.checks import QualityGateError
     from jobs.pipeline.source_table import check_catalog
     from jobs.spark import build_spark
     from serializers.horizon import check_date
@@ -676,6 +702,9 @@ def cmd_backfill(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_LEASE_HELD
     except BackfillError as exc:
+        if exc.__cause__ is not None and retry_cannot_fix(exc.__cause__):
+            print(f"error: {exc}\nfix that, then run the same command again to resume", file=sys.stderr)
+            return EXIT_GATE_FAILED if isinstance(exc.__cause__, QualityGateError) else EXIT_TERMINAL
         print(f"error: {exc}\nrun the same command again to resume", file=sys.stderr)
         return EXIT_FAILED
     for summary in summaries:
@@ -905,12 +934,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a KeyError of any other kind is a bug, not a usage error: its traceback is wanted
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except DeltaLogError as exc:  # a ledger table's log a person has to look at: the message says what to do
+    except (DeltaLogError, SchemaDriftError, SourceUnreadable, CatalogUnavailable) as exc:
+        # a ledger's log a person has to look at (the message says what to do), a source table as
+        # it is: one line each, no JVM trace; only an unreachable catalog is worth a retry
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (SchemaDriftError, SourceUnreadable, CatalogUnavailable) as exc:  # a source table as it is: one line each, no JVM trace
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_TERMINAL if retry_cannot_fix(exc) else EXIT_FAILED
     except ModuleNotFoundError as exc:
         # the base install reads features; Spark commands need [spark], `serve` needs [server]
         from jobs.extras import TITLES, install_hint, missing_extra

@@ -16,3 +16,12 @@ EXIT_LEASE_HELD = 5
 EXIT_STORE_LOST = 6
 """Every source ran, but a store had lost data written before (emptied, restarted without
 persistence, failed over to an empty replica): the output names the backfill that restores it."""
+EXIT_TERMINAL = 7
+"""Every failure was of a kind that retrying cannot fix (a source table not as defined, a
+change the stores refuse, a store that is full, the gate), and not all of one kind with
+its own code above."""
+
+RETRY_CANNOT_FIX = frozenset({EXIT_USAGE, EXIT_GATE_FAILED, EXIT_STORE_LOST, EXIT_TERMINAL})
+"""The exit codes a scheduler should not retry: the same input fails the same way (or, for
+EXIT_STORE_LOST, what is needed is the backfill the output names). EXIT_FAILED,
+EXIT_NOT_READY and EXIT_LEASE_HELD are worth another attempt later."""

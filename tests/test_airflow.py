@@ -25,8 +25,9 @@ from jobs.operations.ledger import Ledger  # noqa: E402
 from jobs.spark import HUGE_METHODS  # noqa: E402
 from serializers import decode, field_id  # noqa: E402
 
-from .expected import entity_count  # noqa: E402
+from .expected import entity_count, expected_hash  # noqa: E402
 from .support.confs import env_conf  # noqa: E402
+from .support.events import FRESH, SPECS, at, epoch, write_events  # noqa: E402
 from .support.samples import SAMPLE_DATES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def load_dags(monkeypatch=None, **env):
 def test_dag_files_load_and_follow_the_policy():
     bag = load_dags()
     assert bag.import_errors == {}, f"DAG import errors: {bag.import_errors}"
-    assert set(bag.dags) == {"fm_nightly_nightly", "fm_backfill"}
+    assert set(bag.dags) == {"fm_nightly_nightly", "fm_backfill", "fm_cleanup"}  # no source of feature_defs selects by event time
     for dag_id, dag in bag.dags.items():
         assert "feature-materializer" in dag.tags, dag_id
         assert dag.catchup is False and dag.max_active_runs == 1, dag_id
@@ -73,7 +74,7 @@ def test_dag_files_load_and_follow_the_policy():
         for t in dag.tasks:
             assert t.execution_timeout is not None, f"{dag_id}.{t.task_id} has no timeout"
             assert t.retries >= 1, f"{dag_id}.{t.task_id} has no retries"  # a failed gate fails fast instead (see below)
-            writes = t.task_id.endswith("materialize") or t.task_id == "backfill"
+            writes = t.task_id.endswith("materialize") or t.task_id == "backfill" or t.task_id.startswith("cleanup_")
             assert (t.pool == POOL) == writes, f"{dag_id}.{t.task_id}: pool {t.pool}"
     nightly = bag.dags["fm_nightly_nightly"]
     for source in ("consumer_daily", "store_features_long"):
@@ -90,6 +91,7 @@ def test_dag_files_load_and_follow_the_policy():
     ]
     for side in ("driver", "executor"):  # Spark's big generated methods JIT-compiled, as in local runs (jobs/spark.py)
         assert nightly.get_task("consumer_daily.materialize").conf[f"spark.{side}.extraJavaOptions"] == HUGE_METHODS
+    assert sorted(t.task_id for t in bag.dags["fm_cleanup"].tasks) == ["cleanup_consumer", "cleanup_store"]  # one per entity type
     for t in nightly.tasks:  # no secrets in the (serialized) DAG: tasks add only these to the worker's env
         env = getattr(t, "env", None) or getattr(t, "_env_vars", None) or getattr(t, "env_vars", None) or {}
         assert set(env) <= {"FM_ENV", "PATH"}, (t.task_id, sorted(env))
@@ -104,11 +106,11 @@ def test_every_name_the_dags_read_from_airflow_support_is_there():
 
     used = {
         node.attr
-        for path in DAGS.glob("*.py")
+        for path in [*DAGS.glob("*.py"), ROOT / "jobs" / "airflow_tasks.py"]
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "fm"
     }
-    assert {"EXIT_OK", "EXIT_NOT_READY", "EXIT_GATE_FAILED", "BIN_DIR"} <= used
+    assert {"EXIT_OK", "EXIT_NOT_READY", "BIN_DIR", "task_env"} <= used
     assert sorted(name for name in used if not hasattr(airflow_support, name)) == []
 
 
@@ -213,6 +215,89 @@ def test_a_failed_quality_gate_fails_the_run_with_the_reason_in_the_log(spark, a
     log = log.out + log.err  # the validate task's log
     assert "error: store_features_long: QualityGateError: source 'store_features_long' 2026-11-20" in log
     assert "2 of 414 rows are bad input (0.48% > quality.max_bad_fraction 0.01%)" in log
-    assert "the data-quality gate failed for store_features_long 2026-11-20; nothing was written" in log
+    assert (
+        "`materialize validate --env ci --date 2026-11-20 --source store_features_long` exited with 4 (the data-quality gate "
+        "failed): not retried" in log
+    )
     assert log.count("error: store_features_long: QualityGateError") == 1  # validate ran once: failed fast, no retry
     assert redis_db.dbsize() == 0  # materialize never ran
+
+
+@pytest.mark.parametrize(
+    ("code", "attempts", "state"),
+    [(7, 1, "failed"), (1, 2, "failed"), (3, 1, "skipped")],
+    ids=["retry-cannot-fix", "transient", "no-rows-in-the-window"],
+)
+def test_spark_submit_failures_are_retried_only_when_a_retry_can_help(airflow_db, monkeypatch, tmp_path, code, attempts, state):
+    # the materialize task as the DAGs build it, spark-submit running a stand-in driver that
+    # counts its starts and exits with `code` (spark-submit returns the driver's exit code)
+    from jobs.exit_codes import RETRY_CANNOT_FIX
+
+    assert (code in RETRY_CANNOT_FIX) == (code == 7)
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")  # spark-submit of the venv
+    bag = load_dags()
+    dag = bag.dags["fm_nightly_nightly"].partial_subset(task_ids=["consumer_daily.materialize"], include_upstream=False)
+    counter = tmp_path / "starts"
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        f"import pathlib, sys\np = pathlib.Path({str(counter)!r})\np.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+        f"sys.exit({code})\n"
+    )
+    task = dag.get_task("consumer_daily.materialize")
+    task.application, task.application_args, task.jars, task.conf = str(driver), [], None, {}
+    task.retries, task.retry_delay, task.retry_exponential_backoff = 1, dt.timedelta(0), False
+    task.skip_not_ready = True  # as in fm_incremental: a window with no rows has nothing to load
+    run = dag.test(logical_date=dt.datetime.combine(DAY2 + dt.timedelta(days=1), dt.time(2), tzinfo=dt.UTC))
+    assert len(counter.read_text()) == attempts
+    (ti,) = run.get_task_instances()
+    assert str(ti.state).lower().endswith(state), ti.state
+
+
+def test_incremental_dag_loads_an_event_time_source_on_its_own_schedule(spark, airflow_db, monkeypatch, tmp_path, redis_server, redis_db):
+
+    rows = [
+        (1, 0.5, "a", at("2026-11-20 08:00:00"), at("2026-11-20 08:00:00")),
+        (1, 0.75, "b", at("2026-11-20 09:00:00"), at("2026-11-20 09:00:00")),
+        (2, 1.5, "c", at("2026-11-20 07:00:00"), at("2026-11-20 07:00:00")),
+    ]
+    write_events(spark, tmp_path, rows, extra='  schedule: "@hourly"\n')
+    conf = env_conf(
+        tmp_path / "conf",
+        "ci",
+        f"data_root: {tmp_path}\ndefinitions_dir: {tmp_path / 'defs'}\nreports_dir: {tmp_path / 'reports'}\n"
+        f"quarantine_root: {tmp_path / 'q'}\nledger_root: {tmp_path / 'ledger'}\nsinks: [redis]\n"
+        f"redis:\n  url: {redis_server.url}\n  sample_entities: 20\nquality:\n  expectations: false\n",
+    )
+    env = {"FM_CONF_DIR": str(conf), "FM_ENV": "ci", "FM_DEFINITIONS_DIR": str(tmp_path / "defs"), "SPARK_LOCAL_IP": "127.0.0.1"}
+    bag = load_dags(monkeypatch, **env)
+    assert bag.import_errors == {}
+    assert set(bag.dags) == {"fm_incremental_hourly", "fm_cleanup", "fm_backfill"}  # no source selects by date: no nightly DAG
+    dag = bag.dags["fm_incremental_hourly"]
+    assert dag.schedule == "@hourly"  # the source's own schedule
+    (task,) = dag.tasks
+    assert task.task_id == "events.materialize" and task.pool == POOL
+    assert task.application_args == ["--env", "ci", "--incremental", "--source", "events"]
+    run = dag.test(logical_date=dt.datetime(2026, 11, 21, 3, tzinfo=dt.UTC))
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+    # each consumer's latest row by event time, as of that time, read back raw
+    latest = {1: (0.75, "b", at("2026-11-20 09:00:00")), 2: (1.5, "c", at("2026-11-20 07:00:00"))}
+    for consumer, (score, tag, when) in latest.items():
+        assert redis_db.hgetall(f"c:{consumer}") == expected_hash(SPECS, {"score": score, "tag": tag}, FRESH, epoch(when)), consumer
+    steps = Ledger(spark, tmp_path / "ledger").list("events")
+    assert [(r["kind"], r["status"]) for r in steps] == [("run", "succeeded")]
+
+
+def test_cleanup_dag_deletes_expired_sql_rows(spark, airflow_db, dag_env, pg_db, redis_db):
+    from jobs.cli import main
+
+    bag, tmp_path = dag_env
+    assert main(["run", "--env", "ci", "--date", str(DAY2), "--source", "store_features_long"]) == 0
+    keys = [k for (k,) in pg_db.execute("SELECT entity_key FROM store_features ORDER BY entity_key")]
+    expired = keys[:3]
+    pg_db.execute("UPDATE store_features SET expires_at = now() - interval '1 hour' WHERE entity_key = ANY(%s)", (expired,))
+    redis_before = {k: redis_db.hgetall(k) for k in redis_db.scan_iter()}
+    run = bag.dags["fm_cleanup"].test(logical_date=dt.datetime(2026, 11, 22, 5, tzinfo=dt.UTC))
+    assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
+    left = [k for (k,) in pg_db.execute("SELECT entity_key FROM store_features ORDER BY entity_key")]
+    assert left == keys[3:] and len(left) > 10
+    assert {k: redis_db.hgetall(k) for k in redis_db.scan_iter()} == redis_before  # every feature is still defined

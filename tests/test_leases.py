@@ -22,7 +22,7 @@ import pytest
 
 from feature_defs import load_definitions
 from fm_config import PROJECT_ROOT
-from jobs.cli import EXIT_FAILED, EXIT_LEASE_HELD, main
+from jobs.cli import EXIT_LEASE_HELD, EXIT_TERMINAL, main
 from jobs.operations.backfill import plan_backfill, recorded_run, run_backfill
 from jobs.operations.lease import LeaseHeld, Leases
 from jobs.operations.ledger import SCHEMA as LEDGER_SCHEMA
@@ -396,7 +396,7 @@ def test_a_torn_ledger_commit_stops_the_command_naming_the_file_and_the_fix(spar
         "redis: {url: 'redis://127.0.0.1:1/0', password_env: null}\nquality: {expectations: false}\n"
     ))  # fmt: skip
     monkeypatch.setenv("FM_CONF_DIR", str(folder))
-    assert main(["runs", "--env", "torn"]) == EXIT_FAILED
+    assert main(["runs", "--env", "torn"]) == EXIT_TERMINAL  # a person has to look at the file: not retried
     err = capsys.readouterr().err
     assert err.startswith(f"error: {commit} does not match its checksum file {commit.parent}/.{commit.name}.crc and cannot be repaired")
     assert f"move {path} aside to start the table afresh" in err and "Traceback" not in err and "at org.apache" not in err

@@ -22,7 +22,7 @@ import pytest
 from feature_defs import DEFAULT_DIR, load_definitions
 from fm_config import CatalogConf, ConfigError, SparkConf, load_config
 from jobs.cli import main
-from jobs.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from jobs.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_TERMINAL, EXIT_USAGE
 from jobs.operations.backfill import plan_backfill
 from jobs.operations.cleanup import table_keys
 from jobs.operations.doctor import check_source
@@ -567,12 +567,12 @@ def test_a_folder_whose_files_hold_a_column_in_types_that_would_lose_values_is_r
         f"source 'stats': the Parquet files of {folder} disagree: {found}; only a widening that loses nothing is read (a smaller "
         "integer to a larger one, float to double, a timestamp without a time zone to one with): rewrite the files in one type"
     )
-    assert main(["run", "--env", "mixed", "--date", str(D2)]) == EXIT_FAILED
+    assert main(["run", "--env", "mixed", "--date", str(D2)]) == EXIT_TERMINAL  # the same files fail again: not worth a retry
     err = capsys.readouterr().err
     assert f"error: stats: MixedParquetTypes: {message}" in err.splitlines(), err
     assert "Traceback" not in err and "\tat " not in err and "java." not in err
     assert redis_db.dbsize() == 0
-    assert main(["ready", "--env", "mixed", "--source", "stats", "--date", str(D2)]) == EXIT_FAILED  # not "not ready": no wait for ever
+    assert main(["ready", "--env", "mixed", "--source", "stats", "--date", str(D2)]) == EXIT_TERMINAL  # not "not ready": no wait for ever
     assert capsys.readouterr().err.strip() == f"error: {message}"
 
 

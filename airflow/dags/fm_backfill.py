@@ -2,7 +2,8 @@
 
 Runs `materialize backfill` (see jobs/README.md): skipped dates, resume after a failure and
 the run ledger all come from the CLI. In the Redis pool, so it never overlaps a nightly
-upload to the same cluster.
+upload to the same cluster. A failure retrying cannot fix (a failed gate, definitions) fails
+at once; after any other, a retry resumes where the backfill stopped.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime as dt
 from airflow.sdk import DAG, Param, task
 
 from jobs import airflow_support as fm
+from jobs.airflow_tasks import cli_task
 
 _SOURCES = sorted(s for names in fm.sources_by_group().values() for s in names)
 
@@ -36,11 +38,12 @@ with DAG(
     },
 ) as dag:
 
-    @task.bash(task_id="backfill", env=fm.task_env(), append_env=True, pool=fm.REDIS_POOL)
-    def backfill() -> str:
-        return fm.materialize(
-            "backfill", "--env", fm.ENV, "--source", "{{ params.source }}", "--start", "{{ params.start }}", "--end", "{{ params.end }}",
-            "--mode", "{{ params.mode }}", "--sink", "{{ params.sink }}", "{{ '--force' if params.force else '' }}",
+    @task(task_id="backfill", pool=fm.REDIS_POOL)
+    def backfill(params=None) -> None:
+        p = params
+        cli_task(
+            "backfill", "--env", fm.ENV, "--source", p["source"], "--start", p["start"], "--end", p["end"],
+            "--mode", p["mode"], "--sink", p["sink"], *(["--force"] if p["force"] else []),
         )  # fmt: skip
 
     backfill()

@@ -1,4 +1,5 @@
-"""Nightly materialization: one DAG per schedule group declared in feature_defs.
+"""Nightly materialization: one DAG per schedule group of the sources selected by date
+(sources selected by event time run in fm_incremental_<group>).
 
 The run triggered at 02:00 UTC on D+1 materializes D (Airflow 3 cron runs carry their
 trigger time as logical date). For each source of the group: wait for D's ETL partition
@@ -7,30 +8,20 @@ not retried, with the failed checks in the task log), materialize (spark-submit 
 jobs/materialize.py, in the Redis pool), verify (read a sample back from the stores) and
 report (the run's summary in the log). To repair a past date after fixing its data, use
 the fm_backfill DAG (replay): it applies the later dates again, so nothing ends older.
+
+A task whose failure retrying cannot fix (bad input, a failed gate, definitions or changes
+the stores refuse, a source table not as defined: jobs/exit_codes.py) fails at once, without
+its retries; the others (a store or the catalog out of reach, a lease held) are retried.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import subprocess
-import sys
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, PokeReturnValue, TaskGroup, task
-from airflow.sdk.exceptions import AirflowFailException
 
 from jobs import airflow_support as fm
-
-
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    """The project's CLI in the worker's environment (plus FM_ENV, the venv on PATH), output to the task log."""
-    done = subprocess.run(
-        [str(fm.BIN_DIR / "materialize"), *args], env={**os.environ, **fm.task_env()}, capture_output=True, text=True, timeout=3 * 3600
-    )
-    print(done.stdout[-20000:])
-    print(done.stderr[-20000:], file=sys.stderr)
-    return done
+from jobs.airflow_tasks import MaterializeSubmit, check_exit, cli_task, run_cli
 
 
 def _source_tasks(source: str) -> None:
@@ -39,25 +30,19 @@ def _source_tasks(source: str) -> None:
         @task.sensor(task_id="wait_for_partition", mode="reschedule", poke_interval=600, timeout=8 * 3600)
         def wait_for_partition(logical_date=None) -> PokeReturnValue:
             day = (logical_date - dt.timedelta(days=1)).date().isoformat()
-            done = _run_cli("ready", "--env", fm.ENV, "--source", source, "--date", day)
-            if done.returncode not in (fm.EXIT_OK, fm.EXIT_NOT_READY):  # not ready: no rows yet; anything else is an error
-                raise RuntimeError(f"`materialize ready` failed with exit code {done.returncode}")
+            done = run_cli("ready", "--env", fm.ENV, "--source", source, "--date", day)
+            if done.returncode != fm.EXIT_NOT_READY:  # not ready: no rows yet; anything else is an error (a definition: not retried)
+                check_exit(done.returncode, f"`materialize ready` of {source} {day}")
             return PokeReturnValue(is_done=done.returncode == fm.EXIT_OK)
 
         @task(task_id="validate")
         def validate(logical_date=None) -> None:
+            # A failed gate is not retried: the same data fails again (the failed checks are in the log).
+            # No rows now, after the sensor saw some: the partition is being rewritten (retried).
             day = (logical_date - dt.timedelta(days=1)).date().isoformat()
-            done = _run_cli("validate", "--env", fm.ENV, "--date", day, "--source", source)
-            if done.returncode == fm.EXIT_GATE_FAILED:
-                # Not retried: the same data fails again. The failed checks are in the log above.
-                raise AirflowFailException(f"the data-quality gate failed for {source} {day}; nothing was written (see the log)")
-            if done.returncode == fm.EXIT_NOT_READY:
-                # The sensor saw rows and now there are none: the partition is being rewritten. Retried.
-                raise RuntimeError(f"{source} has no rows for {day} (not ready, exit code 3); nothing was written (retried)")
-            if done.returncode:
-                raise RuntimeError(f"`materialize validate` failed with exit code {done.returncode} (retried)")
+            cli_task("validate", "--env", fm.ENV, "--date", day, "--source", source)
 
-        materialize = SparkSubmitOperator(
+        materialize = MaterializeSubmit(
             task_id="materialize",
             conn_id=fm.SPARK_CONN_ID,
             application=str(fm.PROJECT_DIR / "jobs" / "materialize.py"),
@@ -69,20 +54,24 @@ def _source_tasks(source: str) -> None:
             pool=fm.REDIS_POOL,
         )
 
-        @task.bash(task_id="verify", env=fm.task_env(), append_env=True)
-        def verify() -> str:
-            return fm.materialize("verify", "--env", fm.ENV, "--date", fm.SNAPSHOT_DATE, "--source", source)
+        @task(task_id="verify")
+        def verify(ds=None) -> None:
+            cli_task("verify", "--env", fm.ENV, "--date", _day_before(ds), "--source", source)
 
-        @task.bash(task_id="report", env=fm.task_env(), append_env=True, execution_timeout=dt.timedelta(minutes=5))
-        def report() -> str:
-            return fm.materialize("report", "--env", fm.ENV, "--date", fm.SNAPSHOT_DATE, "--source", source)
+        @task(task_id="report", execution_timeout=dt.timedelta(minutes=5))
+        def report(ds=None) -> None:
+            cli_task("report", "--env", fm.ENV, "--date", _day_before(ds), "--source", source)
 
         wait_for_partition() >> validate() >> materialize >> verify() >> report()
 
 
+def _day_before(ds: str) -> str:
+    return (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
+
+
 for _group, _sources in fm.sources_by_group().items():
     with DAG(
-        dag_id=f"fm_nightly_{_group}",
+        dag_id=f"fm_nightly_{fm.dag_suffix(_group)}",
         description=f"Materialize the {_group} sources ({', '.join(_sources)}) into the online stores",
         schedule=fm.cron_for(_group),
         start_date=dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
