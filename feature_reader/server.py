@@ -11,7 +11,8 @@ measured fastest among well-kept ones (bench/README.md, "The feature server"). R
   gets the reason once per change); the answer is kept ``server.health_cache_ms`` (unless a
   store call failed since), so probes at any rate cost one check per period;
 - ``GET /health/live`` (liveness): 200 while the process answers, whatever the stores;
-- ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight);
+- ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight,
+  the last readiness check: ready, each store up, entity types a store does not describe);
 - ``GET /openapi.json``: the OpenAPI document of these routes (feature_reader/openapi.py).
 
 Every GET route answers HEAD too; a wrong method gets 405 with ``Allow``.
@@ -96,6 +97,31 @@ class _ReaderCounters:
             yield GaugeMetricFamily("feature_reader_cache_bytes", "Bytes the L1 cache holds (reader.cache.max_bytes)", value=cache.bytes)
 
 
+class _HealthGauges:
+    """The last readiness check as gauges (the alert rules read them: conf/base/monitoring)."""
+
+    def __init__(self, server: FeatureServer):
+        self.server = server
+
+    def collect(self):
+        kept = self.server._health
+        yield GaugeMetricFamily(
+            "feature_server_ready", "1 when every store answered the last readiness check", value=int(kept[2] == 200 if kept else 0)
+        )
+        up = GaugeMetricFamily("feature_server_store_up", "1 when the store answered the last readiness check", labels=["store"])
+        for store, state in self.server._store_states.items():
+            up.add_metric([store], int(state == "ok"))
+        yield up
+        undescribed = GaugeMetricFamily(
+            "feature_server_undescribed_entity_types",
+            "Entity types a store holds no description of (their reads answer INVALID)",
+            labels=["store"],
+        )
+        for store, said in self.server.reader.descriptions.items():
+            undescribed.add_metric([store], len(said.get("undescribed", [])))
+        yield undescribed
+
+
 class FeatureServer:
     """The ASGI application: one asyncio reader (L1 cache and single-flight as conf says)."""
 
@@ -121,6 +147,7 @@ class FeatureServer:
         )  # fmt: skip
         unsent.set_function(lambda: UNSENT.bytes)
         self.registry.register(_ReaderCounters(reader))
+        self.registry.register(_HealthGauges(self))
         # (when, failed calls then, status, body, body without the stores' details) of the last check
         self._health: tuple[float, int, int, bytes, bytes] | None = None
         self._store_states: dict[str, str] = {}  # each store's last health answer: a change is logged
@@ -189,6 +216,7 @@ class FeatureServer:
             return 200, b'{"status":"alive"}', JSON
         if path == "/openapi.json":
             return 200, openapi_json(), JSON
+        await self._ready()  # the stores' state for the health gauges: the kept check, as probes get it
         return 200, generate_latest(self.registry), b"text/plain; version=0.0.4; charset=utf-8"
 
     async def _shown_details(self, headers) -> bool:

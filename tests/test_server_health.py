@@ -46,6 +46,14 @@ class _Served:
             conn.close()
 
 
+def gauges(served: _Served) -> dict[str, float]:
+    """The health gauges of /metrics: sample -> value."""
+    status, body = served.request("GET", "/metrics")
+    assert status == 200
+    wanted = ("feature_server_ready", "feature_server_store_up", "feature_server_undescribed")
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in body.decode().splitlines() if line.startswith(wanted))}
+
+
 def test_open_health_routes_say_a_stores_status_and_keep_why_for_tokens_and_the_log(tmp_path):
     redis = start_redis(tmp_path / "redis")
     ours, stranger = _Signer(), _Signer()
@@ -59,7 +67,12 @@ def test_open_health_routes_say_a_stores_status_and_keep_why_for_tokens_and_the_
     address = f"127.0.0.1:{redis.port}"
     try:
         assert served.request("GET", "/health") == (200, b'{"status":"ready","stores":{"redis":"ok"}}')
+        # nothing written yet: Redis describes neither entity type of the definitions (consumer, store)
+        undescribed = {'feature_server_undescribed_entity_types{store="redis"}': 2.0}
+        assert gauges(served) == {"feature_server_ready": 1.0, 'feature_server_store_up{store="redis"}': 1.0, **undescribed}
         redis.stop()
+        # a scrape checks the stores as a probe does (the alert rules read these): Redis down, not ready
+        assert gauges(served) == {"feature_server_ready": 0.0, 'feature_server_store_up{store="redis"}': 0.0, **undescribed}
         unavailable = (503, b'{"status":"unavailable","stores":{"redis":"unavailable"}}')
         for path in ("/health", "/health/ready"):
             assert served.request("GET", path) == unavailable
@@ -73,6 +86,7 @@ def test_open_health_routes_say_a_stores_status_and_keep_why_for_tokens_and_the_
         redis = start_redis(tmp_path / "redis", port=redis.port)
         assert served.request("GET", "/health") == (200, b'{"status":"ready","stores":{"redis":"ok"}}')
         assert "store redis answers again" in served.log.read_text()
+        assert gauges(served) == {"feature_server_ready": 1.0, 'feature_server_store_up{store="redis"}': 1.0, **undescribed}
     finally:
         served.process.send_signal(signal.SIGTERM)
         served.process.wait(timeout=30)
