@@ -40,7 +40,8 @@ test:                       ## set up (with the S3 test server), lint, and run t
 	$(MAKE) --no-print-directory lint
 	PY=$(BIN)/python bash scripts/test_lanes.sh
 
-test-fast: setup            ## lint, then the tests without Spark or a venv of their own (about two minutes): formats, sinks, clusters, CLI, config, docs
+test-fast:                  ## lint, then the tests without Spark or a venv of their own (about two minutes): formats, sinks, clusters, CLI, config, docs
+	bash scripts/setup.sh --test-fast
 	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -m "not spark and not install and not slow"
 

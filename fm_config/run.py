@@ -94,6 +94,18 @@ class LeaseConf(Settings):
     """How long a run waits for another writer of its source and store to finish (--wait-for-lease) before it stops."""
 
 
+class MetricsConf(Settings):
+    """Where a run reports itself to Prometheus, as batch jobs do (conf/base/monitoring/README.md)."""
+
+    pushgateway_url: str | None = None
+    """A Prometheus Pushgateway (http://host:9091): each source's run pushed under {job, env, source}."""
+    textfile_dir: str | None = None
+    """Or node_exporter's textfile collector folder: a file per source (fm_<env>_<source>.prom)."""
+    job: str = "feature_materializer"
+    timeout_seconds: float = Field(5, gt=0)
+    """A push that takes longer is given up with a warning: the run's outcome never depends on it."""
+
+
 class RunConf(Settings):
     env: str = DEFAULT_ENV
     data_root: str = "data"
@@ -120,6 +132,8 @@ class RunConf(Settings):
     """Online reads (feature_reader/): stores per source, deadline, in-process cache."""
     server: ServerSettings = ServerSettings()
     """``materialize serve``: where it listens, its limits."""
+    metrics: MetricsConf = MetricsConf()
+    """Each run's outcome for Prometheus (a Pushgateway or node_exporter's textfile collector): none by default."""
     sources: list[str] | None = None
     """Sources a run materializes when none is named; None means all defined."""
     parallel_sources: Annotated[int, Field(ge=1)] = 2

@@ -579,15 +579,36 @@ def cmd_run(args) -> int:
         check_date(args.date)  # before Spark starts
 
     def run(spark, conf, defs, name):
-        return recorded_run(
-            spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url, guard_skipped_newer=True,
-            until=until,
-        )  # fmt: skip
+        from jobs.run_metrics import report_run
+
+        try:
+            summary = recorded_run(
+                spark, conf, defs, Ledger.of(spark, conf), "run", name, args.date, redis_url=args.redis_url, guard_skipped_newer=True,
+                until=until,
+            )  # fmt: skip
+        except Exception as exc:
+            report_run(conf, defs.source(name), _failed_summary(conf, name, args), exc)
+            raise
+        report_run(conf, defs.source(name), summary, None)
+        return summary
 
     # the ledger made before the sources run at once: two first appends would both create it
     return _each_source(
         args, run, "summary.json", setup=lambda spark, conf: Ledger.of(spark, conf).create(), expectations=None, select=select
     )
+
+
+def _failed_summary(conf, name: str, args):
+    """The summary a failed run wrote (its counts: the bad-row fraction a gate stopped), if any."""
+    from jobs.pipeline.report.stage import report_dir
+    from jobs.pipeline.report.summary import RunSummary
+
+    try:
+        folder = report_dir(conf, name, args.date, name=getattr(args, "report_name", None))
+        found = RunSummary.read_json(folder / "summary.json", conf.files)
+    except Exception:  # noqa: BLE001 (none written: the run failed before its report)
+        return None
+    return None if found.status == "succeeded" else found  # an earlier run's, not this one's
 
 
 def _incremental_sources(defs, names: list[str], named: bool) -> list[str]:

@@ -144,7 +144,7 @@ EXECUTOR_IMPORTS='import pyspark, pyarrow, numpy, redis, hiredis, psycopg, xxhas
 assert "pyspark.zip" in pyspark.__file__, pyspark.__file__'
 rm -f "$DIST"/feature_materializer-*-executor.pex "$DIST"/.feature_materializer-*-executor.pex.inputs  # an older layout's
 build_pex "$RUNTIME" "$EXECUTOR_IMPORTS
-import great_expectations, pandas, delta.tables, orjson, tqdm" requirements-executor.txt requirements-driver.txt
+import great_expectations, pandas, delta.tables, orjson, tqdm, prometheus_client" requirements-executor.txt requirements-driver.txt
 
 # --- 3. the job bundle, for --deploy-mode cluster (jobs/cluster_bundle.py) ------------------
 # A zip Python runs by its __main__.py: the runtime PEX (stored: it is compressed already),

@@ -2,8 +2,10 @@
 # Idempotent set-up for a fresh Debian/Ubuntu machine (root, or a user with sudo).
 # Installs what is missing: Java 17, redis-server, PostgreSQL, Maven (only to fetch the
 # jars), a .venv with the pinned Python packages, the two Delta jars and the S3A connector's
-# jars (jars/s3a). With --test, also the S3-compatible test server (moto) in .run/moto-venv
-# and Feast in .run/feast-venv (throwaway/feast_venv.py).
+# jars (jars/s3a). With --test, also the S3-compatible test server (moto) in .run/moto-venv,
+# Feast in .run/feast-venv (throwaway/feast_venv.py), and Debian's prometheus (promtool) and
+# prometheus-pushgateway (the monitoring tests; their services are not started); --test-fast
+# only those two.
 # Every step is skipped when its result is already there, so running it again is cheap.
 set -euo pipefail
 
@@ -14,8 +16,10 @@ JARS="$ROOT/jars"
 # The Delta version and jars come from jobs/jars.py (standard library only): `python -m jobs.jars`,
 # with the system python3 before the venv exists and the venv's after.
 HADOOP_VERSION=3.5.0  # pyspark's own Hadoop (its hadoop-client-api jar): hadoop-aws must match it
-WITH_TEST_TOOLS=0
-[ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
+WITH_TEST_TOOLS=0  # --test: everything the whole suite uses
+WITH_TEST_PACKAGES=0  # --test-fast: only the OS packages the tests without Spark use
+[ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1 && WITH_TEST_PACKAGES=1
+[ "${1:-}" = "--test-fast" ] && WITH_TEST_PACKAGES=1
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -33,6 +37,10 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # (no python3 yet on a bare machine: then no jars either)
 command -v mvn >/dev/null 2>&1 || { command -v python3 >/dev/null 2>&1 && [ -f "$JARS/.complete-$(python3 -m jobs.jars --version)" ] && [ -f "$JARS/s3a/.complete-$HADOOP_VERSION" ]; } || missing+=(maven)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ "$WITH_TEST_PACKAGES" = 1 ]; then  # the alert rules' checks (promtool) and the job's metrics (a Pushgateway)
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushgateway)
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing OS packages: ${missing[*]}"

@@ -240,6 +240,50 @@ def start_s3(log: Path) -> S3Server:
             time.sleep(0.2)
 
 
+@dataclass
+class Pushgateway:
+    """Prometheus's Pushgateway (Debian's prometheus-pushgateway) on a free loopback port."""
+
+    port: int
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> str:
+        """What Prometheus would scrape from it (Prometheus text)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+            return answer.read().decode()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def start_pushgateway(log: Path) -> Pushgateway:
+    binary = shutil.which("prometheus-pushgateway")
+    assert binary, "prometheus-pushgateway is not installed: run `bash scripts/setup.sh --test` (make test does)"
+
+    def start() -> Pushgateway:
+        port = free_port()
+        with open(log, "wb") as out:
+            process = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT)
+        server = Pushgateway(port, process)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{server.url}/-/ready", timeout=2).close()
+                return server
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    raise start_failed(f"prometheus-pushgateway did not start on port {port}", log) from None
+                time.sleep(0.1)
+
+    return again_if_port_taken(start)
+
+
 def restart_redis(server: RedisServer, tmp: Path, *args: str, down: float = 0.0) -> RedisServer:
     """Stop ``server`` (SIGTERM: with --appendonly yes it flushes its log first), wait ``down``
     seconds, and start it again on the same port with ``args``: what it persisted comes back."""
