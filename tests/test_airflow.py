@@ -236,7 +236,9 @@ def test_spark_submit_failures_are_retried_only_when_a_retry_can_help(airflow_db
     assert (code in RETRY_CANNOT_FIX) == (code == 7)
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")  # spark-submit of the venv
     bag = load_dags()
+    limit = sys.getrecursionlimit()
     dag = bag.dags["fm_nightly_nightly"].partial_subset(task_ids=["consumer_daily.materialize"], include_upstream=False)
+    sys.setrecursionlimit(limit)  # Airflow's operator copy raises it for the whole process (tests of deep JSON rely on it)
     counter = tmp_path / "starts"
     driver = tmp_path / "driver.py"
     driver.write_text(
