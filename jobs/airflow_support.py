@@ -93,6 +93,19 @@ def cron_for(group: str) -> str:
     return SCHEDULES.get(group, group)
 
 
+START_DATE = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+
+def group_dag(kind: str, group: str, description: str, doc: str) -> dict:
+    """The settings of the DAG of one schedule group (``DAG(**group_dag(...))``): its id
+    fm_<kind>_<group>, its schedule, and the policy every DAG here follows."""
+    return {
+        "dag_id": f"fm_{kind}_{dag_suffix(group)}", "description": description, "schedule": cron_for(group),
+        "start_date": START_DATE, "catchup": False, "max_active_runs": 1, "default_args": DEFAULT_ARGS,
+        "tags": [*TAGS, kind, group], "doc_md": doc,
+    }  # fmt: skip
+
+
 def dag_suffix(group: str) -> str:
     """A schedule group as a DAG id's end: "@hourly" -> "hourly", "*/15 * * * *" -> "15"."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", group).strip("_") or "schedule"

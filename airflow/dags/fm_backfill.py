@@ -21,7 +21,7 @@ with DAG(
     dag_id="fm_backfill",
     description="Backfill one source over a range of dates (materialize backfill)",
     schedule=None,
-    start_date=dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
+    start_date=fm.START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args={**fm.DEFAULT_ARGS, "retries": 1, "execution_timeout": dt.timedelta(hours=12)},

@@ -9,7 +9,6 @@ that may DELETE: set FM_CLEANUP_SQL_DSN (no password in it) and FM_CLEANUP_SQL_P
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 
 from airflow.sdk import DAG, task
@@ -28,7 +27,7 @@ with DAG(
     dag_id="fm_cleanup",
     description="Delete what no definition reads any more, and expired SQL rows (materialize cleanup)",
     schedule=fm.CLEANUP_SCHEDULE,
-    start_date=dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
+    start_date=fm.START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=fm.DEFAULT_ARGS,

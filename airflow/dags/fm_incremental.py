@@ -11,25 +11,14 @@ the task at once; the others are retried (as in fm_nightly).
 
 from __future__ import annotations
 
-import datetime as dt
-
 from airflow.sdk import DAG
 
 from jobs import airflow_support as fm
 from jobs.airflow_tasks import MaterializeSubmit
 
 for _group, _sources in fm.sources_by_group(select_by="event_time").items():
-    with DAG(
-        dag_id=f"fm_incremental_{fm.dag_suffix(_group)}",
-        description=f"Load what arrived since the last window of {', '.join(_sources)} into the online stores",
-        schedule=fm.cron_for(_group),
-        start_date=dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
-        catchup=False,
-        max_active_runs=1,
-        default_args=fm.DEFAULT_ARGS,
-        tags=[*fm.TAGS, "incremental", _group],
-        doc_md=__doc__,
-    ) as _dag:
+    _about = f"Load what arrived since the last window of {', '.join(_sources)} into the online stores"
+    with DAG(**fm.group_dag("incremental", _group, _about, __doc__)) as _dag:
         for _source in _sources:
             MaterializeSubmit(
                 task_id=f"{_source}.materialize",

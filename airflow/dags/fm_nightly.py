@@ -70,17 +70,8 @@ def _day_before(ds: str) -> str:
 
 
 for _group, _sources in fm.sources_by_group().items():
-    with DAG(
-        dag_id=f"fm_nightly_{fm.dag_suffix(_group)}",
-        description=f"Materialize the {_group} sources ({', '.join(_sources)}) into the online stores",
-        schedule=fm.cron_for(_group),
-        start_date=dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
-        catchup=False,
-        max_active_runs=1,
-        default_args=fm.DEFAULT_ARGS,
-        tags=[*fm.TAGS, "nightly", _group],
-        doc_md=__doc__,
-    ) as _dag:
+    _about = f"Materialize the {_group} sources ({', '.join(_sources)}) into the online stores"
+    with DAG(**fm.group_dag("nightly", _group, _about, __doc__)) as _dag:
         for _source in _sources:
             _source_tasks(_source)
     globals()[_dag.dag_id] = _dag
