@@ -103,7 +103,7 @@ def test_known_secrets_never_reach_outputs_reports_errors_plans_or_the_event_log
     assert main(run) == 1
     (tmp_path / "secrets" / "redis_password").write_text(REDIS_SECRET)
     (tmp_path / "secrets" / "sql_password").write_text(WRONG_SECRET)
-    assert main(run) == 1
+    assert main(run) == 7  # a login refused: not worth a retry (exit_codes.EXIT_TERMINAL)
     failed = capfd.readouterr()
     assert "WRONGPASS" in failed.err or "invalid username-password" in failed.err
     assert f'password authentication failed for user "{ROLE}"' in failed.err
