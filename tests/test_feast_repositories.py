@@ -32,7 +32,7 @@ from fm_config import QualityConf, RunConf
 from fm_config.redis import RedisSettings
 from throwaway import feast_venv
 
-from .test_server import serve
+from .support.serving import serve
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
 

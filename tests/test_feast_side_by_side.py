@@ -31,7 +31,7 @@ from fm_config.sql import SqlSettings
 from jobs.cli import main
 from throwaway import feast_venv
 
-from .test_server import serve
+from .support.serving import serve
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
 

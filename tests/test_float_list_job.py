@@ -25,8 +25,8 @@ from fm_config.sql import SqlSettings
 from serializers import field_id, freshness_field
 from serializers.keys import as_of_epoch
 
+from .support.asgi import asgi_post
 from .support.samples import SAMPLE_DATES, TINY_SOURCE
-from .test_json_job import _asgi_post
 
 DAY = SAMPLE_DATES[1]
 AS_OF = as_of_epoch(DAY)
@@ -206,7 +206,7 @@ def test_the_reader_returns_floats_from_both_stores(written):
 def test_the_feature_servers_body_writes_floats(written):
     conf, defs, _ = written
     request = {"features": ["tiny:fares", "tiny:ratios", "tiny:hist"], "entities": {"consumer_id": [1, 2, 7]}}
-    status, body = _asgi_post(FeatureServer(AsyncFeatureReader(conf, defs)), json.dumps(request).encode())
+    status, body = asgi_post(FeatureServer(AsyncFeatureReader(conf, defs)), json.dumps(request).encode())
     assert status == 200
     fares, ratios, hist = json.loads(body)["results"][1:]
     assert fares["values"] == [[1.0, 0.5], [-2.5, 1e-07, 3.0], None] and fares["statuses"] == ["PRESENT", "PRESENT", "NULL_VALUE"]

@@ -8,7 +8,6 @@ the Python values a reader must return are those texts read by ``json.loads``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 
@@ -29,6 +28,7 @@ from jobs.transforms import schema_problems
 from serializers import field_id, freshness_field
 from serializers.keys import as_of_epoch
 
+from .support.asgi import asgi_post
 from .support.samples import SAMPLE_DATES, TINY_SOURCE
 
 DAY = SAMPLE_DATES[1]
@@ -211,24 +211,6 @@ def _deep_size(value) -> int:
     return total
 
 
-def _asgi_post(app: FeatureServer, body: bytes) -> tuple[int, bytes]:
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    async def call():
-        scope = {"type": "http", "method": "POST", "path": "/get-online-features", "headers": [(b"content-type", b"application/json")]}
-        await app(scope, receive, send)
-        await app.reader.close()
-
-    asyncio.run(call())
-    return sent[0]["status"], sent[1]["body"]
-
-
 def test_feast_responses_of_get_and_the_server_carry_the_values_as_json(written, tmp_path, monkeypatch, capsys):
     """Feast's response body: a json feature's values are JSON values (objects, arrays...), as
     `feast serve` sends its Map and Struct features, so Feast's remote client reads the Python
@@ -260,7 +242,7 @@ def test_feast_responses_of_get_and_the_server_carry_the_values_as_json(written,
     for store in ("sql", "redis"):
         assert main(["get", "--env", "t", "--request", str(tmp_path / "req.json"), "--store", store]) == 0
         assert capsys.readouterr().out.encode() == expected + b"\n", store
-    status, served = _asgi_post(FeatureServer(AsyncFeatureReader(conf, defs)), json.dumps(request).encode())
+    status, served = asgi_post(FeatureServer(AsyncFeatureReader(conf, defs)), json.dumps(request).encode())
     assert (status, served) == (200, expected)
 
 

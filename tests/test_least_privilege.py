@@ -37,8 +37,8 @@ from .expected import entity_count, is_null
 from .support.cli import BIN, run
 from .support.confs import env_conf
 from .support.privileges import ACL_FILE, acl_commands
+from .support.serving import serve
 from .test_redis_job import CONSUMER, DAY2, DEFS, check_consumer_hashes, expected_consumers, same_value
-from .test_server import serve
 from .test_sql_job import AS_OF_DAY2, check_consumer_rows
 
 

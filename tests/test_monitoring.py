@@ -4,7 +4,6 @@ series pushed to a real Pushgateway or written for node_exporter's textfile coll
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shutil
@@ -26,6 +25,7 @@ from jobs.run_metrics import HELP, LAST_SUCCESS, interval_seconds, report_run
 from throwaway.servers import start_pushgateway
 
 from .expected import entity_count
+from .support.asgi import asgi_call
 from .support.confs import env_conf
 from .support.samples import SAMPLE_DATES
 
@@ -80,22 +80,9 @@ def _server_series(redis_url: str) -> set[str]:
     """The series names the feature server's /metrics exposes (its own app, in process)."""
     conf = RunConf(sinks=["redis"], redis=RedisSettings(url=redis_url, password_env=None, mode="standalone"))
     app = FeatureServer(AsyncFeatureReader(conf, load_definitions()))
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    async def call():
-        for path in ("/get-online-features", "/metrics"):  # one read first: the latency histogram has a series
-            scope = {"type": "http", "method": "POST" if path != "/metrics" else "GET", "path": path, "headers": []}
-            await app(scope, receive, send)
-        await app.reader.close()
-
-    asyncio.run(call())
-    return {s.name for family in text_string_to_metric_families(sent[-1]["body"].decode()) for s in family.samples}
+    asgi_call(app, "POST", "/get-online-features", close=False)  # one read first: the latency histogram has a series
+    _, body = asgi_call(app, "GET", "/metrics")
+    return {s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples}
 
 
 def test_the_rules_and_the_dashboard_read_only_series_the_product_exposes(redis_server):

@@ -33,8 +33,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from throwaway.servers import again_if_port_taken, free_port, start_failed
 
 from .support.confs import env_conf
+from .support.serving import MATERIALIZE, start_serving
 from .support.tls import builder, make_ca, make_server_cert, pem, pem_key
-from .test_server import MATERIALIZE, start_serving
 
 ISSUER = "https://idp.test"
 AUDIENCE = "feature-server"

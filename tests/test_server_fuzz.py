@@ -19,7 +19,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from .test_server import _settings, serve, written  # noqa: F401  (written: the module's fixture)
+from .support.serving import serve
+from .test_server import _settings, written  # noqa: F401  (written: the module's fixture)
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance, response_schema_conformance]
 EXAMPLES = 60

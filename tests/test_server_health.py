@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from throwaway.servers import start_redis
 
 from .support.confs import env_conf
-from .test_server import MATERIALIZE, start_serving
+from .support.serving import MATERIALIZE, start_serving
 
 ISSUER, AUDIENCE = "https://idp.test", "feature-server"
 

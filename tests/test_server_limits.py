@@ -13,7 +13,8 @@ import socket
 import time
 from pathlib import Path
 
-from .test_server import _settings, serve, written  # noqa: F401  (written: the module's fixture)
+from .support.serving import serve
+from .test_server import _settings, written  # noqa: F401  (written: the module's fixture)
 
 ASK = json.dumps({"features": ["every_type:n"], "entities": {"consumer_id": [1]}}).encode()
 POST = b"POST /get-online-features HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"

@@ -373,7 +373,7 @@ def test_get_and_the_server_on_the_changed_definitions_say_why(retyped, tmp_path
     import subprocess
 
     from .support.confs import env_conf
-    from .test_server import MATERIALIZE, serve
+    from .support.serving import MATERIALIZE, serve
 
     conf, v2, _, _ = retyped
     settings = {

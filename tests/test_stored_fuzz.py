@@ -26,8 +26,9 @@ from serializers import DecodeError, decode, encode, field_id, freshness_field
 from serializers.keys import redis_key
 
 from .support.confs import env_conf
+from .support.serving import MATERIALIZE, serve
 from .test_reader import AS_OF, EXPECTED
-from .test_server import MATERIALIZE, _settings, serve, write_sample_into
+from .test_server import _settings, write_sample_into
 
 NOW = AS_OF + 60
 MAX_AS_OF = int(dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp())
