@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import redis
 from fm_config.redis import RedisSettings
 from throwaway.servers import free_port, start_redis
 
+from .support import serving
 from .support.confs import env_conf
 from .support.ports import first_then_real
 from .support.serving import MATERIALIZE, serve
@@ -291,7 +291,7 @@ def test_a_server_whose_port_was_taken_starts_on_another(written, tmp_path, monk
     """The suite's own start-up: uvicorn that cannot bind exits, and serve() starts it again elsewhere."""
     conf, _ = written
     pick, calls = first_then_real(taken_port, free_port)
-    monkeypatch.setattr(sys.modules[__name__], "free_port", pick)
+    monkeypatch.setattr(serving, "free_port", pick)  # where serve() picks its port
     server = serve(tmp_path, "taken", _settings(conf))
     try:
         assert len(calls) == 2 and server.port != taken_port
