@@ -281,6 +281,9 @@ class SourceDef(_Strict):
     """long only: the column holding the value."""
     schedule: str = "nightly"
     """Schedule group (one nightly DAG per group)."""
+    push_source: Identifier | None = None
+    """select_by event_time only: the name pushes to this source use (Feast's PushSource name,
+    ``POST /push``'s ``push_source_name``; feature_push/README.md). Sources may share one."""
     max_age_seconds: PositiveInt | None = None
     """Readers withhold this source's values (status OUTSIDE_MAX_AGE) once its stored as-of
     time is older than this; None: never too old (a request may still set its own). Feast's ``ttl``."""
@@ -316,7 +319,7 @@ class SourceDef(_Strict):
                 # a window holding some of an entity's feature rows would delete the others
                 raise ValueError("select_by: event_time takes the wide layout (one row per entity and event time, as Feast's sources)")
         else:
-            extra = [c for c in ("created_column", "lookback_seconds") if getattr(self, c) is not None]
+            extra = [c for c in ("created_column", "lookback_seconds", "push_source") if getattr(self, c) is not None]
             if extra:
                 raise ValueError(f"{' and '.join(extra)} appl{'y' if len(extra) > 1 else 'ies'} only to select_by: event_time")
         return self

@@ -7,7 +7,7 @@ not-before with ``leeway_seconds`` of clock skew; then kept, with what it grants
 expires or its key leaves the JWKS (a bounded cache keyed by the token: a cached token
 costs a dict lookup). Its
 ``claim`` values (roles, groups or scopes) map to the sources and feature services the caller
-may read (``grants``; "*" for all). 401 (with ``WWW-Authenticate``) says what is wrong with a
+may read, and push to (``grants``; "*" for all). 401 (with ``WWW-Authenticate``) says what is wrong with a
 token without echoing it; 403 names what the caller may not read.
 
 The liveness and readiness routes are always open (Kubernetes probes send no token);
@@ -103,6 +103,11 @@ def check_start(settings, host: str, insecure_no_auth: bool, root_path) -> str:
 class Grants:
     sources: frozenset[str]
     services: frozenset[str]
+    push: frozenset[str] = frozenset()
+    """Sources the caller may push to (server.push)."""
+
+    def may_push(self, name: str) -> bool:
+        return ALL in self.push or name in self.push
 
     def may_read_source(self, name: str) -> bool:
         return ALL in self.sources or name in self.sources
@@ -391,7 +396,9 @@ class Authenticator:
         self.jwt = jwt
         self.settings, self.defs, self.clock, self.max_features = settings, defs, clock, max_features
         self.keys = KeySet(settings, root_path, background=True)
-        self.grants = {value: (frozenset(g.sources), frozenset(g.feature_services)) for value, g in settings.grants.items()}
+        self.grants = {
+            value: (frozenset(g.sources), frozenset(g.feature_services), frozenset(g.push)) for value, g in settings.grants.items()
+        }
         self.cache: dict[bytes, tuple[float, Grants, str]] = {}  # token -> (expires, grants, the kid that verified it)
         self.refreshed = bool(settings.jwks_url)
         self._cached_keys = self.keys.keys  # the keys the cached tokens were verified with
@@ -567,12 +574,14 @@ class Authenticator:
             values = values.split()
         sources: set[str] = set()
         services: set[str] = set()
+        push: set[str] = set()
         for value in values if isinstance(values, list) else []:
             granted = self.grants.get(value) if isinstance(value, str) else None
             if granted:
                 sources |= granted[0]
                 services |= granted[1]
-        return Grants(frozenset(sources), frozenset(services))
+                push |= granted[2]
+        return Grants(frozenset(sources), frozenset(services), frozenset(push))
 
 
 def _find(keys: dict, kid: str) -> tuple[str, tuple[Any, str | None, str]] | None:

@@ -164,6 +164,16 @@ class L1Cache:
         entry = self._entries.pop(key)
         self._bytes -= entry.size
 
+    def drop(self, keys) -> int:
+        """These entries leave (a push replaced their values); returns how many were held."""
+        dropped = 0
+        with self._lock:
+            for key in keys:
+                if key in self._entries:
+                    self._drop(key)
+                    dropped += 1
+        return dropped
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

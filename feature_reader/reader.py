@@ -67,6 +67,7 @@ class _Core:
         self.as_list = self.settings.embeddings == "list"
         self._routes: dict[tuple, tuple[str, ...]] = {}  # (source, store asked) -> the stores read, in order
         self.verdicts = Verdicts(defs)  # what each store says it holds: features never decoded there
+        self.pushes = 0  # pushes taken: a read under way when one lands keeps nothing in the cache
 
     def route(self, source: str, store: str | None) -> tuple[str, ...]:
         got = self._routes.get((source, store))
@@ -106,6 +107,15 @@ class _Core:
             for eid in req.ids[source.entity]:
                 out[(name, eid)] = (route, name, eid, fields)
         return out
+
+    def forget(self, source: str, ids) -> int:
+        """A push wrote ``source`` for these entities: their cache entries leave (every route
+        they were read by), and reads under way keep nothing. Returns the entries dropped."""
+        self.pushes += 1
+        if self.cache is None:
+            return 0
+        routes = {route for (name, _), route in list(self._routes.items()) if name == source}
+        return self.cache.drop([(route, source, eid, "*") for route in routes for eid in ids])
 
     def count(self, **amounts: int) -> None:
         with self._counting:
@@ -147,9 +157,10 @@ class _Core:
             got: dict[Key, SourceRow] = {}
             error: BaseException | None = None
             try:
-                start, generation = time.perf_counter(), self.verdicts.generation
+                start, generation, pushes = time.perf_counter(), self.verdicts.generation, self.pushes
                 got = yield from self._read(claimed, features, store)
-                if self.verdicts.generation == generation:  # else masked under verdicts since replaced: not kept
+                # else masked under verdicts since replaced, or read before a push landed: not kept
+                if self.verdicts.generation == generation and self.pushes == pushes:
                     self._keep(got, time.perf_counter() - start)
             except BaseException as exc:  # a cancelled caller (GeneratorExit, CancelledError) too
                 error = exc if isinstance(exc, Exception) else StoreError("the read was cancelled by its caller")
@@ -431,6 +442,10 @@ class _Base:
     @property
     def cache(self) -> L1Cache | None:
         return self._core.cache
+
+    def forget(self, source: str, ids) -> int:
+        """Entities a push just wrote: this reader answers their new values at once."""
+        return self._core.forget(source, ids)
 
     def _is_cluster(self, rconf) -> bool:
         """redis.mode, or (auto) whether the server says it runs in cluster mode."""

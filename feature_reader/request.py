@@ -174,14 +174,14 @@ def _selection(defs: Definitions, features, feature_service, full_feature_names,
     return got
 
 
-def _column(entity: EntityDef, key: str, kind: str, values: list) -> list:
+def key_column(entity: EntityDef, key: str, kind: str, values: list) -> list:
     """A key column's values, checked (ints: within int64; strings: no ':' or control characters)."""
     if kind == "int" and all(type(v) is int for v in values) and -(2**63) <= min(values) and max(values) < 2**63:
         return values  # the common case, checked at once
     return [_part(entity, key, kind, v, i) for i, v in enumerate(values)]
 
 
-def _check_key_bytes(entity: EntityDef, ids: list[str], limit: int) -> None:
+def check_key_bytes(entity: EntityDef, ids: list[str], limit: int) -> None:
     for row, eid in enumerate(ids):
         size = len(eid.encode("utf-8"))
         if size > limit:
@@ -232,11 +232,11 @@ def parse_request(
         raise RequestError(f"{rows:,} entities in one request; the limit is {max_entities:,} (reader.max_entities)")
     ids: dict[str, list[str]] = {}
     for entity in involved.values():
-        cols = [_column(entity, k.name, k.type, entities[k.name]) for k in entity.keys]
+        cols = [key_column(entity, k.name, k.type, entities[k.name]) for k in entity.keys]
         ids[entity.name] = got = [entity_id(*parts) for parts in zip(*cols)] if len(cols) > 1 else [str(v) for v in cols[0]]
         # one int key: at most 20 characters (max_key_bytes is at least 64); a character is at most 4 bytes: only a long id is measured
         if (len(entity.keys) > 1 or entity.keys[0].type != "int") and max(map(len, got)) * 4 > max_key_bytes:
-            _check_key_bytes(entity, got, max_key_bytes)
+            check_key_bytes(entity, got, max_key_bytes)
     if max_age_seconds is not None and (
         not isinstance(max_age_seconds, (int, float)) or isinstance(max_age_seconds, bool) or max_age_seconds <= 0
     ):

@@ -13,7 +13,9 @@ measured fastest among well-kept ones (bench/README.md, "The feature server"). R
 - ``GET /health/live`` (liveness): 200 while the process answers, whatever the stores;
 - ``GET /metrics``: Prometheus text (request latency by route and status, the reader's counters, requests in flight,
   the last readiness check: ready, each store up, entity types a store does not describe);
-- ``GET /openapi.json``: the OpenAPI document of these routes (feature_reader/openapi.py).
+- ``GET /openapi.json``: the OpenAPI document of these routes (feature_reader/openapi.py);
+- ``POST /push`` and ``POST /write-to-online-store``: Feast's push API, when the server was
+  built with a push handler (``server.push.enabled``: feature_push/); else 403 saying so.
 
 Every GET route answers HEAD too; a wrong method gets 405 with ``Allow``.
 
@@ -49,7 +51,11 @@ from fm_config import load_config
 log = logging.getLogger("feature_reader.server")
 
 ONLINE = "/get-online-features"
-ROUTES = {ONLINE: b"POST", "/health": b"GET", "/health/live": b"GET", "/health/ready": b"GET", "/metrics": b"GET", "/openapi.json": b"GET"}
+PUSHES = ("/push", "/write-to-online-store")
+ROUTES = {
+    ONLINE: b"POST", "/health": b"GET", "/health/live": b"GET", "/health/ready": b"GET", "/metrics": b"GET", "/openapi.json": b"GET",
+    PUSHES[0]: b"POST", PUSHES[1]: b"POST",
+}  # fmt: skip
 """Route -> its method; every GET route answers HEAD too (uvicorn sends the head only)."""
 JSON = b"application/json"
 GC_THRESHOLDS = (700, 10, 1000)
@@ -125,8 +131,10 @@ class _HealthGauges:
 class FeatureServer:
     """The ASGI application: one asyncio reader (L1 cache and single-flight as conf says)."""
 
-    def __init__(self, reader: AsyncFeatureReader):
+    def __init__(self, reader: AsyncFeatureReader, push=None):
         self.reader = reader
+        self.push = push
+        """The push routes' handler (feature_push.handler.PushHandler), None: push is off."""
         self.settings = reader.conf.server
         self.in_flight = 0
         self.registry = CollectorRegistry()
@@ -161,7 +169,7 @@ class FeatureServer:
 
     @classmethod
     def from_conf(cls, env: str | None = None, *, overrides: dict | None = None) -> FeatureServer:
-        return cls(_reader(load_config(env, overrides)))
+        return cls(server_reader(load_config(env, overrides)))
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -209,6 +217,8 @@ class FeatureServer:
         grants = await self.auth.authenticate(path, scope["headers"]) if self.auth else None
         if path == ONLINE:
             return await self._online(scope, receive, grants)
+        if path in PUSHES:
+            return await self._push(scope, receive, path, grants)
         if path == "/health" or path == "/health/ready":
             status, detailed, brief = await self._ready()
             return status, (detailed if await self._shown_details(scope["headers"]) else brief), JSON
@@ -298,6 +308,23 @@ class FeatureServer:
         finally:
             self.in_flight -= 1
 
+    async def _push(self, scope: dict, receive, path: str, grants) -> tuple[int, bytes, bytes]:
+        if self.push is None:
+            raise _Refused(403, "this server takes no pushes (server.push.enabled: false)", "PushDisabled")
+        _json_only(scope["headers"], self.settings.require_content_type)
+        body = await self._body(scope, receive)
+        if self.in_flight >= self.settings.max_in_flight:
+            raise _Refused(503, f"overloaded: {self.in_flight} requests in flight (server.max_in_flight); retry later", "Overloaded")
+        self.in_flight += 1
+        try:  # no deadline: a push cut short would still be written, and its answer would say otherwise
+            return 200, await self.push.handle(path, body, grants), JSON
+        except Exception as exc:
+            if hasattr(exc, "status") and hasattr(exc, "kind"):  # feature_push.errors.PushError
+                raise _Refused(exc.status, str(exc), exc.kind) from None
+            raise
+        finally:
+            self.in_flight -= 1
+
     async def _body(self, scope: dict, receive) -> bytes:
         limit = self.settings.max_body_bytes
         for name, value in scope["headers"]:
@@ -358,13 +385,21 @@ def _json_only(headers: list, required: bool) -> None:
                        "UnsupportedMediaType")  # fmt: skip
 
 
-def serve(env: str | None, host: str | None, port: int | None, workers: int = 1, insecure_no_auth: bool = False) -> None:
+APP = "feature_reader.server:build_app"
+"""What builds the application: ``module:function`` taking a loaded conf (or none: then the
+env's, in each worker process). The command line's builds one that takes pushes too."""
+
+
+def serve(env: str | None, host: str | None, port: int | None, workers: int = 1, insecure_no_auth: bool = False, app: str = APP) -> None:
     """Run the server until SIGTERM or Ctrl-C (in-flight requests finish first)."""
-    serve_conf(load_config(env), host, port, workers, insecure_no_auth)
+    serve_conf(load_config(env), host, port, workers, insecure_no_auth, app)
 
 
-def serve_conf(conf, host: str | None = None, port: int | None = None, workers: int = 1, insecure_no_auth: bool = False) -> None:
+def serve_conf(
+    conf, host: str | None = None, port: int | None = None, workers: int = 1, insecure_no_auth: bool = False, app: str = APP
+) -> None:
     """``serve`` on a loaded conf (the load benchmark builds its own); AuthConfigError when it must not start."""
+    import importlib
     import os
     from functools import partial
 
@@ -397,12 +432,16 @@ def serve_conf(conf, host: str | None = None, port: int | None = None, workers: 
     who = "bearer tokens (server.auth)" if auth == "jwt" else "no authentication"
     if tls.get("ssl_ca_certs"):
         who += f", client certificates {conf.server.tls.client_cert}"
+    pushes = "POST /push, POST /write-to-online-store, " if conf.server.push.enabled and app != APP else ""
     banner = (f"[serve] Feast's feature-server API on {scheme}://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}; "
-              f"{who}): POST /get-online-features, GET /health[/live|/ready], GET /metrics, GET /openapi.json. "
+              f"{who}): POST /get-online-features, {pushes}GET /health[/live|/ready], GET /metrics, GET /openapi.json. "
               "Ctrl-C or SIGTERM stops it.")  # fmt: skip
     if workers > 1:
         os.environ["FM_SERVE_ENV"] = conf.env
-    _run("feature_reader.server:_app_from_env" if workers > 1 else FeatureServer(_reader(conf)), workers, banner, options)
+        _run(app, workers, banner, options)
+    else:
+        module, _, function = app.partition(":")
+        _run(getattr(importlib.import_module(module), function)(conf), workers, banner, options)
     print("[serve] stopped", flush=True)
 
 
@@ -452,14 +491,15 @@ def _open_files(connections: int) -> None:
               f"connections past the limit fail to be accepted", flush=True)  # fmt: skip
 
 
-def _reader(conf) -> AsyncFeatureReader:
+def server_reader(conf) -> AsyncFeatureReader:
     """The server's reader: embeddings decoded straight to lists (the body is JSON)."""
     conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"embeddings": "list"})})
     return AsyncFeatureReader(conf, load_definitions(conf.path(conf.definitions_dir)))
 
 
-def _app_from_env() -> FeatureServer:
-    """Each worker process's application (uvicorn's factory for --workers > 1)."""
+def build_app(conf=None) -> FeatureServer:
+    """The application on ``conf``; without one (uvicorn's factory in each worker process for
+    --workers > 1), on the env ``serve`` was given."""
     import os
 
-    return FeatureServer.from_conf(os.environ.get("FM_SERVE_ENV"))
+    return FeatureServer(server_reader(conf or load_config(os.environ.get("FM_SERVE_ENV"))))

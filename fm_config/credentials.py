@@ -1,5 +1,6 @@
 """``reader.redis`` and ``reader.sql``: the credentials the read side (the reader library,
-``materialize serve``) connects with, apart from the writer's (``redis:``, ``sql:``).
+``materialize serve``) connects with, apart from the writer's (``redis:``, ``sql:``); and
+``server.push.redis`` / ``server.push.sql``: those the server's pushes write with.
 
 Only who connects and where the password is: the server, TLS and timeouts are the store
 section's. Unset, the readers connect as the store section says (the writer's user):
@@ -41,3 +42,17 @@ class ReaderSqlCredentials(Settings):
 
     def password(self, resolve: Callable[[str], Path]) -> SecretStr | None:
         return read_secret("reader.sql", self.password_env, resolve(self.password_file) if self.password_file else None)
+
+
+class PushRedisCredentials(ReaderRedisCredentials):
+    """``server.push.redis``: the Redis ACL user pushes write as (a writer, like the run's)."""
+
+    def password(self, resolve: Callable[[str], Path]) -> SecretStr | None:
+        return read_secret("server.push.redis", self.password_env, resolve(self.password_file) if self.password_file else None)
+
+
+class PushSqlCredentials(ReaderSqlCredentials):
+    """``server.push.sql``: the SQL role pushes write as (INSERT and UPDATE on the entity tables)."""
+
+    def password(self, resolve: Callable[[str], Path]) -> SecretStr | None:
+        return read_secret("server.push.sql", self.password_env, resolve(self.password_file) if self.password_file else None)

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from feature_defs.yamlio import KeyProblem
 from fm_config.base import Settings
-from fm_config.credentials import ReaderRedisCredentials, ReaderSqlCredentials
+from fm_config.credentials import PushRedisCredentials, PushSqlCredentials, ReaderRedisCredentials, ReaderSqlCredentials
 
 Store = Literal["redis", "cockroach"]
 
@@ -111,10 +111,28 @@ class ServerTlsSettings(Settings):
 
 
 class Grant(Settings):
-    """What the holders of one claim value may read ("*": all)."""
+    """What the holders of one claim value may read ("*": all), and push to."""
 
     sources: list[str] = []
     feature_services: list[str] = []
+    push: list[str] = []
+    """Sources its holders may push to (server.push); reading them is granted apart."""
+
+
+class PushSettings(Settings):
+    """``server.push``: Feast's push API on the server (feature_push/README.md). Off, the
+    server holds no writer credentials at all."""
+
+    enabled: bool = False
+    max_rows: int = Field(1000, ge=1)
+    """Rows in one push; more is refused (413) before any is looked at."""
+    offline: bool = True
+    """``to: offline`` / ``online_and_offline`` append to the source's table (Delta, or a
+    folder of Parquet files); False: refused (the push says so)."""
+    redis: PushRedisCredentials | None = None
+    """Who pushes write Redis as; unset: redis.username and its password (the run's writer)."""
+    sql: PushSqlCredentials | None = None
+    """Who pushes write the SQL store as; unset: sql.dsn's user and its password."""
 
 
 def fetched_safely(url: str) -> bool:
@@ -185,7 +203,9 @@ class ServerAuthSettings(Settings):
         if not self.issuer or not self.audience:
             raise KeyProblem("issuer", "server.auth.mode jwt needs issuer and audience (a token for another service must not read here)")
         if not self.grants:
-            raise KeyProblem("grants", "server.auth.mode jwt needs grants: claim value -> {sources: [...], feature_services: [...]}")
+            raise KeyProblem(
+                "grants", "server.auth.mode jwt needs grants: claim value -> {sources: [...], feature_services: [...], push: [...]}"
+            )
         return self
 
 
@@ -227,3 +247,4 @@ class ServerSettings(Settings):
     """A POST with no Content-Type is refused (415) too; off since Feast's remote client sends none (any other non-JSON type is 415)."""
     tls: ServerTlsSettings = ServerTlsSettings()
     auth: ServerAuthSettings = ServerAuthSettings()
+    push: PushSettings = PushSettings()

@@ -245,6 +245,41 @@ class RunConf(Settings):
             secret=self._secret("reader.sql", creds),
         )
 
+    def push_redis_connection(self, url: str | None = None) -> RedisConnection:
+        """How pushes reach redis.url: as server.push.redis's user when set, else as the run's writer."""
+        creds = self.server.push.redis
+        if creds is None:
+            return self.redis_connection(url)
+        creds.password(self.path)
+        r = self.redis
+        return RedisConnection(
+            url=url or r.url,
+            username=creds.username,
+            secret=self._secret("server.push.redis", creds),
+            tls=tls_files(r, self.path),
+            socket_timeout=r.socket_timeout,
+        )
+
+    def push_sql_connection(self) -> SqlConnection:
+        """How pushes reach sql.dsn: as server.push.sql's role when set, else as the run's writer."""
+        creds = self.server.push.sql
+        if creds is None:
+            return self.sql_connection()
+        creds.password(self.path)
+        s = self.sql
+        dsn = s.dsn
+        if creds.user:
+            from psycopg.conninfo import make_conninfo
+
+            dsn = make_conninfo(dsn, user=creds.user)
+        return SqlConnection(
+            dsn=dsn,
+            schema=s.db_schema,
+            statement_timeout_ms=s.statement_timeout_ms,
+            connect_timeout=s.connect_timeout,
+            secret=self._secret("server.push.sql", creds),
+        )
+
     def _secret(self, section: str, settings) -> SecretRef | None:
         if not (settings.password_env or settings.password_file):
             return None

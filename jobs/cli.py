@@ -898,12 +898,13 @@ def cmd_get(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from feature_push.app import APP
     from feature_reader.server import serve
 
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    serve(args.env, args.host, args.port, args.workers, args.insecure_no_auth)
+    serve(args.env, args.host, args.port, args.workers, args.insecure_no_auth, app=APP)
     return EXIT_OK
 
 

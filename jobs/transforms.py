@@ -22,6 +22,7 @@ from jobs import json_values
 from jobs.pipeline.gate.sql_text import ident, literal
 from jobs.source_errors import SchemaDriftError
 from serializers.batch import FeatureSpec
+from serializers.batch import feature_specs as specs_of
 from serializers.json_map import encode_json_maps
 from serializers.keys import KEY_SEPARATOR
 
@@ -513,9 +514,8 @@ def with_entity_id(df: DataFrame, source: SourceDef, entity: EntityDef) -> DataF
 
 
 def feature_specs(source: SourceDef) -> tuple[FeatureSpec, ...]:
-    # json columns hold canonical text by the writers' turn (tag_value_problems): not parsed again
-    canonical = {"json": {"canonical": True}}
-    return tuple(FeatureSpec(f.name, f.type, {**f.options, **canonical.get(f.type, {})}, f.stored_as) for f in source.features)
+    # json columns hold canonical text by the writers' turn (tag_value_problems)
+    return specs_of(source.features)
 
 
 def _json_map_partition(specs: tuple[FeatureSpec, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

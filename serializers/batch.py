@@ -31,6 +31,13 @@ class FeatureSpec:
         return field_id(self.stored_name)
 
 
+def feature_specs(features) -> tuple[FeatureSpec, ...]:
+    """The specs of definitions' features (``FeatureDef``: name, type, options, stored_as).
+    json values reach the encoders as canonical text already (checked before): not parsed again."""
+    canonical = {"json": {"canonical": True}}
+    return tuple(FeatureSpec(f.name, f.type, {**f.options, **canonical.get(f.type, {})}, f.stored_as) for f in features)
+
+
 @dataclass
 class EncodedBatch:
     ids: pa.Array

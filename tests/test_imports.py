@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LAYERS = ["serializers", "feature_defs", "fm_config", "stores", "sinks", "feature_reader", "jobs"]
+LAYERS = ["serializers", "feature_defs", "fm_config", "stores", "sinks", "feature_reader", "feature_push", "jobs"]
 """Bottom first: a package may import those before it, never one after it. The writers and
 the readers stand side by side: neither imports the other."""
 SIDE_BY_SIDE = {("sinks", "feature_reader"), ("feature_reader", "sinks")}

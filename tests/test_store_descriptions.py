@@ -22,10 +22,10 @@ from fm_config import QualityConf, RunConf
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
-from jobs.pipeline.describe import described_writes
 from jobs.transforms import feature_specs
 from serializers.description import DescriptionError, Held, parse_redis, parse_value, redis_key, redis_value, updated
 from serializers.json_map import encode_json_maps
+from sinks.described import described_writes
 from sinks.partition import write_partition
 from sinks.redis.config import redis_sink_config
 from sinks.redis.description import record_description as record_redis

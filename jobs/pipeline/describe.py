@@ -6,49 +6,13 @@ run records in each store, right before its values (write_redis, write_sql)."""
 
 from __future__ import annotations
 
-from feature_defs import SourceDef
-from feature_defs.loader import DefinitionError
-from feature_defs.stored_lock import next_stored_name
-from fm_config import RunConf
 from jobs.pipeline.context import RunContext
-from serializers.description import Description, conflicts, updated
-from sinks.redis.config import RedisSinkConfig
-from sinks.redis.description import read_description
+from serializers.description import Description
+from sinks.described import described_writes
 from sinks.sql.config import SqlSinkConfig
-from sinks.sql.description import read_descriptions
-from stores.sql import connect as sql_connect
-
-STORE_NAMES = {"redis": "Redis", "cockroach": "the SQL store"}
 
 
 def check_descriptions(ctx: RunContext, sql_sink: SqlSinkConfig | None) -> dict[str, Description]:
     """Per store to write: the entries this run records there (may be empty)."""
     redis_sink = ctx.redis_config() if "redis" in ctx.conf.sinks else None
     return described_writes(ctx.conf, ctx.source, redis_sink, sql_sink)
-
-
-def described_writes(
-    conf: RunConf, source: SourceDef, redis_sink: RedisSinkConfig | None, sql_sink: SqlSinkConfig | None
-) -> dict[str, Description]:
-    """Per store given: the entries a write of ``source`` records there; DefinitionError
-    (one line per feature) when a store holds one of its stored names as something else."""
-    encodings = {f.stored_name: f.encoding for f in source.features}
-    found: dict[str, Description] = {}
-    if redis_sink is not None:
-        mode = conf.redis.mode
-        found["redis"] = read_description(redis_sink, cluster=None if mode == "auto" else mode == "cluster")
-    if sql_sink is not None:
-        with sql_connect(sql_sink) as conn:
-            found["cockroach"] = read_descriptions(conn, sql_sink.schema, [sql_sink.table]).get(sql_sink.table, {})
-    by_name = {f.stored_name: f for f in source.features}
-    taken = set(encodings).union(*found.values())  # one fresh name per feature, free in every store
-    problems = []
-    for store, held in found.items():
-        for name, why in sorted(conflicts(held, source.name, encodings).items()):
-            problems.append(
-                f"source {source.name!r}: feature {by_name[name].name!r}: {STORE_NAMES[store]} says its stored name {name!r} is "
-                f"{why}: give it fresh storage with `stored_as: {next_stored_name(name, taken)}`, or change it back"
-            )
-    if problems:
-        raise DefinitionError(problems)  # before either store is written
-    return {store: updated(held, source.name, encodings) for store, held in found.items()}

@@ -68,11 +68,13 @@ def redis_sink_config(
     *,
     url: str | None = None,
     ceiling: int | None = None,
+    connection: RedisConnection | None = None,
 ) -> RedisSinkConfig:
-    """The writer's config for one source and date (``url``: another server than redis.url).
+    """The writer's config for one source and date (``url``: another server than redis.url;
+    ``connection``: other credentials than the run's, the server's pushes).
     Without a source: a connection's that writes nothing (verify, cleanup)."""
     settings = conf.redis
-    connection = conf.redis_connection(url)
+    connection = connection or conf.redis_connection(url)
     return RedisSinkConfig(
         **{f.name: getattr(connection, f.name) for f in fields(RedisConnection)},
         key_prefix=key_prefix(entity.prefix, settings.namespace) if entity else "",

@@ -63,10 +63,12 @@ def sql_sink_config(
     entity: EntityDef | None = None,
     date: dt.date | None = None,
     dialect: Dialect = "postgres",
+    connection: SqlConnection | None = None,
 ) -> SqlSinkConfig:
-    """The writer's config for one source and date (dialect: as detected by the preflight)."""
+    """The writer's config for one source and date (dialect: as detected by the preflight;
+    ``connection``: other credentials than the run's, the server's pushes)."""
     settings = conf.sql
-    connection = conf.sql_connection()
+    connection = connection or conf.sql_connection()
     return SqlSinkConfig(
         **{f.name: getattr(connection, f.name) for f in fields(SqlConnection)},
         table=entity.sql_table if entity else "",

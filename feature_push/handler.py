@@ -1,0 +1,137 @@
+"""The two push routes of Feast 0.67's feature server, answered by ``materialize serve``:
+
+- ``POST /push``: ``{"push_source_name", "df": {column: [values]}, "to": "online" |
+  "offline" | "online_and_offline"}``: every source whose ``push_source`` is that name;
+- ``POST /write-to-online-store``: ``{"feature_view_name", "df"}``: that source (what Feast's
+  SDK sends for ``FeatureStore.push`` and ``write_to_online_store`` with ``online_store:
+  {type: remote}``).
+
+A push is checked whole before anything is written (feature_push/rows.py); the offline
+append, when asked for, comes before the stores, so a refused append writes nothing. Then
+the stores (feature_push/stores.py), then this server's cache forgets the entities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from feature_defs import Definitions, SourceDef
+from feature_push.errors import PushError
+from feature_push.rows import Pushed, pushed_rows
+from feature_push.stores import PushStores
+from fm_config import RunConf
+
+PUSH, WRITE = "/push", "/write-to-online-store"
+MODES = ("online", "offline", "online_and_offline")
+
+
+class PushHandler:
+    def __init__(self, conf: RunConf, defs: Definitions, reader):
+        self.conf, self.defs, self.reader = conf, defs, reader
+        self.settings = conf.server.push
+        self.stores = PushStores(conf)  # reads the push credentials now: a missing one stops the start
+        self.by_push_name: dict[str, list[SourceDef]] = {}
+        for source in defs.sources.values():
+            if source.push_source:
+                self.by_push_name.setdefault(source.push_source, []).append(source)
+        self.stats = {"pushes": 0, "rows": 0, "refused": 0}
+
+    async def handle(self, path: str, body: bytes, grants) -> bytes:
+        try:
+            return await self._handle(path, body, grants)
+        except PushError:
+            self.stats["refused"] += 1
+            raise
+
+    async def _handle(self, path: str, body: bytes, grants) -> bytes:
+        request = _object(body)
+        sources, to = self._targets(path, request)
+        df = request.get("df")
+        if grants is not None:
+            refused = [s.name for s in sources if not grants.may_push(s.name)]
+            if refused:
+                names = ", ".join(map(repr, refused))
+                raise PushError(f"this token does not grant pushing to {names} (server.auth.grants: push)", 403, "Forbidden")
+        rows = _rows(df)
+        if rows > self.settings.max_rows:
+            limit = self.settings.max_rows
+            raise PushError(f"the push holds {rows:,} rows; the limit is {limit:,} (server.push.max_rows)", 413, "TooManyRows")
+        max_key = self.conf.reader.max_key_bytes
+        pushed: list[Pushed] = []
+        if to != "offline":
+            pushed = [pushed_rows(s, self.defs.entities[s.entity], df, max_key_bytes=max_key) for s in sources]
+        appended = await self._offline(sources, df) if to != "online" else {}
+        written = await asyncio.to_thread(self.stores.write, pushed) if pushed else {}
+        for p in pushed:
+            self.reader.forget(p.source.name, p.ids)
+        self.stats["pushes"] += 1
+        self.stats["rows"] += rows
+        return orjson.dumps({"status": "ok", "rows": rows, "written": written, **({"offline": appended} if appended else {})})
+
+    def _targets(self, path: str, request: dict) -> tuple[list[SourceDef], str]:
+        if path == PUSH:
+            name = request.get("push_source_name")
+            if not isinstance(name, str):
+                raise PushError("'push_source_name' must be the name of a push source")
+            sources = self.by_push_name.get(name)
+            if not sources:
+                known = ", ".join(sorted(self.by_push_name)) or "none (a source takes pushes with push_source: <name>)"
+                raise PushError(f"unknown push source {_cut(name)!r}; push sources: {known}", 404, "UnknownPushSource")
+            to = request.get("to", "online")
+            if to not in MODES:
+                raise PushError(f"'to' must be one of {', '.join(MODES)}, not {_cut(to)!r}")
+        else:
+            name = request.get("feature_view_name")
+            if not isinstance(name, str):
+                raise PushError("'feature_view_name' must be the name of a source (Feast's feature view)")
+            source = self.defs.sources.get(name)
+            if source is None:
+                raise PushError(f"unknown feature view {_cut(name)!r}", 404, "UnknownFeatureView")
+            sources, to = [source], "online"
+        for s in sources:
+            if not s.by_event_time:
+                raise PushError(
+                    f"source {s.name!r} is selected by date: it takes no pushes (a pushed row's event time is its as-of time; "
+                    "select_by: event_time)",
+                    400,
+                    "NotPushable",
+                )
+        return sources, to
+
+    async def _offline(self, sources: list[SourceDef], df: dict) -> dict[str, int]:
+        if not self.settings.offline:
+            raise PushError("pushes to the offline store are off on this server (server.push.offline: false)", 403, "OfflineOff")
+        from feature_push.offline import append_offline
+
+        tables: dict[Any, SourceDef] = {}
+        for s in sources:  # views sharing one batch table append once
+            tables.setdefault(s.location or s.table, s)
+        done = {}
+        for s in tables.values():
+            done[s.name] = await asyncio.to_thread(append_offline, self.conf, s, df)
+        return done
+
+
+def _object(body: bytes) -> dict:
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise PushError(f"the body is not JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise PushError("the body must be a JSON object")
+    return request
+
+
+def _rows(df: Any) -> int:
+    if not isinstance(df, dict) or not df:
+        raise PushError("'df' must be an object of columns: {column: [values, ...]}")
+    first = next(iter(df.values()))
+    return len(first) if isinstance(first, list) else 0
+
+
+def _cut(value: Any, n: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= n else text[:n] + "..."

@@ -1,0 +1,327 @@
+"""A push's rows, checked and typed: the Arrow batches the nightly run's writers take.
+
+Every value is checked as the run checks it (the type, an embedding's dimension, a list
+element that is null or not finite, a string past ``max_length``, JSON the type refuses);
+the first bad one refuses the whole push with a line naming its row and column, before
+anything is written. Of several rows of one entity, the latest by event time (then created
+time, then the later row of the request) is written, as the run keeps one row per entity.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from feature_defs import EntityDef, FeatureDef, SourceDef
+from feature_push.errors import PushError
+from feature_reader.errors import EntityKeyError
+from feature_reader.request import check_key_bytes, key_column
+from serializers.batch import feature_specs
+from serializers.errors import BadValue
+from serializers.horizon import as_of_horizon
+from serializers.json_map import encode_json_maps
+from serializers.json_value import canonical
+from serializers.keys import entity_id
+
+ID, AS_OF, JSON_MAP, NON_FINITE = "_id", "_as_of", "_features_json", "_non_finite"
+"""The columns the writers read beside the features (jobs/transforms.py names them alike)."""
+EVENT_TIMESTAMP, CREATED = "event_timestamp", "created"
+"""The time columns Feast's remote online store sends, whatever the source calls its own."""
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """One source's rows of a push, ready for its writers."""
+
+    source: SourceDef
+    entity: EntityDef
+    redis: pa.RecordBatch
+    """_id, the features in definition order, _as_of (event time, UTC epoch seconds)."""
+    ids: list[str]
+    rows: int
+    """Rows of the request (``len(ids)`` entities after the latest per entity)."""
+
+    def sql(self, max_map_bytes: int) -> pa.RecordBatch:
+        """_id, the JSON object of the SQL store, its omitted NaN/inf count, _as_of; PushError
+        for an object past ``sql.max_map_bytes`` or a NUL PostgreSQL's JSONB cannot hold."""
+        maps, dropped = encode_json_maps(self.redis, feature_specs(self.source.features))
+        for i, text in enumerate(maps.to_pylist()):
+            if len(text.encode("utf-8")) > max_map_bytes:
+                raise PushError(f"entity {self.ids[i]!r}: its features' JSON is larger than {max_map_bytes:,} bytes (sql.max_map_bytes)")
+            if "\\u0000" in text:
+                raise PushError(f"entity {self.ids[i]!r}: a NUL character (not storable in the SQL store's JSONB)")
+        return pa.RecordBatch.from_arrays(
+            [self.redis.column(ID), maps, pa.array(dropped, pa.int32()), self.redis.column(AS_OF)], names=[ID, JSON_MAP, NON_FINITE, AS_OF]
+        )
+
+
+def arrow_type(feature: FeatureDef) -> pa.DataType:
+    """The Arrow type the writers' encoders take for a feature (what the run casts it to)."""
+    f64 = pa.float32() if feature.precision == "float32" else pa.float64()
+    return {
+        "float": f64,
+        "int": pa.int64(),
+        "bool": pa.bool_(),
+        "string": pa.string(),
+        "embedding": pa.list_(pa.float32()),
+        "int_list": pa.list_(pa.int64()),
+        "string_list": pa.list_(pa.string()),
+        "float_list": pa.list_(f64),
+        "json": pa.string(),  # canonical JSON text
+    }[feature.type]
+
+
+def pushed_rows(
+    source: SourceDef, entity: EntityDef, df: Mapping[str, Any], *, max_key_bytes: int = 1024, now: float | None = None
+) -> Pushed:
+    """Check a push body's ``df`` (column -> values) against ``source``; PushError naming the
+    first bad row and column."""
+    rows = _length(df)
+    columns = _columns(source, entity, df)
+    keys = _key_names(source, entity)  # in the entity's key order
+    try:
+        parts = [key_column(entity, name, k.type, list(df[name])) for name, k in zip(keys, entity.keys)]
+        ids = [entity_id(*p) for p in zip(*parts)] if rows else []
+        check_key_bytes(entity, ids, max_key_bytes)
+    except EntityKeyError as exc:
+        raise PushError(str(exc), 400, "BadPushKey") from None
+    horizon = as_of_horizon(now)
+    times = _times(df[columns["event"]], columns["event"], required=True)
+    for row, t in enumerate(times):
+        if t > horizon:
+            raise PushError(f"row {row}, column {columns['event']!r}: event time {_utc(t)} is past tomorrow (UTC); no run accepts it")
+    created = _times(df[columns["created"]], columns["created"], required=False) if columns["created"] else [None] * rows
+    keep = _latest(ids, times, created)
+    arrays = [pa.array([ids[i] for i in keep], pa.string())]
+    for feature in source.features:
+        name = columns["features"].get(feature.name)
+        values = list(df[name]) if name is not None else [None] * rows
+        arrays.append(_typed(feature, name or feature.name, values, keep))
+    arrays.append(pa.array([times[i] for i in keep], pa.int64()))
+    batch = pa.RecordBatch.from_arrays(arrays, names=[ID, *[f.name for f in source.features], AS_OF])
+    return Pushed(source, entity, batch, [ids[i] for i in keep], rows)
+
+
+def _length(df: Mapping[str, Any]) -> int:
+    if not isinstance(df, Mapping) or not df:
+        raise PushError("'df' must be an object of columns: {column: [values, ...]}")
+    lengths = {}
+    for name, values in df.items():
+        if not isinstance(values, list):
+            raise PushError(f"column {_cut(name)!r}: expected a list of values, got {type(values).__name__}")
+        lengths[name] = len(values)
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{_cut(n)!r}: {n_:,}" for n, n_ in list(lengths.items())[:5])
+        raise PushError(f"the columns of 'df' differ in length ({shown})")
+    return next(iter(lengths.values()))
+
+
+def _key_names(source: SourceDef, entity: EntityDef) -> list[str]:
+    return source.key_columns or [k.name for k in entity.keys]
+
+
+def _columns(source: SourceDef, entity: EntityDef, df: Mapping[str, Any]) -> dict:
+    """Which column of ``df`` is which: keys, event time, created time, features (by name or
+    source column). A column that is none of these, or a missing key, refuses the push."""
+    keys = _key_names(source, entity)
+    missing = [k for k in keys if k not in df]
+    if missing:
+        raise PushError(f"missing entity key column(s) {', '.join(map(repr, missing))} (source {source.name!r} is keyed by {keys})")
+    event = next((c for c in (source.timestamp_column, EVENT_TIMESTAMP) if c and c in df), None)
+    if event is None:
+        raise PushError(f"missing the event time column {source.timestamp_column!r}: each pushed row needs its event time")
+    created = next((c for c in (source.created_column, CREATED) if c and c in df), None)
+    features: dict[str, str] = {}
+    for f in source.features:
+        found = [c for c in dict.fromkeys((f.name, f.source_column)) if c in df]
+        if len(found) > 1:
+            raise PushError(f"feature {f.name!r} is given twice, as {found[0]!r} and as {found[1]!r}")
+        if found:
+            features[f.name] = found[0]
+    known = {*keys, event, *([created] if created else []), *features.values(), EVENT_TIMESTAMP, CREATED}
+    unknown = [c for c in df if c not in known]
+    if unknown:
+        shown = ", ".join(repr(_cut(c)) for c in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise PushError(f"unknown column(s) {shown}: source {source.name!r} has no such feature, key or time column")
+    if not features:
+        raise PushError(f"no feature of source {source.name!r} in 'df' (its features: {', '.join(f.name for f in source.features)})")
+    return {"event": event, "created": created, "features": features}
+
+
+def _times(values: Sequence[Any], column: str, required: bool) -> list[int | None]:
+    """Whole UTC epoch seconds, floored, as the run stores an event time: ISO 8601 text (no
+    offset: UTC) or epoch seconds."""
+    out: list[int | None] = []
+    for row, v in enumerate(values):
+        if v is None:
+            if required:
+                raise PushError(f"row {row}, column {column!r}: the event time is null")
+            out.append(None)
+        elif isinstance(v, str):
+            try:
+                t = dt.datetime.fromisoformat(v)
+            except ValueError:
+                raise PushError(f"row {row}, column {column!r}: {_cut(v)!r} is not an ISO 8601 time") from None
+            t = t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+            out.append(math.floor(t.timestamp()))
+        elif isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(math.floor(v))
+        else:
+            raise PushError(f"row {row}, column {column!r}: expected an ISO 8601 time or epoch seconds, got {type(v).__name__}")
+    return out
+
+
+def _latest(ids: list[str], times: list[int], created: list[int | None]) -> list[int]:
+    """Row indexes to write: per entity, the latest (event time, created time, row), sorted
+    by entity id (the SQL writer takes rows sorted by key)."""
+    best: dict[str, int] = {}
+    for i, eid in enumerate(ids):
+        j = best.get(eid)
+        if j is None or (times[i], created[i] or 0) >= (times[j], created[j] or 0):
+            best[eid] = i
+    return sorted(best.values(), key=ids.__getitem__)
+
+
+def _typed(feature: FeatureDef, column: str, values: list, keep: list[int]) -> pa.Array:
+    check = _CHECKS[feature.type]
+    out = []
+    for row in keep:
+        v = values[row]
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            out.append(check(feature, v))
+        except _Bad as exc:
+            raise PushError(f"row {row}, column {column!r}: {exc} (feature {feature.name!r} is {feature.type})") from None
+    return pa.array(out, arrow_type(feature))
+
+
+class _Bad(Exception):
+    pass
+
+
+def _number(v: Any, float32: bool) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise _Bad(f"expected a number, got {_shown(v)}")
+    x = float(v)
+    if not math.isfinite(x):
+        raise _Bad("NaN and infinities are not stored")
+    if float32 and abs(x) > _FLOAT32_MAX:
+        raise _Bad(f"{x!r} is beyond float32 range")
+    return x
+
+
+def _integer(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise _Bad(f"expected an integer, got {_shown(v)}")
+    if not -(2**63) <= int(v) < 2**63:
+        raise _Bad("outside int64")
+    return int(v)
+
+
+def _elements(v: Any, element) -> list:
+    if not isinstance(v, list):
+        raise _Bad(f"expected a list, got {_shown(v)}")
+    out = []
+    for i, e in enumerate(v):
+        if e is None:
+            raise _Bad(f"element {i} is null")
+        try:
+            out.append(element(e))
+        except _Bad as exc:
+            raise _Bad(f"element {i}: {exc}") from None
+    return out
+
+
+def _float(f: FeatureDef, v: Any) -> float:
+    return _number(v, f.precision == "float32")
+
+
+def _int(f: FeatureDef, v: Any) -> int:
+    return _integer(v)
+
+
+def _bool(f: FeatureDef, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad(f"expected true or false, got {_shown(v)}")
+    return v
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise _Bad(f"expected a string, got {_shown(v)}")
+    return v
+
+
+def _string(f: FeatureDef, v: Any) -> str:
+    text = _text(v)
+    if f.max_length and len(text) > f.max_length:
+        raise _Bad(f"longer than {f.max_length} characters")
+    return text
+
+
+def _embedding(f: FeatureDef, v: Any) -> list[float]:
+    out = _elements(v, lambda e: _number(e, True))
+    if f.dimension and len(out) != f.dimension:
+        raise _Bad(f"{len(out)} elements; the embedding's dimension is {f.dimension}")
+    return out
+
+
+def _int_list(f: FeatureDef, v: Any) -> list[int]:
+    return _elements(v, _integer)
+
+
+def _string_list(f: FeatureDef, v: Any) -> list[str]:
+    return _elements(v, _text)
+
+
+def _float_list(f: FeatureDef, v: Any) -> list[float]:
+    return _elements(v, lambda e: _number(e, f.precision == "float32"))
+
+
+def _json(f: FeatureDef, v: Any) -> str | None:
+    """A string is a JSON text (what Feast sends for a Json feature), anything else the value itself."""
+    try:
+        made = canonical(v, f.options.get("max_bytes"))
+        return None if made is None else made.decode("utf-8")
+    except BadValue as exc:
+        raise _Bad(str(exc)) from None
+    except RecursionError:
+        raise _Bad("nested too deeply") from None
+
+
+_CHECKS = {
+    "float": _float,
+    "int": _int,
+    "bool": _bool,
+    "string": _string,
+    "embedding": _embedding,
+    "int_list": _int_list,
+    "string_list": _string_list,
+    "float_list": _float_list,
+    "json": _json,
+}
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, (list, dict)):
+        return type(v).__name__
+    return f"{type(v).__name__} {_cut(repr(v), 40)}"
+
+
+def _cut(text: Any, n: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _utc(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
