@@ -35,9 +35,8 @@ from throwaway.servers import again_if_port_taken, free_port, start_failed
 from .support.confs import env_conf
 from .support.serving import MATERIALIZE, start_serving
 from .support.tls import builder, make_ca, make_server_cert, pem, pem_key
+from .support.tokens import AUDIENCE, ISSUER, Signer, jwks_of
 
-ISSUER = "https://idp.test"
-AUDIENCE = "feature-server"
 RANKING = {"feature_service": "consumer_ranking", "entities": {"consumer_id": [1, 2]}}
 STORES = {"features": ["store_features_long:rating_avg_30d"], "entities": {"store_id": ["s7"]}}
 BOTH = {
@@ -88,29 +87,9 @@ def pki(tmp_path_factory) -> Pki:
     return Pki(*(folder / n for n in ("ca.pem", "other.pem", "server.pem", "server.key", "client.pem", "client.key")))
 
 
-class Signer:
-    """An identity provider's signing key (ES256) and its public JWK."""
-
-    def __init__(self, kid: str):
-        self.kid = kid
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        self.jwk = {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(self.key.public_key())), "kid": kid, "use": "sig", "alg": "ES256"}
-
-    def token(
-        self, roles, *, exp_in: float = 600, iss: str = ISSUER, aud: str = AUDIENCE, claim: str = "roles", kid: str | None = None
-    ) -> str:
-        now = int(time.time())
-        claims = {"iss": iss, "aud": aud, "sub": "model-1", "iat": now, "exp": now + int(exp_in), claim: roles}
-        return jwt.encode(claims, self.key, algorithm="ES256", headers={"kid": kid or self.kid})
-
-
 @pytest.fixture(scope="module")
 def signer() -> Signer:
     return Signer("k1")
-
-
-def _jwks(*signers: Signer) -> bytes:
-    return json.dumps({"keys": [s.jwk for s in signers]}).encode()
 
 
 # --- a server process --------------------------------------------------------------------
@@ -244,7 +223,7 @@ def _auth(jwks: dict, **extra) -> dict:
 @pytest.fixture(scope="module")
 def jwt_served(signer, redis_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jwt")
-    (tmp / "jwks.json").write_bytes(_jwks(signer))
+    (tmp / "jwks.json").write_bytes(jwks_of(signer))
     served = start(tmp, _settings(redis_server, 11, auth=_auth({"jwks_file": str(tmp / "jwks.json")})), None)
     yield served
     assert served.stop() == -signal.SIGTERM
@@ -322,7 +301,7 @@ def test_a_token_reads_only_what_its_claims_grant(jwt_served, signer):
 
 
 def test_keys_from_a_url_are_refreshed_and_kept_while_it_is_down(signer, redis_server, tmp_path):
-    jwks = {"body": _jwks(signer)}
+    jwks = {"body": jwks_of(signer)}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
@@ -341,7 +320,7 @@ def test_keys_from_a_url_are_refreshed_and_kept_while_it_is_down(signer, redis_s
     try:
         assert served.post(RANKING, signer.token(["analyst"]))[0] == 200
         rotated = Signer("k2")
-        jwks["body"] = _jwks(signer, rotated)
+        jwks["body"] = jwks_of(signer, rotated)
         time.sleep(1.2)
         assert served.post(RANKING, rotated.token(["analyst"]))[0] == 200  # an unknown key id fetched the keys again
         idp.shutdown()
@@ -410,7 +389,7 @@ def test_a_cached_token_expires_with_the_token(signer, tmp_path):
     from fm_config.reader import ServerAuthSettings
 
     path = tmp_path / "jwks.json"
-    path.write_bytes(_jwks(signer))
+    path.write_bytes(jwks_of(signer))
     settings = ServerAuthSettings(**_auth({"jwks_file": str(path)}, cache_entries=2))
     now = [time.time()]
     auth = Authenticator(settings, load_definitions(DEFAULT_DIR), Path, clock=lambda: now[0])
@@ -528,7 +507,7 @@ def test_doctor_checks_the_servers_port_tls_files_and_keys(pki, signer, jwt_serv
     assert tls_of(tmp_path / "none.pem") == [("fail", "server.tls.cert_file", f"{tmp_path / 'none.pem'}: No such file or directory")]
     assert tls_of(pki.key, pki.key) == [("fail", "server.tls.cert_file", f"{pki.key}: not a PEM certificate")]
 
-    (tmp_path / "jwks.json").write_bytes(_jwks(signer))
+    (tmp_path / "jwks.json").write_bytes(jwks_of(signer))
     (tmp_path / "bad.json").write_text("{not json")
     auth = _auth({"jwks_file": str(tmp_path / "jwks.json")})
     good = _doctor(port=port, auth=auth)["server auth"]
@@ -667,7 +646,7 @@ def test_the_authorization_memo_is_bounded_by_the_bytes_it_holds(signer, tmp_pat
 
     from feature_reader.auth import DECISION_BYTES, AuthError
 
-    (tmp_path / "jwks.json").write_bytes(_jwks(signer))
+    (tmp_path / "jwks.json").write_bytes(jwks_of(signer))
     auth = _authenticator(_auth({"jwks_file": str(tmp_path / "jwks.json")}))
     stores = asyncio.run(auth.authenticate("/get-online-features", _bearer(signer.token(["store-model"]))))
     nobody = asyncio.run(auth.authenticate("/get-online-features", _bearer(signer.token(["nobody"]))))
@@ -724,7 +703,7 @@ def _answered(post, status: int, seconds: float = 15) -> tuple[int, bytes, dict]
 
 
 def test_a_trickling_jwks_url_stops_neither_the_start_nor_the_refresh(signer, redis_server, tmp_path):
-    idp = Idp(_jwks(signer))
+    idp = Idp(jwks_of(signer))
     idp.trickle = 0.5  # a byte every half second: each read is quick, the fetch never ends
     auth = _auth({"jwks_url": idp.url()}, jwks_timeout_seconds=1, jwks_refresh_seconds=1)
     served = _start_announced(tmp_path, _settings(redis_server, 11, auth=auth))
@@ -739,7 +718,7 @@ def test_a_trickling_jwks_url_stops_neither_the_start_nor_the_refresh(signer, re
         assert _answered(lambda: served.post(RANKING, token), 200)[0] == 200  # the next refresh brought the keys
         # it trickles again while a key is added: refreshes are cut off, then the key is picked up once it answers
         rotated = Signer("k2")
-        idp.body, idp.trickle = _jwks(signer, rotated), 0.5
+        idp.body, idp.trickle = jwks_of(signer, rotated), 0.5
         time.sleep(2.5)
         idp.trickle = None
         assert _answered(lambda: served.post(RANKING, rotated.token(["analyst"])), 200)[0] == 200
@@ -810,7 +789,7 @@ def test_a_redirect_of_the_jwks_url_is_held_to_its_rule(signer):
             probe.connect(("10.255.255.255", 1))
             name = probe.getsockname()[0]
     assert not name.startswith("127."), name
-    idp = Idp(_jwks(signer), host="0.0.0.0")
+    idp = Idp(jwks_of(signer), host="0.0.0.0")
     token = _bearer(signer.token(["analyst"]))
     try:
         idp.location = idp.url(host=name)  # plain http to another host (this one by name: served, were it followed)
@@ -853,7 +832,7 @@ def test_cached_tokens_leave_with_their_key(signer):
     from feature_reader.auth import AuthError
 
     second = Signer("k2")
-    idp = Idp(_jwks(signer, second))
+    idp = Idp(jwks_of(signer, second))
     auth = _authenticator(_auth({"jwks_url": idp.url()}, jwks_refresh_seconds=1))
     first_token, second_token = _bearer(signer.token(["analyst"])), _bearer(second.token(["analyst"]))
 
@@ -872,13 +851,13 @@ def test_cached_tokens_leave_with_their_key(signer):
             await auth.authenticate("/get-online-features", first_token)
             await auth.authenticate("/get-online-features", second_token)
         assert auth.stats == {"verified": 2, "cached": 2, "refused": 0}
-        idp.body = _jwks(second)  # k1 leaves
+        idp.body = jwks_of(second)  # k1 leaves
         await until_refreshed(lambda: "k1" not in auth.keys.keys)
         with pytest.raises(AuthError, match="the token's key id 'k1' is not in the JWKS"):
             await auth.authenticate("/get-online-features", first_token)
         assert auth.stats["cached"] > 2  # k2's token still came from the cache
         replaced = Signer("k2")  # another key under the same kid
-        idp.body = _jwks(replaced)
+        idp.body = jwks_of(replaced)
         await until_refreshed(lambda: auth.keys.keys["k2"][2] == json.dumps(replaced.jwk, sort_keys=True))
         with pytest.raises(AuthError, match="signature does not verify"):
             await auth.authenticate("/get-online-features", second_token)

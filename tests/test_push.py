@@ -1,0 +1,331 @@
+"""Pushes (feature_push/): Feast's push routes on the feature server, in process, against the
+session's real Redis and PostgreSQL. What a push stores is read back raw: Redis fields
+against the reference encoder (serializers.scalar.encode, not the column-wise path the
+writers use), SQL documents as parsed JSON, as-of times as the pushed event times."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from feature_defs import load_definitions
+from feature_push.app import build_app
+from fm_config import ConfigError, RunConf
+from fm_config.reader import ServerAuthSettings
+from serializers import decode, encode, field_id
+from serializers.keys import freshness_field
+
+from .support.asgi import JSON, asgi_request
+from .support.tokens import AUDIENCE, ISSUER, Signer, jwks_of
+
+UTC = dt.UTC
+ENTITIES = """entities:
+  - {name: driver, prefix: d, keys: [{name: driver_id, type: int}], sql_table: driver_features}
+"""
+STATS = """source:
+  name: driver_stats
+  entity: driver
+  location: driver_stats
+  layout: wide
+  select_by: event_time
+  timestamp_column: event_timestamp
+  created_column: created
+  push_source: driver_push
+  features:
+    - {name: conv_rate, type: float, precision: float32}
+    - {name: trips, type: int}
+    - {name: city, type: string, max_length: 8}
+    - {name: profile, type: json}
+    - {name: vec, type: embedding, dimension: 2}
+    - {name: recent, type: int_list}
+"""
+DAILY = """source:
+  name: driver_daily
+  entity: driver
+  location: driver_daily
+  layout: wide
+  features:
+    - {name: rating, type: float}
+"""
+FEATURES = {"conv_rate": "float", "trips": "int", "city": "string", "profile": "json", "vec": "embedding", "recent": "int_list"}
+T1, T2, T3 = "2026-11-28T10:00:00", "2026-11-28T11:00:00.750000", "2026-11-28T12:00:00+00:00"
+
+
+def epoch(text: str) -> int:
+    t = dt.datetime.fromisoformat(text)
+    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() // 1)
+
+
+@pytest.fixture(scope="module")
+def defs_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("push") / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text(ENTITIES)
+    (folder / "driver_stats.yaml").write_text(STATS)
+    (folder / "driver_daily.yaml").write_text(DAILY)
+    return folder
+
+
+DEFS = Path()  # set by the module's first test that reads Redis back (redis_held): the definitions' folder
+
+
+@pytest.fixture(autouse=True)
+def _defs_folder(defs_dir):
+    global DEFS
+    DEFS = defs_dir
+
+
+def push_conf(tmp_path, defs_dir, redis_server, pg_server, server: dict | None = None, **fields) -> RunConf:
+    """Redis and PostgreSQL written, push on (``server``: further server settings; ``fields``: other sections)."""
+    settings = {
+        "env": "test",
+        "data_root": str(tmp_path / "data"),
+        "definitions_dir": str(defs_dir),
+        "sinks": ["redis", "cockroach"],
+        "redis": {"url": redis_server.url, "password_env": None},
+        "sql": {"dsn": pg_server.dsn, "password_env": None, "retry_base_delay": 0.01},
+        "reader": {"timeout_ms": 10_000},
+        "server": {"push": {"enabled": True}, **(server or {})},
+    }
+    return RunConf.model_validate({**settings, **fields})
+
+
+@pytest.fixture
+def conf(tmp_path, defs_dir, redis_db, pg_db, redis_server, pg_server) -> RunConf:
+    return push_conf(tmp_path, defs_dir, redis_server, pg_server)
+
+
+def calls(app, *requests) -> list[tuple[int, dict]]:
+    """Requests (method, path, body dict, headers) answered in order on one event loop."""
+
+    async def run():
+        out = []
+        try:
+            for method, path, body, *headers in requests:
+                status, text = await asgi_request(app, method, path, json.dumps(body).encode(), headers[0] if headers else JSON)
+                out.append((status, json.loads(text)))
+        finally:
+            await app.reader.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def push(df: dict, **extra) -> tuple:
+    return ("POST", "/push", {"push_source_name": "driver_push", "df": df, **extra})
+
+
+def redis_held(client, driver: int) -> tuple[dict, int] | None:
+    """The source's values in the driver's hash, decoded, and its as-of time; None: no hash."""
+    fields = client.hgetall(f"d:{driver}")
+    if not fields:
+        return None
+    as_of = int(fields.pop(freshness_field("driver_stats")))
+    options = {f.name: f.options for f in load_definitions(DEFS).sources["driver_stats"].features}
+    values = {n: decode(t, fields.pop(field_id(n)), **options[n]) for n, t in FEATURES.items() if field_id(n) in fields}
+    assert not fields, fields
+    return values, as_of
+
+
+def sql_held(conn, driver: int) -> tuple[dict, int] | None:
+    row = conn.execute(
+        "SELECT features::text, as_of FROM driver_features WHERE entity_key = %s AND source = 'driver_stats'", [str(driver)]
+    ).fetchone()
+    return None if row is None else (json.loads(row[0]), int(row[1].timestamp()))
+
+
+def rows(**columns) -> dict:
+    return {k: list(v) for k, v in columns.items()}
+
+
+def test_pushed_rows_are_stored_as_a_run_stores_them_in_both_stores(conf, defs_dir, redis_db, pg_db):
+    defs = load_definitions(defs_dir)
+    df = rows(
+        driver_id=[1, 2],
+        event_timestamp=[T1, T2],
+        conv_rate=[0.1, 0.25],
+        trips=[3, None],
+        city=["Köln", "Oslo"],
+        profile=['{"b": [1, 2.0], "a": "x"}', None],
+        vec=[[0.5, -1.5], None],
+        recent=[[7, 8, 9], []],
+    )
+    [(status, answer)] = calls(build_app(conf), push(df))
+    assert status == 200, answer
+    assert answer["written"] == {
+        "driver_stats": {
+            "redis": {"written": 2, "kept_newer": 0, "replaced_future": 0},
+            "sql": {"written": 2, "kept_newer": 0, "replaced_future": 0},
+        }
+    }
+    # the bytes Redis holds are the reference encoder's
+    options = {f.name: f.options for f in defs.sources["driver_stats"].features}
+    raw = redis_db.hgetall("d:1")
+    assert raw[field_id("conv_rate")] == encode("float", 0.1, **options["conv_rate"])
+    assert raw[field_id("profile")] == b'{"a":"x","b":[1,2]}'  # canonical JSON text (serializers/FORMAT.md)
+    assert raw[field_id("recent")] == encode("int_list", [7, 8, 9], **options["recent"])
+    assert raw[freshness_field("driver_stats")] == str(epoch(T1)).encode()
+    assert redis_held(redis_db, 2) == ({"conv_rate": 0.25, "city": "Oslo", "recent": []}, epoch(T2))  # nulls not written
+    assert sql_held(pg_db, 1) == (
+        {"conv_rate": 0.1, "trips": 3, "city": "Köln", "profile": {"a": "x", "b": [1, 2]}, "vec": [0.5, -1.5], "recent": [7, 8, 9]},
+        epoch(T1),
+    )
+    assert sql_held(pg_db, 2) == ({"conv_rate": 0.25, "city": "Oslo", "recent": []}, epoch(T2))
+
+
+def test_of_one_entitys_rows_the_latest_is_written_and_an_older_push_never_replaces_a_newer_value(conf, defs_dir, redis_db, pg_db):
+    same_time = rows(driver_id=[5, 5, 5, 6], event_timestamp=[T2, T3, T3, T1], created=[None, T1, T2, None], trips=[1, 2, 3, 4])
+    older = rows(driver_id=[5, 6], event_timestamp=[T1, T1], trips=[10, 11])  # 5: older; 6: as old, written again
+    write = ("POST", "/write-to-online-store", {"feature_view_name": "driver_stats", "df": older})
+    (s1, first), (s2, second) = calls(build_app(conf), push(same_time), write)
+    assert (s1, first["written"]["driver_stats"]["redis"]) == (200, {"written": 2, "kept_newer": 0, "replaced_future": 0})
+    assert (s2, second["written"]["driver_stats"]["sql"]) == (200, {"written": 1, "kept_newer": 1, "replaced_future": 0})
+    # the latest event time, then the latest created time, wins
+    assert redis_held(redis_db, 5) == sql_held(pg_db, 5) == ({"trips": 3}, epoch(T3))
+    assert redis_held(redis_db, 6) == sql_held(pg_db, 6) == ({"trips": 11}, epoch(T1))
+
+
+BAD = [
+    ({"event_timestamp": [T1], "trips": [1]}, "missing entity key column(s) 'driver_id'", "BadPush"),
+    ({"driver_id": [1], "trips": [1]}, "missing the event time column 'event_timestamp'", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "trips": [1], "speed": [2]}, "unknown column(s) 'speed'", "BadPush"),
+    ({"driver_id": [1, 2], "event_timestamp": [T1, T1], "trips": [1, 2.5]}, "row 1, column 'trips': expected an integer", "BadPush"),
+    (
+        {"driver_id": [1, "x"], "event_timestamp": [T1, T1], "trips": [1, 2]},
+        "entity key 'driver_id' row 1: expected an integer",
+        "BadPushKey",
+    ),
+    (
+        {"driver_id": [1, 2], "event_timestamp": [T1, None], "trips": [1, 2]},
+        "row 1, column 'event_timestamp': the event time is null",
+        "BadPush",
+    ),
+    ({"driver_id": [1], "event_timestamp": ["2099-01-01T00:00:00"], "trips": [1]}, "is past tomorrow (UTC)", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": ["yesterday"], "trips": [1]}, "'yesterday' is not an ISO 8601 time", "BadPush"),
+    ({"driver_id": [1, 2], "event_timestamp": [T1, T1], "vec": [[1.0, 2.0], [1.0]]}, "row 1, column 'vec': 1 elements", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "recent": [[1, None]]}, "row 0, column 'recent': element 1 is null", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "conv_rate": [1e39]}, "row 0, column 'conv_rate': 1e+39 is beyond float32", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "city": ["Amsterdam"]}, "row 0, column 'city': longer than 8 characters", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "profile": ["{not json"]}, "row 0, column 'profile'", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "city": ["a\x00b"]}, "NUL character", "BadPush"),
+    ({"driver_id": [1, 2], "event_timestamp": [T1], "trips": [1, 2]}, "the columns of 'df' differ in length", "BadPush"),
+]
+
+
+@pytest.mark.parametrize("df,text,kind", BAD, ids=[b[1][:40] for b in BAD])
+def test_a_bad_push_is_refused_naming_its_row_and_column_and_nothing_of_it_is_written(conf, defs_dir, redis_db, pg_db, df, text, kind):
+    good = {"driver_id": [9], "event_timestamp": [T1], "trips": [1]}  # written first: the bad push must leave it alone
+    [(s1, _), (status, answer)] = calls(build_app(conf), push(good), push(df))
+    assert s1 == 200
+    assert status == 400 and answer["type"] == kind and text in answer["error"], answer
+    assert sorted(redis_db.keys("d:*")) == [b"d:9"]
+    assert [r[0] for r in pg_db.execute("SELECT entity_key FROM driver_features")] == ["9"]
+
+
+def test_what_a_push_may_not_be(conf, tmp_path, defs_dir, redis_db, pg_db, redis_server, pg_server):
+    small = push_conf(tmp_path, defs_dir, redis_server, pg_server, {"push": {"enabled": True, "max_rows": 2}, "max_body_bytes": 2048})
+    two = rows(driver_id=[1, 2, 3], event_timestamp=[T1] * 3, trips=[1, 2, 3])
+    answers = calls(
+        build_app(small),
+        push(two),
+        push({"driver_id": list(range(400)), "event_timestamp": [T1] * 400}),
+        push(rows(driver_id=[1], event_timestamp=[T1], trips=[1]), to="elsewhere"),
+        ("POST", "/push", {"push_source_name": "nope", "df": {"driver_id": [1]}}),
+        ("POST", "/write-to-online-store", {"feature_view_name": "nope", "df": {"driver_id": [1]}}),
+        ("POST", "/write-to-online-store", {"feature_view_name": "driver_daily", "df": {"driver_id": [1], "rating": [1.0]}}),
+        ("POST", "/push", ["not", "an", "object"]),
+    )
+    assert [(s, a["type"]) for s, a in answers] == [
+        (413, "TooManyRows"),
+        (413, "BodyTooLarge"),
+        (400, "BadPush"),
+        (404, "UnknownPushSource"),
+        (404, "UnknownFeatureView"),
+        (400, "NotPushable"),
+        (400, "BadPush"),
+    ]
+    assert "3 rows; the limit is 2 (server.push.max_rows)" in answers[0][1]["error"]
+    assert "'to' must be one of online, offline, online_and_offline" in answers[2][1]["error"]
+    assert "push sources: driver_push" in answers[3][1]["error"]
+    assert "selected by date" in answers[5][1]["error"]
+    assert redis_db.dbsize() == 0
+
+
+def test_push_off_answers_403_and_the_server_holds_no_writer_credentials(
+    tmp_path, defs_dir, redis_db, redis_server, pg_server, monkeypatch
+):
+    monkeypatch.delenv("FM_TEST_NO_SUCH_PASSWORD", raising=False)
+
+    def conf(push: dict):
+        return push_conf(
+            tmp_path, defs_dir, redis_server, pg_server, {"push": push},
+            sinks=["redis"],
+            redis={"url": redis_server.url, "password_env": "FM_TEST_NO_SUCH_PASSWORD"},  # the writer's: never read
+            reader={"timeout_ms": 10_000, "redis": {"username": None}},  # reads as the default user, no password
+        )  # fmt: skip
+
+    [(status, answer)] = calls(build_app(conf({"enabled": False})), push(rows(driver_id=[1], event_timestamp=[T1], trips=[1])))
+    assert (status, answer) == (403, {"error": "this server takes no pushes (server.push.enabled: false)", "type": "PushDisabled"})
+    with pytest.raises(ConfigError, match="redis.password_env names 'FM_TEST_NO_SUCH_PASSWORD'"):
+        build_app(conf({"enabled": True}))  # push on: the writer's credentials are read at the start, and missing
+    # push's own credentials, apart from the writer's
+    pushing = conf({"enabled": True, "redis": {"username": None}})
+    [(status, answer)] = calls(build_app(pushing), push(rows(driver_id=[1], event_timestamp=[T1], trips=[4])))
+    assert status == 200 and redis_db.hget("d:1", field_id("trips")) == encode("int", 4)
+
+
+def test_the_server_that_took_a_push_answers_the_new_value_at_once(conf, defs_dir, redis_db, pg_db):
+    """Its L1 cache (5 s) forgets the pushed entities; another server's cache answers the old value until its entry expires."""
+    read = ("POST", "/get-online-features", {"features": ["driver_stats:trips"], "entities": {"driver_id": [1, 2]}})
+
+    def values(answer):
+        return answer["results"][1]["values"]
+
+    async def run():
+        app, other = build_app(conf), build_app(conf)
+        try:
+            out = []
+            for target, (method, path, body) in [
+                (app, push(rows(driver_id=[1], event_timestamp=[T1], trips=[1]))),
+                (app, read),
+                (other, read),
+                (app, push(rows(driver_id=[1, 2], event_timestamp=[T2, T2], trips=[2, 3]))),
+                (app, read),
+                (other, read),
+            ]:
+                status, text = await asgi_request(target, method, path, json.dumps(body).encode(), JSON)
+                out.append((status, json.loads(text)))
+            return out, app.reader.stats
+        finally:
+            await app.reader.close()
+            await other.reader.close()
+
+    answers, stats = asyncio.run(run())
+    assert [s for s, _ in answers] == [200] * 6
+    assert values(answers[1][1]) == values(answers[2][1]) == [1, None]
+    assert values(answers[4][1]) == [2, 3]  # at once, on the server that took it
+    assert values(answers[5][1]) == [1, None]  # the other server's cache, within its time to live
+    assert stats["hits"] == 0 and stats["misses"] == 4  # both reads of the pushing server went to Redis
+
+
+GRANTS = {"pusher": {"sources": ["*"], "push": ["driver_stats"]}, "reader": {"sources": ["*"]}}
+
+
+def test_a_push_needs_a_token_granting_push_on_each_source_it_writes(conf, tmp_path, redis_db, pg_db):
+    signer = Signer("k1")
+    (tmp_path / "jwks.json").write_bytes(jwks_of(signer))
+    auth = {"mode": "jwt", "jwks_file": str(tmp_path / "jwks.json"), "issuer": ISSUER, "audience": [AUDIENCE], "grants": GRANTS}
+    conf = conf.model_copy(update={"server": conf.server.model_copy(update={"auth": ServerAuthSettings(**auth)})})
+    df = rows(driver_id=[1], event_timestamp=[T1], trips=[1])
+
+    def bearer(roles):
+        return [*JSON, (b"authorization", f"Bearer {signer.token(roles)}".encode())]
+
+    answers = calls(build_app(conf), (*push(df), JSON), (*push(df), bearer(["reader"])), (*push(df), bearer(["reader", "pusher"])))
+    assert [(s, a.get("type")) for s, a in answers] == [(401, "Unauthorized"), (403, "Forbidden"), (200, None)]
+    assert answers[1][1]["error"] == "this token does not grant pushing to 'driver_stats' (server.auth.grants: push)"
+    assert redis_db.hget("d:1", field_id("trips")) == encode("int", 1)
