@@ -46,6 +46,37 @@ def _head(description: str) -> dict:
     }
 
 
+PUSH_STATUSES = {
+    "400": "Malformed JSON, a missing key or event time column, an unknown column, a value not fitting its type (row and column named)",
+    "401": ERROR_STATUSES["401"],
+    "403": "This server takes no pushes (server.push.enabled), or the token does not grant pushing to a source (named)",
+    "404": "An unknown push source or feature view",
+    "409": "A store holds one of the source's stored names as something else",
+    "413": "A body over server.max_body_bytes, or rows over server.push.max_rows",
+    "415": ERROR_STATUSES["415"],
+    "501": "to: offline on a source table that cannot take an append without Spark (why named)",
+    "502": "A store refused the write",
+    "507": "A store is full",
+    **{code: ERROR_STATUSES[code] for code in ("408", "431", "503")},
+}
+
+
+def _push(summary: str, schema: str) -> dict:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
+            "responses": {
+                "200": {
+                    "description": "Written (the latest row per entity; a store's newer value kept)",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PushResponse"}}},
+                },
+                **{code: _error(text) for code, text in PUSH_STATUSES.items()},
+            },
+        }
+    }
+
+
 def _connection_errors() -> dict:
     return {code: _error(ERROR_STATUSES[code]) for code in CONNECTION_STATUSES}
 
@@ -148,6 +179,41 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "PushRequest": {
+        "type": "object",
+        "required": ["push_source_name", "df"],
+        "properties": {
+            "push_source_name": {"type": "string", "description": "Every source whose push_source is this name is written"},
+            "df": {"$ref": "#/components/schemas/Columns"},
+            "to": {"type": "string", "enum": ["online", "offline", "online_and_offline"], "default": "online"},
+            "allow_registry_cache": {"type": "boolean", "description": "Accepted, ignored (Feast's)"},
+            "transform_on_write": {"type": "boolean", "description": "Accepted, ignored (Feast's)"},
+        },
+    },
+    "WriteToOnlineStoreRequest": {
+        "type": "object",
+        "required": ["feature_view_name", "df"],
+        "properties": {
+            "feature_view_name": {"type": "string", "description": "The source written"},
+            "df": {"$ref": "#/components/schemas/Columns"},
+            "allow_registry_cache": {"type": "boolean", "description": "Accepted, ignored (Feast's)"},
+        },
+    },
+    "Columns": {
+        "type": "object",
+        "description": "Column name -> values, one per row: entity keys, event time, created time, features",
+        "additionalProperties": {"type": "array", "items": {}},
+    },
+    "PushResponse": {
+        "type": "object",
+        "required": ["status", "rows", "written"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok"]},
+            "rows": {"type": "integer"},
+            "written": {"type": "object", "description": "Per source and store: written, kept_newer, replaced_future"},
+            "offline": {"type": "object", "description": "Per source table appended to: rows appended"},
+        },
+    },
     "Live": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["alive"]}}},
     "Health": {
         "type": "object",
@@ -187,6 +253,8 @@ def document() -> dict[str, Any]:
                     },
                 }
             },
+            "/push": _push("Feast's push: rows of the sources that take this push source's pushes", "PushRequest"),
+            "/write-to-online-store": _push("Feast's write to the online store: rows of one source", "WriteToOnlineStoreRequest"),
             **{route: _ready() for route in ("/health", "/health/ready")},
             "/health/live": {
                 "get": {

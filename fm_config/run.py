@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr
 
 from fm_config.base import SecretRef, Settings
 from fm_config.catalog import CatalogConf
-from fm_config.locations import Files, Location, resolve
+from fm_config.locations import Files, Location, is_uri, resolve
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisConnection, RedisSettings, tls_files
 from fm_config.sql import SqlConnection, SqlSettings
@@ -150,6 +150,12 @@ class RunConf(Settings):
     @property
     def data_path(self) -> Location:
         return resolve(self.data_root, PROJECT_ROOT)
+
+    def table_path(self, location: str) -> Location:
+        """A source's ``location``: a URI or absolute path as it is, else under data_root."""
+        if is_uri(location) or os.path.isabs(location):
+            return Location(location)
+        return self.data_path / location
 
     @property
     def quarantine_path(self) -> Location:

@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 from feature_defs import SourceDef
 from fm_config import RunConf
 from fm_config.catalog import CATALOG_HELP
-from fm_config.locations import Location, is_uri
+from fm_config.locations import Location
 from jobs.pipeline.gate.sql_text import ident
 from jobs.pipeline.parquet_files import MixedParquetTypes, read_parquet
 from jobs.source_errors import CatalogNotConfigured, CatalogUnavailable, SchemaDriftError, SourceNotFound, SourceUnreadable
@@ -77,10 +77,7 @@ def source_path(conf: RunConf, source: SourceDef) -> Location:
     """The source's location as a URI or absolute path, else under data_root."""
     if source.location is None:
         raise ValueError(f"source {source.name!r} reads the catalog table {source.table}, not a location")
-    loc = source.location
-    if is_uri(loc) or Path(loc).is_absolute():
-        return Location(loc)
-    return conf.data_path / loc
+    return conf.table_path(source.location)
 
 
 def table_ref(conf: RunConf, source: SourceDef) -> TableRef:
