@@ -8,6 +8,7 @@ from pathlib import Path
 
 import redis
 
+from feature_defs import DEFAULT_DIR as DEFS_DIR
 from feature_defs import load_definitions
 from fm_config import RunConf, SparkConf
 from fm_config.reader import ReaderSettings, ServerSettings
@@ -43,7 +44,7 @@ def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_roo
         ["java", "delta jars", "source consumer_daily", "source store_features_long", "ledger", "leases", "quarantine", "reports",
          "redis transport", "redis", "redis memory", "redis listpack", "redis acl consumer", "redis acl store", "sql",
          "sql table consumer_features", "sql table store_features", "redis description", "sql description", "server port",
-         "server auth"],
+         "server auth", "push"],
         "ok",
     ) | dict.fromkeys(
         # ready to run, not to serve: no reader credentials, no keys or tables yet, a Redis without
@@ -501,3 +502,74 @@ def test_an_unrestricted_default_user_is_named(run_conf, acl_redis, tmp_path):
         "ok",
         f"redis://127.0.0.1:{server.port}/0: a connection without a password may not run commands",
     )
+
+
+PUSHED = """source:
+  name: events
+  entity: consumer
+  location: events
+  layout: wide
+  select_by: event_time
+  timestamp_column: event_ts
+  push_source: events_push
+  features:
+    - {name: score, type: float}
+"""
+
+
+def test_the_push_credentials_are_checked_and_push_off_holds_none(acl_redis, pg_server, pg_db, sql_roles, tmp_path, monkeypatch):
+    from jobs.operations.doctor_push import push_steps
+
+    server, password = acl_redis
+    monkeypatch.setenv("FM_TEST_ACL_PASSWORD", password)
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "entities.yaml").write_text((DEFS_DIR / "entities.yaml").read_text())
+    (folder / "events.yaml").write_text(PUSHED)
+    defs = load_definitions(folder)
+    owner = RunConf(env="t", sql=SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD"), sinks=["cockroach"])
+    ensure_tables(owner, defs, ["events"])
+
+    def push_checks(push: dict, **sections) -> dict[str, tuple[str, str]]:
+        conf = RunConf(
+            env="t",
+            sinks=["redis", "cockroach"],
+            redis=RedisSettings(url=server.url, username="fm_writer", password_env="FM_TEST_ACL_PASSWORD"),
+            sql=SqlSettings(dsn=sql_roles["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD"),
+            server={"push": push},
+            **sections,
+        )
+        return {c.name: (c.status, c.detail) for _, step in push_steps(conf, defs, list(conf.sinks)) for c in step()}
+
+    assert push_checks({"enabled": False}) == {"push": ("ok", "off (server.push.enabled: false): the server holds no writer credentials")}
+    # on, as the run's writer: works, and a user of its own is advised
+    found = push_checks({"enabled": True})
+    assert found == {
+        "push": ("ok", "on: 1 source(s) take /write-to-online-store; push sources events_push"),
+        "push redis": ("warn", "server.push.redis is not set: pushes write as fm_writer, the run's writer"),
+        "push sql": ("warn", "server.push.sql is not set: pushes write as fm_writer, the run's writer"),
+    }
+    # the reader's credentials for pushes: refused, naming what they may not do
+    as_reader = {
+        "enabled": True,
+        "redis": {"username": "fm_reader", "password_env": "FM_TEST_ACL_PASSWORD"},
+        "sql": {"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"},
+    }
+    found = push_checks(as_reader)
+    # fm_reader has no MULTI: the commands that would write (HSET, SCRIPT LOAD) are not tried, the others refused
+    denied = "EVALSHA, HGET, HLEN, HGETALL, MEMORY USAGE, OBJECT ENCODING"
+    assert found["push redis"] == ("fail", f"user fm_reader may not run {denied} on c:*: pushes fail")
+    assert found["push sql consumer_features"] == ("fail", "role fm_reader lacks INSERT, UPDATE on consumer_features: pushes fail")
+    # a writer of their own: ok
+    as_writer = {
+        "enabled": True,
+        "redis": {"username": "fm_writer", "password_env": "FM_TEST_ACL_PASSWORD"},
+        "sql": {"user": "fm_writer", "password_env": "FM_TEST_FM_WRITER_PASSWORD"},
+    }
+    found = push_checks(as_writer)
+    assert found["push redis"] == ("ok", "user fm_writer connects and may run the writer's commands")
+    assert found["push sql"] == ("ok", "role fm_writer connects and may SELECT, INSERT and UPDATE the tables pushes write")
+    monkeypatch.delenv("FM_TEST_FM_WRITER_PASSWORD")
+    assert push_checks(as_writer)["push sql"][0] == "fail"
+    assert "server.push.sql.password_env names 'FM_TEST_FM_WRITER_PASSWORD'" in push_checks(as_writer)["push sql"][1]
+    assert server.client().dbsize() == 0  # nothing written

@@ -329,3 +329,24 @@ def test_a_push_needs_a_token_granting_push_on_each_source_it_writes(conf, tmp_p
     assert [(s, a.get("type")) for s, a in answers] == [(401, "Unauthorized"), (403, "Forbidden"), (200, None)]
     assert answers[1][1]["error"] == "this token does not grant pushing to 'driver_stats' (server.auth.grants: push)"
     assert redis_db.hget("d:1", field_id("trips")) == encode("int", 1)
+
+
+def test_online_and_offline_appends_to_the_table_first_and_a_refused_append_writes_nothing(conf, tmp_path, redis_db, pg_db):
+    import deltalake
+    import pyarrow as pa
+
+    table = tmp_path / "data" / "driver_stats"
+    schema = pa.schema([("driver_id", pa.int64()), ("event_timestamp", pa.timestamp("us", "UTC")), ("created", pa.timestamp("us", "UTC")),
+                        ("trips", pa.int64())])  # fmt: skip
+    deltalake.write_deltalake(str(table), pa.table({n: pa.array([], t) for n, t in zip(schema.names, schema.types)}))
+    df = rows(driver_id=[1, 2], event_timestamp=[T1, T2], created=[None, None], trips=[4, 5])
+    unknown = rows(driver_id=[3], event_timestamp=[T1], created=[None], trips=[6], conv_rate=[0.5])  # no such column in the table
+    (s1, a1), (s2, a2) = calls(build_app(conf), push(df, to="online_and_offline"), push(unknown, to="online_and_offline"))
+    assert s1 == 200 and a1["offline"] == {"driver_stats": 2}, a1
+    read = deltalake.DeltaTable(str(table)).to_pyarrow_table().sort_by("driver_id")
+    assert read.column("trips").to_pylist() == [4, 5]
+    assert [t.timestamp() for t in read.column("event_timestamp").to_pylist()] == [epoch(T1), epoch(T2) + 0.75]
+    assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 5}, epoch(T2))
+    assert s2 == 400 and "conv_rate" in a2["error"], a2
+    assert redis_held(redis_db, 3) is None and sql_held(pg_db, 3) is None  # the append was refused: no store written
+    assert deltalake.DeltaTable(str(table)).version() == 1

@@ -34,6 +34,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
     """Every check, in the order a run needs them (each one's own errors become its FAIL),
     then the read side's (doctor_reads.py)."""
     from jobs.operations.doctor_descriptions import check_descriptions
+    from jobs.operations.doctor_push import push_steps
     from jobs.operations.doctor_reads import check_redis_transport, read_side_steps
     from jobs.operations.doctor_stores import check_stored_data
 
@@ -59,6 +60,7 @@ def run_checks(conf: RunConf, defs: Definitions, sources: list[str], sinks: list
     )
     steps += read_side_steps(conf, defs, sources, sinks)
     steps.append(("server", lambda: check_server(conf)))
+    steps += push_steps(conf, defs, sinks)
     for name, step in steps:
         try:
             for check in step():
