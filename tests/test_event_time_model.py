@@ -1,9 +1,11 @@
-"""Event-time runs lose no row: a model-based test. Random arrivals of rows (late, early, at
+"""Event-time runs lose no row, and pushes interleave with them: a model-based test. Random arrivals of rows (late, early, at
 an existing event time with a created time before, equal to or after it, at the last
 window's end, still to come) between random runs (a date past, today, tomorrow or past the
 horizon; incremental, up to now, to an --until past, still to come or past the horizon; a
 run whose SQL write fails midway, then run again), through the ledger (``recorded_run``, as
-``materialize run`` runs a source), both stores read back raw after every run.
+``materialize run`` runs a source), and random pushes to the feature server between them
+(``POST /push`` of one row, at the same kinds of event times), both stores read back raw after
+every run and every push.
 
 The model is the documented rule alone (feature_defs/README.md "Selection by event time",
 jobs/README.md "Incremental runs and the ledger's windows", serializers/FORMAT.md "Writes"):
@@ -11,8 +13,9 @@ a run of a date covers every event time up to the end of that date, an increment
 the latest window end a succeeded run recorded less the lookback (everything, for the first)
 up to --until or now; neither ends after the time the run reads the table. A run writes, of
 its window's rows, each entity's latest by event time (then created time, a row without one
-losing), as of that event time in whole seconds; a store keeps what it holds when that is
-later. So each entity ends as its latest row among those some succeeded run's window held
+losing), as of that event time in whole seconds; a push writes its row as of its event time
+(one past the horizon is refused, nothing written); a store keeps what it holds when that is
+later, whoever wrote it. So each entity ends as its latest row among those some succeeded run's window held
 when it read the table. A failed run's window does not count; what it wrote stays. A date
 past tomorrow, an --until past the horizon or not after the window's start is refused, a
 window without rows is not ready: one line, nothing written or recorded.
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from feature_push.app import build_app
 from fm_config import QualityConf, RunConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
@@ -46,6 +50,7 @@ from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from stores.sql import connect
 
+from .support.asgi import asgi_call
 from .support.events import FRESH, SCHEMA, epoch, write_events
 
 UTC = dt.UTC
@@ -72,9 +77,10 @@ run = st.one_of(
     st.tuples(st.just("incremental"), st.sampled_from(("now", "past_far", "past_near", "ahead", "beyond"))),
 )
 UNTIL = {"past_far": -2 * 60, "past_near": -30, "ahead": 60, "beyond": 3 * 1440}  # minutes from B
+pushed = st.tuples(st.sampled_from(ENTITIES), arrival, st.booleans())  # a pushed row: its entity, event time, a null score
 # a step: rows arrive (maybe none), then a run, whose SQL write may fail at its (n mod
-# entities written)-th row, then run again
-step = st.tuples(st.lists(row, max_size=3), run, st.one_of(st.none(), st.integers(0, 3)))
+# entities written)-th row, then run again; pushes (maybe none) come before the run
+step = st.tuples(st.lists(row, max_size=3), run, st.one_of(st.none(), st.integers(0, 3)), st.lists(pushed, max_size=2))
 
 
 @dataclass(frozen=True)
@@ -100,17 +106,26 @@ class Model:
     ends: list[dt.datetime] = field(default_factory=list)  # of the succeeded runs' windows
     stored: dict[int, Row] = field(default_factory=dict)
 
-    def add(self, entity: int, when: tuple, kind: str, null_score: bool) -> Row:
-        """A row arriving (the ``row`` strategy's draw); its values are its number, unique."""
+    pushes: int = 0
+
+    def event_of(self, when: tuple) -> dt.datetime:
         what, n, micros = when
         if what == "ago":
-            event = self.base - dt.timedelta(minutes=n) + dt.timedelta(microseconds=micros)
-        elif what == "ahead":
-            event = self.base + dt.timedelta(minutes=n)
-        elif what == "edge":
-            event = max(self.ends, default=self.base) + dt.timedelta(seconds=n)
-        else:
-            event = self.rows[n % len(self.rows)].event if self.rows else self.base
+            return self.base - dt.timedelta(minutes=n) + dt.timedelta(microseconds=micros)
+        if what == "ahead":
+            return self.base + dt.timedelta(minutes=n)
+        if what == "edge":
+            return max(self.ends, default=self.base) + dt.timedelta(seconds=n)
+        return self.rows[n % len(self.rows)].event if self.rows else self.base
+
+    def push(self, entity: int, when: tuple, null_score: bool) -> Row:
+        """A pushed row (never in the table); its values unique, apart from the rows'."""
+        self.pushes += 1
+        return Row(entity, None if null_score else 1000 + self.pushes + 0.5, f"push {self.pushes}", self.event_of(when), None)
+
+    def add(self, entity: int, when: tuple, kind: str, null_score: bool) -> Row:
+        """A row arriving (the ``row`` strategy's draw); its values are its number, unique."""
+        event = self.event_of(when)
         # the created time: none, or a minute before, equal to or a minute after the latest of the
         # rows already at this event time (of any entity)
         known = max((r.created for r in self.rows if r.event == event and r.created), default=None)
@@ -234,23 +249,29 @@ def disarm_crash(conn) -> None:
 @example(
     first=[(1, ("ago", 240, 0), "none", False), (2, ("ago", 10, 0), "later", False)],
     steps=[
-        ([], ("incremental", "now"), None),
+        ([], ("incremental", "now"), None, []),
         (
             [(1, ("ago", 90, 0), "none", False), (4, ("ago", 40, 0), "none", False), (3, ("edge", 0, 0), "none", True)],
             ("incremental", "ahead"),
             1,
+            [(1, ("ahead", 30, 0), False), (2, ("ago", 2 * 1440 + 7, 0), False)],  # newer than any run's row of 1; older than 2's
         ),
-        ([(2, ("ago", 40, 0), "none", False)], ("incremental", "past_far"), None),
-        ([(1, ("same", 0, 0), "later", False), (4, ("ahead", 30, 0), "none", False)], ("date", 0), None),
-        ([], ("date", 2), None),
+        ([(2, ("ago", 40, 0), "none", False)], ("incremental", "past_far"), None, [(4, ("ahead", 3 * 1440 + 5, 0), False)]),  # refused
+        (
+            [(1, ("same", 0, 0), "later", False), (4, ("ahead", 30, 0), "none", False)],
+            ("date", 0),
+            None,
+            [(3, ("same", 0, 0), True)],  # at a row's event time: as new as it
+        ),
+        ([], ("date", 2), None, []),
     ],
 )
 # a table holding only a row still to come: a run of today has nothing up to its read
 @example(
     first=[(1, ("ahead", 30, 0), "none", False)],
-    steps=[([], ("date", 0), None), ([(2, ("ago", 10, 0), "none", False)], ("incremental", "now"), None)],
+    steps=[([], ("date", 0), None, []), ([(2, ("ago", 10, 0), "none", False)], ("incremental", "now"), None, [])],
 )
-def test_event_time_runs_leave_both_stores_as_the_model_says(spark, tmp_path_factory, redis_server, pg_server, first, steps):
+def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, tmp_path_factory, redis_server, pg_server, first, steps):
     now = dt.datetime.now(UTC)
     if now.time() >= dt.time(23, 55):  # "today" must stay today during the example
         time.sleep((dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=UTC) - now).total_seconds() + 1)
@@ -272,10 +293,13 @@ def test_event_time_runs_leave_both_stores_as_the_model_says(spark, tmp_path_fac
         # a transaction per row: a failing insert leaves the rows before it written
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None, batch_rows=1, statements_per_transaction=1, retry_base_delay=0.01),
         quality=QualityConf(expectations=False, verify_sample=10),
+        reader={"timeout_ms": 10_000},
+        server={"push": {"enabled": True}},
     )
     model = Model(base=clock())
     rows = [model.add(e, w, c, n) for e, w, c, n in first]
-    defs = write_events(spark, root, [astuple(r) for r in rows], extra=f"  lookback_seconds: {int(LOOKBACK.total_seconds())}\n")
+    extra = f"  lookback_seconds: {int(LOOKBACK.total_seconds())}\n  push_source: events_push\n"
+    defs = write_events(spark, root, [astuple(r) for r in rows], extra=extra)
     source, entity = defs.sources["events"], defs.entities["consumer"]
     table = sql_sink_config(conf, source, entity, model.base.date())
     with connect(table) as conn:
@@ -337,15 +361,29 @@ def test_event_time_runs_leave_both_stores_as_the_model_says(spark, tmp_path_fac
         else:
             model.ends.append(end)
 
+    def push(entity: int, when: tuple, null_score: bool, pg) -> None:
+        """Push one row through the server's push route, compare both stores with the model, move it on."""
+        r = model.push(entity, when, null_score)
+        df = {"consumer_id": [r.entity], "event_ts": [r.event.isoformat()], "score": [r.score], "tag": [r.tag]}
+        status, body = asgi_call(build_app(conf), "POST", "/push", json.dumps({"push_source_name": "events_push", "df": df}).encode())
+        if r.event >= dt.datetime.combine(clock().date() + dt.timedelta(days=2), dt.time(), tzinfo=UTC):  # past the horizon
+            assert status == 400 and "past tomorrow" in json.loads(body)["error"], body
+        else:
+            assert status == 200, body
+            model.stored = model.after({r.entity: r})
+        assert (redis_state(redis), sql_state(pg)) == (expected(model.stored),) * 2, (r, model)
+
     # The source's leases held across the steps, as a backfill holds them across its own: each
     # run's claim and release would be two Delta commits more (a third of a run's time here).
     lease = ledger.leases(conf.lease.seconds).hold("events", sorted(sink_targets(conf).values()), "run")
     with pg_server.connect() as pg, lease:
         assert (redis_state(redis), sql_state(pg)) == ({}, {})
-        for arrivals, run_, crash_at in steps:
+        for arrivals, run_, crash_at, pushes in steps:
             if arrivals:
                 new = [model.add(*r) for r in arrivals]
                 spark.createDataFrame([astuple(r) for r in new], SCHEMA).write.format("delta").mode("append").save(str(root / "events"))
+            for p in pushes:
+                push(*p, pg)
             attempt(run_, pg, crash_at)
 
 
