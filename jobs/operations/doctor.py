@@ -26,6 +26,7 @@ from fm_config import RunConf
 from fm_config.locations import Location
 from jobs.extras import TITLES, install_hint, missing_extra
 from jobs.operations.check import Check, Status
+from jobs.operations.doctor_rights import writer_denied
 from sinks.redis.config import redis_sink_config
 from sinks.sql.config import sql_sink_config
 
@@ -446,7 +447,7 @@ def check_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Ch
             checks.extend(_listpack(defs, sources, seen.listpack_entries, seen.listpack_value))
         for entity in entities.values():  # asked of the node that answered (in a cluster, MOVED comes after the ACL check)
             keys = key_prefix(entity.prefix, settings.namespace)
-            denied, unchecked = _denied(client, (keys + "__doctor_probe__").encode())
+            denied, unchecked = writer_denied(client, (keys + "__doctor_probe__").encode())
             user, label = settings.username or "default", f"redis acl {entity.name}"
             if denied:
                 checks.append(
@@ -505,69 +506,6 @@ def _listpack(defs: Definitions, sources: list[str], entries: int, value_bytes: 
             f"({', '.join(f'{e} {n} fields' for e, n in fields.items() if e in used)})",
         )
     ]
-
-
-def _denied(client, key: bytes) -> tuple[list[str], list[str]]:
-    """(denied, unchecked): which of the writer's and verifier's commands this user may not
-    run on ``key``, and which could not be tried without writing.
-
-    Queued in a MULTI that is discarded: Redis checks the ACL when it queues a command (and
-    answers MOVED only after that, so a redirect means allowed), and nothing queued runs. A
-    user without MULTI (conf/base/redis-acl.txt grants +multi +discard, never +exec) gets
-    the commands that do nothing on a missing key instead, HSET and SCRIPT LOAD unchecked."""
-    import redis
-
-    from serializers.resp import WRITE_SCRIPT, WRITE_SCRIPT_SHA
-
-    probes: list[tuple] = [
-        ("INFO", "memory"), ("SCRIPT", "LOAD", WRITE_SCRIPT), ("EVALSHA", WRITE_SCRIPT_SHA, 1, key, 0, "not-a-number"),
-        ("HGET", key, b"f"), ("HSET", key, b"f", b"v"), ("HDEL", key, b"f"), ("EXPIRE", key, 1), ("PERSIST", key),
-        ("HLEN", key), ("HMGET", key, b"f"), ("HGETALL", key), ("MEMORY", "USAGE", key), ("OBJECT", "ENCODING", key),
-    ]  # fmt: skip
-    conn = client.connection_pool.get_connection()
-    denied: list[str] = []
-    unchecked: list[str] = []
-
-    def call(*args):
-        conn.send_command(*args)
-        return conn.read_response()
-
-    try:
-        try:
-            call("MULTI")
-            queued = True
-        except redis.exceptions.NoPermissionError:
-            queued = False
-            absent = _allowed(lambda: call("HLEN", key) == 0)
-            # on a missing key these do nothing; HSET and SCRIPT LOAD would write
-            unchecked = [_name(a) for a in probes if a[0] in ("HSET", "SCRIPT") or (not absent and a[0] in ("HDEL", "EXPIRE", "PERSIST"))]
-        for args in probes:
-            if _name(args) in unchecked:
-                continue
-            try:
-                call(*args)  # queued, or (no MULTI) harmless: the script stops at its bad argument
-            except redis.exceptions.NoPermissionError:
-                denied.append(_name(args))
-            except redis.ResponseError:
-                pass  # MOVED, NOSCRIPT, the script's error: past the permission check
-        if queued:
-            call("DISCARD")
-    finally:
-        client.connection_pool.release(conn)
-    return denied, unchecked
-
-
-def _name(args: tuple) -> str:
-    return " ".join(str(a) for a in args[:2]) if args[0] in ("SCRIPT", "MEMORY", "OBJECT") else args[0]
-
-
-def _allowed(probe: Callable[[], bool]) -> bool:
-    import redis
-
-    try:
-        return probe()
-    except redis.ResponseError:
-        return False
 
 
 # -- SQL ------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def _sources(defs: Definitions) -> Check:
 def check_push_redis(conf: RunConf, defs: Definitions) -> list[Check]:
     import redis
 
-    from jobs.operations.doctor import _denied
+    from jobs.operations.doctor_rights import writer_denied
     from stores.redis import connect
 
     try:
@@ -58,7 +58,7 @@ def check_push_redis(conf: RunConf, defs: Definitions) -> list[Check]:
         client.ping()
         for name in sorted({s.entity for s in _pushable(defs)}):
             prefix = redis_sink_config(conf, entity=defs.entities[name], connection=connection).key_prefix
-            denied, _ = _denied(client, (prefix + "__doctor_probe__").encode())
+            denied, _ = writer_denied(client, (prefix + "__doctor_probe__").encode())
             if denied:
                 checks.append(Check("fail", "push redis", f"user {user} may not run {', '.join(denied)} on {prefix}*: pushes fail",
                                     f"grant the fm_writer ACL (conf/base/redis-acl.txt, {LEAST_PRIVILEGE})"))  # fmt: skip

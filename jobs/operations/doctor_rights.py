@@ -296,3 +296,66 @@ def sql_table_rights(conn, table: str, schema: str | None) -> tuple[bool, list[s
         return None
     may_read, *beyond, owner = row
     return bool(may_read), [p for p, ok in zip(privileges, beyond) if ok], bool(owner)
+
+
+def writer_denied(client, key: bytes) -> tuple[list[str], list[str]]:
+    """(denied, unchecked): which of the writer's and verifier's commands this user may not
+    run on ``key``, and which could not be tried without writing.
+
+    Queued in a MULTI that is discarded: Redis checks the ACL when it queues a command (and
+    answers MOVED only after that, so a redirect means allowed), and nothing queued runs. A
+    user without MULTI (conf/base/redis-acl.txt grants +multi +discard, never +exec) gets
+    the commands that do nothing on a missing key instead, HSET and SCRIPT LOAD unchecked."""
+    import redis
+
+    from serializers.resp import WRITE_SCRIPT, WRITE_SCRIPT_SHA
+
+    probes: list[tuple] = [
+        ("INFO", "memory"), ("SCRIPT", "LOAD", WRITE_SCRIPT), ("EVALSHA", WRITE_SCRIPT_SHA, 1, key, 0, "not-a-number"),
+        ("HGET", key, b"f"), ("HSET", key, b"f", b"v"), ("HDEL", key, b"f"), ("EXPIRE", key, 1), ("PERSIST", key),
+        ("HLEN", key), ("HMGET", key, b"f"), ("HGETALL", key), ("MEMORY", "USAGE", key), ("OBJECT", "ENCODING", key),
+    ]  # fmt: skip
+    conn = client.connection_pool.get_connection()
+    denied: list[str] = []
+    unchecked: list[str] = []
+
+    def call(*args):
+        conn.send_command(*args)
+        return conn.read_response()
+
+    try:
+        try:
+            call("MULTI")
+            queued = True
+        except redis.exceptions.NoPermissionError:
+            queued = False
+            absent = _allowed(lambda: call("HLEN", key) == 0)
+            # on a missing key these do nothing; HSET and SCRIPT LOAD would write
+            unchecked = [_name(a) for a in probes if a[0] in ("HSET", "SCRIPT") or (not absent and a[0] in ("HDEL", "EXPIRE", "PERSIST"))]
+        for args in probes:
+            if _name(args) in unchecked:
+                continue
+            try:
+                call(*args)  # queued, or (no MULTI) harmless: the script stops at its bad argument
+            except redis.exceptions.NoPermissionError:
+                denied.append(_name(args))
+            except redis.ResponseError:
+                pass  # MOVED, NOSCRIPT, the script's error: past the permission check
+        if queued:
+            call("DISCARD")
+    finally:
+        client.connection_pool.release(conn)
+    return denied, unchecked
+
+
+def _name(args: tuple) -> str:
+    return " ".join(str(a) for a in args[:2]) if args[0] in ("SCRIPT", "MEMORY", "OBJECT") else args[0]
+
+
+def _allowed(probe: Callable[[], bool]) -> bool:
+    import redis
+
+    try:
+        return probe()
+    except redis.ResponseError:
+        return False
