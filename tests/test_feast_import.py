@@ -146,8 +146,7 @@ INIT_LEFT_OUT = {
     "on-demand feature view transformed_conv_rate": "at request time",
     "on-demand feature view transformed_conv_rate_fresh": "at request time",
     "label view driver_quality_labels": "never materializes a label view",
-    "push source driver_quality_labels_push": "pushed into Feast's online store",
-    "push source driver_stats_push_source": "driver_hourly_stats_fresh: imported from its batch source",
+    "push source driver_quality_labels_push": "no feature view reads it",  # a label view's
     "request source vals_to_add": "data of a request",
     "feature service driver_activity_v1: references transformed_conv_rate:conv_rate_plus_val1, "
     "transformed_conv_rate:conv_rate_plus_val2": "on-demand feature view",
@@ -158,7 +157,7 @@ INIT_LEFT_OUT = {
 }
 
 
-def init_source(name: str, entity: str, repo: Path, descriptions: dict, stored_suffix: str = "") -> dict:
+def init_source(name: str, entity: str, repo: Path, descriptions: dict, stored_suffix: str = "", push_source: str | None = None) -> dict:
     features = [
         {
             **f,
@@ -178,6 +177,7 @@ def init_source(name: str, entity: str, repo: Path, descriptions: dict, stored_s
             "timestamp_column": "event_timestamp",
             "created_column": "created",
             "on_tie": "keep_one",  # Feast writes one of an entity's tied rows: never a reason to stop
+            **({"push_source": push_source} if push_source else {}),
             "max_age_seconds": 86400,
             "features": features,
         }
@@ -203,8 +203,11 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
         ]
     }
     assert load["driver_hourly_stats.yaml"] == init_source("driver_hourly_stats", "driver", init_repo, INIT_DESCRIPTIONS)
-    # the push view has the same feature names as driver_hourly_stats: fresh stored names keep them apart in that hash
-    assert load["driver_hourly_stats_fresh.yaml"] == init_source("driver_hourly_stats_fresh", "driver", init_repo, {}, "@2")
+    # the push view has the same feature names as driver_hourly_stats: fresh stored names keep them apart in that hash;
+    # pushes to its PushSource write it, the nightly run loads the PushSource's batch source
+    assert load["driver_hourly_stats_fresh.yaml"] == init_source(
+        "driver_hourly_stats_fresh", "driver", init_repo, {}, "@2", push_source="driver_stats_push_source"
+    )
     every = [f["name"] for f in INIT_FEATURES]
     assert load["feature_services.yaml"] == {
         "feature_services": [
@@ -242,9 +245,31 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
                 assert stored == []
             for each in (line, *stored):
                 assert f"  - {each.strip()}\n" in summary
+    # the push source: mapped, said on the source's line, under it and on a line of its own
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("source driver_hourly_stats_fresh (feature view): ")]
+    assert line.endswith(
+        ", max_age_seconds 86400 (Feast's ttl 1 day, 0:00:00), push_source driver_stats_push_source, layout wide, on_tie keep_one"
+    ), line
+    carried = run.stdout.split("\nleft out (")[0].splitlines()
+    assert [x for x in carried if "push" in x and not x.startswith("  ")] == [
+        line,
+        "push source driver_stats_push_source: pushes write driver_hourly_stats_fresh",
+    ]
+    note = (
+        "  note: pushes to its PushSource driver_stats_push_source write it (push_source, taken by `materialize serve` with "
+        "server.push); runs load its batch source driver_hourly_stats_source, which is what `feast materialize` loads for it"
+    )
+    assert run.stdout.splitlines()[run.stdout.splitlines().index(line) + 1] == note
+    assert "- push source driver_stats_push_source: pushes write driver_hourly_stats_fresh\n" in summary.split("## Left out")[0]
     assert_left_out(run.stdout, INIT_LEFT_OUT)
+    assert (
+        "push source driver_quality_labels_push: no feature view reads it: a push here writes the sources of the feature views "
+        "that read its push source"
+    ) in left_out_lines(run.stdout)
     for line in left_out_lines(run.stdout):
         assert f"- {line}\n" in summary
+    assert load_definitions(out).sources["driver_hourly_stats_fresh"].push_source == "driver_stats_push_source"
+    assert load_definitions(out).sources["driver_hourly_stats"].push_source is None
     assert f"definitions_dir: {out}" in run.stdout and f"definitions_dir: {out}" in summary
     assert tree(init_repo) == init_import.repo_before  # Feast read the repository: nothing applied, nothing written
 
@@ -264,6 +289,62 @@ def test_importing_again_writes_the_same_bytes(init_import, init_repo, feast_pyt
 def conv_rate(dump: dict, view: str = "driver_hourly_stats") -> dict:
     (fv,) = [v for v in dump["feature_views"] if v["name"] == view]
     return next(f for f in fv["features"] if f["name"] == "conv_rate")
+
+
+def test_an_output_imported_before_push_sources_gains_push_source_and_nothing_else(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    fresh = out / "driver_hourly_stats_fresh.yaml"
+    fresh.write_text(fresh.read_text().replace("  push_source: driver_stats_push_source\n", ""))
+    load_definitions(out)
+    done = import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    assert done.written.written == ["IMPORTED.md", "driver_hourly_stats_fresh.yaml"]  # IMPORTED.md names the folder
+    assert done.written.lock_changes == []
+    assert files_of(out) == {
+        **init_import.files,
+        "IMPORTED.md": init_import.files["IMPORTED.md"].replace(str(init_import.out).encode(), str(out).encode()),
+    }
+
+
+def test_views_sharing_a_push_source_and_a_push_source_name_that_does_not_fit(init_import, init_repo, tmp_path):
+    dump = copy.deepcopy(init_import.dump)
+    (fresh,) = [v for v in dump["feature_views"] if v["name"] == "driver_hourly_stats_fresh"]
+    dump["feature_views"].append({**copy.deepcopy(fresh), "name": "driver_pushed_too"})
+    dump["feature_views"].append({**copy.deepcopy(fresh), "name": "driver_disabled", "enabled": False})  # left out: said
+    done = import_dump(dump, init_repo, tmp_path / "shared", "my_project")
+    assert {s.name: s.push_source for s in done.plan.sources} == {
+        "driver_hourly_stats": None,
+        "driver_hourly_stats_fresh": "driver_stats_push_source",
+        "driver_pushed_too": "driver_stats_push_source",
+    }
+    assert [x for x in done.plan.lines if x.startswith("push source ")] == [
+        "push source driver_stats_push_source: pushes write driver_hourly_stats_fresh, driver_pushed_too "
+        "(driver_disabled: not imported, see left out)"
+    ]
+    assert "feature view driver_disabled: enabled=False: Feast does not materialize it" in done.plan.left_out
+    assert not [x for x in done.plan.left_out if x.startswith("push source driver_stats_push_source")]
+    defs = load_definitions(tmp_path / "shared")
+    assert defs.sources["driver_pushed_too"].push_source == "driver_stats_push_source"
+
+    # a PushSource named as no source field here can be: the view imported from its batch source, the push source left out
+    dump = copy.deepcopy(init_import.dump)
+    (fresh,) = [v for v in dump["feature_views"] if v["name"] == "driver_hourly_stats_fresh"]
+    fresh["stream_source"]["name"] = "driver-stats-push"
+    for source in dump["data_sources"]:
+        if source["name"] == "driver_stats_push_source":
+            source["name"] = "driver-stats-push"
+    done = import_dump(dump, init_repo, tmp_path / "bad_name", "my_project")
+    assert {s.name: s.push_source for s in done.plan.sources} == {"driver_hourly_stats": None, "driver_hourly_stats_fresh": None}
+    assert [x for x in done.plan.lines if "push" in x and not x.startswith("  ")] == []
+    assert (
+        "  note: its PushSource driver-stats-push is not carried over: imported from its batch source driver_hourly_stats_source, "
+        "which is what `feast materialize` loads for it"
+    ) in done.plan.lines
+    assert (
+        "push source driver-stats-push: the name does not fit: a name here is [A-Za-z_][A-Za-z0-9_]{0,62} "
+        "(driver_hourly_stats_fresh: imported from its batch source, no push_source)"
+    ) in done.plan.left_out
+    assert "push_source" not in (tmp_path / "bad_name" / "driver_hourly_stats_fresh.yaml").read_text()
 
 
 def test_a_type_change_needs_stored_as(init_import, init_repo, tmp_path):
@@ -547,6 +628,12 @@ driver_queried = FeatureView(
 
 orders_push = PushSource(name="orders_push", batch_source=FileSource(name="orders_file", path="data/orders.parquet", timestamp_field="ts"))
 driver_orders = FeatureView(name="driver_orders", entities=[driver], schema=[Field(name="orders_today", dtype=Int64)], source=orders_push)
+warehouse_push = PushSource(
+    name="warehouse_push", batch_source=BigQuerySource(name="bq_pushed", table="project.dataset.pushed", timestamp_field="ts")
+)
+warehouse_pushed = FeatureView(
+    name="warehouse_pushed", entities=[driver], schema=[Field(name="pushed_score", dtype=Float64)], source=warehouse_push
+)
 
 driver_history = FeatureView(
     name="driver_history",
@@ -630,7 +717,8 @@ HAND_LEFT_OUT = {
     "feature view driver_queried": "reads a query; the job reads tables and paths",
     "feature view warehouse_stats": "is a BigQuerySource, which no Spark reader here reads",
     "stream source driver_stream (KafkaSource)": "driver_ratings: imported from its batch source",
-    "push source orders_push": "driver_orders: imported from its batch source",
+    "feature view warehouse_pushed": "is a BigQuerySource, which no Spark reader here reads",
+    "push source warehouse_push": "no view that reads it is imported: warehouse_pushed (its batch source bq_pushed",
     "feature service scoring: reference customer_profile:raw_blob": "the feature is not carried over",
     "feature service scoring: reference warehouse_stats:score": "its view is not carried over",
 }
@@ -749,10 +837,10 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
         "max_age_seconds": 7 * 86400,
         "features": [{"name": "rating", "type": "float"}],
     }
-    for name, feature, path, kind in (
-        ("driver_orders", "orders_today", "orders.parquet", "int"),
-        ("driver_history", "lifetime_trips", "not_yet.parquet", "int"),
-        ("driver_snapshots", "active", "snapshots", "bool"),  # a SparkSource's path
+    for name, feature, path, kind, push in (
+        ("driver_orders", "orders_today", "orders.parquet", "int", {"push_source": "orders_push"}),  # its PushSource's batch source
+        ("driver_history", "lifetime_trips", "not_yet.parquet", "int", {}),
+        ("driver_snapshots", "active", "snapshots", "bool", {}),  # a SparkSource's path
     ):
         assert load[f"{name}.yaml"]["source"] == {
             "name": name,
@@ -761,6 +849,7 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
             "format": "parquet",
             **event_time,
             "timestamp_column": "ts",
+            **push,
             "features": [{"name": feature, "type": kind}],
         }
     trips = [
@@ -774,6 +863,22 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
         (line,) = [x for x in run.stdout.splitlines() if x.startswith(f"  {ref}: ")]
         assert line.startswith(f"  {ref}: {choice}"), line
     assert_left_out(run.stdout, HAND_LEFT_OUT)
+    # a PushSource: pushes write the views that read it; a KafkaSource stays left out; a PushSource whose views are all
+    # left out (their batch source cannot be read here) stays left out, with their reason
+    assert [x for x in run.stdout.splitlines() if x.startswith(("push source ", "  push source ", "  stream source "))] == [
+        "push source orders_push: pushes write driver_orders",
+        "  stream source driver_stream (KafkaSource): the job reads tables, not streams (driver_ratings: imported from its batch source)",
+        "  push source warehouse_push: no view that reads it is imported: warehouse_pushed (its batch source bq_pushed is a "
+        "BigQuerySource, which no Spark reader here reads (the job reads Parquet, Delta and Spark catalog tables): export it to "
+        "one of those and point a FileSource or SparkSource at it)",
+    ]
+    (ratings,) = [x for x in run.stdout.splitlines() if x.startswith("source driver_ratings (feature view): ")]
+    assert "push_source" not in ratings and "push_source" not in (out / "driver_ratings.yaml").read_text()
+    assert (
+        "  note: its KafkaSource driver_stream is not carried over: imported from its batch source driver_delta, which is what "
+        "`feast materialize` loads for it" in run.stdout.splitlines()
+    )
+    assert load_definitions(out).sources["driver_orders"].push_source == "orders_push"
     assert f"warning: feature view driver_history: source path {hand_repo / 'data' / 'not_yet.parquet'} does not exist" in run.stdout
     assert sorted(load_definitions(out).sources) == sorted(n.removesuffix(".yaml") for n in load if n.startswith(("customer_", "driver_")))
 

@@ -1,5 +1,6 @@
 """A Feast repository's objects, as feast_dump.py prints them, to this project's definitions:
-entity types, one source per feature view, feature services; and every choice in words.
+entity types, one source per feature view (a PushSource the view reads as its ``push_source``),
+feature services; and every choice in words.
 
 Names stay Feast's (a view is a source of the same name, a field a feature of the same name),
 so a Feast client's references (``driver_hourly_stats:conv_rate``, ``full_feature_names``)
@@ -127,6 +128,8 @@ class _Draft:
     features: list[FeatureDef]
     feature_lines: list[str]
     notes: list[str]
+    push_source: str | None = None
+    """The name of the PushSource the view reads (its stream_source), which pushes name."""
 
 
 @dataclass
@@ -234,8 +237,14 @@ class _Mapper:
                 f"its batch source {batch['name']} is a {batch['class']}, which no Spark reader here reads (the job reads Parquet, "
                 "Delta and Spark catalog tables): export it to one of those and point a FileSource or SparkSource at it",
             )
-        notes = []
-        if stream is not None:
+        notes, push_source = [], None
+        if stream is not None and stream["class"] == "PushSource" and fits("identifier", stream["name"]):
+            push_source = stream["name"]
+            notes.append(
+                f"pushes to its PushSource {push_source} write it (push_source, taken by `materialize serve` with server.push); "
+                f"runs load its batch source {batch['name']}, which is what `feast materialize` loads for it"
+            )
+        elif stream is not None:
             notes.append(
                 f"its {stream['class']} {stream['name']} is not carried over: imported from its batch source {batch['name']}, "
                 "which is what `feast materialize` loads for it"
@@ -299,6 +308,7 @@ class _Mapper:
             features=features,
             feature_lines=lines,
             notes=notes,
+            push_source=push_source,
         )
 
     def _where(self, view: dict, batch: dict, notes: list[str]) -> tuple[dict, str] | str:
@@ -528,6 +538,7 @@ class _Mapper:
             created_column=d.created_column,
             on_tie="keep_one",  # Feast writes one of an entity's tied rows, never fails a view
             key_columns=key_columns,
+            push_source=d.push_source,
             max_age_seconds=d.max_age_seconds,
             features=d.features,
             description=d.view.get("description") or "",
@@ -549,9 +560,10 @@ class _Mapper:
         keys = f", key columns {', '.join(key_columns)} (Feast's field_mapping)" if key_columns else ""
         created = f", created_column {d.created_column}" if d.created_column else ""
         on = f"entity type {et.name}" + (f" ({why})" if why else "")
+        push = f", push_source {source.push_source}" if source.push_source else ""
         self.plan.lines.append(
             f"source {name} (feature view): {d.where_text}, {on}, select_by event_time, timestamp_column "
-            f"{d.timestamp_column}{created}{keys}, {ttl}, layout wide, on_tie {source.on_tie}"
+            f"{d.timestamp_column}{created}{keys}, {ttl}{push}, layout wide, on_tie {source.on_tie}"
         )
         if source.on_tie == "keep_one":
             d.notes.append(
@@ -608,11 +620,39 @@ class _Mapper:
             self.plan.services.append(FeatureServiceDef(name=name, features=refs, description=fs.get("description") or ""))
             self.plan.lines.append(f"feature service {name}: {len(refs)} reference(s) ({', '.join(refs)})")
 
+    def _why_left_out(self, view: str) -> str:
+        """The reason the plan gives for leaving out feature view ``view``."""
+        for kind in ("feature view", "stream feature view"):
+            found = [line for line in self.plan.left_out if line.startswith(f"{kind} {view}: ")]
+            if found:
+                return found[0][len(f"{kind} {view}: ") :]
+        return "left out"
+
+    def _push_source(self, name: str, reading: list[str], sources: dict[str, SourceDef]) -> None:
+        """A PushSource: mapped to the ``push_source`` of the imported views that read it, else left out, saying why."""
+        pushed = [v for v in reading if v in sources and sources[v].push_source == name]
+        if pushed:
+            others = [v for v in reading if v not in pushed]
+            not_here = f" ({', '.join(others)}: not imported, see left out)" if others else ""
+            self.plan.lines.append(f"push source {name}: pushes write {', '.join(pushed)}{not_here}")
+            return
+        imported = [v for v in reading if v in sources]
+        if imported:  # its name does not fit: the views are imported from their batch source
+            why = f"the name does not fit: {_RULES['identifier']} ({', '.join(imported)}: imported from its batch source, no push_source)"
+        elif reading:
+            why = "no view that reads it is imported: " + "; ".join(f"{v} ({self._why_left_out(v)})" for v in reading)
+        else:
+            why = "no feature view reads it: a push here writes the sources of the feature views that read its push source"
+        self.left_out(f"push source {name}", why)
+
     def the_rest(self, used: dict[str, _EntityType], sources: dict[str, SourceDef]) -> None:
         readers: dict[str, list[str]] = {}
-        for v in self.dump.get("feature_views", []):
-            if v["name"] in sources and v.get("stream_source"):
-                readers.setdefault(v["stream_source"]["name"], []).append(v["name"])
+        reading: dict[str, list[str]] = {}  # every feature view of a stream source, imported or not
+        for v in sorted(self.dump.get("feature_views", []), key=lambda v: v["name"]):
+            if v.get("stream_source"):
+                reading.setdefault(v["stream_source"]["name"], []).append(v["name"])
+                if v["name"] in sources:
+                    readers.setdefault(v["stream_source"]["name"], []).append(v["name"])
         for v in sorted(self.dump.get("on_demand_feature_views", []), key=lambda v: v["name"]):
             self.left_out(
                 f"on-demand feature view {v['name']}",
@@ -628,10 +668,7 @@ class _Mapper:
             read = readers.get(s["name"], [])
             by_batch = f" ({', '.join(read)}: imported from its batch source)" if read else ""
             if s["class"] == "PushSource":
-                self.left_out(
-                    f"push source {s['name']}",
-                    f"values pushed into Feast's online store (FeatureStore.push) have no equivalent here: the job loads tables{by_batch}",
-                )
+                self._push_source(s["name"], reading.get(s["name"], []), sources)
             elif s["class"] in STREAMS:
                 self.left_out(f"stream source {s['name']} ({s['class']})", f"the job reads tables, not streams{by_batch}")
             elif s["class"] == "RequestSource":
