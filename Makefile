@@ -6,7 +6,7 @@ ENV    ?= local
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 
-.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-serve-floor bench-soak bench-feast-example check-feast-client
+.PHONY: setup lint demo test test-fast bench bench-targets bench-reads bench-cluster services-start services-stop sample-data submit package airflow-nightly proto clean bench-serve bench-serve-cost bench-serve-floor bench-soak bench-feast-example check-feast-client bench-push
 
 setup:                      ## install Java, redis-server, PostgreSQL, the .venv, the Delta jars and the JVM class archive when missing
 	bash scripts/setup.sh
@@ -83,6 +83,9 @@ bench-serve-floor: services-start  ## the server's CPU per request against the b
 
 bench-soak: setup           ## the feature server under open-loop load while Redis, PostgreSQL and Redis Cluster fail one at a time (about 7 minutes)
 	$(BIN)/python -m bench.soak --output bench/results/soak_results.json
+
+bench-push: setup           ## Feast's POST /push of 1, 10 and 100 rows into Redis: materialize serve beside feast serve, rows/s and p50/p99, same pushes, servers alternated (about 3 minutes)
+	$(BIN)/python -m bench.push --output bench/results/push.json
 
 check-feast-client: services-start  ## Feast's own HTTP client (remote online store, its own venv) reads the same values from our server as from feast serve, also over HTTPS with a bearer token
 	$(BIN)/python -m bench.feast_client
