@@ -39,6 +39,10 @@ class PushHandler:
                 self.by_push_name.setdefault(source.push_source, []).append(source)
         self.stats = {"pushes": 0, "rows": 0, "refused": 0}
 
+    def close(self) -> None:
+        """The writers kept open between pushes (at the server's shutdown)."""
+        self.stores.close()
+
     async def handle(self, path: str, body: bytes, grants) -> bytes:
         try:
             return await self._handle(path, body, grants)

@@ -366,6 +366,8 @@ class FeatureServer:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.reader.close()
+                if self.push is not None:
+                    self.push.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -110,6 +110,8 @@ def calls(app, *requests) -> list[tuple[int, dict]]:
                 out.append((status, json.loads(text)))
         finally:
             await app.reader.close()
+            if app.push is not None:
+                app.push.close()
         return out
 
     return asyncio.run(run())
@@ -350,3 +352,30 @@ def test_online_and_offline_appends_to_the_table_first_and_a_refused_append_writ
     assert s2 == 400 and "conv_rate" in a2["error"], a2
     assert redis_held(redis_db, 3) is None and sql_held(pg_db, 3) is None  # the append was refused: no store written
     assert deltalake.DeltaTable(str(table)).version() == 1
+
+
+def test_writers_stay_open_between_pushes_and_one_whose_connection_died_is_replaced(conf, redis_db, pg_db, pg_server):
+    app = build_app(conf)
+
+    async def run():
+        out = []
+        for n, event in enumerate((T1, T2, T3)):
+            body = {"push_source_name": "driver_push", "df": rows(driver_id=[1], event_timestamp=[event], trips=[n])}
+            out.append(await asgi_request(app, "POST", "/push", json.dumps(body).encode(), JSON))
+            if n == 0:
+                connections = len(redis_db.client_list(_type="normal"))
+            if n == 1:  # the kept writers' connections die (an idle timeout, a restart, a proxy)
+                redis_db.client_kill_filter(_type="normal", skipme=True)
+                with pg_server.connect() as admin:
+                    others = "pid <> pg_backend_pid() AND datname = current_database()"
+                    admin.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {others}")
+        await app.reader.close()
+        app.push.close()
+        return out, connections
+
+    answers, connections = asyncio.run(run())
+    assert [status for status, _ in answers] == [200, 200, 200], answers
+    assert connections == 3, connections  # this test's own and the kept writer's two (its commands', its pipeline's)
+    assert redis_held(redis_db, 1) == ({"trips": 2}, epoch(T3))
+    with pg_server.connect() as check:
+        assert sql_held(check, 1) == ({"trips": 2}, epoch(T3))
