@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.confs import bench_conf, redis_only
 from fm_config import PROJECT_ROOT
 
 HERE = Path(__file__).parent
@@ -114,19 +115,14 @@ def point_at(repo: Path, port: int) -> None:
 
 def our_conf(workdir: Path, defs: Path, redis_url: str) -> Path:
     """A config folder: the project's conf/base and an env of this bench's own."""
-    conf = workdir / "conf"
-    shutil.rmtree(conf, ignore_errors=True)
-    shutil.copytree(PROJECT_ROOT / "conf" / "base", conf / "base")
-    (conf / ENV).mkdir()
-    (conf / ENV / "materialize.yaml").write_text(
-        f"redis:\n  url: {redis_url}\n  password_env: null\n"
-        f"definitions_dir: {defs}\ndata_root: {workdir / 'data'}\nreports_dir: {workdir / 'reports'}\n"
-        "sinks: [redis]\n"
+    return bench_conf(
+        workdir,
+        ENV,
+        redis_only(workdir, defs, redis_url)
         # as conf/local (the embedded default) runs Spark on this machine
-        "spark:\n  master: local[2]\n  shuffle_partitions: 4\n  arrow_batch_rows: 5000\n  max_partition_bytes: 16m\n"
-        "  driver_memory: 4g\n"
+        + "spark:\n  master: local[2]\n  shuffle_partitions: 4\n  arrow_batch_rows: 5000\n  max_partition_bytes: 16m\n"
+        "  driver_memory: 4g\n",
     )
-    return conf
 
 
 def used_memory(client) -> int:

@@ -47,6 +47,7 @@ import threading
 import time
 from pathlib import Path
 
+from bench.confs import bench_conf, redis_only
 from fm_config import PROJECT_ROOT
 
 HERE = Path(__file__).parent
@@ -169,16 +170,11 @@ def our_definitions(repo: Path, out: Path) -> dict:
 
 def our_conf(workdir: Path, defs: Path, redis_url: str) -> Path:
     """A config folder: the project's conf/base and an env of this bench's own, pushes on."""
-    conf = workdir / "conf"
-    shutil.rmtree(conf, ignore_errors=True)
-    shutil.copytree(PROJECT_ROOT / "conf" / "base", conf / "base")
-    (conf / ENV).mkdir()
-    (conf / ENV / "materialize.yaml").write_text(
-        f"redis:\n  url: {redis_url}\n  password_env: null\n"
-        f"definitions_dir: {defs}\ndata_root: {workdir / 'data'}\nreports_dir: {workdir / 'reports'}\n"
-        "sinks: [redis]\nserver:\n  push:\n    enabled: true\n"
+    return bench_conf(
+        workdir,
+        ENV,
+        redis_only(workdir, defs, redis_url) + "server:\n  push:\n    enabled: true\n",
     )
-    return conf
 
 
 # -- the pushes ---------------------------------------------------------------------------

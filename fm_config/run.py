@@ -217,7 +217,22 @@ class RunConf(Settings):
         """How the read side reaches redis.url: as reader.redis's user when it is set (the
         writer's password is then neither needed nor read), else as redis_connection. The
         server, TLS files and timeouts are redis's."""
-        creds = self.reader.redis
+        return self._redis_as(self.reader.redis, "reader.redis", url)
+
+    def reader_sql_connection(self) -> SqlConnection:
+        """How the read side reaches sql.dsn: as reader.sql's role (in place of the dsn's
+        user) when it is set, else as sql_connection."""
+        return self._sql_as(self.reader.sql, "reader.sql")
+
+    def push_redis_connection(self, url: str | None = None) -> RedisConnection:
+        """How pushes reach redis.url: as server.push.redis's user when set, else as the run's writer."""
+        return self._redis_as(self.server.push.redis, "server.push.redis", url)
+
+    def push_sql_connection(self) -> SqlConnection:
+        """How pushes reach sql.dsn: as server.push.sql's role when set, else as the run's writer."""
+        return self._sql_as(self.server.push.sql, "server.push.sql")
+
+    def _redis_as(self, creds, section: str, url: str | None) -> RedisConnection:
         if creds is None:
             return self.redis_connection(url)
         creds.password(self.path)  # a missing password fails here, before anything starts
@@ -225,15 +240,12 @@ class RunConf(Settings):
         return RedisConnection(
             url=url or r.url,
             username=creds.username,
-            secret=self._secret("reader.redis", creds),
+            secret=self._secret(section, creds),
             tls=tls_files(r, self.path),
             socket_timeout=r.socket_timeout,
         )
 
-    def reader_sql_connection(self) -> SqlConnection:
-        """How the read side reaches sql.dsn: as reader.sql's role (in place of the dsn's
-        user) when it is set, else as sql_connection."""
-        creds = self.reader.sql
+    def _sql_as(self, creds, section: str) -> SqlConnection:
         if creds is None:
             return self.sql_connection()
         creds.password(self.path)
@@ -248,42 +260,7 @@ class RunConf(Settings):
             schema=s.db_schema,
             statement_timeout_ms=s.statement_timeout_ms,
             connect_timeout=s.connect_timeout,
-            secret=self._secret("reader.sql", creds),
-        )
-
-    def push_redis_connection(self, url: str | None = None) -> RedisConnection:
-        """How pushes reach redis.url: as server.push.redis's user when set, else as the run's writer."""
-        creds = self.server.push.redis
-        if creds is None:
-            return self.redis_connection(url)
-        creds.password(self.path)
-        r = self.redis
-        return RedisConnection(
-            url=url or r.url,
-            username=creds.username,
-            secret=self._secret("server.push.redis", creds),
-            tls=tls_files(r, self.path),
-            socket_timeout=r.socket_timeout,
-        )
-
-    def push_sql_connection(self) -> SqlConnection:
-        """How pushes reach sql.dsn: as server.push.sql's role when set, else as the run's writer."""
-        creds = self.server.push.sql
-        if creds is None:
-            return self.sql_connection()
-        creds.password(self.path)
-        s = self.sql
-        dsn = s.dsn
-        if creds.user:
-            from psycopg.conninfo import make_conninfo
-
-            dsn = make_conninfo(dsn, user=creds.user)
-        return SqlConnection(
-            dsn=dsn,
-            schema=s.db_schema,
-            statement_timeout_ms=s.statement_timeout_ms,
-            connect_timeout=s.connect_timeout,
-            secret=self._secret("server.push.sql", creds),
+            secret=self._secret(section, creds),
         )
 
     def _secret(self, section: str, settings) -> SecretRef | None:

@@ -21,6 +21,7 @@ from throwaway.servers import free_port, start_redis
 
 from .support.cli import BIN, run
 from .support.confs import env_conf
+from .support.events import SOURCE as EVENTS
 from .support.privileges import ACL_FILE
 from .support.samples import tiny_consumer_source
 from .support.tls import start_tls_redis
@@ -504,19 +505,6 @@ def test_an_unrestricted_default_user_is_named(run_conf, acl_redis, tmp_path):
     )
 
 
-PUSHED = """source:
-  name: events
-  entity: consumer
-  location: events
-  layout: wide
-  select_by: event_time
-  timestamp_column: event_ts
-  push_source: events_push
-  features:
-    - {name: score, type: float}
-"""
-
-
 def test_the_push_credentials_are_checked_and_push_off_holds_none(acl_redis, pg_server, pg_db, sql_roles, tmp_path, monkeypatch):
     from jobs.operations.doctor_push import push_steps
 
@@ -525,7 +513,7 @@ def test_the_push_credentials_are_checked_and_push_off_holds_none(acl_redis, pg_
     folder = tmp_path / "defs"
     folder.mkdir()
     (folder / "entities.yaml").write_text((DEFS_DIR / "entities.yaml").read_text())
-    (folder / "events.yaml").write_text(PUSHED)
+    (folder / "events.yaml").write_text(EVENTS.format(extra="  push_source: events_push\n"))
     defs = load_definitions(folder)
     owner = RunConf(env="t", sql=SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD"), sinks=["cockroach"])
     ensure_tables(owner, defs, ["events"])
