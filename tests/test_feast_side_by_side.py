@@ -20,32 +20,25 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from feature_defs import load_definitions
-from fm_config import QualityConf, RunConf
-from fm_config.reader import ReaderSettings
-from fm_config.redis import RedisSettings
-from fm_config.sql import SqlSettings
-from jobs.cli import main
 from throwaway import feast_venv
 
-from .support.serving import serve
+from .support.feast_example import (
+    FEATURES,
+    VIEWS,
+    as_compared,
+    imported_example,
+    materialize_feasts,
+    materialize_ours,
+    our_conf,
+    remote_client,
+    serve_ours,
+)
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
 
 DRIVERS = [1001, 1002, 1003, 1004, 1005, 9999]  # 9999: no such driver
-VIEWS = ("driver_hourly_stats", "driver_hourly_stats_fresh")
-FEATURES = ("conv_rate", "acc_rate", "avg_daily_trips", "driver_metadata", "driver_config", "driver_profile")
-FLOAT32 = ("conv_rate", "acc_rate")
-FEAST_DB, OUR_DB = 11, 12
-
-
-def feast(repo: Path, *args: str) -> str:
-    done = subprocess.run([str(feast_venv.feast()), *args], cwd=repo, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"feast {' '.join(args)}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
-    return done.stdout
 
 
 def feast_reads(client_dir: Path, features: list[str]) -> dict:
@@ -62,74 +55,19 @@ def feast_reads(client_dir: Path, features: list[str]) -> dict:
 def example(tmp_path_factory, spark, redis_server, pg_server):
     """Feast's example, imported and written by both; Feast's registry and our conf."""
     root = tmp_path_factory.mktemp("side-by-side")
-    feast(root, "init", "demo")
-    repo = root / "demo" / "feature_repo"
-
-    defs_dir = root / "defs"
-    assert main(["import-feast", str(repo), "--out", str(defs_dir), "--feast-python", str(feast_venv.python())]) == 0
-    defs = load_definitions(defs_dir)
-    assert sorted(s.name for s in defs.sources.values()) == sorted(VIEWS)
-
-    # this project's job, in-process, for today's date (the example's rows end an hour ago)
-    from jobs.pipeline.run import run_source
-
-    redis_server.client(OUR_DB).flushdb()
-    with pg_server.connect() as conn:
-        conn.execute("DROP SCHEMA public CASCADE")
-        conn.execute("CREATE SCHEMA public")
-    base = redis_server.url.rsplit("/", 1)[0]
-    conf = RunConf(
-        env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir),
-        sinks=["redis", "cockroach"], redis=RedisSettings(url=f"{base}/{OUR_DB}", password_env=None, mode="standalone"),
-        sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        quality=QualityConf(expectations=False, verify_sample=10), reader=ReaderSettings(timeout_ms=10000),
-    )  # fmt: skip
-    today = dt.datetime.now(dt.UTC).date()
-    for view in VIEWS:
-        summary = run_source(spark, conf, defs, view, today)
-        assert summary.status == "succeeded", summary.error
-
-    # Feast: the same repository, its online store a Redis database of its own
-    redis_server.client(FEAST_DB).flushdb()
-    yaml_path = repo / "feature_store.yaml"
-    settings = yaml_path.read_text()
-    online = settings.index("online_store:")
-    end = settings.index("\n", settings.index("path:", online))
-    port = base.rsplit(":", 1)[1]
-    store = f'online_store:\n    type: redis\n    connection_string: "127.0.0.1:{port},db={FEAST_DB}"'
-    yaml_path.write_text(settings[:online] + store + settings[end:])
-    feast(repo, "apply")
-    feast(repo, "materialize", "2000-01-01T00:00:00", dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    repo, defs_dir, defs = imported_example(root)
+    conf = our_conf(root, defs_dir, redis_server, pg_server)
+    materialize_ours(spark, conf, defs, redis_server, pg_server)
+    materialize_feasts(repo, redis_server)
     return repo, conf
 
 
 @pytest.fixture(scope="module")
 def served(example, tmp_path_factory):
-    repo, conf = example
-    settings = {
-        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
-        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
-    }  # fmt: skip
-    server = serve(tmp_path_factory.mktemp("serve"), "t", settings)
+    _, conf = example
+    server = serve_ours(conf, tmp_path_factory.mktemp("serve"))
     yield server
     server.stop()
-
-
-def remote_client(repo: Path, port: int, folder: Path) -> Path:
-    """A Feast client of the example's registry whose online store is `materialize serve`."""
-    folder.mkdir()
-    (folder / "feature_store.yaml").write_text(
-        f"project: demo\nregistry: {repo / 'data' / 'registry.db'}\nprovider: local\n"
-        f"online_store:\n    type: remote\n    path: http://127.0.0.1:{port}\nentity_key_serialization_version: 3\n"
-        "auth:\n    type: no_auth\n"
-    )
-    return folder
-
-
-def as_compared(feature: str, values: list) -> list:
-    if feature in FLOAT32:
-        return [None if v is None else float(np.float32(v)) for v in values]
-    return [json.loads(v) if isinstance(v, str) and feature == "driver_config" else v for v in values]
 
 
 def test_feasts_sdk_reads_the_same_values_from_feast_and_from_materialize_serve(example, served, tmp_path):
