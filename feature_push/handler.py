@@ -39,6 +39,15 @@ class PushHandler:
                 self.by_push_name.setdefault(source.push_source, []).append(source)
         self.stats = {"pushes": 0, "rows": 0, "refused": 0}
 
+    def collect(self):
+        """Its counters in the server's /metrics (a Prometheus collector)."""
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("feature_server_pushes", "Pushes written", value=self.stats["pushes"])
+        yield CounterMetricFamily("feature_server_pushed_rows", "Rows of the pushes written", value=self.stats["rows"])
+        yield CounterMetricFamily("feature_server_pushes_refused", "Pushes refused or failed (nothing of them written, or one store)",
+                                  value=self.stats["refused"])  # fmt: skip
+
     def close(self) -> None:
         """The writers kept open between pushes (at the server's shutdown)."""
         self.stores.close()

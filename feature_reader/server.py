@@ -156,6 +156,8 @@ class FeatureServer:
         unsent.set_function(lambda: UNSENT.bytes)
         self.registry.register(_ReaderCounters(reader))
         self.registry.register(_HealthGauges(self))
+        if push is not None:
+            self.registry.register(push)  # its counters: pushes, rows, refused
         # (when, failed calls then, status, body, body without the stores' details) of the last check
         self._health: tuple[float, int, int, bytes, bytes] | None = None
         self._store_states: dict[str, str] = {}  # each store's last health answer: a change is logged

@@ -221,9 +221,13 @@ BAD = [
 @pytest.mark.parametrize("df,text,kind", BAD, ids=[b[1][:40] for b in BAD])
 def test_a_bad_push_is_refused_naming_its_row_and_column_and_nothing_of_it_is_written(conf, defs_dir, redis_db, pg_db, df, text, kind):
     good = {"driver_id": [9], "event_timestamp": [T1], "trips": [1]}  # written first: the bad push must leave it alone
-    [(s1, _), (status, answer)] = calls(build_app(conf), push(good), push(df))
+    app = build_app(conf)
+    [(s1, _), (status, answer)] = calls(app, push(good), push(df))
     assert s1 == 200
     assert status == 400 and answer["type"] == kind and text in answer["error"], answer
+    metrics = asyncio.run(asgi_request(app, "GET", "/metrics"))[1].decode()
+    assert "feature_server_pushes_total 1.0" in metrics and "feature_server_pushes_refused_total 1.0" in metrics
+    assert "feature_server_pushed_rows_total 1.0" in metrics
     assert sorted(redis_db.keys("d:*")) == [b"d:9"]
     assert [r[0] for r in pg_db.execute("SELECT entity_key FROM driver_features")] == ["9"]
 
