@@ -23,6 +23,8 @@ from feature_push.errors import PushError
 from feature_push.rows import Pushed, pushed_rows
 from feature_push.stores import PushStores
 from fm_config import RunConf
+from serializers.errors import BadValue
+from serializers.json_value import parse_text
 
 PUSH, WRITE = "/push", "/write-to-online-store"
 MODES = ("online", "offline", "online_and_offline")
@@ -61,7 +63,7 @@ class PushHandler:
 
     async def _handle(self, path: str, body: bytes, grants) -> bytes:
         request = _object(body)
-        sources, to = self._targets(path, request)
+        sources, to = self._targets(path, request, grants)
         df = request.get("df")
         if grants is not None:
             refused = [s.name for s in sources if not grants.may_push(s.name)]
@@ -72,26 +74,39 @@ class PushHandler:
         if rows > self.settings.max_rows:
             limit = self.settings.max_rows
             raise PushError(f"the push holds {rows:,} rows; the limit is {limit:,} (server.push.max_rows)", 413, "TooManyRows")
+        if rows == 0:
+            return orjson.dumps({"status": "ok", "rows": 0, "written": {}})
         max_key = self.conf.reader.max_key_bytes
         pushed: list[Pushed] = []
         if to != "offline":
             pushed = [pushed_rows(s, self.defs.entities[s.entity], df, max_key_bytes=max_key) for s in sources]
+        # everything that can refuse the push is checked before the offline append, which cannot be taken back
+        prepared = await asyncio.to_thread(self.stores.prepare, pushed) if pushed else []
         appended = await self._offline(sources, df) if to != "online" else {}
-        written = await asyncio.to_thread(self.stores.write, pushed) if pushed else {}
-        for p in pushed:
-            self.reader.forget(p.source.name, p.ids)
+        try:
+            written = await asyncio.to_thread(self.stores.write, prepared) if prepared else {}
+        except PushError as exc:
+            if appended:  # a retry of the same push would append its rows again
+                raise PushError(
+                    f"{exc} The rows were appended to the offline store already: retry with to: online.", exc.status, exc.kind
+                ) from None
+            raise
+        finally:  # whatever was written (a store may have taken it before another failed) is read anew
+            for p in pushed:
+                self.reader.forget(p.source.name, p.ids)
         self.stats["pushes"] += 1
         self.stats["rows"] += rows
         return orjson.dumps({"status": "ok", "rows": rows, "written": written, **({"offline": appended} if appended else {})})
 
-    def _targets(self, path: str, request: dict) -> tuple[list[SourceDef], str]:
+    def _targets(self, path: str, request: dict, grants) -> tuple[list[SourceDef], str]:
         if path == PUSH:
             name = request.get("push_source_name")
             if not isinstance(name, str):
                 raise PushError("'push_source_name' must be the name of a push source")
             sources = self.by_push_name.get(name)
             if not sources:
-                known = ", ".join(sorted(self.by_push_name)) or "none (a source takes pushes with push_source: <name>)"
+                names = [n for n, ss in self.by_push_name.items() if grants is None or any(grants.may_push(s.name) for s in ss)]
+                known = ", ".join(sorted(names)) or "none (a source takes pushes with push_source: <name>)"
                 raise PushError(f"unknown push source {_cut(name)!r}; push sources: {known}", 404, "UnknownPushSource")
             to = request.get("to", "online")
             if to not in MODES:
@@ -129,9 +144,12 @@ class PushHandler:
 
 
 def _object(body: bytes) -> dict:
+    """The body as Python's json reads it, refusing duplicate keys and NaN: a json feature's
+    value given as an object keeps every integer exact (orjson makes a float of one past 64
+    bits, and keeps the last of two equal keys, where the run refuses both)."""
     try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        request = parse_text(body)
+    except BadValue as exc:
         raise PushError(f"the body is not JSON: {exc}") from None
     if not isinstance(request, dict):
         raise PushError("the body must be a JSON object")

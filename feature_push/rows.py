@@ -12,8 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from serializers.batch import feature_specs
 from serializers.errors import BadValue
 from serializers.horizon import as_of_horizon
 from serializers.json_map import encode_json_maps
-from serializers.json_value import canonical
+from serializers.json_value import canonical, canonical_value, parse_text
 from serializers.keys import entity_id
 
 ID, AS_OF, JSON_MAP, NON_FINITE = "_id", "_as_of", "_features_json", "_non_finite"
@@ -35,6 +37,11 @@ ID, AS_OF, JSON_MAP, NON_FINITE = "_id", "_as_of", "_features_json", "_non_finit
 EVENT_TIMESTAMP, CREATED = "event_timestamp", "created"
 """The time columns Feast's remote online store sends, whatever the source calls its own."""
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_SECONDS = (-62_135_596_800, 253_402_300_800)
+"""Epoch seconds of datetime's years 1 to 9999: a time outside is refused."""
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""An escaped NUL in JSON text (``\u0000`` after an even number of backslashes)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ class Pushed:
         for i, text in enumerate(maps.to_pylist()):
             if len(text.encode("utf-8")) > max_map_bytes:
                 raise PushError(f"entity {self.ids[i]!r}: its features' JSON is larger than {max_map_bytes:,} bytes (sql.max_map_bytes)")
-            if "\\u0000" in text:
+            if _NUL.search(text):
                 raise PushError(f"entity {self.ids[i]!r}: a NUL character (not storable in the SQL store's JSONB)")
         return pa.RecordBatch.from_arrays(
             [self.redis.column(ID), maps, pa.array(dropped, pa.int32()), self.redis.column(AS_OF)], names=[ID, JSON_MAP, NON_FINITE, AS_OF]
@@ -94,12 +101,13 @@ def pushed_rows(
     except EntityKeyError as exc:
         raise PushError(str(exc), 400, "BadPushKey") from None
     horizon = as_of_horizon(now)
-    times = _times(df[columns["event"]], columns["event"], required=True)
+    micros = _times(df[columns["event"]], columns["event"], required=True)
+    times = [t // 1_000_000 for t in micros]  # whole seconds, floored: what the stores hold and compare
     for row, t in enumerate(times):
         if t > horizon:
             raise PushError(f"row {row}, column {columns['event']!r}: event time {_utc(t)} is past tomorrow (UTC); no run accepts it")
     created = _times(df[columns["created"]], columns["created"], required=False) if columns["created"] else [None] * rows
-    keep = _latest(ids, times, created)
+    keep = _latest(ids, micros, created)  # to the microsecond, as a run orders an entity's rows
     arrays = [pa.array([ids[i] for i in keep], pa.string())]
     for feature in source.features:
         name = columns["features"].get(feature.name)
@@ -157,8 +165,7 @@ def _columns(source: SourceDef, entity: EntityDef, df: Mapping[str, Any]) -> dic
 
 
 def _times(values: Sequence[Any], column: str, required: bool) -> list[int | None]:
-    """Whole UTC epoch seconds, floored, as the run stores an event time: ISO 8601 text (no
-    offset: UTC) or epoch seconds."""
+    """UTC epoch microseconds: ISO 8601 text (no offset: UTC) or epoch seconds."""
     out: list[int | None] = []
     for row, v in enumerate(values):
         if v is None:
@@ -171,21 +178,25 @@ def _times(values: Sequence[Any], column: str, required: bool) -> list[int | Non
             except ValueError:
                 raise PushError(f"row {row}, column {column!r}: {_cut(v)!r} is not an ISO 8601 time") from None
             t = t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-            out.append(math.floor(t.timestamp()))
-        elif isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v):
-            out.append(math.floor(v))
+            out.append((t - _EPOCH) // dt.timedelta(microseconds=1))
+        elif isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and _SECONDS[0] <= v < _SECONDS[1]:
+            out.append(v * 1_000_000 if isinstance(v, int) else math.floor(Decimal(repr(float(v))) * 1_000_000))
         else:
             raise PushError(f"row {row}, column {column!r}: expected an ISO 8601 time or epoch seconds, got {type(v).__name__}")
     return out
 
 
 def _latest(ids: list[str], times: list[int], created: list[int | None]) -> list[int]:
-    """Row indexes to write: per entity, the latest (event time, created time, row), sorted
-    by entity id (the SQL writer takes rows sorted by key)."""
+    """Row indexes to write: per entity, the latest (event time, then created time, a row without
+    one losing, then the later row), sorted by entity id (the SQL writer takes rows sorted by key)."""
+
+    def rank(i: int) -> tuple:
+        return (times[i], created[i] is not None, created[i] or 0)
+
     best: dict[str, int] = {}
     for i, eid in enumerate(ids):
         j = best.get(eid)
-        if j is None or (times[i], created[i] or 0) >= (times[j], created[j] or 0):
+        if j is None or rank(i) >= rank(j):
             best[eid] = i
     return sorted(best.values(), key=ids.__getitem__)
 
@@ -289,14 +300,26 @@ def _float_list(f: FeatureDef, v: Any) -> list[float]:
 
 
 def _json(f: FeatureDef, v: Any) -> str | None:
-    """A string is a JSON text (what Feast sends for a Json feature), anything else the value itself."""
+    """A string is a JSON text (what Feast sends for a Json feature), anything else the value
+    itself; with ``json_text_elements``, a list of strings holds each element's JSON text
+    (a null element is JSON's null), as the run reads such a column."""
     try:
+        if f.json_text_elements and isinstance(v, list) and all(e is None or isinstance(e, str) for e in v):
+            made = canonical_value([None if e is None else _element(i, e) for i, e in enumerate(v)], f.options.get("max_bytes"))
+            return made.decode("utf-8")
         made = canonical(v, f.options.get("max_bytes"))
         return None if made is None else made.decode("utf-8")
     except BadValue as exc:
         raise _Bad(str(exc)) from None
     except RecursionError:
         raise _Bad("nested too deeply") from None
+
+
+def _element(i: int, text: str) -> Any:
+    try:
+        return parse_text(text)
+    except BadValue as exc:
+        raise _Bad(f"element {i}: {exc}") from None
 
 
 _CHECKS = {

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
+import pyarrow as pa
 import redis
 
 from feature_defs.loader import DefinitionError
@@ -34,7 +35,7 @@ from sinks.errors import CapacityError
 from sinks.redis.config import RedisSinkConfig, redis_sink_config
 from sinks.redis.description import record_description as record_redis
 from sinks.redis.preflight import detect_cluster
-from sinks.redis.writer import RedisWritePlan
+from sinks.redis.preflight import preflight as redis_preflight
 from sinks.sql.config import SqlSinkConfig, sql_sink_config
 from sinks.sql.description import record_description as record_sql
 from sinks.sql.preflight import preflight as sql_preflight
@@ -109,15 +110,20 @@ class PushStores:
         self._lock = threading.Lock()
         self.writers = Writers()
 
-    def write(self, pushed: list[Pushed]) -> dict:
-        """Write every source's rows (run in a worker thread); per source and store what was
-        written and what the store kept because it held newer values."""
-        with self._lock:  # once per source: descriptions and the SQL table's check
+    def prepare(self, pushed: list[Pushed]) -> list:
+        """What is checked before anything is written, offline too (run in a worker thread):
+        the stores' descriptions and the SQL table (once per source), the SQL store's JSON
+        objects (PushError: too large, a NUL JSONB cannot hold). Returns what ``write`` takes."""
+        with self._lock:
             for p in pushed:
                 self._ready(p)
-        sql_rows = [p.sql(self.conf.sql.max_map_bytes) if self.sql else None for p in pushed]  # PushError before any write
+        return [(p, p.sql(self.conf.sql.max_map_bytes) if self.sql else None) for p in pushed]
+
+    def write(self, prepared: list) -> dict:
+        """Write every source's rows (run in a worker thread); per source and store what was
+        written and what the store kept because it held newer values."""
         out: dict[str, dict] = {}
-        for p, rows in zip(pushed, sql_rows):
+        for p, rows in prepared:
             stats = out.setdefault(p.source.name, {})
             if self.redis is not None:
                 stats["redis"] = self._write_redis(p)
@@ -157,7 +163,13 @@ class PushStores:
         config, specs = self._redis_config(p), feature_specs(p.source.features)
 
         def make(horizon: int):
-            return RedisWritePlan(sink=replace(config, horizon=horizon), features=specs, as_of_column=AS_OF).writer()
+            # the run's own checks first: capacity (a hard ceiling, as redis.hard_fill says), the
+            # eviction policy (refused unless redis.eviction allows it), restart and eviction baselines
+            checked = redis_preflight(
+                self.conf.redis, replace(config, horizon=horizon), p.entity, specs, entities=len(p.ids),
+                sample=pa.Table.from_batches([p.redis]), as_of_column=AS_OF, report={}, warnings=[],
+            )  # fmt: skip
+            return checked.plan.writer()
 
         s = self._written((p.source.name, "redis"), make, lambda w: w.write_batch(p.redis), f"writing {p.source.name} to Redis")
         return {"written": s["entities"], "kept_newer": s["skipped_newer"], "replaced_future": s["replaced_future"]}

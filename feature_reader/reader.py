@@ -51,6 +51,19 @@ COUNTERS = (
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
 
 
+PUSHED_KEPT = 100_000
+"""Entities whose last push a reader remembers for its scoreboard (then all forgotten at once, safely)."""
+
+
+def _claim(flights, keys: list, flight: dict | None) -> tuple[list, dict]:
+    """flights.claim of ``keys``, through their scoreboard keys when there are (``flight``)."""
+    if flight is None:
+        return flights.claim(keys)
+    back = {flight[k]: k for k in keys}
+    mine, theirs = flights.claim(list(back))
+    return [back[f] for f in mine], {back[f]: fut for f, fut in theirs.items()}
+
+
 class _Core:
     """What both readers share: routing, the cache, the scoreboard's use, counting, the
     columns. A read is one generator (:meth:`get`) that yields what it needs done, a store
@@ -68,6 +81,8 @@ class _Core:
         self._routes: dict[tuple, tuple[str, ...]] = {}  # (source, store asked) -> the stores read, in order
         self.verdicts = Verdicts(defs)  # what each store says it holds: features never decoded there
         self.pushes = 0  # pushes taken: a read under way when one lands keeps nothing in the cache
+        self._pushed_at: dict[tuple[str, str], int] = {}  # (source, entity) -> the push that last wrote it
+        self._epoch = 0  # moves when _pushed_at is emptied (bounded), so no read begun before is joined
 
     def route(self, source: str, store: str | None) -> tuple[str, ...]:
         got = self._routes.get((source, store))
@@ -108,10 +123,24 @@ class _Core:
                 out[(name, eid)] = (route, name, eid, fields)
         return out
 
+    def _flight_keys(self, keys) -> dict | None:
+        """The scoreboard's key of each key once pushes were taken: it holds the push that last
+        wrote the entity, so a read asked after a push never waits on one begun before it."""
+        if not self.pushes:
+            return None
+        pushed, epoch = self._pushed_at, self._epoch
+        return {k: (k, epoch, pushed.get((k[1], k[2]), 0)) for k in keys}
+
     def forget(self, source: str, ids) -> int:
         """A push wrote ``source`` for these entities: their cache entries leave (every route
-        they were read by), and reads under way keep nothing. Returns the entries dropped."""
+        they were read by), reads under way keep nothing, and reads asked from now on read the
+        store rather than wait on those. Returns the entries dropped."""
         self.pushes += 1
+        if len(self._pushed_at) > PUSHED_KEPT:
+            self._pushed_at.clear()
+            self._epoch += 1
+        for eid in ids:
+            self._pushed_at[(source, eid)] = self.pushes
         if self.cache is None:
             return 0
         routes = {route for (name, _), route in list(self._routes.items()) if name == source}
@@ -148,8 +177,9 @@ class _Core:
         features = self.features(req)
         keys = self.keys(req, store)
         rows, misses, stale, refresh = self.lookup(keys.values())
-        mine, theirs = flights.claim(misses) if misses else ([], {})
-        early = flights.claim(refresh)[0] if refresh else []  # one caller refreshes; the others keep their fresh answers
+        flight = self._flight_keys([*misses, *refresh])
+        mine, theirs = _claim(flights, misses, flight) if misses else ([], {})
+        early = _claim(flights, refresh, flight)[0] if refresh else []  # one caller refreshes; the others keep their fresh answers
         if theirs or early:
             self.count(coalesced=len(theirs), early_refreshes=len(early))
         claimed = [*mine, *early]
@@ -167,14 +197,22 @@ class _Core:
                 if not isinstance(exc, StoreError):
                     raise
             finally:  # every claimed key leaves the scoreboard, its waiters told
-                flights.finish(claimed, got, error)
+                if flight is None:
+                    flights.finish(claimed, got, error)
+                else:
+                    flights.finish([flight[k] for k in claimed], {flight[k]: v for k, v in got.items()}, error)
             if error is not None:
                 self._stale_or_raise(mine, stale, error, rows)
             else:
                 rows.update({k: got[k] for k in mine})
         if theirs:
             try:
-                rows.update((yield ("wait", theirs)))
+                if flight is None:
+                    rows.update((yield ("wait", theirs)))
+                else:
+                    back = {flight[k]: k for k in theirs}
+                    waited = yield ("wait", {flight[k]: f for k, f in theirs.items()})
+                    rows.update({back[f]: v for f, v in waited.items()})
             except StoreError as exc:
                 self._stale_or_raise(list(theirs), stale, exc, rows)
         return self._assemble(req, keys, rows)

@@ -42,6 +42,7 @@ STATS = """source:
     - {name: profile, type: json}
     - {name: vec, type: embedding, dimension: 2}
     - {name: recent, type: int_list}
+    - {name: zones, type: json, json_text_elements: true}
 """
 DAILY = """source:
   name: driver_daily
@@ -51,7 +52,9 @@ DAILY = """source:
   features:
     - {name: rating, type: float}
 """
-FEATURES = {"conv_rate": "float", "trips": "int", "city": "string", "profile": "json", "vec": "embedding", "recent": "int_list"}
+FEATURES = {
+    "conv_rate": "float", "trips": "int", "city": "string", "profile": "json", "vec": "embedding", "recent": "int_list", "zones": "json",
+}  # fmt: skip
 T1, T2, T3 = "2026-11-28T10:00:00", "2026-11-28T11:00:00.750000", "2026-11-28T12:00:00+00:00"
 
 
@@ -215,6 +218,13 @@ BAD = [
     ({"driver_id": [1], "event_timestamp": [T1], "profile": ["{not json"]}, "row 0, column 'profile'", "BadPush"),
     ({"driver_id": [1], "event_timestamp": [T1], "city": ["a\x00b"]}, "NUL character", "BadPush"),
     ({"driver_id": [1, 2], "event_timestamp": [T1], "trips": [1, 2]}, "the columns of 'df' differ in length", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [-1e20], "trips": [1]}, "row 0, column 'event_timestamp': expected an ISO 8601", "BadPush"),
+    (
+        {"driver_id": [1], "event_timestamp": [T1], "profile": [{"n": 2**64 + 1}]},
+        "row 0, column 'profile': integer beyond int64",
+        "BadPush",
+    ),
+    ({"driver_id": [1], "event_timestamp": [T1], "zones": [["{", "2"]]}, "row 0, column 'zones': element 0: not JSON", "BadPush"),
 ]
 
 
@@ -343,18 +353,23 @@ def test_online_and_offline_appends_to_the_table_first_and_a_refused_append_writ
 
     table = tmp_path / "data" / "driver_stats"
     schema = pa.schema([("driver_id", pa.int64()), ("event_timestamp", pa.timestamp("us", "UTC")), ("created", pa.timestamp("us", "UTC")),
-                        ("trips", pa.int64())])  # fmt: skip
+                        ("trips", pa.int64()), ("city", pa.string())])  # fmt: skip
     deltalake.write_deltalake(str(table), pa.table({n: pa.array([], t) for n, t in zip(schema.names, schema.types)}))
-    df = rows(driver_id=[1, 2], event_timestamp=[T1, T2], created=[None, None], trips=[4, 5])
-    unknown = rows(driver_id=[3], event_timestamp=[T1], created=[None], trips=[6], conv_rate=[0.5])  # no such column in the table
-    (s1, a1), (s2, a2) = calls(build_app(conf), push(df, to="online_and_offline"), push(unknown, to="online_and_offline"))
+    df = rows(driver_id=[1, 2], event_timestamp=[T1, T2], created=[None, None], trips=[4, 5], city=["a", "b"])
+    unknown = rows(driver_id=[3], event_timestamp=[T1], created=[None], trips=[6], city=["c"], conv_rate=[0.5])  # not in the table
+    nul = rows(driver_id=[4], event_timestamp=[T1], created=[None], trips=[7], city=["a\x00b"])  # the table takes it, the SQL store not
+    (s1, a1), (s2, a2), (s3, a3) = calls(
+        build_app(conf), push(df, to="online_and_offline"), push(unknown, to="online_and_offline"), push(nul, to="online_and_offline")
+    )
     assert s1 == 200 and a1["offline"] == {"driver_stats": 2}, a1
     read = deltalake.DeltaTable(str(table)).to_pyarrow_table().sort_by("driver_id")
     assert read.column("trips").to_pylist() == [4, 5]
     assert [t.timestamp() for t in read.column("event_timestamp").to_pylist()] == [epoch(T1), epoch(T2) + 0.75]
-    assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 5}, epoch(T2))
+    assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 5, "city": "b"}, epoch(T2))
     assert s2 == 400 and "conv_rate" in a2["error"], a2
+    assert s3 == 400 and "NUL character" in a3["error"], a3  # refused before the append
     assert redis_held(redis_db, 3) is None and sql_held(pg_db, 3) is None  # the append was refused: no store written
+    assert redis_held(redis_db, 4) is None and sql_held(pg_db, 4) is None
     assert deltalake.DeltaTable(str(table)).version() == 1
 
 
@@ -362,12 +377,12 @@ def test_writers_stay_open_between_pushes_and_one_whose_connection_died_is_repla
     app = build_app(conf)
 
     async def run():
-        out = []
+        out, before = [], len(redis_db.client_list(_type="normal"))
         for n, event in enumerate((T1, T2, T3)):
             body = {"push_source_name": "driver_push", "df": rows(driver_id=[1], event_timestamp=[event], trips=[n])}
             out.append(await asgi_request(app, "POST", "/push", json.dumps(body).encode(), JSON))
             if n == 0:
-                connections = len(redis_db.client_list(_type="normal"))
+                connections = len(redis_db.client_list(_type="normal")) - before
             if n == 1:  # the kept writers' connections die (an idle timeout, a restart, a proxy)
                 redis_db.client_kill_filter(_type="normal", skipme=True)
                 with pg_server.connect() as admin:
@@ -379,7 +394,77 @@ def test_writers_stay_open_between_pushes_and_one_whose_connection_died_is_repla
 
     answers, connections = asyncio.run(run())
     assert [status for status, _ in answers] == [200, 200, 200], answers
-    assert connections == 3, connections  # this test's own and the kept writer's two (its commands', its pipeline's)
+    assert connections == 2, connections  # the kept writer's two (its commands', its pipeline's)
     assert redis_held(redis_db, 1) == ({"trips": 2}, epoch(T3))
     with pg_server.connect() as check:
         assert sql_held(check, 1) == ({"trips": 2}, epoch(T3))
+
+
+def test_what_a_run_reads_alike_a_push_writes_alike(conf, redis_db, pg_db):
+    """JSON texts per element (json_text_elements), sub-second event times ordering one push's rows,
+    a body whose JSON a run would refuse (a duplicate key), an empty push."""
+    df = rows(
+        driver_id=[1, 1, 2],
+        event_timestamp=["2026-11-28T10:00:00.900", "2026-11-28T10:00:00.100", T1],  # 1: the first row is the later
+        city=["newer", "older", None],
+        zones=[['{"a": 1}', "2", None], None, ["[1, 2.5]"]],
+        profile=['"\\\\u0000 is six characters"', None, None],  # a backslash, then u0000: no NUL
+    )
+    duplicate = b'{"push_source_name": "driver_push", "df": {"driver_id": [3], "event_timestamp": ["' + T1.encode() + b'"], '
+    duplicate += b'"profile": [{"k": 1, "k": 2}]}}'
+
+    async def run():
+        app = build_app(conf)
+        try:
+            return [
+                await asgi_request(app, "POST", "/push", json.dumps({"push_source_name": "driver_push", "df": df}).encode(), JSON),
+                await asgi_request(app, "POST", "/push", duplicate, JSON),
+                await asgi_request(app, "POST", "/push", json.dumps(push({"driver_id": [], "event_timestamp": []})[2]).encode(), JSON),
+            ]
+        finally:
+            await app.reader.close()
+            app.push.close()
+
+    (s1, a1), (s2, a2), (s3, a3) = asyncio.run(run())
+    assert s1 == 200, a1
+    expected = {"city": "newer", "zones": [{"a": 1}, 2, None], "profile": "\\u0000 is six characters"}
+    assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == (expected, epoch(T1))
+    assert redis_held(redis_db, 2)[0] == sql_held(pg_db, 2)[0] == {"zones": [[1, 2.5]]}
+    assert (s2, json.loads(a2)["error"]) == (400, "the body is not JSON: duplicate key in a JSON object: 'k'")
+    assert (s3, json.loads(a3)) == (200, {"status": "ok", "rows": 0, "written": {}})
+    assert redis_held(redis_db, 3) is None
+
+
+def test_a_push_meets_the_runs_redis_checks_an_evicting_policy_is_refused(conf, redis_db, pg_db):
+    policy = redis_db.config_get("maxmemory-policy")["maxmemory-policy"]
+    redis_db.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        [(status, answer)] = calls(build_app(conf), push(rows(driver_id=[1], event_timestamp=[T1], trips=[1])))
+    finally:
+        redis_db.config_set("maxmemory-policy", policy)
+    assert (status, answer["type"]) == (507, "StoreFull"), answer
+    assert "maxmemory-policy may evict driver keys" in answer["error"] and "Nothing was written" in answer["error"]
+    assert redis_db.keys("d:*") == []
+
+
+def test_a_read_asked_after_a_push_never_waits_on_one_begun_before_it(conf, redis_db):
+    """The scoreboard (single-flight): a read of an entity claimed before a push is not joined
+    by a read asked after it, which reads the store itself."""
+    from feature_reader import FeatureReader
+
+    reader = FeatureReader(conf, load_definitions(DEFS))
+    try:
+        core = reader._core
+        request = reader._request(["driver_stats:trips"], {"driver_id": [1]}, None, False, None)
+        before = core.get(request, None, reader._flights)
+        assert next(before)[0] == "read"  # claimed: under way
+        joined = core.get(request, None, reader._flights)
+        assert next(joined)[0] == "wait"  # a second read of it waits on the first
+        joined.close()
+        core.forget("driver_stats", ["1"])
+        after = core.get(request, None, reader._flights)
+        assert next(after)[0] == "read"  # after the push: its own read
+        after.close()
+        before.close()
+    finally:
+        reader.close()

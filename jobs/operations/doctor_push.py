@@ -20,12 +20,22 @@ def push_steps(conf: RunConf, defs: Definitions, sinks: list[str]) -> list:
     """(name, step) of the push checks, for doctor's run_checks."""
     if not conf.server.push.enabled:
         return [("push", lambda: [Check("ok", "push", "off (server.push.enabled: false): the server holds no writer credentials")])]
-    steps = [("push", lambda: [_sources(defs)])]
+    steps = [("push", lambda: [_sources(defs), *_open(conf)])]
     if "redis" in sinks:
         steps.append(("push redis", lambda: check_push_redis(conf, defs)))
     if "cockroach" in sinks:
         steps.append(("push sql", lambda: check_push_sql(conf, defs)))
     return steps
+
+
+def _open(conf: RunConf) -> list[Check]:
+    """Pushes write the stores: off a loopback address, without bearer tokens anyone reaching the port may."""
+    from feature_reader.auth import is_loopback
+
+    if conf.server.auth.mode == "jwt" or is_loopback(conf.server.host):
+        return []
+    return [Check("warn", "push auth", f"pushes on {conf.server.host} without server.auth: anyone reaching the port may write features",
+                  "set server.auth (mode: jwt) with push grants")]  # fmt: skip
 
 
 def _pushable(defs: Definitions) -> list:
