@@ -156,7 +156,8 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
     assert lines[2].strip().startswith("fix: start the standalone master")
     assert any(line.startswith("OK    source consumer_daily") for line in lines)
     assert any(line.startswith("FAIL  redis ") and "cannot connect" in line for line in lines)
-    assert lines[-1] == "10 checks: 8 ok, 0 warning(s), 2 failed"  # the server's port and auth among the ok
+    assert any(line.startswith("OK    push ") and "off (server.push.enabled: false)" in line for line in lines)
+    assert lines[-1] == "11 checks: 9 ok, 0 warning(s), 2 failed"  # the server's port and auth, and push off, among the ok
 
 
 def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():
