@@ -27,9 +27,8 @@ from sinks.sql.preflight import ensure_schema
 from throwaway.servers import _as_postgres, start_redis
 
 from .expected import entity_count, expected_hash
+from .support.consumer_job import AS_OF_DAY2, CONSUMER, DEFS, STALL_AT_ROW, check_consumer_rows, expected_consumers, install_stall_trigger
 from .support.samples import SAMPLE_DATES, tiny_consumer_source
-from .test_redis_job import CONSUMER, DEFS, expected_consumers
-from .test_sql_job import AS_OF_DAY2, STALL_AT_ROW, check_consumer_rows, install_stall_trigger
 
 DAY2 = SAMPLE_DATES[1]
 N = 10_000

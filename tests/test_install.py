@@ -47,8 +47,8 @@ from throwaway.venvs import (
 )
 
 from .support.confs import env_conf
+from .support.every_type import BIG, DAY, ENTITIES, EVERY_TYPE, ROWS
 from .support.serving import MATERIALIZE, Served, start_serving
-from .test_reader import BIG, DAY, ENTITIES, EVERY_TYPE, ROWS
 
 SPARK_MODULES = ("pyspark", "py4j", "delta", "great_expectations", "pandas", "pyarrow", "tqdm")
 SERVER_MODULES = ("uvicorn", "uvloop", "httptools", "prometheus_client")

@@ -36,10 +36,18 @@ from throwaway.cluster import start_cluster
 from .expected import entity_count, is_null
 from .support.cli import BIN, run
 from .support.confs import env_conf
+from .support.consumer_job import (
+    AS_OF_DAY2,
+    CONSUMER,
+    DAY2,
+    DEFS,
+    check_consumer_hashes,
+    check_consumer_rows,
+    expected_consumers,
+    same_value,
+)
 from .support.privileges import ACL_FILE, acl_commands
 from .support.serving import serve
-from .test_redis_job import CONSUMER, DAY2, DEFS, check_consumer_hashes, expected_consumers, same_value
-from .test_sql_job import AS_OF_DAY2, check_consumer_rows
 
 
 def test_acl_keys_are_exactly_the_entity_prefixes():

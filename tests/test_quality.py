@@ -21,8 +21,8 @@ from jobs.pipeline.run import run_source, validate_source
 from serializers import field_id
 
 from .support.confs import env_conf
+from .support.consumer_job import CONSUMER, DAY1, DAY2, DEFS, source_rows
 from .support.samples import TINY_SOURCE, tiny_consumer_source
-from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, source_rows
 
 
 @pytest.fixture

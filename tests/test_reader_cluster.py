@@ -17,7 +17,8 @@ from fm_config.redis import RedisSettings
 from serializers import field_id
 from throwaway.cluster import LocalCluster, start_cluster
 
-from .test_reader import BIG, CONSUMERS, assert_expected, write_sample
+from .support.every_type import BIG, CONSUMERS
+from .test_reader import assert_expected, write_sample
 
 WRITTEN = (1, 2, 3)  # the consumers of ROWS; 4 (in CONSUMERS) was never written
 EVERY_TYPE_FEATURES = ["every_type"]

@@ -392,7 +392,7 @@ def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, r
     from jobs.pipeline.run import run_source
     from sinks.errors import CapacityError
 
-    from .test_redis_job import DAY2, DEFS
+    from .support.consumer_job import DAY2, DEFS
 
     cluster = start_cluster(tmp_path / "full", 3, 0, "--maxmemory", "8mb")
     try:
@@ -428,7 +428,7 @@ def test_capacity_check_refuses_when_the_fullest_primary_would_overflow(spark, r
 def test_the_job_starts_with_a_primary_down_and_writes_every_other_slot(spark, sample_root, run_conf, partial_cluster):
     from jobs.pipeline.run import run_source
 
-    from .test_redis_job import DAY2, DEFS, expected_consumers
+    from .support.consumer_job import DAY2, DEFS, expected_consumers
 
     c = partial_cluster
     down = c.primaries()[0]
@@ -450,7 +450,7 @@ def test_the_job_starts_with_a_primary_down_and_writes_every_other_slot(spark, s
 def test_doctor_checks_every_primary_and_names_the_one_down(run_conf, partial_cluster):
     from jobs.operations.doctor import run_checks
 
-    from .test_redis_job import DEFS
+    from .support.consumer_job import DEFS
 
     c = partial_cluster
     primaries = c.primaries()

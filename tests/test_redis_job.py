@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from feature_defs import load_definitions
@@ -15,62 +12,12 @@ from jobs.pipeline.gate.stage import BadInputError
 from jobs.pipeline.run import run_source
 from jobs.transforms import SchemaDriftError
 from serializers import decode, field_id
-from serializers.keys import as_of_epoch
 from sinks.errors import CapacityError
 from throwaway.servers import start_redis
 
 from .expected import entity_count, is_null
-from .support.samples import SAMPLE_DATES, tiny_consumer_source
-
-DEFS = load_definitions()
-CONSUMER = DEFS.sources["consumer_daily"]
-STORE = DEFS.sources["store_features_long"]
-DAY1, DAY2 = SAMPLE_DATES
-
-
-def source_rows(spark, sample_root, name: str, day: dt.date) -> pd.DataFrame:
-    df = spark.read.format("delta").load(str(sample_root / name)).where(f"ds = '{day}'")
-    return df.toPandas()
-
-
-def expected_consumers(spark, sample_root, day) -> dict[int, dict]:
-    """The latest good row per consumer, computed here with pandas (not the job's code)."""
-    pdf = source_rows(spark, sample_root, "consumer_daily", day)
-    pdf = pdf[pdf["consumer_id"].notna()]
-    pdf = pdf[pdf["taste_embedding"].map(len) == 32]
-    pdf = pdf[pdf["favorite_cuisine"].isna() | (pdf["favorite_cuisine"].str.len() <= 32)]
-    latest = pdf.sort_values("updated_at").groupby("consumer_id").tail(1)
-    return {int(r["consumer_id"]): r for _, r in latest.iterrows()}
-
-
-def same_value(feature, decoded, source_value) -> bool:
-    if feature.type == "float":
-        if feature.precision == "float32":
-            return np.float32(decoded) == np.float32(source_value)
-        return decoded == float(source_value)
-    if feature.type == "embedding":
-        return np.array_equal(np.asarray(decoded, np.float32), np.asarray(source_value, np.float32))
-    if feature.type in ("int_list", "string_list"):
-        return list(decoded) == list(source_value)
-    return decoded == source_value
-
-
-def check_consumer_hashes(redis_db, expected: dict[int, dict], day) -> int:
-    checked = 0
-    for consumer_id, row in expected.items():
-        raw = redis_db.hgetall(f"c:{consumer_id}".encode())
-        assert raw.pop(field_id("_ts:consumer_daily")) == str(as_of_epoch(day)).encode()
-        for feature in CONSUMER.features:
-            value = row[feature.name]
-            fid = field_id(feature.name)
-            if is_null(value):
-                assert fid not in raw, f"c:{consumer_id} {feature.name} should be deleted"
-            else:
-                decoded = decode(feature.type, raw.pop(fid), **feature.options)
-                assert same_value(feature, decoded, value), (consumer_id, feature.name, decoded, value)
-                checked += 1
-        assert raw == {}, f"c:{consumer_id} has unexpected fields {list(raw)}"
-    return checked
+from .support.consumer_job import CONSUMER, DAY1, DAY2, DEFS, STORE, check_consumer_hashes, expected_consumers, source_rows
+from .support.samples import tiny_consumer_source
 
 
 def test_consumer_snapshot_round_trips_through_redis(spark, sample_root, run_conf, redis_db):

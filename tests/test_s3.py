@@ -20,8 +20,8 @@ from throwaway.servers import start_s3
 
 from .support.cli import ROOT
 from .support.confs import env_conf
+from .support.consumer_job import DAY2, check_consumer_hashes, expected_consumers
 from .support.samples import DAY2_STR, SAMPLE_DATES
-from .test_redis_job import DAY2, check_consumer_hashes, expected_consumers
 
 DAY1_STR = SAMPLE_DATES[0].isoformat()
 

@@ -23,9 +23,10 @@ from throwaway.servers import free_port, start_redis
 
 from .support import serving
 from .support.confs import env_conf
+from .support.every_type import BIG
 from .support.ports import first_then_real
 from .support.serving import MATERIALIZE, serve
-from .test_reader import BIG, write_sample
+from .test_reader import write_sample
 
 PASSWORD = "s3rv3r-t3st-pw"
 

@@ -41,11 +41,10 @@ from throwaway.cluster import start_cluster
 from .expected import entity_count, expected_hash
 from .support.cli import ROOT
 from .support.confs import env_conf
+from .support.consumer_job import CONSUMER, check_consumer_rows
 from .support.jvm import short_lived_jvm_options
 from .support.samples import DAY2_STR
 from .support.spark_submit import DELTA_JARS, cluster_mode_args
-from .test_redis_job import CONSUMER
-from .test_sql_job import check_consumer_rows
 
 BIN = Path(sys.executable).parent
 SPARK_HOME = Path(pyspark.__file__).resolve().parent

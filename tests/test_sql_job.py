@@ -10,7 +10,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -28,51 +27,21 @@ from sinks.sql.upserts import SqlSink
 from stores.sql import connect
 
 from .expected import entity_keys, is_null
-from .test_redis_job import CONSUMER, DAY1, DAY2, DEFS, STORE, expected_consumers, source_rows
-
-AS_OF_DAY2 = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
-
-
-def table_rows(conn, table: str) -> dict[str, tuple]:
-    """Every row, raw: entity_key -> (source, features as parsed JSON, as_of)."""
-    rows = conn.execute(f"SELECT entity_key, source, features::text, as_of FROM {table}").fetchall()  # noqa: S608 (test-owned name)
-    return {key: (source, json.loads(doc), as_of) for key, source, doc, as_of in rows}
-
-
-def same_json_value(feature, stored, value) -> bool:
-    if feature.type == "float":
-        if feature.precision == "float32":
-            return np.float32(stored) == np.float32(value)
-        return float(stored) == float(value)
-    if feature.type == "embedding":
-        return np.array_equal(np.asarray(stored, np.float32), np.asarray(value, np.float32))
-    if feature.type == "int":
-        return stored == int(value)
-    if feature.type in ("int_list", "string_list"):
-        return stored == list(value)
-    return stored == value
-
-
-def written(feature, value) -> bool:
-    if is_null(value):
-        return False
-    return not (feature.type == "float" and not math.isfinite(float(value)))
-
-
-def check_consumer_rows(conn, expected: dict[int, dict], as_of: dt.datetime) -> int:
-    rows = table_rows(conn, "consumer_features")
-    assert set(rows) == {str(cid) for cid in expected}
-    checked = 0
-    for cid, row in expected.items():
-        source, features, stored_as_of = rows[str(cid)]
-        assert (source, stored_as_of) == ("consumer_daily", as_of)
-        want = {f.name for f in CONSUMER.features if written(f, row[f.name])}
-        assert set(features) == want, f"consumer {cid}: keys differ"
-        for name in want:
-            feature = CONSUMER.feature(name)
-            assert same_json_value(feature, features[name], row[name]), (cid, name, features[name], row[name])
-            checked += 1
-    return checked
+from .support.consumer_job import (
+    AS_OF_DAY2,
+    CONSUMER,
+    DAY1,
+    DAY2,
+    DEFS,
+    STALL_AT_ROW,
+    STORE,
+    check_consumer_rows,
+    expected_consumers,
+    install_stall_trigger,
+    source_rows,
+    table_rows,
+    written,
+)
 
 
 def test_consumer_snapshot_round_trips_through_jsonb(spark, sample_root, sql_conf, pg_db):
@@ -123,23 +92,6 @@ def test_null_feature_leaves_the_map_and_rerun_is_identical(spark, sample_root, 
     raw = pg_db.execute("SELECT entity_key, source, features::text, as_of FROM consumer_features ORDER BY 1").fetchall()
     run_source(spark, sql_conf, DEFS, "consumer_daily", DAY2)
     assert pg_db.execute("SELECT entity_key, source, features::text, as_of FROM consumer_features ORDER BY 1").fetchall() == raw
-
-
-STALL_AT_ROW = 120
-
-
-def install_stall_trigger(conn) -> None:
-    """The STALL_AT_ROW-th row inserted sleeps, so a second connection can kill that backend.
-
-    A sequence counts rows: nextval survives the rollback of the killed statement, so the
-    retried statement does not stall again.
-    """
-    conn.execute("CREATE SEQUENCE rows_seen")
-    conn.execute(
-        "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-        f"IF nextval('rows_seen') = {STALL_AT_ROW} THEN PERFORM pg_sleep(120); END IF; RETURN NEW; END $$"
-    )
-    conn.execute("CREATE TRIGGER stall BEFORE INSERT ON consumer_features FOR EACH ROW EXECUTE FUNCTION stall()")
 
 
 def test_backend_killed_mid_write_is_retried_and_table_is_complete(spark, sample_root, sql_conf, pg_server, pg_db):

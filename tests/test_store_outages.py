@@ -33,8 +33,8 @@ from serializers import encode, field_id, freshness_field
 from sinks.sql.statements import create_table
 from throwaway.servers import start_redis
 
+from .support.every_type import AS_OF
 from .support.serving import serve
-from .test_reader import AS_OF
 
 ASK = ["consumer_daily:orders_7d"]
 

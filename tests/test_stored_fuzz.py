@@ -26,8 +26,8 @@ from serializers import DecodeError, decode, encode, field_id, freshness_field
 from serializers.keys import redis_key
 
 from .support.confs import env_conf
+from .support.every_type import AS_OF, EXPECTED
 from .support.serving import MATERIALIZE, serve
-from .test_reader import AS_OF, EXPECTED
 from .test_server import _settings, write_sample_into
 
 NOW = AS_OF + 60

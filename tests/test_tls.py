@@ -51,12 +51,11 @@ from throwaway.servers import free_port, start_postgres
 from .expected import expected_hash, row_of
 from .support import tls as tls_support
 from .support.confs import env_conf
+from .support.consumer_job import AS_OF_DAY2, DAY2, table_rows
 from .support.ports import first_then_real
 from .support.samples import TINY_SOURCE
 from .support.serving import MATERIALIZE, start_serving
 from .support.tls import TlsRedis, start_tls_redis, stop
-from .test_redis_job import DAY2
-from .test_sql_job import AS_OF_DAY2, table_rows
 
 SECRET = "never-in-a-message-7f3a"
 SPECS = [FeatureSpec("score", "float"), FeatureSpec("history", "int_list")]
