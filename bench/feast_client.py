@@ -56,10 +56,10 @@ print(json.dumps(out))
 
 
 def check(entities: int, workdir: Path, log=print) -> dict:
-    from bench import feast_peer
-    from bench.reads import _load
-    from bench.serve_cost import _pki
-    from bench.serve_load import FEAST_FLAGS, _stop, _wait_http
+    from bench.harness.data import load_standard
+    from bench.harness.feast import FEAST_FLAGS, feast_bin, materialize
+    from bench.harness.pki import make_pki
+    from bench.harness.servers import stop_process, wait_answering, wait_http
     from bench.standard import SOURCE, write_definitions
     from feature_defs import load_definitions
     from throwaway.servers import free_port, start_redis
@@ -69,21 +69,21 @@ def check(entities: int, workdir: Path, log=print) -> dict:
     processes = []
     try:
         log(f"writing {entities:,} entities of the standard shape with the job, then feast materialize")
-        _load(workdir, entities, redis.url)
+        load_standard(workdir, entities, redis.url)
         defs = write_definitions(workdir / "defs")
-        feast_peer.materialize(entities, redis.url, workdir)
+        materialize(entities, redis.url, workdir)
         repo = workdir / "feast" / f"repo-{entities}"
         # every scalar feature (floats and ints); the lists stay out (see above)
         names = [f.name for f in load_definitions(defs).source(SOURCE).features if f.type in ("float", "int")]
         ids = [0, 1, entities // 2, entities - 1, entities + 7]  # the last one is not in the table
-        pki = _pki(workdir / "client-pki")
+        pki = make_pki(workdir / "client-pki")
         servers: dict[str, dict] = {}
         for label in ("ours", "feast", "ours-tls-token"):
             port = free_port()
             if label == "ours":
                 run = [sys.executable, "-m", "bench.serve_load", "--serve-child", json.dumps([redis.url, str(defs), True, port])]
             elif label == "feast":
-                run = [str(feast_peer.feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
+                run = [str(feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
             else:
                 run = [
                     sys.executable,
@@ -102,13 +102,11 @@ def check(entities: int, workdir: Path, log=print) -> dict:
                 servers["ours-tls-no-token"] = {"url": url, "cert": ca}
                 import ssl
 
-                from bench.serve_cost import wait_answering
-
                 wait_answering(f"{url}/health", process, ssl.create_default_context(cafile=ca))
             else:
                 servers[label] = {"url": f"http://127.0.0.1:{port}"}
-                _wait_http(f"{servers[label]['url']}/health", process, f"{label} server")
-        python = feast_peer.feast_bin().parent / "python"
+                wait_http(f"{servers[label]['url']}/health", process, f"{label} server")
+        python = feast_bin().parent / "python"
         done = subprocess.run(
             [str(python), "-c", CLIENT, str(repo / "registry.db"), SOURCE, json.dumps(names), json.dumps(ids), json.dumps(servers)],
             capture_output=True, text=True, cwd=workdir, env={**os.environ, "FM_BENCH_TOKEN": pki["tokens"][0]},
@@ -118,7 +116,7 @@ def check(entities: int, workdir: Path, log=print) -> dict:
         answers = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         for process in processes:
-            _stop(process)
+            stop_process(process)
         redis.stop()
     ours, theirs, secured = answers["ours"], answers["feast"], answers["ours-tls-token"]
     complete = all(v is not None for n in names for v in ours[n][:-1]) and all(ours[n][-1] is None for n in names)

@@ -46,7 +46,7 @@ FEAST_DB, OUR_DB = 1, 0
 VIEWS = ("driver_hourly_stats", "driver_hourly_stats_fresh")
 BATCH_ROWS = 10_000
 """Feast's ``materialization.online_write_batch_size``: without it Feast 0.67 writes all
-rows in one batch (bench/feast_peer.py)."""
+rows in one batch (bench/harness/feast.py)."""
 
 
 def feast(repo: Path, *args: str, timed: bool = False) -> float:

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from bench.confs import bench_conf, redis_only
+from bench.harness.servers import LOAD_CPU, SERVER_CPU
 from fm_config import PROJECT_ROOT
 
 HERE = Path(__file__).parent
@@ -63,7 +64,6 @@ WARM_UP = 40
 """Untimed pushes of each size to each server before its rounds."""
 DRIVERS_PER_CONNECTION = 1000
 FIRST_DRIVER = 1001
-SERVER_CPU, LOAD_CPU = "0", "1"
 SAMPLE = 20
 """Drivers whose last pushed values are read back from both servers."""
 
@@ -273,7 +273,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_servers(workdir: Path, repo: Path, conf: Path) -> dict:
-    from bench.serve_load import FEAST_FLAGS, _wait_http
+    from bench.harness.feast import FEAST_FLAGS
+    from bench.harness.servers import wait_http
     from throwaway import feast_venv
     from throwaway.servers import free_port
 
@@ -291,7 +292,7 @@ def start_servers(workdir: Path, repo: Path, conf: Path) -> dict:
             stderr=open(workdir / f"push-{label}.log", "w"), start_new_session=True,
         )  # fmt: skip
         servers[label] = {"port": port, "process": process}
-        _wait_http(f"http://127.0.0.1:{port}/health", process, f"{label} server")
+        wait_http(f"http://127.0.0.1:{port}/health", process, f"{label} server")
     return servers
 
 
@@ -328,7 +329,7 @@ def same(pushed: dict, read: dict) -> bool:
 def measure(sizes: dict[int, int], rounds: int, connections: int, workdir: Path, log=print) -> dict:
     import redis as redis_py
 
-    from bench.serve_load import _stop
+    from bench.harness.servers import stop_process
     from bench.vegeta import cpu_seconds
     from throwaway import feast_venv
     from throwaway.servers import start_redis
@@ -390,7 +391,7 @@ def measure(sizes: dict[int, int], rounds: int, connections: int, workdir: Path,
         our_entity_keys = sum(1 for _ in ours_db.scan_iter(match=f"{PREFIX}:*", count=1000))
     finally:
         for s in servers.values():
-            _stop(s["process"])
+            stop_process(s["process"])
         server.stop()
 
     results: dict = {}

@@ -3,7 +3,7 @@
     python -m bench.reads [--entities 100000] [--no-feast] [--output bench/results/reads_results.json]
 
 The standard table (bench/standard.py) is written by the real job into a throwaway
-redis-server, and by `feast materialize` (Feast 0.67, its own venv: bench/feast_peer.py)
+redis-server, and by `feast materialize` (Feast 0.67, its own venv: bench/harness/feast.py)
 into the next database of the same server. Then, on the same keys:
 
 - **batches** of 1, 100 and 1,000 entities x 50 features: the sync reader with its cache
@@ -37,29 +37,12 @@ from pathlib import Path
 import hiredis
 import redis
 
+from bench.harness.data import load_standard, reader_conf
 from bench.report import print_targets
 from fm_config import PROJECT_ROOT
 
 BATCHES = (1, 100, 1000)
 VALUES = 50
-
-
-def _load(workdir: Path, entities: int, redis_url: str) -> None:
-    """The real job writes the standard table (made when missing) into ``redis_url`` and the
-    env's SQL store (PostgreSQL of `make services-start`)."""
-    out = workdir / "reads-load.json"
-    child = json.dumps([entities, "wide", ["redis", "cockroach"], redis_url, {}, str(out)])
-    subprocess.run([sys.executable, "-m", "bench.stage_profile", "--workdir", str(workdir), "--child", child], check=True, cwd=PROJECT_ROOT)
-
-
-def _reader_conf(redis_url: str, defs: Path, sinks: tuple[str, ...] = ("redis",), **reader):
-    from fm_config import load_config
-
-    return load_config(
-        "local",
-        {"sinks": list(sinks), "definitions_dir": str(defs), "reader": reader,
-         "redis": {"url": redis_url, "password_env": None, "namespace": None, "mode": "standalone"}},
-    )  # fmt: skip
 
 
 def _batches(entities: int, size: int, count: int, seed: int) -> list[list[int]]:
@@ -139,12 +122,12 @@ print(json.dumps(out))
 
 
 def _feast(workdir: Path, entities: int, redis_url: str, plan: dict[int, list[list[int]]], names: list[str]) -> dict:
-    from bench import feast_peer
+    from bench.harness.feast import feast_bin, materialize
     from bench.standard import SOURCE
 
-    written = feast_peer.materialize(entities, redis_url, workdir)
+    written = materialize(entities, redis_url, workdir)
     repo = workdir / "feast" / f"repo-{entities}"
-    python = feast_peer.feast_bin().parent / "python"
+    python = feast_bin().parent / "python"
     done = subprocess.run(
         [str(python), "-c", FEAST_SCRIPT, str(repo), SOURCE, json.dumps(names), json.dumps({str(k): v for k, v in plan.items()})],
         capture_output=True, text=True, check=False,
@@ -227,7 +210,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
     results: dict = {"entities": entities}
     try:
         print(f"writing {entities:,} entities of the standard shape with the job", flush=True)
-        _load(workdir, entities, server.url)
+        load_standard(workdir, entities, server.url)
         folder = write_definitions(workdir / "defs")
         defs = load_definitions(folder)
         source = defs.source(SOURCE)
@@ -239,7 +222,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
         gc.freeze()  # what a service does after start-up: the tables above are not garbage
 
         batches: dict = {}
-        with FeatureReader(_reader_conf(server.url, folder, cache={"enabled": False}, max_entities=1000), defs) as reader:
+        with FeatureReader(reader_conf(server.url, folder, cache={"enabled": False}, max_entities=1000), defs) as reader:
             for size, ids in plan.items():
                 keys = [[redis_key(prefix, str(i)) for i in b] for b in ids]
                 reader.get_online_features([SOURCE], {"entity_id": ids[0]}).to_dict()  # warm
@@ -275,7 +258,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
             singles = [b[0] for b in _batches(entities, 1, 5000, seed=11)]
             results["latency_miss"] = _latency(reader, SOURCE, singles)
             results["latency_raw"] = _raw_latency(server.port, [redis_key(prefix, str(i)) for i in singles], fields)
-        with FeatureReader(_reader_conf(server.url, folder), defs) as reader:
+        with FeatureReader(reader_conf(server.url, folder), defs) as reader:
             reader.get_online_features([SOURCE], {"entity_id": [1]})
             results["latency_hit"] = _latency(reader, SOURCE, [1] * 20000)
             results["latency_hit_call_alone"] = _latency(reader, SOURCE, [1] * 20000, to_dict=False)
@@ -293,7 +276,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
         stampede: dict = {}
         for store, sinks, clients in (("redis", ("redis",), 500), ("redis", ("redis",), 64), ("sql", ("cockroach",), 64)):
             for label, sf in (("single-flight off", False), ("single-flight on", True)):
-                conf = _reader_conf(
+                conf = reader_conf(
                     server.url,
                     folder,
                     sinks=sinks,
@@ -309,7 +292,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
         if feast:
             print("Feast 0.67: feast materialize, then get_online_features on the same batches", flush=True)
             peer = _feast(workdir, entities, server.url, {k: v[: max(5, len(v) // 10)] for k, v in plan.items()}, names)
-            with FeatureReader(_reader_conf(server.url, folder, cache={"enabled": False}), defs) as reader:
+            with FeatureReader(reader_conf(server.url, folder, cache={"enabled": False}), defs) as reader:
                 ours = reader.get_online_features([f"{SOURCE}:f00", f"{SOURCE}:n1"], {"entity_id": peer["sample"]["entity_id"]}).to_dict()
             peer["same_values_as_ours"] = {k: ours[k] for k in ("f00", "n1")} == {k: peer["sample"][k] for k in ("f00", "n1")}
             results["feast"] = peer

@@ -22,8 +22,6 @@ run, so what a change costs with TLS and auth off is measured against the code b
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import ipaddress
 import json
 import os
 import statistics
@@ -32,12 +30,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness.pki import AUDIENCE, ISSUER
+from bench.harness.servers import LOAD_CPU, SERVER_CPU
 from fm_config import PROJECT_ROOT
 
 MODES = ("plain", "tls", "auth", "tls+auth")
-TOKENS = 16
-ISSUER, AUDIENCE = "https://idp.bench", "feature-server"
-SERVER_CPU, LOAD_CPU = "0", "1"
 WARM_UP = 5
 
 
@@ -77,56 +74,15 @@ def _write(redis_url: str, defs: Path, entities: int) -> None:
     list(write_partition(RedisWritePlan(sink=sink, features=feature_specs(source)), iter([_rows(entities)])))
 
 
-def _pki(folder: Path) -> dict:
-    """A CA, a server certificate for 127.0.0.1, a signing key and its JWKS, and the tokens."""
-    import jwt
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    folder.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
-
-    def cert(subject: str, issuer_name, key, sign_key, ca: bool):
-        builder = (
-            x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(issuer_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )  # fmt: skip
-        if not ca:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-            )
-        return builder.sign(sign_key, hashes.SHA256())
-
-    ca_key, key, signer = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
-    ca = cert("bench CA", x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench CA")]), ca_key, ca_key, True)
-    server = cert("bench server", ca.subject, key, ca_key, False)
-    pem = serialization.Encoding.PEM
-    (folder / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (folder / "server.pem").write_bytes(server.public_bytes(pem))
-    (folder / "server.key").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    jwk = {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(signer.public_key())), "kid": "bench", "use": "sig", "alg": "ES256"}
-    (folder / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
-    exp = int(time.time()) + 6 * 3600
-    tokens = [
-        jwt.encode({"iss": ISSUER, "aud": AUDIENCE, "sub": f"model-{i}", "exp": exp, "roles": ["bench"]}, signer, "ES256", {"kid": "bench"})
-        for i in range(TOKENS)
-    ]
-    return {"folder": str(folder), "tokens": tokens}
-
-
 def _serve_child(spec: str) -> None:
     """The server process: the product's ``serve_conf`` in one mode."""
-    from bench.reads import _reader_conf
+    from bench.harness.data import reader_conf
     from bench.standard import SOURCE
     from feature_reader.server import serve_conf
     from fm_config.reader import ServerAuthSettings, ServerTlsSettings
 
     redis_url, defs, port, mode, folder = json.loads(spec)
-    conf = _reader_conf(redis_url, Path(defs), cache={"enabled": True}, max_entities=1000)
+    conf = reader_conf(redis_url, Path(defs), cache={"enabled": True}, max_entities=1000)
     tls, auth = ServerTlsSettings(), ServerAuthSettings()
     if "tls" in mode:
         tls = ServerTlsSettings(cert_file=f"{folder}/server.pem", key_file=f"{folder}/server.key")
@@ -139,11 +95,19 @@ def _serve_child(spec: str) -> None:
 
 
 BEFORE_CHILD = (
-    "import json, sys; from pathlib import Path; from bench.reads import _reader_conf; from feature_reader.server import serve_conf; "
-    "url, defs, port = json.loads(sys.argv[1])[:3]; "
-    "serve_conf(_reader_conf(url, Path(defs), cache={'enabled': True}, max_entities=1000), '127.0.0.1', port)"
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from feature_reader.server import serve_conf\n"
+    "try:\n"
+    "    from bench.harness.data import reader_conf\n"
+    "except ImportError:\n"
+    "    from bench.reads import _reader_conf as reader_conf\n"
+    "url, defs, port = json.loads(sys.argv[1])[:3]\n"
+    "serve_conf(reader_conf(url, Path(defs), cache={'enabled': True}, max_entities=1000), '127.0.0.1', port)\n"
 )
-"""The server of another checkout, plain HTTP (its code may know nothing of TLS or auth)."""
+"""The server of another checkout, plain HTTP (its code may know nothing of TLS or auth). It runs that
+checkout's bench/ (its PYTHONPATH): the reader's conf from bench/harness/data.py, or, in a checkout from
+before bench/harness/, from bench/reads.py, where it was then."""
 
 
 def _targets(path: Path, url: str, bodies: list[bytes], tokens: list[str] | None) -> Path:
@@ -158,26 +122,12 @@ def _targets(path: Path, url: str, bodies: list[bytes], tokens: list[str] | None
     return path
 
 
-def wait_answering(url: str, process: subprocess.Popen, context=None) -> None:
-    """Until ``url`` answers (``context``: its TLS trust); a server that exits first or never answers is an error."""
-    import urllib.request
-
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server ({url}) exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1, context=context):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"the server did not answer {url}")
-
-
 def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path, log=print, before: Path | None = None) -> dict:
     import ssl
 
-    from bench.serve_load import _bodies, _stop
+    from bench.harness.data import request_bodies
+    from bench.harness.pki import make_pki
+    from bench.harness.servers import stop_process, wait_answering
     from bench.standard import SOURCE, write_definitions
     from bench.vegeta import MODULE, attack, cpu_seconds, vegeta_bin
     from feature_defs import load_definitions
@@ -194,8 +144,8 @@ def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path
         log(f"writing {entities:,} entities of the standard shape into Redis")
         _write(redis.url, defs, entities)
         features = [f"{SOURCE}:{f.name}" for f in load_definitions(defs).source(SOURCE).features]
-        bodies = _bodies(entities, 1, features, False, seed=11)
-        pki = _pki(workdir / "cost-pki")
+        bodies = request_bodies(entities, 1, features, False, seed=11)
+        pki = make_pki(workdir / "cost-pki")
         context = ssl.create_default_context(cafile=f"{pki['folder']}/ca.pem")
         for r in range(rounds):
             for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # rotated: no mode always first or last
@@ -227,7 +177,7 @@ def measure(entities: int, rate: int, seconds: float, rounds: int, workdir: Path
                     log(f"  round {r + 1} {mode:>8}: {step['cpu_us_per_request']} us CPU/request, p50 {step['p50_ms']} ms, "
                         f"p99 {step['p99_ms']} ms, success {step['success']:.4f}")  # fmt: skip
                 finally:
-                    _stop(process)
+                    stop_process(process)
     finally:
         redis.stop()
     return {"entities": entities, "rate": rate, "seconds": seconds, "rounds": rounds, "vegeta": MODULE, "runs": runs,

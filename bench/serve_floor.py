@@ -85,7 +85,7 @@ def _busy() -> dict[str, tuple[int, int]]:
 
 
 def _start(kind: str, redis, defs: Path, bodies: list[bytes], workdir: Path):
-    from bench.serve_load import SERVER_CPU, _wait_http
+    from bench.harness.servers import SERVER_CPU, wait_http
     from bench.vegeta import write_targets
     from throwaway.servers import free_port
 
@@ -102,12 +102,12 @@ def _start(kind: str, redis, defs: Path, bodies: list[bytes], workdir: Path):
         ["taskset", "-c", SERVER_CPU, *run], cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL,
         stderr=open(workdir / f"floor-{kind}.log", "w"), start_new_session=True,
     )  # fmt: skip
-    _wait_http(f"http://127.0.0.1:{port}/health", process, kind)
+    wait_http(f"http://127.0.0.1:{port}/health", process, kind)
     return process, write_targets(workdir / f"floor-{kind}.json", f"http://127.0.0.1:{port}/get-online-features", bodies)
 
 
 def _step(kind: str, process, targets: Path, rate: int, seconds: float, redis_pid: int, log) -> dict:
-    from bench.serve_load import LOAD_CPU
+    from bench.harness.servers import LOAD_CPU
     from bench.vegeta import attack, cpu_seconds
 
     cores0, redis0 = _busy(), cpu_seconds(redis_pid)
@@ -130,8 +130,8 @@ def _step(kind: str, process, targets: Path, rate: int, seconds: float, redis_pi
 
 
 def measure(entities: int, rates: list[int], seconds: float, rounds: int, workdir: Path, log=print) -> dict:
-    from bench.reads import _load
-    from bench.serve_load import LOAD_CPU, _bodies, _stop
+    from bench.harness.data import load_standard, request_bodies
+    from bench.harness.servers import LOAD_CPU, stop_process
     from bench.standard import SOURCE, write_definitions
     from bench.vegeta import attack, vegeta_bin
     from feature_defs import load_definitions
@@ -143,7 +143,7 @@ def measure(entities: int, rates: list[int], seconds: float, rounds: int, workdi
     subprocess.run(["taskset", "-p", "-c", LOAD_CPU, str(redis.process.pid)], check=True, stdout=subprocess.DEVNULL)
     try:
         log(f"writing {entities:,} entities of the standard shape with the job, and as plain hashes for the floor app")
-        _load(workdir, entities, redis.url)
+        load_standard(workdir, entities, redis.url)
         client = redis.client()
         pipe = client.pipeline(transaction=False)
         for i in range(entities):
@@ -153,7 +153,7 @@ def measure(entities: int, rates: list[int], seconds: float, rounds: int, workdi
         pipe.execute()
         defs = write_definitions(workdir / "defs")
         features = [f"{SOURCE}:{f.name}" for f in load_definitions(defs).source(SOURCE).features]
-        bodies = _bodies(entities, 1, features, False, seed=2)
+        bodies = request_bodies(entities, 1, features, False, seed=2)
         steps = []
         for r in range(rounds):
             log(f"round {r + 1} of {rounds}")
@@ -164,7 +164,7 @@ def measure(entities: int, rates: list[int], seconds: float, rounds: int, workdi
                     for rate in rates:
                         steps.append({"round": r + 1, **_step(kind, process, targets, rate, seconds, redis.process.pid, log)})
                 finally:
-                    _stop(process)
+                    stop_process(process)
     finally:
         redis.stop()
     return {"entities": entities, "seconds_per_step": seconds, "rates": rates, "steps": steps}

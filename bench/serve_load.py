@@ -22,15 +22,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import random
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from bench.harness.servers import LOAD_CPU, SERVER_CPU
 from bench.report import print_targets
 from fm_config import PROJECT_ROOT
 
@@ -40,62 +38,14 @@ LOWEST = 10
 REFINE = 5
 """Halvings of the gap between the last rate sustained and the first that is not."""
 SHAPES = (1, 100)
-BODIES = 4000
-"""Distinct request bodies per (shape, key distribution), sent round-robin."""
-ZIPF_S = 1.1
 WARM_UP = 15
 """Seconds at 200 requests/s before the first step."""
-SERVER_CPU, LOAD_CPU = "0", "1"
-FEAST_FLAGS = ("--no-access-log", "--workers", "1", "--max-requests", "100000000")
-"""Feast tuned as its docs advise: no access log; its default restarts the worker every ~1,000 requests, which would cost it."""
-
-
-def _bodies(entities: int, shape: int, features: list[str], zipf: bool, seed: int) -> list[bytes]:
-    rng = random.Random(seed)
-    if zipf:
-        ranked = rng.sample(range(entities), entities)  # rank -> entity, so hot keys are spread over the table
-        weights = list(itertools.accumulate(1 / (r + 1) ** ZIPF_S for r in range(entities)))
-        draw = lambda: ranked[rng.choices(range(entities), cum_weights=weights)[0]]  # noqa: E731
-    else:
-        draw = lambda: rng.randrange(entities)  # noqa: E731
-    out = []
-    for _ in range(BODIES):
-        ids: list[int] = []
-        while len(ids) < shape:
-            i = draw()
-            if i not in ids:
-                ids.append(i)
-        out.append(json.dumps({"features": features, "entities": {"entity_id": ids}}).encode())
-    return out
 
 
 def _post(url: str, body: bytes) -> dict:
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
-
-
-def _wait_http(url: str, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode} before answering")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{what} did not answer {url} within {timeout:.0f} s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def _sustained(step: dict) -> bool:
@@ -175,17 +125,18 @@ def _drain(process: subprocess.Popen, idle: float = 0.05, limit: float = 180) ->
 
 def _serve_child(spec: str) -> None:
     """The server process: the product's `serve` on a conf built for this bench."""
-    from bench.reads import _reader_conf
+    from bench.harness.data import reader_conf
     from feature_reader.server import serve_conf
 
     redis_url, defs, cache, port = json.loads(spec)
-    conf = _reader_conf(redis_url, Path(defs), cache={"enabled": cache}, max_entities=1000)
+    conf = reader_conf(redis_url, Path(defs), cache={"enabled": cache}, max_entities=1000)
     serve_conf(conf, "127.0.0.1", port)
 
 
 def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print) -> dict:
-    from bench import feast_peer
-    from bench.reads import _load
+    from bench.harness.data import load_standard, request_bodies
+    from bench.harness.feast import FEAST_FLAGS, feast_bin, materialize
+    from bench.harness.servers import stop_process, wait_http
     from bench.standard import SOURCE, write_definitions
     from bench.vegeta import MODULE, vegeta_bin, write_targets
     from throwaway.servers import free_port, start_redis
@@ -205,19 +156,21 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
     }
     try:
         log(f"writing {entities:,} entities of the standard shape with the job")
-        _load(workdir, entities, redis.url)
+        load_standard(workdir, entities, redis.url)
         defs = write_definitions(workdir / "defs")
         from feature_defs import load_definitions
 
         names = [f.name for f in load_definitions(defs).source(SOURCE).features]
         features = [f"{SOURCE}:{n}" for n in names]
         bodies = {
-            (shape, zipf): _bodies(entities, shape, features, zipf, seed=shape * 2 + zipf) for shape in SHAPES for zipf in (False, True)
+            (shape, zipf): request_bodies(entities, shape, features, zipf, seed=shape * 2 + zipf)
+            for shape in SHAPES
+            for zipf in (False, True)
         }
         servers = [(f"ours, cache {'on' if cache else 'off'}", cache) for cache in (False, True)]
         if feast:
             log("Feast 0.67: feast materialize of the same table")
-            results["feast_materialize"] = feast_peer.materialize(entities, redis.url, workdir)
+            results["feast_materialize"] = materialize(entities, redis.url, workdir)
             servers.insert(0, ("feast serve", None))  # first: ours is also measured at Feast's highest sustained rate
         answers: dict[str, dict] = {}
         peer_top: dict[int, int] = {}
@@ -226,7 +179,7 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
             url = f"http://127.0.0.1:{port}"
             if cache is None:
                 repo = workdir / "feast" / f"repo-{entities}"
-                run = ["taskset", "-c", SERVER_CPU, str(feast_peer.feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
+                run = ["taskset", "-c", SERVER_CPU, str(feast_bin()), "-c", str(repo), "serve", "-p", str(port), *FEAST_FLAGS]
             else:
                 spec = json.dumps([redis.url, str(defs), cache, port])
                 run = ["taskset", "-c", SERVER_CPU, sys.executable, "-m", "bench.serve_load", "--serve-child", spec]
@@ -234,7 +187,7 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
                 run, cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=open(workdir / f"serve-{port}.log", "w"), start_new_session=True
             )
             try:
-                _wait_http(f"{url}/health", process, name)
+                wait_http(f"{url}/health", process, name)
                 zipf = cache is True
                 answer = _post(f"{url}/get-online-features", bodies[(shape, False)][0])  # the same request to every server
                 key = f"{name}, {shape} x 50"
@@ -246,7 +199,7 @@ def measure(entities: int, seconds: float, feast: bool, workdir: Path, log=print
                 if cache is None:
                     peer_top[shape] = _best(results["runs"][key], 50)
             finally:
-                _stop(process)
+                stop_process(process)
         results["sample_answer"] = {n: v[:2] for n, v in list(answers["ours, cache off, 1 x 50"].items())[:4]}
         if feast:
             results["same_values_as_feast"] = all(

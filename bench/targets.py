@@ -5,7 +5,7 @@
 For each size: the job as a user runs it (bench/stage_profile.py, a fresh process, Redis
 only, then both stores at the largest size), the Redis server's ceiling on the same
 data (pre-built commands from one process, bench/runner.py), and `feast materialize` on
-the same data into the same server (bench/feast_peer.py, Feast in its own venv). Then N
+the same data into the same server (bench/harness/feast.py, Feast in its own venv). Then N
 small sources in one run against one alone. Prints each target with its measured value
 and ratio; results in bench/results/targets.json.
 """
@@ -47,7 +47,7 @@ def _row(name: str, measured: float, unit: str, goal: str, ok: bool, ratio: str 
 
 
 def measure(sizes: list[int], sources: int, feast: bool, workdir: Path) -> dict:
-    from bench.feast_peer import materialize
+    from bench.harness.feast import materialize
     from bench.standard import VALUES_PER_ENTITY
     from throwaway.servers import start_redis
 

@@ -79,7 +79,7 @@ def _ids(rng: random.Random, plan: Plan, shape: int, keys: str) -> dict:
 
 
 def _start_server(conf_dir: Path, log: Path, token: str, probe: Path | None = None) -> tuple[subprocess.Popen, str]:
-    from bench.serve_load import _wait_http
+    from bench.harness.servers import wait_http
     from throwaway.servers import free_port
 
     port = free_port()
@@ -89,7 +89,7 @@ def _start_server(conf_dir: Path, log: Path, token: str, probe: Path | None = No
         stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    _wait_http(f"{url}/health", process, f"materialize serve ({log})")
+    wait_http(f"{url}/health", process, f"materialize serve ({log})")
     _wait_keys(url, token, log)
     return process, url
 
