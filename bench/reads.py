@@ -274,7 +274,7 @@ def measure(entities: int, rounds: int, feast: bool, workdir: Path) -> dict:
         # without jitter or early refresh (every expiry a cold miss), single-flight off and
         # on, from Redis and from SQL (the report's PostgreSQL behind the cache)
         stampede: dict = {}
-        for store, sinks, clients in (("redis", ("redis",), 500), ("redis", ("redis",), 64), ("sql", ("cockroach",), 64)):
+        for store, sinks, clients in (("redis", ("redis",), 500), ("redis", ("redis",), 64), ("sql", ("sql",), 64)):
             for label, sf in (("single-flight off", False), ("single-flight on", True)):
                 conf = reader_conf(
                     server.url,

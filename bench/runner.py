@@ -68,7 +68,7 @@ def _bench_conf(env: str, workdir: Path, entities: int, redis_url: str, with_sql
             "data_root": str(workdir / "data" / str(entities)),
             "reports_dir": str(workdir / "reports"),
             "definitions_dir": str(workdir / "defs"),
-            "sinks": ["redis", "cockroach"] if with_sql else ["redis"],
+            "sinks": ["redis", "sql"] if with_sql else ["redis"],
             # the gate and the read-back have their own costs; this measures the write path
             "quality": {"expectations": False, "verify_sample": 0, "row_count_band": None, "data_docs": False},
             "redis": {"url": redis_url, "password_env": None, "capacity_bytes": 64 << 30, "namespace": None},
@@ -303,14 +303,14 @@ def run_one_size(env: str, workdir: Path, entities: int, redis_url: str, with_sq
         # peaks of the Redis run alone, so every size measures the same work
         result["jvm_peak_rss"] = _jvm_peak_rss()
         if with_sql:
-            sql_conf = _bench_conf(env, workdir, entities, redis_url, True).model_copy(update={"sinks": ["cockroach"]})
+            sql_conf = _bench_conf(env, workdir, entities, redis_url, True).model_copy(update={"sinks": ["sql"]})
             password = sql_conf.sql_password()
             with psycopg.connect(sql_conf.sql.dsn, password=password.get_secret_value() if password else None, autocommit=True) as conn:
                 conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(entity.sql_table)))
             summary = run_source(spark, sql_conf, defs, SOURCE, DATE)
             if summary.status != "succeeded":
                 raise RuntimeError(f"bench SQL run failed: {summary.error}")
-            s = summary.sinks["cockroach"]
+            s = summary.sinks["sql"]
             result |= {"sql_rows": s["rows_upserted"], "sql_write_seconds": s["write_seconds"], "sql_rows_per_s": s["rows_per_s"]}
             result["sql_baselines"] = _sql_baselines(spark, sql_conf, source, entity, workdir)
         if with_baselines:

@@ -125,7 +125,7 @@ def run_one(env: str, workdir: Path, entities: int, layout: str, sinks: list[str
     spark = build_spark(conf.spark)
     try:
         _table(spark, conf, defs, name, entities)
-        if "cockroach" in sinks:
+        if "sql" in sinks:
             password = conf.sql_password()
             with psycopg.connect(conf.sql.dsn, password=password.get_secret_value() if password else None, autocommit=True) as conn:
                 conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(defs.entity_of(defs.source(name)).sql_table)))
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     server = start_redis(workdir, "--hash-max-listpack-value", "256", "--logfile", str(workdir / "redis.log"))
-    sinks = ["redis", "cockroach"] if args.sinks == "both" else ["redis"]
+    sinks = ["redis", "sql"] if args.sinks == "both" else ["redis"]
     results = []
     if args.sources:
         try:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -123,87 +124,113 @@ def load_definitions(directory: Path | str | None = None, *, check_lock: bool = 
     files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
     if not files:
         raise DefinitionError([f"{directory}: no *.yaml definition files"])
-    problems: list[str] = []
-    entities: dict[str, EntityDef] = {}
-    sources: dict[str, SourceDef] = {}
-    services: dict[str, FeatureServiceDef] = {}
-    where: dict[str, Path] = {}
-    lines: dict[str, int | None] = {}
-    nodes: dict[str, yaml.Node] = {}
-    digest = hashlib.sha256()
-
+    found = _Found()
     for path in files:
-        try:
-            raw = read_file(path)  # a folder, FIFO or dangling symlink named *.yaml is a problem, not a crash
-            digest.update(path.name.encode() + b"\0" + raw + b"\0")
-            data, node = load_yaml(path, raw)
-        except YamlFileError as exc:
-            problems.append(str(exc))
-            continue
-        if not isinstance(data, dict) or not ({"entities", "source", "feature_services"} & set(data)):
-            problems.append(
-                f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list"
-            )
-            continue
-        try:
-            if "feature_services" in data or "entities" in data:  # lists of named items, each defined once
-                if "feature_services" in data:
-                    top, kind, label, table = "feature_services", "service", "feature service", services
-                    items = FeatureServicesFile.model_validate(data).feature_services
-                else:
-                    top, kind, label, table = "entities", "entity", "entity", entities
-                    items = EntitiesFile.model_validate(data).entities
-                for i, item in enumerate(items):
-                    key, at = f"{kind}:{item.name}", line_of(node, [top, i])
-                    if item.name in table:
-                        problems.append(f"{path}:{at}: {label} {item.name!r} is already defined at {where[key]}:{lines[key]}")
-                        continue
-                    table[item.name], where[key], lines[key] = item, path, at
-            else:
-                source = SourceFile.model_validate(data).source
-                key = f"source:{source.name}"
-                if source.name in sources:
-                    problems.append(
-                        f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at "
-                        f"{where[key]}:{lines[key]}"
-                    )
-                    continue
-                sources[source.name], where[key], nodes[key] = source, path, node
-                lines[key] = line_of(node, ["source"])
-                for i, feature in enumerate(source.features):
-                    lines[f"{key}:{feature.name}"] = lines[f"{key}:features:{i}"] = line_of(node, ["source", "features", i])
-                for i in range(len(source.expectations)):
-                    lines[f"{key}:expectations:{i}"] = line_of(node, ["source", "expectations", i])
-        except ValidationError as exc:
-            problems.extend(describe_validation_error(exc, path, node))
+        _read_definition_file(path, found)
 
     lock = None
     try:
         lock = read_lock(directory)
         if lock is not None:
-            digest.update(LOCK_NAME.encode() + b"\0" + (directory / LOCK_NAME).read_bytes() + b"\0")
+            found.digest.update(LOCK_NAME.encode() + b"\0" + (directory / LOCK_NAME).read_bytes() + b"\0")
     except LockFileError as exc:
-        problems.append(str(exc))
+        found.problems.append(str(exc))
     extra_expectations: list = []
-    problems.extend(_cross_checks(entities, sources, where, lines, nodes, extra_expectations, lock))
-    problems.extend(_service_problems(services, sources, _Places(where, lines, nodes)))
-    if problems:
-        raise DefinitionError(problems)
+    found.problems.extend(_cross_checks(found.entities, found.sources, found.where, found.lines, found.nodes, extra_expectations, lock))
+    found.problems.extend(_service_problems(found.services, found.sources, _Places(found.where, found.lines, found.nodes)))
+    if found.problems:
+        raise DefinitionError(found.problems)
     defs = Definitions(
-        entities=entities,
-        sources=sources,
-        files=where,
-        lines={k: v for k, v in lines.items() if v},
-        digest=digest.hexdigest(),
-        services=services,
+        entities=found.entities,
+        sources=found.sources,
+        files=found.where,
+        lines={k: v for k, v in found.lines.items() if v},
+        digest=found.digest.hexdigest(),
+        services=found.services,
         extra_expectations=tuple(extra_expectations),
         lock=lock,
     )
     if check_lock and lock is not None:
-        found = changes(defs, lock)
-        if found:
-            raise DefinitionError([c.line() for c in found])
+        changed = changes(defs, lock)
+        if changed:
+            raise DefinitionError([c.line() for c in changed])
     return defs
+
+
+@dataclass
+class _Found:
+    """What the definition files of a folder hold, as read so far, and the problems met."""
+
+    problems: list[str] = field(default_factory=list)
+    entities: dict[str, EntityDef] = field(default_factory=dict)
+    sources: dict[str, SourceDef] = field(default_factory=dict)
+    services: dict[str, FeatureServiceDef] = field(default_factory=dict)
+    where: dict[str, Path] = field(default_factory=dict)
+    """The file of each definition, by key ('entity:NAME', 'service:NAME', 'source:NAME')."""
+    lines: dict[str, int | None] = field(default_factory=dict)
+    """The line of each definition by the same keys, and of a source's features and expectations."""
+    nodes: dict[str, yaml.Node] = field(default_factory=dict)
+    """Each source's YAML node, for the lines of what the cross-checks find."""
+    digest: Any = field(default_factory=hashlib.sha256)
+    """sha256 of the files read (name and bytes of each): the Definitions' digest."""
+
+
+def _read_definition_file(path: Path, found: _Found) -> None:
+    """Read one definition file into ``found``; what is wrong with it goes to ``found.problems``."""
+    try:
+        raw = read_file(path)  # a folder, FIFO or dangling symlink named *.yaml is a problem, not a crash
+        found.digest.update(path.name.encode() + b"\0" + raw + b"\0")
+        data, node = load_yaml(path, raw)
+    except YamlFileError as exc:
+        found.problems.append(str(exc))
+        return
+    if not isinstance(data, dict) or not ({"entities", "source", "feature_services"} & set(data)):
+        found.problems.append(
+            f"{path}:{line_of(node, []) or 1}: expected a top-level 'entities:' list, a 'source:' mapping or a 'feature_services:' list"
+        )
+        return
+    try:
+        if "feature_services" in data or "entities" in data:
+            _add_named_items(path, data, node, found)
+        else:
+            _add_source(path, data, node, found)
+    except ValidationError as exc:
+        found.problems.extend(describe_validation_error(exc, path, node))
+
+
+def _add_named_items(path: Path, data: dict, node: yaml.Node, found: _Found) -> None:
+    """A file's ``feature_services:`` (else ``entities:``) list: each name defined once over all files."""
+    if "feature_services" in data:
+        top, kind, label, table = "feature_services", "service", "feature service", found.services
+        items = FeatureServicesFile.model_validate(data).feature_services
+    else:
+        top, kind, label, table = "entities", "entity", "entity", found.entities
+        items = EntitiesFile.model_validate(data).entities
+    where, lines = found.where, found.lines
+    for i, item in enumerate(items):
+        key, at = f"{kind}:{item.name}", line_of(node, [top, i])
+        if item.name in table:
+            found.problems.append(f"{path}:{at}: {label} {item.name!r} is already defined at {where[key]}:{lines[key]}")
+            continue
+        table[item.name], where[key], lines[key] = item, path, at
+
+
+def _add_source(path: Path, data: dict, node: yaml.Node, found: _Found) -> None:
+    """A file's ``source:``, defined once over all files, with the lines of its features and expectations."""
+    source = SourceFile.model_validate(data).source
+    key = f"source:{source.name}"
+    where, lines = found.where, found.lines
+    if source.name in found.sources:
+        found.problems.append(
+            f"{path}:{line_of(node, ['source', 'name'])}: source {source.name!r} is already defined at {where[key]}:{lines[key]}"
+        )
+        return
+    found.sources[source.name], where[key], found.nodes[key] = source, path, node
+    lines[key] = line_of(node, ["source"])
+    for i, feature in enumerate(source.features):
+        lines[f"{key}:{feature.name}"] = lines[f"{key}:features:{i}"] = line_of(node, ["source", "features", i])
+    for i in range(len(source.expectations)):
+        lines[f"{key}:expectations:{i}"] = line_of(node, ["source", "expectations", i])
 
 
 def _service_problems(services, sources, places) -> list[str]:

@@ -115,57 +115,9 @@ def changes(defs, lock: Lock | None) -> list[Change]:
         retired_ids = {field_id_int(n): n for n, s in held.items() if s.retired}
         for source in defs.sources_of(entity):
             for f in source.features:
-                name, enc, at = f.stored_name, f.encoding, defs.place(source, f)
-                entry = held.get(name)
-                fresh = f"`stored_as: {next_stored_name(name, set(held))}`"
-                if entry is None:
-                    other = retired_ids.get(f.field_id)
-                    if other is not None:
-                        out.append(Change(entity, at, f"stored name {name!r} has the field id of {other!r}, retired: set {fresh}", False))
-                    else:
-                        was = sorted(n for n, e in orphans.items() if e.source == source.name and e.encoding == enc)
-                        hint = f"; if it is {orphans[was[0]].feature!r} renamed, keep its values with `stored_as: {was[0]}`" if was else ""
-                        out.append(Change(entity, at, f"new, stored as {name!r} ({enc}){hint}", True))
-                elif entry.retired:
-                    out.append(
-                        Change(
-                            entity,
-                            at,
-                            f"stored name {name!r} was retired on {entry.retired} (feature {entry.feature!r} of source "
-                            f"{entry.source!r} removed) and its old values may still be in the stores: give it fresh "
-                            f"storage with {fresh}",
-                            False,
-                        )
-                    )
-                elif entry.source != source.name:
-                    out.append(
-                        Change(
-                            entity,
-                            at,
-                            f"stored name {name!r} holds values of source {entry.source!r}: a feature moved to another "
-                            f"source needs fresh storage: set {fresh}",
-                            False,
-                        )
-                    )
-                elif entry.encoding != enc and (entry.encoding, enc) not in COMPATIBLE:
-                    out.append(
-                        Change(
-                            entity,
-                            at,
-                            f"{entry.encoding} -> {enc}: the values stored as {entry.encoding} would be read as {enc}; "
-                            f"store it under a new name with {fresh} (it reads NULL_VALUE for each entity until a run "
-                            f"writes it), or change it back",
-                            False,
-                        )
-                    )
-                else:
-                    what = []
-                    if entry.encoding != enc:
-                        what.append(f"{entry.encoding} -> {enc} (the stored values read unchanged)")
-                    if entry.feature != f.name:
-                        what.append(f"renamed from {entry.feature!r}, keeping its stored values")
-                    if what:
-                        out.append(Change(entity, at, ", ".join(what), True))
+                change = _feature_change(source, f, held, orphans, retired_ids)
+                if change is not None:
+                    out.append(Change(entity, defs.place(source, f), *change))
         for name, entry in orphans.items():
             gone = "removed" if (entry.source, entry.feature) not in defined else f"no longer stored as {name!r}"
             out.append(
@@ -177,6 +129,47 @@ def changes(defs, lock: Lock | None) -> list[Change]:
                 )
             )
     return out
+
+
+def _feature_change(source, f, held: dict[str, Stored], orphans: dict[str, Stored], retired_ids: dict) -> tuple[str, bool] | None:
+    """(what changed, lockable) for one defined feature against its entity type's part of the
+    lock (``held``), or None when the lock holds it as it is."""
+    name, enc = f.stored_name, f.encoding
+    entry = held.get(name)
+    fresh = f"`stored_as: {next_stored_name(name, set(held))}`"
+    if entry is None:
+        other = retired_ids.get(f.field_id)
+        if other is not None:
+            return f"stored name {name!r} has the field id of {other!r}, retired: set {fresh}", False
+        was = sorted(n for n, e in orphans.items() if e.source == source.name and e.encoding == enc)
+        hint = f"; if it is {orphans[was[0]].feature!r} renamed, keep its values with `stored_as: {was[0]}`" if was else ""
+        return f"new, stored as {name!r} ({enc}){hint}", True
+    if entry.retired:
+        return (
+            f"stored name {name!r} was retired on {entry.retired} (feature {entry.feature!r} of source "
+            f"{entry.source!r} removed) and its old values may still be in the stores: give it fresh "
+            f"storage with {fresh}",
+            False,
+        )
+    if entry.source != source.name:
+        return (
+            f"stored name {name!r} holds values of source {entry.source!r}: a feature moved to another "
+            f"source needs fresh storage: set {fresh}",
+            False,
+        )
+    if entry.encoding != enc and (entry.encoding, enc) not in COMPATIBLE:
+        return (
+            f"{entry.encoding} -> {enc}: the values stored as {entry.encoding} would be read as {enc}; "
+            f"store it under a new name with {fresh} (it reads NULL_VALUE for each entity until a run "
+            f"writes it), or change it back",
+            False,
+        )
+    what = []
+    if entry.encoding != enc:
+        what.append(f"{entry.encoding} -> {enc} (the stored values read unchanged)")
+    if entry.feature != f.name:
+        what.append(f"renamed from {entry.feature!r}, keeping its stored values")
+    return (", ".join(what), True) if what else None
 
 
 def locked(defs, lock: Lock | None, today: dt.date | None = None) -> Lock:

@@ -277,78 +277,111 @@ def _value(value: Any, kind) -> Any:
     if t.is_timestamp(kind):
         return _timestamp(value, kind)
     if t.is_date(kind):
-        if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
-            return value
-        if isinstance(value, str):
-            try:
-                return dt.date.fromisoformat(value)
-            except ValueError:
-                pass
-        raise _Bad(f"expected a date (YYYY-MM-DD), found {_show(value)}")
+        return _date(value)
     if t.is_boolean(kind):
         if isinstance(value, bool):
             return value
         raise _Bad(f"expected true or false, found {_show(value)}")
     if t.is_integer(kind):
-        number = value if isinstance(value, int) and not isinstance(value, bool) else None
-        if isinstance(value, float) and value.is_integer():
-            number = int(value)
-        if number is None:
-            raise _Bad(f"expected an integer, found {_show(value)}")
-        bits = kind.bit_width
-        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if t.is_signed_integer(kind) else (0, 2**bits - 1)
-        if not low <= number <= high:
-            raise _Bad(f"{number} is out of the range of {kind} ({low} .. {high})")
-        return number
+        return _integer(value, kind)
     if t.is_floating(kind):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _Bad(f"expected a number, found {_show(value)}")
-        try:
-            number = float(value)
-        except OverflowError:
-            raise _Bad(f"{value} is out of the range of {kind}") from None
-        if not math.isfinite(number):
-            raise _Bad("NaN and infinities are not taken (as a push to the online store)")
-        if t.is_float32(kind) and abs(number) > _FLOAT32_MAX:
-            raise _Bad(f"{value} is out of the range of float32")
-        return number
+        return _float(value, kind)
     if t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind):
         if isinstance(value, str):
             return value
         raise _Bad(f"expected a string, found {_show(value)}")
     if t.is_decimal(kind):
-        if isinstance(value, bool) or not isinstance(value, (int, float, str, decimal.Decimal)):
-            raise _Bad(f"expected a decimal number, found {_show(value)}")
-        try:
-            return decimal.Decimal(str(value))
-        except decimal.InvalidOperation:
-            raise _Bad(f"expected a decimal number, found {_show(value)}") from None
+        return _decimal(value)
     if t.is_list(kind) or t.is_large_list(kind) or t.is_fixed_size_list(kind):
-        if not isinstance(value, list):
-            raise _Bad(f"expected a list, found {_show(value)}")
-        out = []
-        for i, item in enumerate(value):
-            try:
-                out.append(None if item is None else _value(item, kind.value_type))
-            except _Bad as bad:
-                raise _Bad(f"element {i}: {bad}") from None
-        return out
+        return _list(value, kind)
     if t.is_struct(kind):
-        if not isinstance(value, dict):
-            raise _Bad(f"expected an object, found {_show(value)}")
-        names = [kind.field(i).name for i in range(kind.num_fields)]
-        extra = [k for k in value if k not in names]
-        if extra:
-            raise _Bad(f"the object has {_show(extra[0])}, not a field of {kind}")
-        out = {}
-        for i, name in enumerate(names):
-            item = value.get(name)
-            try:
-                out[name] = None if item is None else _value(item, kind.field(i).type)
-            except _Bad as bad:
-                raise _Bad(f"field {name}: {bad}") from None
-        return out
+        return _struct(value, kind)
     return value  # any other type: pyarrow's own conversion, checked value by value on failure
+
+
+def _date(value: Any) -> dt.date:
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise _Bad(f"expected a date (YYYY-MM-DD), found {_show(value)}")
+
+
+def _integer(value: Any, kind) -> int:
+    """An integer, or a float with no fraction, within the range of the integer type ``kind``."""
+    import pyarrow.types as t
+
+    number = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if number is None:
+        raise _Bad(f"expected an integer, found {_show(value)}")
+    bits = kind.bit_width
+    low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if t.is_signed_integer(kind) else (0, 2**bits - 1)
+    if not low <= number <= high:
+        raise _Bad(f"{number} is out of the range of {kind} ({low} .. {high})")
+    return number
+
+
+def _float(value: Any, kind) -> float:
+    """A finite number (not a boolean) within the range of the floating type ``kind``."""
+    import pyarrow.types as t
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Bad(f"expected a number, found {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise _Bad(f"{value} is out of the range of {kind}") from None
+    if not math.isfinite(number):
+        raise _Bad("NaN and infinities are not taken (as a push to the online store)")
+    if t.is_float32(kind) and abs(number) > _FLOAT32_MAX:
+        raise _Bad(f"{value} is out of the range of float32")
+    return number
+
+
+def _decimal(value: Any) -> decimal.Decimal:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, decimal.Decimal)):
+        raise _Bad(f"expected a decimal number, found {_show(value)}")
+    try:
+        return decimal.Decimal(str(value))
+    except decimal.InvalidOperation:
+        raise _Bad(f"expected a decimal number, found {_show(value)}") from None
+
+
+def _list(value: Any, kind) -> list:
+    """A list, each element (None kept) as a value of the list type's element type."""
+    if not isinstance(value, list):
+        raise _Bad(f"expected a list, found {_show(value)}")
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(None if item is None else _value(item, kind.value_type))
+        except _Bad as bad:
+            raise _Bad(f"element {i}: {bad}") from None
+    return out
+
+
+def _struct(value: Any, kind) -> dict:
+    """An object with no key that is not a field of the struct type; each field's value (None
+    for a missing one) as a value of its type."""
+    if not isinstance(value, dict):
+        raise _Bad(f"expected an object, found {_show(value)}")
+    names = [kind.field(i).name for i in range(kind.num_fields)]
+    extra = [k for k in value if k not in names]
+    if extra:
+        raise _Bad(f"the object has {_show(extra[0])}, not a field of {kind}")
+    out = {}
+    for i, name in enumerate(names):
+        item = value.get(name)
+        try:
+            out[name] = None if item is None else _value(item, kind.field(i).type)
+        except _Bad as bad:
+            raise _Bad(f"field {name}: {bad}") from None
+    return out
 
 
 def _timestamp(value: Any, kind) -> dt.datetime:

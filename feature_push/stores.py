@@ -43,7 +43,7 @@ from sinks.sql.writer import SqlWritePlan
 from stores.errors import MaterializerError, TerminalError, TransientError
 from stores.sql import connect as sql_connect
 
-STORE_LABELS = {"redis": "Redis", "cockroach": "the SQL store"}
+STORE_LABELS = {"redis": "Redis", "sql": "the SQL store"}
 
 
 class Writers:
@@ -101,9 +101,9 @@ class PushStores:
 
     def __init__(self, conf: RunConf):
         self.conf = conf
-        self.sinks = [s for s in ("redis", "cockroach") if s in conf.sinks]
+        self.sinks = [s for s in ("redis", "sql") if s in conf.sinks]
         self.redis = conf.push_redis_connection() if "redis" in self.sinks else None
-        self.sql = conf.push_sql_connection() if "cockroach" in self.sinks else None
+        self.sql = conf.push_sql_connection() if "sql" in self.sinks else None
         self._cluster: bool | None = None
         self._sql_checked: dict[str, SqlSinkConfig] = {}
         self._described: set[str] = set()
@@ -150,9 +150,9 @@ class PushStores:
             entries = described_writes(self.conf, p.source, redis_config, sql_config)
             if entries.get("redis"):
                 record_redis(redis_config, entries["redis"], cluster=self._cluster)
-            if entries.get("cockroach"):
+            if entries.get("sql"):
                 with sql_connect(sql_config) as conn:
-                    record_sql(conn, sql_config.schema, sql_config.table, entries["cockroach"])
+                    record_sql(conn, sql_config.schema, sql_config.table, entries["sql"])
         except DefinitionError as exc:
             raise PushError("; ".join(exc.problems), 409, "StoredAsSomethingElse") from None
         except (MaterializerError, redis.RedisError, OSError) as exc:

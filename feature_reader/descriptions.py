@@ -41,7 +41,7 @@ class _Refused:
 
 
 REFUSED = _Refused()
-STORE_NAMES = {"redis": "Redis", "cockroach": "SQL"}
+STORE_NAMES = {"redis": "Redis", "sql": "SQL"}
 
 
 def fetch_redis(

@@ -1,3 +1,5 @@
+# Subclasses uvicorn's HttpToolsProtocol and relies on its internals: tested with uvicorn 0.54, the range
+# pyproject.toml's [server] extra pins (uvicorn>=0.54,<0.55); check this module again before widening it.
 """uvicorn's httptools protocol, writing each response in one send, with the bounds a
 server facing hostile clients needs.
 

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from feature_defs import Definitions, FeatureDef, load_definitions
 from feature_reader.breaker import Breaker
@@ -40,7 +40,7 @@ from serializers.horizon import as_of_horizon
 from stores.redis import connect, is_cluster, known_nodes
 from stores.redis import server_address as redis_server_address
 
-STORES = {"redis": "redis", "sql": "cockroach", "cockroach": "cockroach"}
+STORES = {"redis": "redis", "sql": "sql", "cockroach": "sql"}  # cockroach: the SQL store's old name (fm_config/stores.py)
 """--store names (and the conf's sink names) -> sink name."""
 
 COUNTERS = (
@@ -49,6 +49,20 @@ COUNTERS = (
 )  # fmt: skip
 
 Key = tuple  # (route, source, entity_id, fields): what the cache and the scoreboard are keyed by
+
+
+class Step(NamedTuple):
+    """What a read (:meth:`_Core.get`) yields for its reader to do, then sends it the outcome of.
+
+    ``kind`` "read": read ``units``'s ``features`` from ``store``; the outcome is the rows read.
+    ``kind`` "wait": wait on ``futures``, other callers' reads of the same keys; the outcome is
+    their rows. The kind is first, so ``step[0]`` tells them apart too."""
+
+    kind: Literal["read", "wait"]
+    store: str | None = None
+    units: list[Unit] | None = None
+    features: dict[str, list[FeatureDef]] | None = None
+    futures: dict | None = None
 
 
 PUSHED_KEPT = 100_000
@@ -95,7 +109,7 @@ class _Core:
             if store not in STORES:
                 raise RequestError(f"unknown store {store!r}; use redis or sql")
             return (STORES[store],)
-        ordered = tuple(s for s in ("redis", "cockroach") if s in self.stores_of(source))
+        ordered = tuple(s for s in ("redis", "sql") if s in self.stores_of(source))
         return ordered if self.settings.read_through else ordered[:1]
 
     def stores_of(self, source: str) -> list[str]:
@@ -172,8 +186,8 @@ class _Core:
         return answers, misses, stale, refresh
 
     def get(self, req: ReadRequest, store: str | None, flights):
-        """The read of a request, as a generator: yields ("read", store, units, features)
-        and ("wait", futures); returns the columns."""
+        """The read of a request, as a generator: yields each :class:`Step` (a store read, a
+        wait on others' reads) and is sent its outcome; returns the columns."""
         features = self.features(req)
         keys = self.keys(req, store)
         rows, misses, stale, refresh = self.lookup(keys.values())
@@ -208,10 +222,10 @@ class _Core:
         if theirs:
             try:
                 if flight is None:
-                    rows.update((yield ("wait", theirs)))
+                    rows.update((yield Step("wait", futures=theirs)))
                 else:
                     back = {flight[k]: k for k in theirs}
-                    waited = yield ("wait", {flight[k]: f for k, f in theirs.items()})
+                    waited = yield Step("wait", futures={flight[k]: f for k, f in theirs.items()})
                     rows.update({back[f]: v for f, v in waited.items()})
             except StoreError as exc:
                 self._stale_or_raise(list(theirs), stale, exc, rows)
@@ -232,7 +246,7 @@ class _Core:
                 units = [Unit(k[1], k[2]) for k in left]
                 self.count(store_reads=1, entities_read=len(units))
                 try:
-                    rows = yield ("read", store, units, features)
+                    rows = yield Step("read", store, units, features)
                 except StoreError as exc:
                     if isinstance(exc, StoreUnavailable):  # skipped by the breaker: the store was not asked
                         self.count(store_reads=-1, entities_read=-len(units))
@@ -259,7 +273,7 @@ class _Core:
         """The store that takes over a failed store's keys: the next one every key's source is held by, if any."""
         spares = set()
         for source in {k[1] for k in keys}:
-            held = [s for s in ("redis", "cockroach") if s in self.stores_of(source)]
+            held = [s for s in ("redis", "sql") if s in self.stores_of(source)]
             after = held[held.index(failed) + 1 :] if failed in held else []
             spares.add(after[0] if after else None)
         return spares.pop() if len(spares) == 1 else None
@@ -360,11 +374,11 @@ class _Base:
             self._where["redis"] = f"Redis at {redis_server_address(self._rconf.url)}"
             if cluster is False or (cluster is None and conf.redis.mode == "standalone"):
                 self._make_redis()  # asks nothing of the server (a cluster's client does: made on first use)
-        if self._core.uses("cockroach"):
+        if self._core.uses("sql"):
             sql_reads = kinds[1]
             sconf = conf.reader_sql_connection()
-            self._stores["cockroach"] = sql_reads(sconf, defs, connections=settings.sql_connections, **self._timeouts)
-            self._where["cockroach"] = f"SQL store at {self._stores['cockroach'].where}"
+            self._stores["sql"] = sql_reads(sconf, defs, connections=settings.sql_connections, **self._timeouts)
+            self._where["sql"] = f"SQL store at {self._stores['sql'].where}"
         cooldown = settings.breaker_cooldown_ms / 1000
         self.breakers = {name: Breaker(self._where[name], settings.breaker_failures, cooldown) for name in self._stores}
         self.failed_calls = 0  # store calls that failed, ever (a cached health answer older than the last one is stale)
@@ -379,7 +393,7 @@ class _Base:
                 store = self._stores["redis"] or self._make_redis()
                 seeds = known_nodes(store.client) if store.cluster else ()  # the URL's node may be the one that failed
                 return fetch_redis(self.defs, self._rconf, self.conf.redis.namespace, store.cluster, wait, seeds)
-            return fetch_sql(self.defs, self._stores["cockroach"].config)
+            return fetch_sql(self.defs, self._stores["sql"].config)
         except StoreError:
             raise
         except Exception as exc:  # the store not reached, or refused the query: a store failure
@@ -588,10 +602,10 @@ class FeatureReader(_Base):
             step = next(steps)
             while True:
                 try:
-                    if step[0] == "read":
-                        outcome = self._read_store(step[1], step[2], step[3])
+                    if step.kind == "read":
+                        outcome = self._read_store(step.store, step.units, step.features)
                     else:
-                        outcome = ThreadFlights.wait(step[1], timeout=wait)
+                        outcome = ThreadFlights.wait(step.futures, timeout=wait)
                 except concurrent.futures.TimeoutError:
                     step = steps.throw(ReadTimeout(f"another caller's read of these entities took over {wait:.1f} s"))
                 except Exception as exc:
@@ -744,10 +758,10 @@ class AsyncFeatureReader(_Base):
             step = next(steps)
             while True:
                 try:
-                    if step[0] == "read":
-                        outcome = await self._read_store(step[1], step[2], step[3])
+                    if step.kind == "read":
+                        outcome = await self._read_store(step.store, step.units, step.features)
                     else:
-                        outcome = await AsyncFlights.wait(step[1])
+                        outcome = await AsyncFlights.wait(step.futures)
                 except Exception as exc:
                     step = steps.throw(exc)
                 else:

@@ -24,6 +24,7 @@ from feature_reader.rows import BAD_AS_OF_ROW, NOT_FOUND_ROW, Layout, SourceRow,
 from fm_config.redis import RedisConnection
 from serializers import field_id
 from serializers.keys import freshness_field, key_prefix, redis_key
+from serializers.resp import bulks, command, key_command_format
 from stores.redis import connect, connect_async, connect_cluster, connect_cluster_async, server_address
 
 PER_VALUE_BYTES = 48
@@ -33,9 +34,8 @@ CHUNK = 128
 """Replies decoded at a time while the rest are still on their way (the server keeps
 working on the batch meanwhile: decoding overlaps the round trip)."""
 
-
-def _bulk(items: list[bytes]) -> bytes:
-    return b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in items)
+HMGET = key_command_format(b"HMGET")
+"""``HMGET % (fields + 2, len(key), key, the fields as RESP)``: a key's read, the fields pre-built per source."""
 
 
 class _Fields:
@@ -45,7 +45,7 @@ class _Fields:
     def __init__(self, source: str, feats: list[FeatureDef]):
         self.feats = feats
         self.ids = [freshness_field(source)] + [field_id(f.stored_name) for f in feats]
-        self.wire = _bulk(self.ids)
+        self.wire = bulks(self.ids)
         self.names = Layout([f.name for f in feats])
         self.decoder = ColumnDecoder(feats)
         # json values are Python objects several times their stored bytes (decode.JSON_OBJECT_BYTES)
@@ -89,15 +89,15 @@ class _Plan:
 
     def wire(self, first: int = 0, end: int | None = None) -> bytes:
         """The HMGETs of keys ``first`` to ``end`` as RESP, built from each source's pre-built fields."""
-        out = []
+        out, hmget = [], HMGET
         for key, placed in zip(self.keys[first:end], self.units[first:end]):
             if len(placed) == 1:
                 fields = self.fields[placed[0][0].source]
-                out.append(b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n%s" % (len(fields.ids) + 2, len(key), key, fields.wire))
+                out.append(hmget % (len(fields.ids) + 2, len(key), key, fields.wire))
             else:
                 count = sum(len(self.fields[u.source].ids) for u, _ in placed)
                 wires = b"".join(self.fields[u.source].wire for u, _ in placed)
-                out.append(b"*%d\r\n$5\r\nHMGET\r\n$%d\r\n%s\r\n%s" % (count + 2, len(key), key, wires))
+                out.append(hmget % (count + 2, len(key), key, wires))
         return b"".join(out)
 
     def rows(self, replies: list[list], first: int, as_list: bool) -> dict[Unit, SourceRow]:
@@ -184,7 +184,7 @@ class _Replies:
         return self.out
 
 
-PING = b"*1\r\n$4\r\nPING\r\n"
+PING = command(b"PING")
 
 
 class _Pong:

@@ -36,67 +36,88 @@ def check_tls_files(tls, root_path: Callable[[str], Path], now: dt.datetime | No
     if not tls.cert_file:
         return []
     try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import serialization
+        from cryptography import x509  # noqa: F401 (is [auth] installed? the checks below import what they use)
+        from cryptography.hazmat.primitives import serialization  # noqa: F401
     except ModuleNotFoundError:  # [server] without [auth]: what the ssl module can check
         return _check_with_ssl(tls, root_path)
 
     now = now or dt.datetime.now(dt.UTC)
     findings: list[Finding] = []
     cert_path, key_path = root_path(tls.cert_file), root_path(tls.key_file)
-    cert_data, problem = _read(cert_path, "server.tls.cert_file")
-    certs = []
-    if problem:
-        findings.append(problem)
-    else:
-        try:
-            certs = x509.load_pem_x509_certificates(cert_data)
-        except ValueError:
-            findings.append(("fail", "server.tls.cert_file", f"{cert_path}: not a PEM certificate"))
-    key_data, problem = _read(key_path, "server.tls.key_file")
-    key = None
-    if problem:
-        findings.append(problem)
-    else:
-        try:
-            key = serialization.load_pem_private_key(key_data, password=None)
-        except TypeError:
-            findings.append(("fail", "server.tls.key_file", f"{key_path}: the key is encrypted; give the server an unencrypted key file"))
-        except ValueError:
-            findings.append(("fail", "server.tls.key_file", f"{key_path}: not a PEM private key"))
+    certs = _load_certificates(cert_path, findings)
+    key = _load_key(key_path, findings)
     if certs:
-        leaf = certs[0]
-        until = leaf.not_valid_after_utc
-        if key is not None and key.public_key().public_bytes(*_spki()) != leaf.public_key().public_bytes(*_spki()):
-            findings.append(("fail", "server.tls.key_file", f"{key_path} is not the key of the certificate in {cert_path}"))
-        if leaf.not_valid_before_utc > now:
-            findings.append(
-                ("fail", "server.tls.cert_file", f"{cert_path}: not valid before {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
-            )
-        elif until <= now:
-            findings.append(("fail", "server.tls.cert_file", f"{cert_path}: expired {until:%Y-%m-%d %H:%M} UTC"))
-        elif until - now < dt.timedelta(days=tls.expiry_warn_days):
-            days = (until - now).total_seconds() / 86400
-            findings.append(("warn", "server.tls.cert_file", f"{cert_path}: expires in {days:.1f} days ({until:%Y-%m-%d %H:%M} UTC)"))
-        elif not [f for f in findings if f[0] == "fail"]:
-            names = _names(leaf)
-            findings.append(
-                ("ok", "server.tls", f"{cert_path}: {', '.join(names) or 'no names'}, valid until {until:%Y-%m-%d}; key matches")
-            )
+        _check_leaf(certs[0], key, cert_path, key_path, tls, now, findings)
     if tls.client_ca_file:
-        ca_path = root_path(tls.client_ca_file)
-        data, problem = _read(ca_path, "server.tls.client_ca_file")
-        if problem:
-            findings.append(problem)
-        else:
-            try:
-                cas = x509.load_pem_x509_certificates(data)
-                findings.append(
-                    ("ok", "server.tls.client_ca_file", f"{ca_path}: {len(cas)} CA certificate(s); client certificates {tls.client_cert}")
-                )
-            except ValueError:
-                findings.append(("fail", "server.tls.client_ca_file", f"{ca_path}: not a PEM certificate"))
+        _check_client_ca(root_path(tls.client_ca_file), tls, findings)
     return findings
+
+
+def _load_certificates(cert_path: Path, findings: list[Finding]) -> list:
+    """The certificates of server.tls.cert_file (none when it cannot be read or parsed: said in ``findings``)."""
+    from cryptography import x509
+
+    cert_data, problem = _read(cert_path, "server.tls.cert_file")
+    if problem:
+        findings.append(problem)
+        return []
+    try:
+        return x509.load_pem_x509_certificates(cert_data)
+    except ValueError:
+        findings.append(("fail", "server.tls.cert_file", f"{cert_path}: not a PEM certificate"))
+        return []
+
+
+def _load_key(key_path: Path, findings: list[Finding]):
+    """The private key of server.tls.key_file (None when it cannot be read or used: said in ``findings``)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key_data, problem = _read(key_path, "server.tls.key_file")
+    if problem:
+        findings.append(problem)
+        return None
+    try:
+        return serialization.load_pem_private_key(key_data, password=None)
+    except TypeError:
+        findings.append(("fail", "server.tls.key_file", f"{key_path}: the key is encrypted; give the server an unencrypted key file"))
+    except ValueError:
+        findings.append(("fail", "server.tls.key_file", f"{key_path}: not a PEM private key"))
+    return None
+
+
+def _check_leaf(leaf, key, cert_path: Path, key_path: Path, tls, now: dt.datetime, findings: list[Finding]) -> None:
+    """The server's certificate: its key is ``key`` (when that loaded), valid now and for
+    more than ``tls.expiry_warn_days``; an ok finding when nothing failed."""
+    until = leaf.not_valid_after_utc
+    if key is not None and key.public_key().public_bytes(*_spki()) != leaf.public_key().public_bytes(*_spki()):
+        findings.append(("fail", "server.tls.key_file", f"{key_path} is not the key of the certificate in {cert_path}"))
+    if leaf.not_valid_before_utc > now:
+        findings.append(("fail", "server.tls.cert_file", f"{cert_path}: not valid before {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"))
+    elif until <= now:
+        findings.append(("fail", "server.tls.cert_file", f"{cert_path}: expired {until:%Y-%m-%d %H:%M} UTC"))
+    elif until - now < dt.timedelta(days=tls.expiry_warn_days):
+        days = (until - now).total_seconds() / 86400
+        findings.append(("warn", "server.tls.cert_file", f"{cert_path}: expires in {days:.1f} days ({until:%Y-%m-%d %H:%M} UTC)"))
+    elif not [f for f in findings if f[0] == "fail"]:
+        names = _names(leaf)
+        findings.append(("ok", "server.tls", f"{cert_path}: {', '.join(names) or 'no names'}, valid until {until:%Y-%m-%d}; key matches"))
+
+
+def _check_client_ca(ca_path: Path, tls, findings: list[Finding]) -> None:
+    """server.tls.client_ca_file: readable, PEM certificates."""
+    from cryptography import x509
+
+    data, problem = _read(ca_path, "server.tls.client_ca_file")
+    if problem:
+        findings.append(problem)
+        return
+    try:
+        cas = x509.load_pem_x509_certificates(data)
+        findings.append(
+            ("ok", "server.tls.client_ca_file", f"{ca_path}: {len(cas)} CA certificate(s); client certificates {tls.client_cert}")
+        )
+    except ValueError:
+        findings.append(("fail", "server.tls.client_ca_file", f"{ca_path}: not a PEM certificate"))
 
 
 def _check_with_ssl(tls, root_path: Callable[[str], Path]) -> list[Finding]:

@@ -12,8 +12,7 @@ from pydantic import Field, model_validator
 from feature_defs.yamlio import KeyProblem
 from fm_config.base import Settings
 from fm_config.credentials import PushRedisCredentials, PushSqlCredentials, ReaderRedisCredentials, ReaderSqlCredentials
-
-Store = Literal["redis", "cockroach"]
+from fm_config.stores import StoreName as Store
 
 
 class CacheSettings(Settings):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, SecretStr
 
@@ -19,6 +19,7 @@ from fm_config.locations import Files, Location, is_uri, resolve
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisConnection, RedisSettings, tls_files
 from fm_config.sql import SqlConnection, SqlSettings
+from fm_config.stores import StoreName
 
 
 def _project_root() -> Path:
@@ -119,11 +120,11 @@ class RunConf(Settings):
     """Run summaries, validation results and data docs (a path or URI)."""
     storage: StorageConf = StorageConf()
     lease: LeaseConf = LeaseConf()
-    """One writer per (source, store): leases beside the ledger (jobs/operations/lease.py)."""
+    """One writer per (source, store): leases beside the ledger (jobs/operations/ledger/lease.py)."""
     definitions_dir: str | None = None
     """Feature definitions folder; defaults to the project's feature_defs/."""
-    sinks: Annotated[list[Literal["redis", "cockroach"]], Field(min_length=1)] = ["redis", "cockroach"]
-    """The stores a run writes when no --sink is given (same as --sink all)."""
+    sinks: Annotated[list[StoreName], Field(min_length=1)] = ["redis", "sql"]
+    """The stores a run writes when no --sink is given (same as --sink all): redis, sql (fm_config/stores.py)."""
     spark: SparkConf = SparkConf()
     redis: RedisSettings = RedisSettings()
     sql: SqlSettings = SqlSettings()

@@ -43,7 +43,7 @@ def _workload(spark, folder: Path) -> None:
     """A small run's worth of Spark, Delta and great-expectations work (no store is written)."""
     from feature_defs import load_definitions
     from fm_config import QualityConf, RunConf
-    from jobs.operations.ledger import Entry, Ledger
+    from jobs.operations.ledger.events import Entry, Ledger
     from jobs.pipeline.run import validate_source
     from jobs.sample_data import sample_dates, write_sample_tables
 

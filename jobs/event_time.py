@@ -3,7 +3,7 @@ pure DataFrame-in/DataFrame-out steps applied to the source table once it is ope
 
 A run covers a *window* of event times, ``[start, end)``: ``run --date D`` every row up to
 the end of D (start open, end D+1 00:00 UTC); an incremental run from the end of the last
-window the ledger recorded, less the source's lookback (jobs/operations/windows.py), up to
+window the ledger recorded, less the source's lookback (jobs/operations/ledger/windows.py), up to
 now or ``--until``. No window ends after the time the run reads the table (``read_at``): a
 row whose event time is later may still be written (a ``--date`` of today, an ``--until``
 ahead of the clock), so it is left to the next window rather than recorded as covered.
@@ -37,7 +37,7 @@ from pyspark.sql import types as T
 
 from feature_defs import SourceDef
 from jobs import transforms as tf
-from jobs.pipeline.gate.sql_text import ident, literal
+from jobs.sql_text import ident, literal
 
 DEFAULT_LOOKBACK_SECONDS = 86_400
 """How late a row may arrive and still be loaded by the next incremental run, unless the

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from feature_defs import SourceDef
-from jobs.pipeline.gate.sql_text import literal
+from jobs.sql_text import literal
 from serializers.columnar import json_text_column, json_texts, json_values
 
 EXPECTED = "json (a string of JSON text, or a map with string keys, a struct or an array)"

@@ -19,8 +19,8 @@ from pyspark.sql import types as T
 
 from feature_defs import EntityDef, FeatureDef, SourceDef
 from jobs import json_values
-from jobs.pipeline.gate.sql_text import ident, literal
 from jobs.source_errors import SchemaDriftError
+from jobs.sql_text import ident, literal
 from serializers.batch import FeatureSpec
 from serializers.batch import feature_specs as specs_of
 from serializers.json_map import encode_json_maps
@@ -198,7 +198,7 @@ def date_problem(schema: T.StructType, column: str) -> str | None:
 
 def _reason(condition: Column | str, text: str) -> Column:
     """``text`` where ``condition`` holds, else null. A condition given as SQL text costs one
-    call to the JVM, where a Column costs one per operator (jobs/pipeline/gate/sql_text.py)."""
+    call to the JVM, where a Column costs one per operator (jobs/sql_text.py)."""
     if isinstance(condition, str):
         return F.expr(f"CASE WHEN {condition} THEN {literal(text)} END")
     return F.when(condition, F.lit(text))

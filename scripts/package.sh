@@ -66,7 +66,7 @@ with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
 os.replace(tmp, zip_path)
 # The zip alone must provide the packages (ahead of the editable install on sys.path).
 sys.path.insert(0, str(zip_path))
-import sinks.partition, sinks.redis.writer, sinks.sql.writer, jobs.transforms, jobs.operations.cleanup, jobs.cli  # noqa: E401,F401
+import sinks.partition, sinks.redis.writer, sinks.sql.writer, jobs.transforms, jobs.operations.cleanup.redis, jobs.cli  # noqa: E401,F401
 assert jobs.__file__.startswith(str(zip_path)), jobs.__file__
 with zipfile.ZipFile(zip_path) as zf:
     assert "feature_defs/consumer_daily.yaml" in zf.namelist() and "serializers/features.proto" in zf.namelist()

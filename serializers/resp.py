@@ -26,20 +26,25 @@ with the freshness field last, then the fields to delete. A value's
 argument is written as ``\\r\\n$4\\r\\n<fid>\\r\\n$<len>\\r\\n<value>``: the CRLF that ends
 each argument leads the next one, so a null value (no argument at all) is an empty piece,
 and the freshness argument, always present, closes the pairs.
+
+The reader builds its commands (``HMGET``, ``PING``) with :func:`bulks`, :func:`command` and
+:func:`key_command_format` too; it runs without pyarrow, so Arrow is imported only by the
+functions that build a batch's commands, not with the module.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CRLF = b"\r\n"
-_NULL = pa.scalar(None, pa.binary())
 
 WRITE_SCRIPT = b"""#!lua
 local last = 3 + 2 * tonumber(ARGV[3])
@@ -68,9 +73,22 @@ def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
+def bulks(args: Iterable[bytes]) -> bytes:
+    """RESP bulk strings one after another: a command's arguments without its array header."""
+    return b"".join(bulk(a) for a in args)
+
+
 def command(*args: bytes) -> bytes:
     """One RESP command (an array of bulk strings)."""
-    return b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
+    return b"*%d\r\n" % len(args) + bulks(args)
+
+
+def key_command_format(name: bytes) -> bytes:
+    """The command ``name`` on one key, as a %-format of its arguments: ``fmt % (count,
+    len(key), key, rest)`` is one command, ``rest`` the arguments after the key already as
+    RESP (:func:`bulks`, made once and kept) and ``count`` every argument, name and key
+    included. For a hot path: one formatting per command, no call."""
+    return b"*%%d\r\n%s$%%d\r\n%%s\r\n%%s" % bulk(name).replace(b"%", b"%%")
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,9 @@ class EntityCommands:
 
 def _decimal(values: pa.Array | np.ndarray) -> pa.Array:
     """Decimal ASCII of integers, as a binary array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if isinstance(values, np.ndarray):
         values = pa.array(values)
     return pc.cast(pc.cast(values, pa.string()), pa.binary())
@@ -100,6 +121,8 @@ def _decimal(values: pa.Array | np.ndarray) -> pa.Array:
 
 def _join(*pieces, nulls_as_empty: bool = False) -> pa.Array:
     """Row-wise concatenation; a null piece makes the row null unless ``nulls_as_empty``."""
+    import pyarrow.compute as pc
+
     if nulls_as_empty:
         return pc.binary_join_element_wise(*pieces, b"", null_handling="replace", null_replacement=b"")
     return pc.binary_join_element_wise(*pieces, b"")
@@ -114,6 +137,9 @@ def _value_heads(prefix: bytes, col: pa.Array) -> pa.Array:
     Values are short (a float is a few bytes, an embedding ~130), so the heads of every
     length up to the longest are made once and picked by length: a gather, no formatting.
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     lengths = pc.binary_length(col)
     longest = pc.max(lengths).as_py() or 0
     if longest >= _SHORT:
@@ -139,6 +165,9 @@ def entity_commands(
     value, one for all or one per entity. ``ttl``: seconds per entity, or None.
     ``horizon``: a stored as-of time later than this is replaced (``serializers.horizon``).
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if len(fields) > MAX_FEATURES:
         raise ValueError(f"{len(fields)} features in one source: at most {MAX_FEATURES} fit one write script call")
     n = len(keys)
@@ -175,7 +204,15 @@ def entity_commands(
     else:
         stamp = _decimal(freshness)
         pieces.append(_join(fresh_head + b"$", _decimal(pc.binary_length(stamp)), CRLF, stamp, CRLF))
-    for j, fid in enumerate(fields):
-        if not valid[j].all():
-            pieces.append(pc.if_else(pa.array(~valid[j]), pa.scalar(bulk(fid)), _NULL))
+    pieces += _deletes(fields, valid)
     return EntityCommands(wire=_join(*pieces, nulls_as_empty=True), values_set=values_set)
+
+
+def _deletes(fields: Sequence[bytes], valid: np.ndarray) -> list:
+    """The HDEL arguments: per field with a null value, its bulk string where the value is null
+    (null elsewhere, an empty piece)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    null = pa.scalar(None, pa.binary())
+    return [pc.if_else(pa.array(~valid[j]), pa.scalar(bulk(fid)), null) for j, fid in enumerate(fields) if not valid[j].all()]

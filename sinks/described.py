@@ -17,7 +17,7 @@ from sinks.sql.config import SqlSinkConfig
 from sinks.sql.description import read_descriptions
 from stores.sql import connect as sql_connect
 
-STORE_NAMES = {"redis": "Redis", "cockroach": "the SQL store"}
+STORE_NAMES = {"redis": "Redis", "sql": "the SQL store"}
 
 
 def described_writes(
@@ -32,7 +32,7 @@ def described_writes(
         found["redis"] = read_description(redis_sink, cluster=None if mode == "auto" else mode == "cluster")
     if sql_sink is not None:
         with sql_connect(sql_sink) as conn:
-            found["cockroach"] = read_descriptions(conn, sql_sink.schema, [sql_sink.table]).get(sql_sink.table, {})
+            found["sql"] = read_descriptions(conn, sql_sink.schema, [sql_sink.table]).get(sql_sink.table, {})
     by_name = {f.stored_name: f for f in source.features}
     taken = set(encodings).union(*found.values())  # one fresh name per feature, free in every store
     problems = []

@@ -25,6 +25,7 @@ from throwaway.servers import PostgresServer, RedisServer, start_postgres, start
 
 from .support.jvm import short_lived_jvm_options
 from .support.privileges import GRANTS_FILE, ROLES, acl_commands
+from .support.reader_sample import write_sample_into
 from .support.samples import SAMPLE_CONSUMERS, SAMPLE_DATES, SAMPLE_STORES
 from .support.tls import Certs, make_certs
 
@@ -120,6 +121,14 @@ def sample_root(spark, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def server_sample(spark, tmp_path_factory, redis_server, pg_server):
+    """every_type and pair_daily written by the real job into Redis database 5 and an emptied
+    PostgreSQL, once per module (tests/support/reader_sample.py): what the feature server's
+    tests (test_server, test_server_limits, test_server_fuzz) serve. (conf, definitions)."""
+    return write_sample_into(spark, tmp_path_factory, redis_server, pg_server, 5, "served")
+
+
 @pytest.fixture
 def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
     """Config of a run over the sample tables into the session's Redis."""
@@ -141,7 +150,7 @@ def run_conf(sample_root, redis_server, tmp_path) -> RunConf:
 def sql_conf(run_conf, pg_server, pg_db) -> RunConf:
     """run_conf writing only to the SQL store (the session's PostgreSQL, emptied)."""
     sql = SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
-    return run_conf.model_copy(update={"sinks": ["cockroach"], "sql": sql})
+    return run_conf.model_copy(update={"sinks": ["sql"], "sql": sql})
 
 
 # -- least privilege: the documented Redis ACL and SQL grants (tests/support/privileges.py) --

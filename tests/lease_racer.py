@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from fm_config import SparkConf
-from jobs.operations.lease import LeaseHeld, Leases
-from jobs.operations.ledger import Entry, Ledger
+from jobs.operations.ledger.events import Entry, Ledger
+from jobs.operations.ledger.lease import LeaseHeld, Leases
 from jobs.spark import build_spark
 
 TARGET = ["redis://h:6379/0"]

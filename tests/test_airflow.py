@@ -21,7 +21,7 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parent.parent / "airflow" / "dags")
 os.environ["AIRFLOW_CONN_FM_SPARK"] = json.dumps({"conn_type": "spark", "host": "local[2]"})
 
-from jobs.operations.ledger import Ledger  # noqa: E402
+from jobs.operations.ledger.events import Ledger  # noqa: E402
 from jobs.spark import HUGE_METHODS  # noqa: E402
 from serializers import decode, field_id  # noqa: E402
 

@@ -10,8 +10,8 @@ import redis
 from feature_defs import load_definitions
 from jobs.cli import main
 from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run, run_backfill
-from jobs.operations.cleanup import clean, plan_cleanup
-from jobs.operations.ledger import Entry, Ledger
+from jobs.operations.cleanup.redis import clean, plan_cleanup
+from jobs.operations.ledger.events import Entry, Ledger
 from jobs.sample_data import sample_dates, write_sample_tables
 from serializers import field_id
 from throwaway.servers import start_redis
@@ -169,7 +169,7 @@ def test_ledger_keeps_the_latest_state_and_shows_a_crashed_run(spark, tmp_path):
     assert [r["status"] for r in ledger.list("s")] == ["succeeded"] and ledger.running("s") == []
     assert ledger.written_dates("s", {"redis": "redis://h:1/0"}) == {FIVE[0]: {"a"}}
     assert ledger.written_dates("s", {"redis": "redis://h:1/1"}) == {}  # another database: not written there
-    assert ledger.written_dates("s", {"redis": "redis://h:1/0", "cockroach": "postgresql://x"}) == {}
+    assert ledger.written_dates("s", {"redis": "redis://h:1/0", "sql": "postgresql://x"}) == {}
     row = ledger.list("s")[0]
     assert row["code_version"] and row["definitions_hash"] == "d" and row["ended_at"] >= row["started_at"]
 

@@ -15,7 +15,6 @@ so their scalars can be anything.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import random
@@ -32,6 +31,7 @@ from jobs.pipeline.run import run_source
 from jobs.transforms import REASONS, long_features
 from serializers import encode, field_id
 
+from .support.bad_values import as_of, f32, same_json, written
 from .support.samples import SAMPLE_DATES, tiny_consumer_source, tiny_long_consumer_source
 
 DAY1, DAY2 = SAMPLE_DATES
@@ -40,33 +40,10 @@ FLT_EDGE = FLT_MAX + 2.0**103  # FLT_MAX plus half its ulp: rounds (to even) to 
 BELOW_EDGE = float(np.nextafter(FLT_EDGE, 0.0))  # rounds down to FLT_MAX: a good value
 
 
-def f32(x: float) -> np.float32:
-    with np.errstate(over="ignore"):
-        return np.float32(x)
-
-
-def as_of(day: dt.date) -> dt.datetime:
-    """A date's snapshot is as of the next midnight UTC."""
-    return dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.UTC)
-
-
-def written(feature, value) -> bool:
-    """Whether a good value is stored: null and NaN/inf floats are not."""
-    return value is not None and not (feature.type == "float" and not math.isfinite(value))
-
-
-def same_json(feature, stored, value) -> bool:
-    if feature.type == "float":
-        return f32(stored) == f32(value) if feature.precision == "float32" else float(stored) == value
-    if feature.type == "embedding":
-        return np.array_equal(np.asarray(stored, np.float32), np.asarray(value, np.float32))
-    return stored == value and type(stored) is type(value)
-
-
 def bad_run_conf(sql_conf, tmp_path):
     """Both stores, and a quality gate that lets a snapshot of mostly bad rows through."""
     quality = sql_conf.quality.model_copy(update={"max_bad_fraction": 1.0})
-    return sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "cockroach"], "quality": quality})
+    return sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "sql"], "quality": quality})
 
 
 def stored_state(redis_db, pg_db, source_name: str) -> tuple[dict, dict]:
@@ -105,9 +82,9 @@ def check_stores(spark, summary, source, day, values: dict, reasons: dict, befor
         if f.type == "float" and row.get(f.name) is not None and not math.isfinite(row[f.name])
     )
     set_values = sum(1 for row in values.values() for f in source.features if written(f, row.get(f.name)))
-    assert summary.sinks["redis"]["non_finite"] == summary.sinks["cockroach"]["non_finite"] == non_finite
+    assert summary.sinks["redis"]["non_finite"] == summary.sinks["sql"]["non_finite"] == non_finite
     assert summary.sinks["redis"]["values_set"] == set_values
-    assert summary.sinks["cockroach"]["rows_upserted"] == len(values)
+    assert summary.sinks["sql"]["rows_upserted"] == len(values)
     quarantined = spark.read.format("delta").load(summary.quarantine_table).where(f"ds = '{day}'").collect()
     assert {r["stage"] for r in quarantined} <= {"value"}
     assert {json.loads(r["row"])["consumer_id"]: sorted(r["reasons"]) for r in quarantined} == {

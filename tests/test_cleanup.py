@@ -15,8 +15,8 @@ from feature_defs import load_definitions
 from fm_config.sql import SqlSettings
 from jobs.cli import main
 from jobs.operations.backfill import recorded_run
-from jobs.operations.cleanup import plan_cleanup, recorded_cleanup
-from jobs.operations.ledger import SCHEMA, Ledger, redis_target
+from jobs.operations.cleanup.redis import plan_cleanup, recorded_cleanup
+from jobs.operations.ledger.events import SCHEMA, Ledger, redis_target
 from serializers import field_id, freshness_field_name
 
 from .support.confs import env_conf
@@ -69,9 +69,9 @@ def write_sources(spark, run_conf, sample_root, tmp_path, monkeypatch, sql_dsn: 
     conf = run_conf.model_copy(update={"data_root": str(tmp_path), "ledger_root": str(tmp_path / "ledger")})
     sinks, sql = "[redis]", ""
     if sql_dsn:
-        conf = conf.model_copy(update={"sinks": ["redis", "cockroach"], "sql": SqlSettings(dsn=sql_dsn, password_env=None)})
+        conf = conf.model_copy(update={"sinks": ["redis", "sql"], "sql": SqlSettings(dsn=sql_dsn, password_env=None)})
         sql = f"sql:\n  dsn: {sql_dsn}\n  password_env: null\n  batch_rows: 10\n  statements_per_transaction: 10\n"
-        sinks = "[redis, cockroach]"
+        sinks = "[redis, sql]"
     ledger = Ledger(spark, conf.ledger_path)
     recorded_run(spark, conf, defs, ledger, "run", "consumer_daily", DAY2)
     recorded_run(spark, conf, defs, ledger, "backfill-latest", "tiny", DAY1, DAY2, dates=[DAY1, DAY2])
@@ -137,7 +137,7 @@ def test_cleanup_removes_a_removed_sources_fields_from_every_key_it_wrote(spark,
 
 
 def test_the_ledger_reads_the_same_with_and_without_spark(spark, written, tmp_path, monkeypatch):
-    # runs read the ledger's files themselves (jobs/operations/ledger_files.py); Spark is the fallback
+    # runs read the ledger's files themselves (jobs/operations/ledger/files.py); Spark is the fallback
     conf, ledger = written
     (tmp_path / "defs" / "tiny.yaml").unlink()
     assert main(["cleanup", "--env", "ci", "--entity", "consumer"]) == 0  # a cleanup step in the ledger too
@@ -285,7 +285,7 @@ def test_cleanup_cleans_the_sql_store_in_the_same_step(
         f"SQL consumer_features: {{}} {n_stripped} JSON keys no longer stored from {n_stripped} rows "
         f"(consumer_daily.tip_rate_30d: {n_stripped})",
     ]
-    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--dry-run", "--sink", "cockroach"]) == 0
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--dry-run", "--sink", "sql"]) == 0
     out = capsys.readouterr().out
     assert counts[0].format("would delete") in out and counts[1].format("would remove") in out
     assert sql_rows(pg_db) == before
@@ -302,16 +302,16 @@ def test_cleanup_cleans_the_sql_store_in_the_same_step(
     assert raw(redis_db) == without(redis_before, [*TINY_FIELDS, "tip_rate_30d"])  # and Redis, in the same step
 
     [done] = cleanups(ledger)
-    assert done["status"] == "succeeded" and sorted(done["sinks"]) == ["cockroach", "redis"]
-    assert json.loads(done["targets"]) == {"redis": conf.redis.url, "cockroach": pg_server.dsn}
-    assert json.loads(done["written"])["cockroach"] == {"rows_deleted": len(expired) + len(tiny_rows), "keys_removed": len(stripped)}
+    assert done["status"] == "succeeded" and sorted(done["sinks"]) == ["redis", "sql"]
+    assert json.loads(done["targets"]) == {"redis": conf.redis.url, "sql": pg_server.dsn}
+    assert json.loads(done["written"])["sql"] == {"rows_deleted": len(expired) + len(tiny_rows), "keys_removed": len(stripped)}
     record = done["cleanup"]["sql"]
     assert (record["table"], record["rows_visited"], record["pages"], record["error"]) == ("consumer_features", len(before), pages, None)
     assert (record["expired_rows"], record["removed_sources"]) == (len(expired), {"tiny": len(tiny_rows)})
     assert (record["keys_removed"], record["rows_stripped"]) == ({"consumer_daily": {"tip_rate_30d": len(stripped)}}, len(stripped))
 
     # nothing is left for another cleanup
-    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--sink", "cockroach"]) == 0
+    assert main(["cleanup", "--env", "ci", "--entity", "consumer", "--sink", "sql"]) == 0
     out = capsys.readouterr().out
     assert "deleted 0 expired rows and 0 rows of sources no longer defined\n" in out and "removed 0 JSON keys" in out
     assert sql_rows(pg_db) == after

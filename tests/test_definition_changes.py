@@ -360,7 +360,7 @@ def test_random_definition_changes_and_snapshots_never_serve_old_bytes(tmp_path_
     conf = RunConf(
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
         reader=ReaderSettings(timeout_ms=10_000),  # not the default 50 ms: the suite shares 2 busy cores
         quality=QualityConf(expectations=False),
     )
@@ -414,7 +414,7 @@ def test_two_sources_with_a_feature_of_one_name_share_each_entitys_hash(tmp_path
     conf = RunConf(
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
         reader=ReaderSettings(timeout_ms=10_000),
         quality=QualityConf(expectations=False),
     )
@@ -486,7 +486,7 @@ def changed(spark, tmp_path_factory, redis_server, pg_server):
         reports_dir=str(root / "reports"),
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
         reader=ReaderSettings(timeout_ms=10_000),  # not the default 50 ms: the suite shares 2 busy cores
         quality=QualityConf(expectations=False),
     )
@@ -565,7 +565,7 @@ def test_without_the_lock_the_ledger_refuses_what_the_stores_cannot_take(spark, 
     """stored.lock deleted (or regenerated from scratch): the run checks the ledger, which
     records each stored name's encoding; it refuses before recording or writing anything."""
     from jobs.operations.backfill import plan_backfill, recorded_run
-    from jobs.operations.ledger import Ledger
+    from jobs.operations.ledger.events import Ledger
 
     spark.createDataFrame(ROWS, TABLE).write.format("delta").save(str(tmp_path / "evolving"))
     redis_server.client().flushall()  # no store description left by other tests: the ledger is what is checked here

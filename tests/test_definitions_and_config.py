@@ -328,7 +328,7 @@ BAD_CONFIG = {
     ),
     "unknown key": ("quality:\n  verify_sample: 10\n  colour: blue\n", "colour", "quality.colour: unknown key"),
     "wrong type": ("sql:\n  dialect: postgres\n  batch_rows: many\n", "batch_rows", "sql.batch_rows: Input should be a valid integer"),
-    "unknown sink": ("sinks: [redis, mysql]\n", "sinks", "sinks.1: Input should be 'redis' or 'cockroach'"),
+    "unknown sink": ("sinks: [redis, mysql]\n", "sinks", "sinks.1: Input should be 'redis' or 'sql'"),
     "literal password": (
         "redis:\n  url: redis://h:1/0\n  password: hunter2\n",
         "password:",
@@ -348,6 +348,42 @@ BAD_CONFIG = {
     "not UTF-8": (b"redis:\n  url: redis://h\xff:1/0\n", "url:", "invalid YAML: not UTF-8 text"),
     "not a mapping": ("# overrides\n- redis\n", "- redis", "expected a mapping at the top level"),
 }
+
+
+def test_the_sql_stores_old_name_is_read_as_sql_with_one_notice(tmp_path, monkeypatch, caplog):
+    """`cockroach` (the SQL store's name before `sql`) still works in the config, on the command
+    line and in ledger rows written before, saying so once where a person wrote it."""
+    import argparse
+    import logging
+
+    from fm_config import stores
+    from jobs.cli.common import load
+    from jobs.operations.ledger.events import by_store, on_target
+
+    monkeypatch.setattr(stores, "_noticed", set())
+    conf = tmp_path / "conf"
+    (conf / "base").mkdir(parents=True)
+    (conf / "base" / "m.yaml").write_text("sinks: [redis, cockroach]\nreader:\n  stores:\n    s: [cockroach]\n")
+    monkeypatch.setenv("FM_CONF_DIR", str(conf))
+    with caplog.at_level(logging.WARNING, logger="fm_config.stores"):
+        c = load_config("base")
+        assert (c.sinks, c.reader.stores) == (["redis", "sql"], {"s": ["sql"]})
+        load_config("base")  # said once per place
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "sinks: 'cockroach' is the SQL store's old name, now 'sql' (the old name still works, for a while)",
+        "stores: 'cockroach' is the SQL store's old name, now 'sql' (the old name still works, for a while)",
+    ]
+    caplog.clear()
+    args = argparse.Namespace(env="base", data_root=None, sink="cockroach")
+    with caplog.at_level(logging.WARNING, logger="fm_config.stores"):
+        assert load(args)[0].sinks == ["sql"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "--sink: 'cockroach' is the SQL store's old name, now 'sql' (the old name still works, for a while)"
+    ]
+    row = {"targets": '{"cockroach": "postgresql://db:26257/f", "redis": "redis://h:1/0"}', "stores": '{"cockroach": {"lost": null}}'}
+    assert by_store(row["targets"]) == {"sql": "postgresql://db:26257/f", "redis": "redis://h:1/0"}
+    assert on_target(row, "sql", "postgresql://db:26257/f") and by_store(row["stores"]) == {"sql": {"lost": None}}
 
 
 @pytest.mark.parametrize("case", BAD_CONFIG, ids=list(BAD_CONFIG))

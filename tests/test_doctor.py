@@ -14,7 +14,7 @@ from fm_config import RunConf, SparkConf
 from fm_config.reader import ReaderSettings, ServerSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
-from jobs.operations.doctor import run_checks
+from jobs.operations.doctor.run import run_checks
 from jobs.operations.schema import ensure_tables
 from serializers.resp import WRITE_SCRIPT_SHA
 from throwaway.servers import free_port, start_redis
@@ -37,7 +37,7 @@ def checks_of(conf, defs=DEFS, sources=SOURCES):
 def test_a_ready_deployment_passes_every_check_and_nothing_is_written(sample_root, sql_conf, redis_db, pg_db, tmp_path):
     redis_db.script_flush()  # other tests loaded the write script: the check must not
     conf = sql_conf.model_copy(
-        update={"sinks": ["redis", "cockroach"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]"),
+        update={"sinks": ["redis", "sql"], "ledger_root": str(tmp_path / "ledger"), "spark": SparkConf(master="local[2]"),
                 "server": ServerSettings(port=free_port())}
     )  # fmt: skip
     checks = checks_of(conf)
@@ -162,7 +162,7 @@ def test_cli_prints_one_line_per_check_and_fails_on_any_failure(sample_root, tmp
 
 def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():
     from fm_config import RunConf
-    from jobs.operations.doctor import check_log_store
+    from jobs.operations.doctor.locations import check_log_store
 
     [check] = check_log_store(RunConf(ledger_root="s3a://lake/_ledger"))
     assert check.status == "warn" and "single-driver log store" in check.detail and "S3DynamoDBLogStore" in check.fix
@@ -171,7 +171,7 @@ def test_a_ledger_on_s3_without_a_multi_driver_log_store_is_a_warning():
     assert check_log_store(RunConf(ledger_root="gs://lake/_ledger")) == check_log_store(RunConf()) == []
 
 
-# -- the read side (jobs/operations/doctor_reads.py) ----------------------------------------
+# -- the read side (jobs/operations/doctor/reads.py) ----------------------------------------
 
 READ_SIDE = ("reader redis", "redis keys", "redis persistence", "redis default user")
 
@@ -240,13 +240,13 @@ def test_the_readers_sql_role_is_checked_can_read_and_cannot_write(run_conf, sql
     # fm_reader may only SELECT the tables the schema step made
     owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
     sql_conf = run_conf.model_copy(
-        update={"sql": SqlSettings(dsn=sql_roles["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD"), "sinks": ["cockroach"]}
+        update={"sql": SqlSettings(dsn=sql_roles["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD"), "sinks": ["sql"]}
     )
     assert ensure_tables(sql_conf.model_copy(update={"sql": owner}), DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
 
     def sql_checks(reader_sql):
         with_reader = sql_conf.model_copy(update={"reader": ReaderSettings(sql=reader_sql)})
-        return {c.name: c for c in run_checks(with_reader, DEFS, SOURCES, ["cockroach"]) if c.name.startswith("reader sql")}
+        return {c.name: c for c in run_checks(with_reader, DEFS, SOURCES, ["sql"]) if c.name.startswith("reader sql")}
 
     as_sql_reader = {"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"}
     checks = sql_checks(as_sql_reader)
@@ -281,7 +281,7 @@ KEYLESS_TRIED = {
 
 
 def test_a_readers_redis_user_is_judged_on_every_write_and_dangerous_command(acl_redis, tmp_path):
-    from jobs.operations.doctor_reads import check_reader_redis
+    from jobs.operations.doctor.reads import check_reader_redis
 
     server, password = acl_redis
     (tmp_path / "pw").write_text(password)
@@ -333,10 +333,10 @@ def test_a_readers_redis_user_is_judged_on_every_write_and_dangerous_command(acl
 
 
 def test_a_readers_sql_role_is_judged_on_every_privilege_ownership_and_the_file_roles(run_conf, sql_roles, pg_db):
-    from jobs.operations.doctor_reads import check_reader_sql
+    from jobs.operations.doctor.reads import check_reader_sql
 
     owner = SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD")
-    conf = run_conf.model_copy(update={"sql": owner, "sinks": ["cockroach"]})
+    conf = run_conf.model_copy(update={"sql": owner, "sinks": ["sql"]})
     assert ensure_tables(conf, DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
     reader = conf.model_copy(update={"reader": ReaderSettings(sql={"user": "fm_reader", "password_env": "FM_TEST_FM_READER_PASSWORD"})})
 
@@ -507,7 +507,7 @@ def test_an_unrestricted_default_user_is_named(run_conf, acl_redis, tmp_path):
 
 
 def test_the_push_credentials_are_checked_and_push_off_holds_none(acl_redis, pg_server, pg_db, sql_roles, tmp_path, monkeypatch):
-    from jobs.operations.doctor_push import push_steps
+    from jobs.operations.doctor.push import push_steps
 
     server, password = acl_redis
     monkeypatch.setenv("FM_TEST_ACL_PASSWORD", password)
@@ -516,13 +516,13 @@ def test_the_push_credentials_are_checked_and_push_off_holds_none(acl_redis, pg_
     (folder / "entities.yaml").write_text((DEFS_DIR / "entities.yaml").read_text())
     (folder / "events.yaml").write_text(EVENTS.format(extra="  push_source: events_push\n"))
     defs = load_definitions(folder)
-    owner = RunConf(env="t", sql=SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD"), sinks=["cockroach"])
+    owner = RunConf(env="t", sql=SqlSettings(dsn=sql_roles["fm_schema"], password_env="FM_TEST_FM_SCHEMA_PASSWORD"), sinks=["sql"])
     ensure_tables(owner, defs, ["events"])
 
     def push_checks(push: dict, **sections) -> dict[str, tuple[str, str]]:
         conf = RunConf(
             env="t",
-            sinks=["redis", "cockroach"],
+            sinks=["redis", "sql"],
             redis=RedisSettings(url=server.url, username="fm_writer", password_env="FM_TEST_ACL_PASSWORD"),
             sql=SqlSettings(dsn=sql_roles["fm_writer"], password_env="FM_TEST_FM_WRITER_PASSWORD"),
             server={"push": push},

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from jobs.cli import main
-from jobs.operations.ledger import Entry, Ledger
+from jobs.operations.ledger.events import Entry, Ledger
 from jobs.pipeline.gate.checks import previous_success
 from jobs.pipeline.report.summary import RunSummary
 from serializers import as_of_epoch, decode, field_id

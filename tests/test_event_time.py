@@ -21,11 +21,12 @@ from feature_reader import FeatureReader
 from fm_config import RunConf
 from fm_config.sql import SqlSettings
 from jobs import event_time
-from jobs.cli import UsageError, _incremental_sources, main
+from jobs.cli import UsageError, main
+from jobs.cli.run import incremental_sources
 from jobs.operations.backfill import BackfillError, plan_backfill, recorded_run
-from jobs.operations.doctor_stores import check_stored_data
-from jobs.operations.ledger import Ledger
-from jobs.operations.windows import WindowError, event_time_losses, incremental_window, read_window
+from jobs.operations.doctor.stores import check_stored_data
+from jobs.operations.ledger.events import Ledger
+from jobs.operations.ledger.windows import WindowError, event_time_losses, incremental_window, read_window
 from jobs.pipeline.run import run_source
 from jobs.transforms import schema_problems
 from serializers.horizon import FutureDateError, check_until
@@ -73,7 +74,7 @@ def both_stores(run_conf, pg_server, pg_db, tmp_path):
     sql = SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01, retry_max_delay=0.05)
     return run_conf.model_copy(
         update={
-            "sinks": ["redis", "cockroach"],
+            "sinks": ["redis", "sql"],
             "sql": sql,
             "data_root": str(tmp_path),
             "ledger_root": str(tmp_path / "ledger"),
@@ -117,8 +118,8 @@ def test_each_entity_is_stored_as_of_its_latest_row_by_event_time_and_never_olde
     assert redis_events(redis_db, range(1, 8)) == {**expected_redis(want), 4: {}, 7: {}}
     assert sql_events(pg_db) == expected_sql(want)
     assert summary.entities == 5 and summary.conflicting_keys == 0
-    assert summary.sinks["redis"]["replaced_future"] == 1 and summary.sinks["cockroach"]["rows_replaced_future"] == 1
-    for store in ("redis", "cockroach"):
+    assert summary.sinks["redis"]["replaced_future"] == 1 and summary.sinks["sql"]["rows_replaced_future"] == 1
+    for store in ("redis", "sql"):
         assert summary.verification[store]["mismatches"] == 0
     assert summary.window == "event_ts from the first row to 2026-11-21T00:00:00Z (end excluded)"
     # rows without an event time: kept aside, counted, said in one line of the run's output
@@ -141,7 +142,7 @@ def test_each_entity_is_stored_as_of_its_latest_row_by_event_time_and_never_olde
     assert older.status == "succeeded"
     assert redis_events(redis_db, range(1, 8)) == redis_before and sql_events(pg_db) == sql_before
     assert older.entities == 2  # consumers 1 and 3 (whose row is the same: written again, as a rerun is)
-    assert older.sinks["redis"]["skipped_newer"] == 1 and older.sinks["cockroach"]["rows_skipped_newer"] == 1
+    assert older.sinks["redis"]["skipped_newer"] == 1 and older.sinks["sql"]["rows_skipped_newer"] == 1
     assert older.verification["redis"]["newer"] == 1 and older.verification["redis"]["mismatches"] == 0
 
 
@@ -251,7 +252,7 @@ def test_a_run_of_today_or_to_an_end_to_come_covers_up_to_its_read_and_the_next_
         "et",
         f"data_root: {tmp_path}\ndefinitions_dir: {tmp_path / 'defs'}\nledger_root: {tmp_path / 'ledger'}\n"
         f"quarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
-        f"sinks: [redis, cockroach]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
+        f"sinks: [redis, sql]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
         f"sql:\n  dsn: '{pg_server.dsn}'\n  password_env: null\n"
         "quality:\n  expectations: false\n  verify_sample: 20\n",
     )
@@ -354,7 +355,7 @@ def write_events_def(extra: str = ""):
 
 
 def step(status: str, end: dt.datetime, sinks=("redis",), kind: str = "run") -> dict:
-    targets = {"redis": "redis://127.0.0.1:6379/0", "cockroach": "postgresql://127.0.0.1:5432/f"}
+    targets = {"redis": "redis://127.0.0.1:6379/0", "sql": "postgresql://127.0.0.1:5432/f"}
     return {
         "source": "events", "kind": kind, "status": status, "window_end": end,
         "targets": json.dumps({s: targets[s] for s in sinks}),
@@ -364,22 +365,25 @@ def step(status: str, end: dt.datetime, sinks=("redis",), kind: str = "run") -> 
 def test_an_incremental_window_starts_at_the_last_succeeded_end_of_every_store_less_the_lookback():
     source = write_events_def()
     redis = {"redis": "redis://127.0.0.1:6379"}  # the same server spelled otherwise
-    both = {**redis, "cockroach": "postgresql://127.0.0.1:5432/f"}
+    both = {**redis, "sql": "postgresql://127.0.0.1:5432/f"}
     until = at("2026-11-25T00:00:00")
     first = incremental_window(source, [], redis, until)
     assert (first.start, first.end, first.since) == (None, until, None)
     steps = [
-        step("succeeded", at("2026-11-20T00:00:00"), ("redis", "cockroach")),
+        step("succeeded", at("2026-11-20T00:00:00"), ("redis", "sql")),
         step("succeeded", at("2026-11-22T00:00:00")),  # redis only
-        step("failed", at("2026-11-23T00:00:00"), ("redis", "cockroach")),
-        step("running", at("2026-11-24T00:00:00"), ("redis", "cockroach")),  # crashed, or live elsewhere
-        step("succeeded", at("2026-11-24T00:00:00"), ("redis", "cockroach"), kind="cleanup"),
+        step("failed", at("2026-11-23T00:00:00"), ("redis", "sql")),
+        step("running", at("2026-11-24T00:00:00"), ("redis", "sql")),  # crashed, or live elsewhere
+        step("succeeded", at("2026-11-24T00:00:00"), ("redis", "sql"), kind="cleanup"),
     ]
     window = incremental_window(source, steps, redis, until)
     assert (window.since, window.start) == (at("2026-11-22T00:00:00"), at("2026-11-21T00:00:00"))  # default lookback: a day
     window = incremental_window(source, steps, both, until)
     assert window.since == at("2026-11-20T00:00:00")  # the SQL store was last covered to then
-    assert incremental_window(source, steps, {"cockroach": both["cockroach"], "redis": "redis://other:6379"}, until).start is None
+    assert incremental_window(source, steps, {"sql": both["sql"], "redis": "redis://other:6379"}, until).start is None
+    # steps recorded before the SQL store was named sql say cockroach: read as sql, the window is the same
+    old = [{**s, "targets": s["targets"].replace('"sql":', '"cockroach":')} for s in steps]
+    assert '"cockroach":' in old[0]["targets"] and incremental_window(source, old, both, until).since == at("2026-11-20T00:00:00")
     with pytest.raises(WindowError, match=r"--until 2026-11-20T12:00:00Z is not after the window's start 2026-11-21T00:00:00Z"):
         incremental_window(source, steps, redis, at("2026-11-20T12:00:00"))
 
@@ -460,9 +464,9 @@ def test_the_command_line_refuses_what_an_incremental_run_cannot_do(capsys, monk
     assert "--until 2099-01-01T00:00:00Z is in the future" in capsys.readouterr().err
     defs = load_definitions(DEFAULT_DIR)  # the sample sources select by date
     with pytest.raises(UsageError, match="consumer_daily select.s. by date: run a date"):
-        _incremental_sources(defs, ["consumer_daily"], named=True)
+        incremental_sources(defs, ["consumer_daily"], named=True)
     with pytest.raises(UsageError, match="no source selects by event time"):
-        _incremental_sources(defs, ["consumer_daily", "store_features_long"], named=False)
+        incremental_sources(defs, ["consumer_daily", "store_features_long"], named=False)
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -500,7 +504,7 @@ def test_a_backfill_of_a_source_selected_by_event_time_is_refused_with_the_runs_
 
 def test_a_store_loss_of_a_source_selected_by_event_time_is_restored_by_a_run_of_a_date():
     loss = {"sink": "redis", "target": "redis://h:6379/0", "dates": ["2026-11-18", "2026-11-19", "2026-11-22"], "evidence": "e"}
-    left, rewritten = event_time_losses([loss], dt.date(2026, 11, 20), "prod", "events", ["redis", "cockroach"])
+    left, rewritten = event_time_losses([loss], dt.date(2026, 11, 20), "prod", "events", ["redis", "sql"])
     assert rewritten == [dt.date(2026, 11, 18), dt.date(2026, 11, 19)]  # a run of the 20th reads every row up to its end
     assert [(x["dates"], x["ranges"]) for x in left] == [(["2026-11-22"], "2026-11-22")]
     assert left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22 --sink redis"

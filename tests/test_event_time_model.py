@@ -41,8 +41,8 @@ from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs import event_time
 from jobs.operations.backfill import recorded_run
-from jobs.operations.ledger import Ledger, aware, sink_targets
-from jobs.operations.windows import WindowError
+from jobs.operations.ledger.events import Ledger, aware, sink_targets
+from jobs.operations.ledger.windows import WindowError
 from jobs.pipeline.read import SourceNotReady
 from serializers import decode, field_id
 from serializers.horizon import FutureDateError
@@ -288,7 +288,7 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
         definitions_dir=str(root / "defs"),
         quarantine_root=str(root / "quarantine"),
         reports_dir=str(root / "reports"),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
         redis=RedisSettings(url=redis_server.url, password_env=None, sample_entities=10),
         # a transaction per row: a failing insert leaves the rows before it written
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None, batch_rows=1, statements_per_transaction=1, retry_base_delay=0.01),

@@ -16,7 +16,7 @@ import redis
 
 from fm_config.sql import SqlSettings
 from jobs.operations.backfill import recorded_run
-from jobs.operations.ledger import Ledger
+from jobs.operations.ledger.events import Ledger
 from jobs.pipeline.run import run_source
 from serializers import field_id
 from serializers.batch import FeatureSpec
@@ -247,7 +247,7 @@ def test_postgres_restarted_mid_write_is_retried_and_the_table_is_complete(spark
     summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
     thread.join(timeout=30)
     assert restarted and "server started" in restarted[0], restarted
-    stats = summary.sinks["cockroach"]
+    stats = summary.sinks["sql"]
     assert stats["retries"] >= 1 and stats["reconnects"] >= 1
     with pg_server.connect() as conn:
         assert conn.execute("SELECT last_value FROM rows_seen").fetchone()[0] > STALL_AT_ROW  # the write went on
@@ -275,7 +275,7 @@ def test_lock_held_by_another_session_times_out_boundedly_then_completes_once_re
         release.start()
         summary = run_source(spark, patient, DEFS, "consumer_daily", DAY2)
         release.join(timeout=10)
-    assert summary.sinks["cockroach"]["retries"] >= 1
+    assert summary.sinks["sql"]["retries"] >= 1
     check_consumer_rows(pg_db, expected_consumers(spark, sample_root, DAY2), AS_OF_DAY2)
 
 

@@ -119,7 +119,7 @@ def written(spark, redis_server, pg_server, tmp_path_factory):
         conn.execute("CREATE SCHEMA public")
     conf = RunConf(
         env="test", data_root=str(root), quarantine_root=str(root / "quarantine"), reports_dir=str(root / "reports"),
-        definitions_dir=str(root / "defs"), sinks=["redis", "cockroach"],
+        definitions_dir=str(root / "defs"), sinks=["redis", "sql"],
         redis=RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + f"/{DB}", password_env=None, mode="standalone"),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
         quality=QualityConf(max_bad_fraction=1.0, max_null_fraction=1.0, verify_sample=20, data_docs=False),
@@ -137,7 +137,7 @@ def test_bad_elements_are_quarantined_per_row_and_the_rest_written(spark, writte
     # the job's own read-back compares the stores' values with the source's, as numbers
     assert {s: (v["checked"], v["mismatches"]) for s, v in summary.verification.items()} == {
         "redis": (len(GOOD), 0),
-        "cockroach": (len(GOOD), 0),
+        "sql": (len(GOOD), 0),
     }
     assert {c["name"]: c["success"] for c in summary.expectations if c["name"].endswith("is float_list")} == {
         "fares is float_list": True,

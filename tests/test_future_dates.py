@@ -99,7 +99,7 @@ def test_the_rule_by_the_calendar():
 @pytest.fixture
 def stores_conf(redis_server, pg_server, redis_db, pg_db, tmp_path) -> RunConf:
     return RunConf(
-        env="test", sinks=["redis", "cockroach"], reports_dir=str(tmp_path / "reports"),
+        env="test", sinks=["redis", "sql"], reports_dir=str(tmp_path / "reports"),
         redis=RedisSettings(url=redis_server.url, password_env=None, mode="standalone"),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None), reader=ReaderSettings(timeout_ms=10_000),
     )  # fmt: skip
@@ -112,7 +112,7 @@ def cli_env(sample_root, redis_server, pg_server, redis_db, pg_db, tmp_path, mon
         tmp_path / "conf",
         "fut",
         f"data_root: {sample_root}\nledger_root: {tmp_path / 'ledger'}\nquarantine_root: {tmp_path / 'q'}\n"
-        f"reports_dir: {tmp_path / 'reports'}\nsinks: [redis, cockroach]\n"
+        f"reports_dir: {tmp_path / 'reports'}\nsinks: [redis, sql]\n"
         f"redis:\n  url: {redis_server.url}\n  password_env: null\n  sample_entities: 20\n"
         f"sql:\n  dsn: {pg_server.dsn}\n  password_env: null\n"
         "quality:\n  max_bad_fraction: 0.05\n  expectations: false\n  verify_sample: 50\n",
@@ -171,7 +171,7 @@ def test_a_stored_as_of_past_the_horizon_is_invalid_in_both_stores_alike(stores_
 
 
 def test_a_2099_snapshot_is_replaced_by_the_next_correct_run_in_both_stores(spark, sql_conf, redis_db, pg_db):
-    conf = sql_conf.model_copy(update={"sinks": ["redis", "cockroach"]})
+    conf = sql_conf.model_copy(update={"sinks": ["redis", "sql"]})
     day = good_rows(DAY2)
     typo, gone = [int(i) for i in day.index[:5]], SAMPLE_CONSUMERS + 7  # gone: in no later snapshot
     for consumer in [*typo, gone]:
@@ -194,7 +194,7 @@ def test_a_2099_snapshot_is_replaced_by_the_next_correct_run_in_both_stores(spar
     )
     assert got == {"redis": want, "sql": want}
     # counted apart from the entities written over older snapshots, and said
-    redis, sql = summary.sinks["redis"], summary.sinks["cockroach"]
+    redis, sql = summary.sinks["redis"], summary.sinks["sql"]
     assert (redis["replaced_future"], redis["skipped_newer"], sql["rows_replaced_future"], sql["rows_skipped_newer"]) == (5, 0, 5, 0)
     said = "\n".join(summary.warnings)
     assert f"redis: {len(typo)} entities held an as-of time of consumer_daily later than any date a run accepts" in said
@@ -215,7 +215,7 @@ def test_a_run_most_of_whose_entities_hold_a_newer_snapshot_fails(cli_env, redis
     err = capsys.readouterr().err
     n = len(consumers)
     assert (
-        f"MostlySkippedNewer: redis: {n:,} of {n:,} entities (100%); cockroach: {n:,} of {n:,} rows (100%) already hold a "
+        f"MostlySkippedNewer: redis: {n:,} of {n:,} entities (100%); sql: {n:,} of {n:,} rows (100%) already hold a "
         f"newer snapshot of consumer_daily than {DAY1} and were left as they are, more than quality.max_skipped_newer (50%)"
     ) in err
     assert "materialize backfill --source consumer_daily --mode replay" in err and "materialize runs --source consumer_daily" in err

@@ -107,6 +107,40 @@ def test_no_package_imports_one_above_it():
     assert upward(import_graph(product_modules())) == []
 
 
+JOBS_LAYERS = {
+    "jobs.pipeline": 1,
+    "jobs.operations.ledger": 2,
+    "jobs.operations": 3,
+    "jobs.run_metrics": 3,
+    "jobs.cli": 4,
+    **dict.fromkeys(("jobs.materialize", "jobs.class_archive", "jobs.airflow_tasks", "jobs.airflow_support"), 5),
+}
+"""Inside jobs/, bottom first: its shared modules (every jobs/*.py not named here: transforms,
+spark, event time, SQL text, errors, ...: 0), the pipeline's stages, the ledger, the other
+operations (doctor, cleanup, backfill) and the run's metrics, the command line, the entry
+points that start it (the console script, Airflow's tasks, the class archive's job)."""
+
+
+def jobs_layer(module: str) -> int:
+    """The longest prefix of ``module`` in JOBS_LAYERS decides (jobs.operations.ledger.lease: 2)."""
+    found = [p for p in JOBS_LAYERS if module == p or module.startswith(p + ".")]
+    return JOBS_LAYERS[max(found, key=len)] if found else 0
+
+
+def upward_in_jobs(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        if module.startswith("jobs.")
+        for target in targets
+        if target.startswith("jobs.") and jobs_layer(target) > jobs_layer(module)
+    )
+
+
+def test_no_module_in_jobs_imports_one_above_it():
+    assert upward_in_jobs(import_graph(product_modules())) == []
+
+
 def test_the_checks_find_a_cycle_and_an_upward_edge():
     # the checks above on graphs that have both: they are not vacuous
     assert cycles({"jobs.x": {"jobs.y"}, "jobs.y": {"jobs.z"}, "jobs.z": {"jobs.x"}, "sinks": set()}) == [["jobs.x", "jobs.y", "jobs.z"]]
@@ -114,9 +148,14 @@ def test_the_checks_find_a_cycle_and_an_upward_edge():
         "feature_reader.reader imports sinks",
         "fm_config.run imports sinks.redis.config",
     ]
+    assert upward_in_jobs({"jobs.transforms": {"jobs.pipeline.read"}, "jobs.operations.ledger.lease": {"jobs.operations.backfill"},
+                           "jobs.cli.run": {"jobs.operations.ledger.events"}}) == [
+        "jobs.operations.ledger.lease imports jobs.operations.backfill",
+        "jobs.transforms imports jobs.pipeline.read",
+    ]  # fmt: skip
     edges = import_graph(product_modules())  # the walk sees module-level and in-function imports
     assert {"fm_config", "stores.redis"} <= edges["feature_reader.reader"] and "stores.redis" in edges["sinks.redis.node"]
-    assert "jobs.pipeline.run" in edges["jobs.cli"]  # imported inside a function there
+    assert "jobs.pipeline.run" in edges["jobs.cli.common"]  # imported inside a function there
 
 
 def test_configuration_and_read_side_import_nothing_heavy():
@@ -154,3 +193,49 @@ def test_test_modules_take_shared_helpers_from_support_not_from_conftest():
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "conftest":
                 found.append(f"{path.name}:{node.lineno}")
     assert found == []
+
+
+def imported_test_modules(node: ast.AST, package: str) -> set[str]:
+    """The test modules (``tests.test_x``) an import statement in ``package`` names, relative or not."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        parts = package.split(".")
+        base = parts[: len(parts) + 1 - node.level] if node.level else []
+        module = ".".join([*base, *filter(None, [node.module])])
+        names = [module, *(f"{module}.{a.name}" for a in node.names)]  # ``from tests import test_x`` names a module too
+    else:
+        return set()
+    return {
+        ".".join(n.split(".")[:2])
+        for n in names
+        if n.split(".")[0] == "tests" and n.split(".")[1:2] and n.split(".")[1].startswith("test_")
+    }
+
+
+def test_no_test_module_imports_another():
+    """Test modules share helpers through tests/support/ and fixtures through conftest.py: no test
+    module, conftest.py or support module imports a test module (``tests.test_x``, ``.test_x``,
+    ``from . import test_x``, ``..test_x`` in tests/support/), at module level or in a function."""
+    tests = ROOT / "tests"
+    found = []
+    for path in [*sorted(tests.glob("test_*.py")), tests / "conftest.py", *sorted((tests / "support").glob("*.py"))]:
+        package = ".".join(path.parent.relative_to(ROOT).parts)  # tests or tests.support
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} imports {m}" for m in sorted(imported_test_modules(node, package))]
+    assert found == [], "test modules import other test modules (share what they need through tests/support/):\n" + "\n".join(found)
+
+
+def test_the_check_finds_every_form_of_importing_a_test_module():
+    def found(source: str, package: str = "tests") -> set[str]:
+        return set().union(*(imported_test_modules(node, package) for node in ast.walk(ast.parse(source))))
+
+    assert found("from .test_reader import write_sample") == {"tests.test_reader"}
+    assert found("from tests.test_server import _settings") == {"tests.test_server"}
+    assert found("import tests.test_server as s") == {"tests.test_server"}
+    assert found("from . import expected, test_bad_values") == {"tests.test_bad_values"}
+    assert found("from tests import test_bad_values") == {"tests.test_bad_values"}
+    assert found("def f():\n    from .test_reader import assert_expected") == {"tests.test_reader"}
+    assert found("from ..test_reader import write_sample", "tests.support") == {"tests.test_reader"}
+    assert found("from .support.reader_sample import write_sample\nfrom .expected import row_of\nimport test_utils") == set()
+    assert found("from .test_reader import x", "tests.support") == set()  # tests.support.test_reader: not a test module

@@ -159,7 +159,7 @@ def test_the_wheel_holds_the_product_and_nothing_else(wheel):
         "feature_reader/server.py",
         "serializers/features.proto",
         "serializers/features_pb2.py",
-        "jobs/cli.py",
+        "jobs/cli/__init__.py",
         "sinks/redis/writer.py",
     ):
         assert module in names
@@ -224,7 +224,7 @@ def seeded(redis_server, pg_server, tmp_path_factory):
     with pg_server.connect() as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
-    conf = RunConf(env="t", definitions_dir=str(root / "defs"), sinks=["redis", "cockroach"],
+    conf = RunConf(env="t", definitions_dir=str(root / "defs"), sinks=["redis", "sql"],
                    redis=RedisSettings(url=redis_url, password_env=None, mode="standalone"),
                    sql=SqlSettings(dsn=pg_server.dsn, password_env=None), reader=ReaderSettings(timeout_ms=5000))  # fmt: skip
     source = defs.sources["every_type"]
@@ -242,7 +242,7 @@ def seeded(redis_server, pg_server, tmp_path_factory):
     )
     stats += list(write_partition(SqlWritePlan(sink=sql_sink), iter([sql_batch])))
     assert [s.to_pylist()[0]["error"] for s in stats] == [None, None]
-    settings = {"definitions_dir": str(root / "defs"), "sinks": ["redis", "cockroach"],
+    settings = {"definitions_dir": str(root / "defs"), "sinks": ["redis", "sql"],
                 "redis": {"url": redis_url, "password_env": None, "mode": "standalone"},
                 "sql": {"dsn": pg_server.dsn, "password_env": None}, "reader": {"timeout_ms": 5000}}  # fmt: skip
     return env_conf(root / "conf", "t", json.dumps(settings))

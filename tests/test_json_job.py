@@ -108,7 +108,7 @@ def written(spark, redis_server, pg_server, tmp_path_factory):
         conn.execute("CREATE SCHEMA public")
     conf = RunConf(
         env="test", data_root=str(root), quarantine_root=str(root / "quarantine"), reports_dir=str(root / "reports"),
-        definitions_dir=str(root / "defs"), sinks=["redis", "cockroach"],
+        definitions_dir=str(root / "defs"), sinks=["redis", "sql"],
         redis=RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + f"/{DB}", password_env=None, mode="standalone", sample_entities=50),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
         quality=QualityConf(expectations=False, max_bad_fraction=1.0, verify_sample=20),
@@ -129,7 +129,7 @@ def test_bad_values_are_quarantined_per_row_and_the_rest_written(spark, written)
     # read back after the write by the job itself, from both stores
     assert {s: (v["checked"], v["mismatches"]) for s, v in summary.verification.items()} == {
         "redis": (len(STORED), 0),
-        "cockroach": (len(STORED), 0),
+        "sql": (len(STORED), 0),
     }
 
 
@@ -234,7 +234,7 @@ def test_feast_responses_of_get_and_the_server_carry_the_values_as_json(written,
     assert cfg["event_timestamps"][0] == "2026-11-21T00:00:00Z"
 
     settings = json.dumps({
-        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
+        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "sql"],
         "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
     })  # fmt: skip
     monkeypatch.setenv("FM_CONF_DIR", str(env_conf(tmp_path / "conf", "t", settings)))

@@ -22,12 +22,13 @@ import pytest
 
 from feature_defs import load_definitions
 from fm_config import PROJECT_ROOT
-from jobs.cli import EXIT_LEASE_HELD, EXIT_TERMINAL, main
+from jobs.cli import main
+from jobs.exit_codes import EXIT_LEASE_HELD, EXIT_TERMINAL
 from jobs.operations.backfill import plan_backfill, recorded_run, run_backfill
-from jobs.operations.lease import LeaseHeld, Leases
-from jobs.operations.ledger import SCHEMA as LEDGER_SCHEMA
-from jobs.operations.ledger import Entry, Ledger, sink_targets
-from jobs.operations.local_commits import DeltaLogError, commit_lock
+from jobs.operations.ledger.events import SCHEMA as LEDGER_SCHEMA
+from jobs.operations.ledger.events import Entry, Ledger, sink_targets
+from jobs.operations.ledger.lease import LeaseHeld, Leases
+from jobs.operations.ledger.local_commits import DeltaLogError, commit_lock
 
 from .expected import entity_count
 from .lease_racer import source_of
@@ -257,7 +258,7 @@ def test_renewal_keeps_a_lease_past_its_first_expiry(spark, conf):
 
 LOCKED_WRITER = """
 import os, sys, time
-from jobs.operations.local_commits import commit_lock
+from jobs.operations.ledger.local_commits import commit_lock
 table, log, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for _ in range(rounds):
     with commit_lock(table):
@@ -304,7 +305,7 @@ def test_the_commit_lock_admits_one_thread_at_a_time_and_again_the_thread_that_h
 
 def test_a_stuck_holder_is_named_and_a_dead_one_lets_go(tmp_path):
     table = tmp_path / "ledger"
-    code = "import sys, time\nfrom jobs.operations.local_commits import commit_lock\nwith commit_lock(sys.argv[1]):\n"
+    code = "import sys, time\nfrom jobs.operations.ledger.local_commits import commit_lock\nwith commit_lock(sys.argv[1]):\n"
     code += "    print('held', flush=True)\n    time.sleep(600)\n"
     holder = subprocess.Popen([sys.executable, "-c", code, str(table)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -356,7 +357,7 @@ def test_a_ledger_commit_beside_another_commits_checksum_reads_whole_again(spark
     _forget_logs(spark)
 
     ledger = Ledger(spark, path)
-    with caplog.at_level(logging.WARNING, logger="jobs.operations.local_commits"):
+    with caplog.at_level(logging.WARNING, logger="jobs.operations.ledger.local_commits"):
         assert sorted(r["run_id"] for r in ledger.steps().collect()) == sorted(e.run_id for e in entries)
     assert f"{damaged}: its checksum file .{damaged.name}.crc was another process's commit" in caplog.text
     assert not damaged.with_name(f".{damaged.name}.crc").exists()
@@ -376,7 +377,7 @@ def test_a_leases_commit_beside_another_commits_checksum_is_repaired_when_a_clai
     damaged = _swap_checksum(Path(leases.path), 2, 1)
     _forget_logs(spark)
     claimant = Leases(spark, str(tmp_path / "ledger"), seconds=60, holder="nightly:7:0000feed")
-    with caplog.at_level(logging.WARNING, logger="jobs.operations.local_commits"):
+    with caplog.at_level(logging.WARNING, logger="jobs.operations.ledger.local_commits"):
         assert claimant.take(SOURCE, TARGET, "run") is False
     assert f"{damaged}: its checksum file" in caplog.text
     assert {t: h.holder for t, h in leases.holders(SOURCE).items()} == {TARGET[0]: "nightly:7:0000feed"}

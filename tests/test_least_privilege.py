@@ -23,7 +23,7 @@ from fm_config import ConfigError, RunConf, load_config
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
-from jobs.operations.cleanup import SourceCleanup, run_cleanup
+from jobs.operations.cleanup.redis import SourceCleanup, run_cleanup
 from jobs.operations.schema import ensure_tables
 from jobs.pipeline.run import run_source
 from jobs.transforms import ENTITY_ID
@@ -146,9 +146,9 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
     assert ensure_tables(conf, DEFS, list(DEFS.sources)) == {"consumer_features": "exists", "store_features": "exists"}
     summary = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
     expected = expected_consumers(spark, sample_root, DAY2)
-    assert summary.status == "succeeded" and summary.sinks["cockroach"]["rows_upserted"] == len(expected)
+    assert summary.status == "succeeded" and summary.sinks["sql"]["rows_upserted"] == len(expected)
     assert check_consumer_rows(pg_db, expected, AS_OF_DAY2) > 20 * len(expected)
-    assert summary.verification["cockroach"]["checked"] > 0 and summary.verification["cockroach"]["mismatches"] == 0
+    assert summary.verification["sql"]["checked"] > 0 and summary.verification["sql"]["mismatches"] == 0
 
     with psycopg.connect(sql_roles["fm_writer"], password=conf.sql_password().get_secret_value(), autocommit=True) as writer:
         for statement in ("DROP TABLE consumer_features", "ALTER TABLE consumer_features ADD COLUMN extra int",
@@ -160,7 +160,7 @@ def test_schema_step_as_owner_then_job_as_writer(spark, sample_root, sql_conf, p
 
 
 def test_writer_without_the_table_is_told_to_run_the_schema_step(spark, sql_conf, pg_db, redis_db, sql_roles, tmp_path):
-    conf = writer_conf(sql_conf, sql_roles, tmp_path).model_copy(update={"sinks": ["redis", "cockroach"]})
+    conf = writer_conf(sql_conf, sql_roles, tmp_path).model_copy(update={"sinks": ["redis", "sql"]})
     with pytest.raises(
         TerminalSinkError, match=r"store_features does not exist .*may not create it .*42501.*`materialize schema --env <env>`"
     ):
@@ -188,7 +188,7 @@ def reader_settings(redis_url: str, dsn: str, password_file: Path) -> dict:
     """A conf whose store sections hold the admin's credentials and whose reader sections
     hold fm_reader's: whatever reads with the admin's would be the store sections' fault."""
     return {
-        "sinks": ["redis", "cockroach"],
+        "sinks": ["redis", "sql"],
         "redis": {"url": redis_url, "password_env": None},  # mode auto: the reader asks INFO cluster
         "sql": {"dsn": dsn, "password_env": None},
         "reader": {
@@ -225,7 +225,7 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
     assert ensure_tables(run_conf.model_copy(update={"sql": owner}), DEFS, ["consumer_daily"]) == {"consumer_features": "created"}
     store = SqlSettings(dsn=pg_server.dsn, password_env=None)
     conf = run_conf.model_copy(update={"redis": RedisSettings(url=server.url, password_env=None, sample_entities=50), "sql": store,
-                                       "sinks": ["redis", "cockroach"]})  # fmt: skip
+                                       "sinks": ["redis", "sql"]})  # fmt: skip
     assert run_source(spark, conf, DEFS, "consumer_daily", DAY2).status == "succeeded"
     expected = expected_consumers(spark, sample_root, DAY2)
     ids = sorted(expected)[:25]
@@ -238,7 +238,7 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
 
     # the library, both kinds, both stores
     with FeatureReader(read_conf, DEFS, cache=False) as reader:
-        assert reader.ping() == {"redis": "ok", "cockroach": "ok"}
+        assert reader.ping() == {"redis": "ok", "sql": "ok"}
         for store_name in ("redis", "sql"):
             result = reader.get_online_features(READ_FEATURES, entities, store=store_name)
             columns = {c.name: (c.values, c.statuses) for c in result.columns}
@@ -250,7 +250,7 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
 
     async def read_async():
         async with AsyncFeatureReader(read_conf, DEFS, cache=False) as reader:
-            assert await reader.ping() == {"redis": "ok", "cockroach": "ok"}
+            assert await reader.ping() == {"redis": "ok", "sql": "ok"}
             return [await reader.get_online_features(READ_FEATURES, entities, store=s) for s in ("redis", "sql")]
 
     for result in asyncio.run(read_async()):
@@ -261,7 +261,7 @@ def test_reader_and_server_read_as_fm_reader_who_may_not_write(spark, sample_roo
     unset = {"redis": {**settings["redis"], "password_env": "FM_TEST_UNSET_WRITER_PASSWORD"},
              "sql": {**settings["sql"], "password_env": "FM_TEST_UNSET_WRITER_PASSWORD"}}  # fmt: skip
     assert "FM_TEST_UNSET_WRITER_PASSWORD" not in os.environ
-    for store_name in ("redis", "cockroach"):
+    for store_name in ("redis", "sql"):
         only = {**settings, **unset, "reader": {**settings["reader"], "stores": {"consumer_daily": [store_name]}}}
         served = serve(tmp_path, f"lp{store_name}", only)
         try:

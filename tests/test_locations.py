@@ -14,7 +14,7 @@ from fm_config import RunConf
 from fm_config.locations import Location, resolve
 from jobs.cli import main
 from jobs.operations.backfill import recorded_run
-from jobs.operations.ledger import Ledger, canonical_target
+from jobs.operations.ledger.events import Ledger, canonical_target
 from jobs.pipeline.gate.checks import previous_success
 from jobs.pipeline.read import source_path
 
@@ -62,8 +62,8 @@ def test_local_conveniences_apply_to_local_paths_only(tmp_path):
         ("redis", "redis://127.0.0.1:6379", "redis://127.0.0.1:6379/0"),
         ("redis", "redis://user:pw@Cache.Example.com/0?socket_timeout=3", "redis://cache.example.com:6379/0"),
         ("redis", "redis://h:6379/0#ns", "redis://h/0#ns"),
-        ("cockroach", "postgresql://root@db:26257/features?sslmode=disable", "host=db port=26257 dbname=features user=root"),
-        ("cockroach", "postgresql://root@db/features#s", "postgresql://root@DB:5432/features?application_name=x#s"),
+        ("sql", "postgresql://root@db:26257/features?sslmode=disable", "host=db port=26257 dbname=features user=root"),
+        ("sql", "postgresql://root@db/features#s", "postgresql://root@DB:5432/features?application_name=x#s"),
     ],
 )  # fmt: skip
 def test_one_store_spelled_two_ways_is_one_target(sink, a, b):
@@ -76,7 +76,7 @@ def test_one_store_spelled_two_ways_is_one_target(sink, a, b):
         ("redis", "redis://h:6379/0", "redis://h:6379/1"),  # another database
         ("redis", "redis://h:6379/0", "rediss://h:6379/0"),
         ("redis", "redis://h:6379/0#a", "redis://h:6379/0#b"),  # another namespace
-        ("cockroach", "postgresql://root@db:26257/features", "postgresql://root@db:26257/other"),
+        ("sql", "postgresql://root@db:26257/features", "postgresql://root@db:26257/other"),
     ],
 )  # fmt: skip
 def test_other_stores_stay_other_targets(sink, a, b):

@@ -12,8 +12,9 @@ from pyspark.sql import types as T
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from feature_defs.stored_lock import locked, read_lock, write_lock
-from jobs.cli import EXIT_FAILED, main
-from jobs.operations.ledger import Ledger
+from jobs.cli import main
+from jobs.exit_codes import EXIT_FAILED
+from jobs.operations.ledger.events import Ledger
 
 from .support.confs import env_conf
 from .support.samples import DAY2_STR, SAMPLE_DATES, tiny_consumer_source
@@ -79,7 +80,7 @@ def test_sources_at_once_store_what_one_after_another_stores(many, redis_db, cap
 def test_create_upgrades_an_older_ledger_so_appends_at_once_do_not_conflict(spark, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from jobs.operations.ledger import SCHEMA, Entry
+    from jobs.operations.ledger.events import SCHEMA, Entry
 
     older = T.StructType([f for f in SCHEMA.fields if f.name != SCHEMA.fieldNames()[-1]])  # one column short
     spark.createDataFrame([], older).write.format("delta").save(str(tmp_path / "ledger"))

@@ -16,7 +16,8 @@ from feature_defs import load_definitions
 from fm_config import RunConf
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
-from jobs.cli import EXIT_FAILED, EXIT_USAGE, main
+from jobs.cli import main
+from jobs.exit_codes import EXIT_FAILED, EXIT_USAGE
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
 from sinks.sql.config import SqlSinkConfig

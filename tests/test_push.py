@@ -88,7 +88,7 @@ def push_conf(tmp_path, defs_dir, redis_server, pg_server, server: dict | None =
         "env": "test",
         "data_root": str(tmp_path / "data"),
         "definitions_dir": str(defs_dir),
-        "sinks": ["redis", "cockroach"],
+        "sinks": ["redis", "sql"],
         "redis": {"url": redis_server.url, "password_env": None},
         "sql": {"dsn": pg_server.dsn, "password_env": None, "retry_base_delay": 0.01},
         "reader": {"timeout_ms": 10_000},

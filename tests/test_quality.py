@@ -30,7 +30,7 @@ def gate_conf(run_conf, pg_server, pg_db):
     """Both stores, expectations on, every entity verified after the write."""
     sql = SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01)
     quality = run_conf.quality.model_copy(update={"expectations": True, "verify_sample": 10_000})
-    return run_conf.model_copy(update={"sinks": ["redis", "cockroach"], "sql": sql, "quality": quality})
+    return run_conf.model_copy(update={"sinks": ["redis", "sql"], "sql": sql, "quality": quality})
 
 
 def page_text(path) -> str:
@@ -65,7 +65,7 @@ def test_clean_date_passes_and_leaves_html_and_json_reports(spark, sample_root, 
     assert profile["orders_7d"]["zero_fraction"] == pytest.approx(int((latest["orders_7d"] == 0).sum()) / snapshot)
     assert profile["recent_store_ids"]["len_max"] == latest["recent_store_ids"].map(len).max()
     assert report["verification"]["redis"] == {"checked": summary.entities, "mismatches": 0, "newer": 0, "listed": []}
-    assert report["verification"]["cockroach"]["mismatches"] == 0
+    assert report["verification"]["sql"]["mismatches"] == 0
 
     # the HTML data docs: index, and a validation page naming the checks with counts
     docs = Path(report_dir(gate_conf, "consumer_daily", DAY2)) / "data_docs"
@@ -150,7 +150,7 @@ def test_verification_catches_values_corrupted_between_write_and_check(spark, ga
     assert redis_found["mismatches"] == 1
     assert redis_found["listed"][0]["key"] == "c:7" and redis_found["listed"][0]["feature"] == "orders_7d"
     assert redis_found["listed"][0]["found"] == "999999"
-    sql_found = report["verification"]["cockroach"]["listed"]
+    sql_found = report["verification"]["sql"]["listed"]
     assert [(m["key"], m["feature"], m["found"]) for m in sql_found] == [("11", "churn_score", "7.5")]
 
 

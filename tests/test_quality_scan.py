@@ -8,28 +8,30 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs.pipeline.gate.checks import Check, _gx_context, _run_with_gx, run_gate
+from jobs.pipeline.gate.checks import Expectation, _gx_context, _run_with_gx, run_gate
 from jobs.pipeline.gate.scan import SCANNED, scan, scanned
 
 FIGURES = ("element_count", "unexpected_count", "unexpected_percent", "missing_count", "missing_percent",
            "unexpected_percent_total", "unexpected_percent_nonmissing", "observed_value")  # fmt: skip
 
 CHECKS = [
-    Check("a not null", "expect_column_values_to_not_be_null", {"column": "a"}),
-    Check("a mostly not null", "expect_column_values_to_not_be_null", {"column": "a", "mostly": 0.75}),
-    Check("a too strict", "expect_column_values_to_not_be_null", {"column": "a", "mostly": 0.9}),
-    Check("b in [0, 1]", "expect_column_values_to_be_between", {"column": "b", "min_value": 0.0, "max_value": 1.0}),
-    Check("b mostly in [0, 1]", "expect_column_values_to_be_between", {"column": "b", "min_value": 0.0, "max_value": 1.0, "mostly": 0.8}),
-    Check("b at most 1", "expect_column_values_to_be_between", {"column": "b", "min_value": None, "max_value": 1.0}),
-    Check("b at least 0.45", "expect_column_values_to_be_between", {"column": "b", "min_value": 0.45}),
-    Check("n in [3, 3]", "expect_column_values_to_be_between", {"column": "n", "min_value": 3, "max_value": 3}),
-    Check("c in set", "expect_column_values_to_be_in_set", {"column": "c", "value_set": ["x", "y", "z"]}),
-    Check("c mostly in set", "expect_column_values_to_be_in_set", {"column": "c", "value_set": ["x", "y", "z"], "mostly": 0.5}),
-    Check("n in set", "expect_column_values_to_be_in_set", {"column": "n", "value_set": [0]}),
-    Check("a is long", "expect_column_values_to_be_of_type", {"column": "a", "type_": "LongType"}),
-    Check("b is float", "expect_column_values_to_be_of_type", {"column": "b", "type_": "FloatType"}),
-    Check("rows in [1, 5]", "expect_table_row_count_to_be_between", {"min_value": 1, "max_value": 5}),
-    Check("rows in [5, 50]", "expect_table_row_count_to_be_between", {"min_value": 5, "max_value": 50}),
+    Expectation("a not null", "expect_column_values_to_not_be_null", {"column": "a"}),
+    Expectation("a mostly not null", "expect_column_values_to_not_be_null", {"column": "a", "mostly": 0.75}),
+    Expectation("a too strict", "expect_column_values_to_not_be_null", {"column": "a", "mostly": 0.9}),
+    Expectation("b in [0, 1]", "expect_column_values_to_be_between", {"column": "b", "min_value": 0.0, "max_value": 1.0}),
+    Expectation(
+        "b mostly in [0, 1]", "expect_column_values_to_be_between", {"column": "b", "min_value": 0.0, "max_value": 1.0, "mostly": 0.8}
+    ),
+    Expectation("b at most 1", "expect_column_values_to_be_between", {"column": "b", "min_value": None, "max_value": 1.0}),
+    Expectation("b at least 0.45", "expect_column_values_to_be_between", {"column": "b", "min_value": 0.45}),
+    Expectation("n in [3, 3]", "expect_column_values_to_be_between", {"column": "n", "min_value": 3, "max_value": 3}),
+    Expectation("c in set", "expect_column_values_to_be_in_set", {"column": "c", "value_set": ["x", "y", "z"]}),
+    Expectation("c mostly in set", "expect_column_values_to_be_in_set", {"column": "c", "value_set": ["x", "y", "z"], "mostly": 0.5}),
+    Expectation("n in set", "expect_column_values_to_be_in_set", {"column": "n", "value_set": [0]}),
+    Expectation("a is long", "expect_column_values_to_be_of_type", {"column": "a", "type_": "LongType"}),
+    Expectation("b is float", "expect_column_values_to_be_of_type", {"column": "b", "type_": "FloatType"}),
+    Expectation("rows in [1, 5]", "expect_table_row_count_to_be_between", {"min_value": 1, "max_value": 5}),
+    Expectation("rows in [5, 50]", "expect_table_row_count_to_be_between", {"min_value": 5, "max_value": 50}),
 ]
 ROWS = [
     (1, 0.5, "x", 3), (None, 2.0, "y", 3), (3, None, "z", 3), (4, 0.1, None, 3), (None, 0.2, "x", 0),
@@ -49,7 +51,7 @@ def frame(spark):
 def test_every_derived_check_kind_is_scanned():
     assert {c.type for c in CHECKS} == SCANNED and all(scanned(c) for c in CHECKS)
     # an argument the scan does not know (strict bounds) leaves the check to great-expectations
-    assert not scanned(Check("x", "expect_column_values_to_be_between", {"column": "b", "min_value": 0, "strict_min": True}))
+    assert not scanned(Expectation("x", "expect_column_values_to_be_between", {"column": "b", "min_value": 0, "strict_min": True}))
 
 
 def test_the_scan_gives_what_great_expectations_gives(frame):
@@ -70,7 +72,7 @@ def test_the_scan_gives_what_great_expectations_gives(frame):
 
 
 def test_other_kinds_run_in_great_expectations_and_keep_their_place(frame, tmp_path):
-    checks = [CHECKS[0], Check("a unique", "expect_column_values_to_be_unique", {"column": "a"}), CHECKS[-1]]
+    checks = [CHECKS[0], Expectation("a unique", "expect_column_values_to_be_unique", {"column": "a"}), CHECKS[-1]]
     result = run_gate(frame, checks, source=SOURCE, suite_name="mixed", run_name="mixed run", docs_dir=tmp_path / "docs")
     assert [r.name for r in result.results] == ["a not null", "a unique", "rows in [5, 50]"]
     assert [r.success for r in result.results] == [False, True, True]

@@ -9,65 +9,21 @@ import datetime as dt
 import json
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from feature_defs import DEFAULT_DIR, Definitions, load_definitions
+from feature_defs import DEFAULT_DIR, load_definitions
 from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
-from fm_config import QualityConf, RunConf
-from fm_config.reader import CacheSettings, ReaderSettings
+from fm_config import RunConf
+from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
-from fm_config.sql import SqlSettings
 from serializers import encode, field_id, freshness_field
 from throwaway.servers import start_redis
 
-from .support.every_type import AS_OF, BIG, CONSUMERS, DAY, ENTITIES, EVERY_TYPE, EXPECTED, PAIR, ROWS, SCHEMA, SERVICES
-
-
-def assert_expected(result, store: str) -> None:
-    for name, (values, statuses) in EXPECTED.items():
-        col = result.column(name)
-        assert col.statuses == statuses, (store, name)
-        for got, want in zip(col.values, values):
-            if name == "e" and want is not None:
-                assert isinstance(got, np.ndarray) and got.dtype == np.float32, (store, name)
-                assert not got.flags.writeable, (store, name)  # the cache hands the same array to every caller
-                assert np.array_equal(got, np.asarray(want, np.float32)), (store, name)
-            elif name == "f32" and want is not None:
-                assert np.float32(got) == np.float32(want), (store, name)
-            else:
-                assert got == want and type(got) is type(want), (store, name, got, want)
-        assert col.event_timestamps == [AS_OF, AS_OF, AS_OF, None], (store, name)
-
-
-def write_sample(spark, root: Path, redis: RedisSettings, dsn: str) -> tuple[RunConf, Definitions]:
-    """every_type and pair_daily (definitions, Delta tables under ``root``) written by the
-    real job into that Redis and PostgreSQL; the conf the readers use."""
-    from jobs.pipeline.run import run_source
-
-    defs_dir = root / "defs"
-    defs_dir.mkdir()
-    (defs_dir / "entities.yaml").write_text(ENTITIES)
-    (defs_dir / "every_type.yaml").write_text(EVERY_TYPE)
-    (defs_dir / "pair_daily.yaml").write_text(PAIR)
-    (defs_dir / "services.yaml").write_text(SERVICES)
-    defs = load_definitions(defs_dir)
-    spark.createDataFrame(ROWS, SCHEMA).write.format("delta").save(str(root / "every_type"))
-    spark.createDataFrame([("eu", 7, 1.5, DAY), ("us", 7, 2.5, DAY)], "region string, store_id long, score double, ds date").write.format(
-        "delta"
-    ).save(str(root / "pair_daily"))
-    conf = RunConf(
-        env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir),
-        sinks=["redis", "cockroach"], redis=redis, sql=SqlSettings(dsn=dsn, password_env=None),
-        quality=QualityConf(expectations=False, max_bad_fraction=0.5, verify_sample=10),
-        reader=ReaderSettings(timeout_ms=5000),
-    )  # fmt: skip
-    for name in ("every_type", "pair_daily"):
-        summary = run_source(spark, conf, defs, name, DAY)
-        assert summary.status == "succeeded", summary.error
-    return conf, defs
+from .support.confs import reader_conf
+from .support.every_type import AS_OF, BIG, CONSUMERS, DAY, EXPECTED
+from .support.reader_sample import assert_expected, write_sample
 
 
 @pytest.fixture
@@ -138,14 +94,14 @@ def test_sql_reads_keep_a_few_connections_made_as_every_store_connection(written
         for result in results:
             assert_expected(result, "sql")
         assert 1 <= _reader_sessions(pg_server) <= 2
-        assert _pooled_settings(reader._stores["cockroach"]._idle.queue[-1]) == ("1", "5s")
+        assert _pooled_settings(reader._stores["sql"]._idle.queue[-1]) == ("1", "5s")
     assert _reader_sessions(pg_server) == 0
 
     async def concurrent() -> tuple:
         async with AsyncFeatureReader(conf, defs, cache=False) as reader:
             results = await asyncio.gather(*(reader.get_online_features(["every_type"], CONSUMERS, store="sql") for _ in range(16)))
             sessions = _reader_sessions(pg_server)
-            conn = reader._stores["cockroach"]._idle[-1]
+            conn = reader._stores["sql"]._idle[-1]
             params = conn.info.get_parameters().get("keepalives"), (await (await conn.execute("SHOW statement_timeout")).fetchone())[0]
             return results, sessions, params
 
@@ -200,7 +156,7 @@ def test_feature_service_and_the_get_command(written, tmp_path, monkeypatch, cap
         assert [c.name for c in both.columns] == ["n", "score"] and both.to_dict()["score"] == [2.5]
         expected = reader.get_online_features(["every_type:n", "every_type:e"], {"consumer_id": [1, 4]}, store="sql").to_feast_json()
     settings = json.dumps({
-        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
+        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "sql"],
         "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
     })  # fmt: skip
     monkeypatch.setenv("FM_CONF_DIR", str(env_conf(tmp_path / "conf", "t", settings)))
@@ -222,15 +178,6 @@ def test_feature_service_and_the_get_command(written, tmp_path, monkeypatch, cap
 @pytest.fixture(scope="module")
 def sample_defs():
     return load_definitions(DEFAULT_DIR)
-
-
-def _conf(url: str, **cache) -> RunConf:
-    # a deadline no busy machine reaches (the 1,000 reads of a paused Redis missed 5 s beside a second suite):
-    # the tests of timeouts set their own (_timeout_conf)
-    return RunConf(
-        env="test", sinks=["redis"], redis=RedisSettings(url=url, password_env=None, mode="standalone"),
-        reader=ReaderSettings(timeout_ms=30_000, cache=CacheSettings(**{"ttl_seconds": 60, "early_refresh_beta": 0, **cache})),
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -262,7 +209,7 @@ def _conf(url: str, **cache) -> RunConf:
     ],
 )
 def test_bad_requests_name_the_bad_part(sample_defs, features, entities, error, text):
-    reader = FeatureReader(_conf("redis://127.0.0.1:1/0"), sample_defs)  # never connects: refused before any read
+    reader = FeatureReader(reader_conf("redis://127.0.0.1:1/0"), sample_defs)  # never connects: refused before any read
     with pytest.raises(error) as caught:
         reader.get_online_features(features, entities)
     assert text in str(caught.value)
@@ -294,7 +241,7 @@ def hmget_calls(server) -> int:
 
 def test_a_thousand_concurrent_async_reads_of_a_cold_key_read_redis_once(hot_key, sample_defs):
     async def burst():
-        async with AsyncFeatureReader(_conf(hot_key.url), sample_defs) as reader:
+        async with AsyncFeatureReader(reader_conf(hot_key.url), sample_defs) as reader:
             await described(reader, hot_key)
             hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")  # the first read waits: every other arrives meanwhile
             results = await asyncio.gather(
@@ -310,7 +257,7 @@ def test_a_thousand_concurrent_async_reads_of_a_cold_key_read_redis_once(hot_key
 
 def test_without_the_cache_a_read_of_other_features_is_not_coalesced(hot_key, sample_defs):
     async def two():
-        async with AsyncFeatureReader(_conf(hot_key.url), sample_defs, cache=False) as reader:
+        async with AsyncFeatureReader(reader_conf(hot_key.url), sample_defs, cache=False) as reader:
             await described(reader, hot_key)
             hot_key.client().execute_command("CLIENT", "PAUSE", "300", "ALL")
             ask = lambda name: reader.get_online_features([f"consumer_daily:{name}"], {"consumer_id": [1]})  # noqa: E731
@@ -323,7 +270,7 @@ def test_without_the_cache_a_read_of_other_features_is_not_coalesced(hot_key, sa
 
 
 def test_sixty_four_threads_reading_a_cold_key_read_redis_once(hot_key, sample_defs):
-    reader = FeatureReader(_conf(hot_key.url), sample_defs)
+    reader = FeatureReader(reader_conf(hot_key.url), sample_defs)
     reader.describe()  # what Redis holds, read before the threads (its HMGETs are not the reads counted)
     hot_key.client().config_resetstat()
     start = threading.Barrier(64)
@@ -348,7 +295,7 @@ def test_an_early_refresh_rereads_a_hot_key_once_before_it_expires(hot_key, samp
     now = [1000.0]
 
     async def run():
-        async with AsyncFeatureReader(_conf(hot_key.url, jitter=0, early_refresh_beta=1e6), sample_defs) as reader:
+        async with AsyncFeatureReader(reader_conf(hot_key.url, jitter=0, early_refresh_beta=1e6), sample_defs) as reader:
             await described(reader, hot_key)
             reader.cache.clock, reader.cache.rng = (lambda: now[0]), (lambda: 0.5)
             ask = lambda: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]})  # noqa: E731
@@ -369,7 +316,7 @@ def test_an_early_refresh_rereads_a_hot_key_once_before_it_expires(hot_key, samp
 
 
 def test_stale_values_answer_while_redis_is_down_then_fail(hot_key, sample_defs):
-    reader = FeatureReader(_conf(hot_key.url, ttl_seconds=0.05, jitter=0, stale_if_error_seconds=1.0), sample_defs)
+    reader = FeatureReader(reader_conf(hot_key.url, ttl_seconds=0.05, jitter=0, stale_if_error_seconds=1.0), sample_defs)
     ask = lambda: reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [1]})  # noqa: E731
     assert ask().column("orders_7d").statuses == ["PRESENT"]
     hot_key.stop()
@@ -388,7 +335,7 @@ def test_thousands_of_failed_reads_leave_nothing_on_the_scoreboard(tmp_path, sam
     server.stop()
 
     async def burst():
-        async with AsyncFeatureReader(_conf(url), sample_defs) as reader:
+        async with AsyncFeatureReader(reader_conf(url), sample_defs) as reader:
             outcomes = await asyncio.gather(
                 *[reader.get_online_features(["consumer_daily:orders_7d"], {"consumer_id": [i % 50]}) for i in range(3000)],
                 return_exceptions=True,
@@ -397,7 +344,7 @@ def test_thousands_of_failed_reads_leave_nothing_on_the_scoreboard(tmp_path, sam
 
     outcomes, pending = asyncio.run(burst())
     assert all(isinstance(o, StoreError) for o in outcomes) and pending == 0
-    reader = FeatureReader(_conf(url), sample_defs)
+    reader = FeatureReader(reader_conf(url), sample_defs)
     errors = []
 
     def many():
@@ -417,7 +364,7 @@ def test_thousands_of_failed_reads_leave_nothing_on_the_scoreboard(tmp_path, sam
 
 def test_a_value_that_does_not_decode_is_marked_and_the_rest_served(hot_key, sample_defs):
     hot_key.client().hset(b"c:1", mapping={field_id("orders_30d"): b"12x", field_id("churn_score"): b"0.5"})
-    reader = FeatureReader(_conf(hot_key.url), sample_defs, cache=False)
+    reader = FeatureReader(reader_conf(hot_key.url), sample_defs, cache=False)
     result = reader.get_online_features(
         ["consumer_daily:orders_7d", "consumer_daily:orders_30d", "consumer_daily:churn_score"], {"consumer_id": [1]}
     )
@@ -432,12 +379,12 @@ def test_a_key_that_is_not_a_hash_fails_its_batch_and_leaves_the_connection_clea
     ask = ["consumer_daily:orders_7d"]
 
     async def read_async():
-        async with AsyncFeatureReader(_conf(hot_key.url), sample_defs, cache=False) as reader:
+        async with AsyncFeatureReader(reader_conf(hot_key.url), sample_defs, cache=False) as reader:
             with pytest.raises(StoreError, match=f"127.0.0.1:{hot_key.port}.*WRONGTYPE"):
                 await reader.get_online_features(ask, {"consumer_id": [1, 2, 3]})
             return (await reader.get_online_features(ask, {"consumer_id": [3, 1]})).column("orders_7d").values
 
-    with FeatureReader(_conf(hot_key.url), sample_defs, cache=False) as reader:
+    with FeatureReader(reader_conf(hot_key.url), sample_defs, cache=False) as reader:
         with pytest.raises(StoreError, match=f"127.0.0.1:{hot_key.port}.*WRONGTYPE"):
             reader.get_online_features(ask, {"consumer_id": [1, 2, 3]})
         assert reader.get_online_features(ask, {"consumer_id": [3, 1]}).column("orders_7d").values == [None, 7]
@@ -466,7 +413,7 @@ def numbered(tmp_path):
 
 
 def _timeout_conf(url: str, ms: float, **reader) -> RunConf:
-    conf = _conf(url)
+    conf = reader_conf(url)
     return conf.model_copy(update={"reader": conf.reader.model_copy(update={"timeout_ms": ms, **reader})})
 
 
@@ -477,7 +424,7 @@ def _orders(reader):
 
 def test_concurrent_async_reads_share_one_connection_each_getting_its_own_replies(numbered, sample_defs):
     async def burst():
-        async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+        async with AsyncFeatureReader(reader_conf(numbered.url), sample_defs, cache=False) as reader:
             await described(reader, numbered)
             ids = [[i] for i in range(300)] + [[299 - i, i, 7] for i in range(100)]  # single reads and batches, interleaved
             results = await asyncio.gather(*map(_orders(reader), ids))
@@ -494,7 +441,7 @@ def test_a_read_given_up_leaves_the_connection_in_step(numbered, sample_defs):
     the next read on the same connection gets its own."""
 
     async def run():
-        async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+        async with AsyncFeatureReader(reader_conf(numbered.url), sample_defs, cache=False) as reader:
             ask = _orders(reader)
             await ask([0])  # connected
             first = _reader_clients(numbered)
@@ -595,7 +542,7 @@ def test_a_read_waiting_for_a_slot_waits_within_its_timeout(numbered, sample_def
 
 def test_a_connection_killed_between_reads_is_replaced_unnoticed(numbered, sample_defs):
     async def run():
-        async with AsyncFeatureReader(_conf(numbered.url), sample_defs, cache=False) as reader:
+        async with AsyncFeatureReader(reader_conf(numbered.url), sample_defs, cache=False) as reader:
             ask = _orders(reader)
             await ask([0])
             (first,) = _reader_clients(numbered)

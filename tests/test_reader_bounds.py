@@ -19,13 +19,13 @@ from feature_reader.cache import L1Cache
 from feature_reader.rows import NOT_FOUND_ROW
 from fm_config.reader import CacheSettings
 
-from .test_reader import _conf
+from .support.confs import reader_conf
 
 MB = 1 << 20
 
 
 def test_entity_keys_and_feature_references_past_their_limits_are_refused_naming_them():
-    reader = FeatureReader(_conf("redis://127.0.0.1:1/0"), load_definitions(DEFAULT_DIR))  # refused before any read: never connects
+    reader = FeatureReader(reader_conf("redis://127.0.0.1:1/0"), load_definitions(DEFAULT_DIR))  # refused before any read: never connects
     ref = ["store_features_long:is_open_late"]
     with pytest.raises(EntityKeyError, match=r"entity 'store' row 1: its key is 1,025 bytes; the limit is 1,024 \(reader.max_key_bytes\)"):
         reader.get_online_features(ref, {"store_id": ["a", "k" * 1025]})

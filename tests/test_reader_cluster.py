@@ -18,7 +18,7 @@ from serializers import field_id
 from throwaway.cluster import LocalCluster, start_cluster
 
 from .support.every_type import BIG, CONSUMERS
-from .test_reader import assert_expected, write_sample
+from .support.reader_sample import assert_expected, write_sample
 
 WRITTEN = (1, 2, 3)  # the consumers of ROWS; 4 (in CONSUMERS) was never written
 EVERY_TYPE_FEATURES = ["every_type"]

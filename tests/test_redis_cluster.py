@@ -23,7 +23,7 @@ from throwaway.cluster import LocalCluster, start_cluster
 from throwaway.servers import start_redis
 
 from .expected import entity_count, expected_hash, row_of
-from .test_redis_sink import FRESH, SPECS, sink_config, things
+from .support.redis_sink import FRESH, SPECS, sink_config, things
 
 STAMP = 1700000000
 
@@ -448,7 +448,7 @@ def test_the_job_starts_with_a_primary_down_and_writes_every_other_slot(spark, s
 
 
 def test_doctor_checks_every_primary_and_names_the_one_down(run_conf, partial_cluster):
-    from jobs.operations.doctor import run_checks
+    from jobs.operations.doctor.run import run_checks
 
     from .support.consumer_job import DEFS
 

@@ -9,37 +9,13 @@ import pyarrow as pa
 import pytest
 import redis
 
-from serializers.batch import FeatureSpec, encode_batch
-from serializers.scalar import field_id
-from sinks.redis.config import RedisSinkConfig
+from serializers.batch import encode_batch
 from sinks.redis.node import CeilingReached, KeysEvicted, RedisRestarted, RedisSink
 from stores.redis import info_once_loaded
 from throwaway.servers import start_redis
 
 from .expected import expected_hash, row_of
-
-SPECS = [FeatureSpec("score", "float"), FeatureSpec("ids", "int_list"), FeatureSpec("flag", "bool")]
-FRESH = field_id("_ts:things")
-
-
-def sink_config(url: str, **overrides) -> RedisSinkConfig:
-    base = dict(url=url, key_prefix="t:", fields=tuple(s.field for s in SPECS), freshness_field=FRESH, as_of=1700000000, chunk_entities=3)
-    return RedisSinkConfig(**{**base, **overrides})
-
-
-def things(n: int, offset: int = 0) -> pa.RecordBatch:
-    ids = [str(offset + i) for i in range(n)]
-    scores = [None if i % 4 == 1 else i / 8 for i in range(n)]
-    lists = [[i, i, 300] for i in range(n)]
-    flags = [None if i % 5 == 2 else i % 2 == 0 for i in range(n)]
-    return pa.RecordBatch.from_pydict(
-        {
-            "_id": ids,
-            "score": pa.array(scores, pa.float64()),
-            "ids": pa.array(lists, pa.list_(pa.int64())),
-            "flag": pa.array(flags, pa.bool_()),
-        }
-    )
+from .support.redis_sink import FRESH, SPECS, sink_config, things
 
 
 def test_batch_writes_exact_hashes_deletes_nulls_and_sets_ttl(redis_db, redis_server):

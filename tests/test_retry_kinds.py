@@ -1,4 +1,4 @@
-"""Which failures a scheduler retries: the CLI's classification (jobs/cli.py retry_cannot_fix)
+"""Which failures a scheduler retries: the CLI's classification (jobs/cli/common.py retry_cannot_fix)
 and the exit codes the DAG tasks fail at once on (jobs/exit_codes.py, jobs/airflow_tasks.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from feature_defs import DefinitionError
 from jobs.cli import retry_cannot_fix
 from jobs.exit_codes import RETRY_CANNOT_FIX
-from jobs.operations.lease import LeaseHeld
-from jobs.operations.local_commits import DeltaLogError
+from jobs.operations.ledger.lease import LeaseHeld
+from jobs.operations.ledger.local_commits import DeltaLogError
 from jobs.pipeline.gate.checks import QualityGateError
 from jobs.pipeline.gate.stage import BadInputError
 from jobs.pipeline.parquet_files import MixedParquetTypes

@@ -57,7 +57,7 @@ def secret_env(spark, sample_root, pg_server, pg_db, tmp_path, monkeypatch):
         tmp_path / "conf",
         "sec",
         f"data_root: {sample_root}\nledger_root: {tmp_path / 'out' / 'ledger'}\nquarantine_root: {tmp_path / 'out' / 'q'}\n"
-        f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, cockroach]\n"
+        f"reports_dir: {tmp_path / 'out' / 'reports'}\nsinks: [redis, sql]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
         f"redis: {{url: '{server.url}', password_env: null, "
         f"password_file: '{tmp_path / 'secrets' / 'redis_password'}', sample_entities: 50}}\n"

@@ -5,7 +5,6 @@ limits hold; SIGTERM lets a request in flight finish."""
 
 from __future__ import annotations
 
-import copy
 import http.client
 import json
 import os
@@ -18,61 +17,32 @@ from pathlib import Path
 import pytest
 import redis
 
-from fm_config.redis import RedisSettings
 from throwaway.servers import free_port, start_redis
 
 from .support import serving
 from .support.confs import env_conf
 from .support.every_type import BIG
 from .support.ports import first_then_real
-from .support.serving import MATERIALIZE, serve
-from .test_reader import write_sample
+from .support.serving import MATERIALIZE, serve, server_settings
 
 PASSWORD = "s3rv3r-t3st-pw"
 
 
-def write_sample_into(spark, tmp_path_factory, redis_server, pg_server, db: int, name: str):
-    """The sample written by the real job into Redis database ``db`` and an emptied PostgreSQL."""
-    redis_server.client(db).flushdb()
-    with pg_server.connect() as conn:
-        conn.execute("DROP SCHEMA public CASCADE")
-        conn.execute("CREATE SCHEMA public")
-    redis = RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + f"/{db}", password_env=None, mode="standalone")
-    return write_sample(spark, tmp_path_factory.mktemp(name), redis, pg_server.dsn)
-
-
 @pytest.fixture(scope="module")
-def written(spark, tmp_path_factory, redis_server, pg_server):
-    return write_sample_into(spark, tmp_path_factory, redis_server, pg_server, 5, "served")
-
-
-def _settings(conf, **extra) -> dict:
-    """Settings for a test server; ``extra`` is copied, so a test that updates its settings leaves shared
-    constants alone (one did: every later test in the module ran with its 1 MiB unsent bound)."""
-    extra = copy.deepcopy(extra)
-    return {
-        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "cockroach"],
-        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
-        "reader": {"max_entities": 5, "timeout_ms": 5000}, "server": {"max_body_bytes": 4096},
-        **extra,
-    }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def served(written, tmp_path_factory):
-    conf, _ = written
-    server = serve(tmp_path_factory.mktemp("serve"), "t", _settings(conf))
+def served(server_sample, tmp_path_factory):
+    conf, _ = server_sample
+    server = serve(tmp_path_factory.mktemp("serve"), "t", server_settings(conf))
     yield server
     assert server.stop() == -signal.SIGTERM
 
 
-def test_the_body_is_the_get_commands_body(served, written, tmp_path):
-    conf, _ = written
+def test_the_body_is_the_get_commands_body(served, server_sample, tmp_path):
+    conf, _ = server_sample
     request = {"features": ["every_type:n", "every_type:e", "every_type:s"], "entities": {"consumer_id": [1, 2, 4]}}
     (tmp_path / "req.json").write_text(json.dumps(request))
     printed = subprocess.run(
         [MATERIALIZE, "get", "--env", "t", "--request", str(tmp_path / "req.json")], capture_output=True, check=True,
-        env={**os.environ, "FM_CONF_DIR": str(env_conf(tmp_path / "conf", "t", json.dumps(_settings(conf))))},
+        env={**os.environ, "FM_CONF_DIR": str(env_conf(tmp_path / "conf", "t", json.dumps(server_settings(conf))))},
     ).stdout  # fmt: skip
     status, body = served.post(request)
     assert status == 200 and body + b"\n" == printed
@@ -209,7 +179,7 @@ def test_routes_methods_health_and_metrics(served):
     assert served.request("GET", "/get-online-features")[0] == 405
     assert served.request("GET", "/nowhere")[0] == 404
     status, body = served.request("GET", "/health")
-    assert status == 200 and json.loads(body) == {"status": "ready", "stores": {"redis": "ok", "cockroach": "ok"}}
+    assert status == 200 and json.loads(body) == {"status": "ready", "stores": {"redis": "ok", "sql": "ok"}}
     assert served.post({"features": ["every_type:n"], "entities": {"consumer_id": [3]}})[0] == 200
     status, text = served.request("GET", "/metrics")
     text = text.decode()
@@ -223,11 +193,11 @@ def test_routes_methods_health_and_metrics(served):
     assert "Traceback" not in served.log.read_text()
 
 
-def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(written, tmp_path):
+def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(server_sample, tmp_path):
     """A Redis of its own, with a password: slow (CLIENT PAUSE), then stopped."""
-    conf, _ = written
+    conf, _ = server_sample
     own = start_redis(tmp_path / "redis", "--requirepass", PASSWORD)
-    settings = _settings(
+    settings = server_settings(
         conf, sinks=["redis"], redis={"url": own.url, "password_env": "TEST_REDIS_PASSWORD", "mode": "standalone"},
         reader={"timeout_ms": 5000, "cache": {"enabled": False}}, server={"deadline_ms": 300, "max_in_flight": 1},
     )  # fmt: skip
@@ -271,10 +241,10 @@ def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(wri
             own.stop()
 
 
-def test_workers_each_answer_from_the_envs_conf(written, tmp_path, served):
+def test_workers_each_answer_from_the_envs_conf(server_sample, tmp_path, served):
     """--workers 2: two processes behind one port, each built from the env's conf (its limits too)."""
-    conf, _ = written
-    server = serve(tmp_path, "w2", _settings(conf), workers=2)
+    conf, _ = server_sample
+    server = serve(tmp_path, "w2", server_settings(conf), workers=2)
     try:
         ask = {"features": ["every_type:n", "every_type:s"], "entities": {"consumer_id": [1, 2, 4]}}
         bodies = {server.post(ask) for _ in range(20)}
@@ -288,12 +258,12 @@ def test_workers_each_answer_from_the_envs_conf(written, tmp_path, served):
         server.stop()
 
 
-def test_a_server_whose_port_was_taken_starts_on_another(written, tmp_path, monkeypatch, taken_port):
+def test_a_server_whose_port_was_taken_starts_on_another(server_sample, tmp_path, monkeypatch, taken_port):
     """The suite's own start-up: uvicorn that cannot bind exits, and serve() starts it again elsewhere."""
-    conf, _ = written
+    conf, _ = server_sample
     pick, calls = first_then_real(taken_port, free_port)
     monkeypatch.setattr(serving, "free_port", pick)  # where serve() picks its port
-    server = serve(tmp_path, "taken", _settings(conf))
+    server = serve(tmp_path, "taken", server_settings(conf))
     try:
         assert len(calls) == 2 and server.port != taken_port
         assert server.request("GET", "/health", timeout=5)[0] == 200

@@ -452,7 +452,7 @@ def test_a_jwks_url_in_clear_is_refused_unless_its_host_is_loopback(url, ok):
 
 def _doctor(**server):
     from fm_config import RunConf
-    from jobs.operations.doctor import check_server
+    from jobs.operations.doctor.server import check_server
 
     return {c.name: c for c in check_server(RunConf(server=server))}
 

@@ -19,8 +19,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from .support.serving import serve
-from .test_server import _settings, written  # noqa: F401  (written: the module's fixture)
+from .support.serving import serve, server_settings
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance, response_schema_conformance]
 EXAMPLES = 60
@@ -79,9 +78,9 @@ def _fuzz(document: dict, base_url: str, modes: tuple) -> int:
     return calls
 
 
-def test_no_5xx_and_every_answer_as_the_openapi_document_says(written, tmp_path):  # noqa: F811
-    conf, _ = written
-    server = serve(tmp_path, "fuzz", _settings(conf))
+def test_no_5xx_and_every_answer_as_the_openapi_document_says(server_sample, tmp_path):
+    conf, _ = server_sample
+    server = serve(tmp_path, "fuzz", server_settings(conf))
     try:
         status, body = server.request("GET", "/openapi.json")
         assert status == 200

@@ -35,7 +35,7 @@ def sql_dump(conn) -> dict[str, tuple[str, dt.datetime]]:
 
 
 def test_an_older_date_after_a_newer_one_leaves_what_the_newer_wrote(spark, sql_conf, redis_db, pg_db):
-    conf = sql_conf.model_copy(update={"sinks": ["redis", "cockroach"]})
+    conf = sql_conf.model_copy(update={"sinks": ["redis", "sql"]})
     newer = run_source(spark, conf, DEFS, "consumer_daily", DAY2)
     assert newer.status == "succeeded"
     redis_after_newer, sql_after_newer = redis_dump(redis_db), sql_dump(pg_db)
@@ -55,10 +55,10 @@ def test_an_older_date_after_a_newer_one_leaves_what_the_newer_wrote(spark, sql_
     kept = older.entities - len(only_older)
     assert kept > 0
     assert older.sinks["redis"]["skipped_newer"] == kept and older.sinks["redis"]["entities"] == len(only_older)
-    assert older.sinks["cockroach"]["rows_skipped_newer"] == kept and older.sinks["cockroach"]["rows_upserted"] == len(only_older)
+    assert older.sinks["sql"]["rows_skipped_newer"] == kept and older.sinks["sql"]["rows_upserted"] == len(only_older)
     assert any(f"{kept:,} entities already hold a newer snapshot" in w for w in older.warnings)
     # the read-back sample finds the newer snapshot where it was kept, and no mismatch
-    for store in ("redis", "cockroach"):
+    for store in ("redis", "sql"):
         assert older.verification[store]["mismatches"] == 0 and older.verification[store]["newer"] > 0
 
 

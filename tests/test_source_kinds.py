@@ -24,9 +24,9 @@ from fm_config import CatalogConf, ConfigError, SparkConf, load_config
 from jobs.cli import main
 from jobs.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_TERMINAL, EXIT_USAGE
 from jobs.operations.backfill import plan_backfill
-from jobs.operations.cleanup import table_keys
-from jobs.operations.doctor import check_source
-from jobs.operations.ledger import Ledger, RedisWrite, keys_from
+from jobs.operations.cleanup.redis import table_keys
+from jobs.operations.doctor.sources import check_source
+from jobs.operations.ledger.events import Ledger, RedisWrite, keys_from
 from jobs.pipeline.read import partition_rows
 from jobs.pipeline.run import run_source
 from jobs.pipeline.source_table import dated, open_source
@@ -155,7 +155,7 @@ def both(sql_conf, catalog):
     """A run into the session's Redis and PostgreSQL, with the session's catalog (no read-back
     of its own: the tests read both stores raw)."""
     quality = sql_conf.quality.model_copy(update={"verify_sample": 0})
-    return sql_conf.model_copy(update={"sinks": ["redis", "cockroach"], "spark": SparkConf(catalog=catalog), "quality": quality})
+    return sql_conf.model_copy(update={"sinks": ["redis", "sql"], "spark": SparkConf(catalog=catalog), "quality": quality})
 
 
 def stored_sql(conn) -> dict[str, tuple]:

@@ -219,7 +219,7 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
         tmp_path / "conf",
         "cluster",
         f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
-        f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
+        f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, sql]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256}\n"
         f"redis: {{url: '{redis_cluster.url}', password_env: null, sample_entities: 50}}\n"
         "sql: {dsn: 'postgresql://nobody@127.0.0.1:9/none', password_env: null}\n"  # --sql-dsn overrides it
@@ -281,7 +281,7 @@ def _run_and_check(zip_path, pex, standalone, sample_root, redis_cluster, pg_ser
     # SQL: one row per good consumer, the JSON object value by value against the source row.
     assert pg_db.execute("SELECT count(*) FROM consumer_features").fetchone()[0] == len(expected)
     check_consumer_rows(pg_db, expected, dt.datetime.fromtimestamp(AS_OF, dt.UTC))
-    assert report["entities"] == report["sinks"]["redis"]["entities"] == report["sinks"]["cockroach"]["rows_upserted"] == len(expected)
+    assert report["entities"] == report["sinks"]["redis"]["entities"] == report["sinks"]["sql"]["rows_upserted"] == len(expected)
     print(
         f"\ncluster test: pex probes {cluster_up - started:.1f}s, spark-submit {job_done - cluster_up:.1f}s, "
         f"checks {time.monotonic() - job_done:.1f}s"
@@ -302,7 +302,7 @@ def test_bundled_job_runs_with_its_driver_on_the_cluster(package, standalone, sa
     events.mkdir()
     conf = env_conf(tmp_path / "conf", "prodlike",
         f"data_root: {sample_root}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
-        f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, cockroach]\n"
+        f"ledger_root: {tmp_path / 'ledger'}\nsinks: [redis, sql]\n"
         "spark: {shuffle_partitions: 2, arrow_batch_rows: 256, extra: {"
         f"spark.eventLog.enabled: 'true', spark.eventLog.dir: '{events.as_uri()}', spark.eventLog.compress: 'false'}}}}\n"
         f"redis: {{url: '{server.url}', username: fm_writer, password_env: null, password_file: '{secret}', "

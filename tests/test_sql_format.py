@@ -167,7 +167,7 @@ def test_cockroach_row_ttl_and_the_expiry_column_of_an_older_table():
 
 
 def test_cleanup_statements_are_bounded_to_one_page_of_the_primary_key():
-    from jobs.operations.cleanup_sql import expired_statement, page_query, removed_sources_statement, stale_keys_statement, strip_statement
+    from jobs.operations.cleanup.sql import expired_statement, page_query, removed_sources_statement, stale_keys_statement, strip_statement
 
     table = table_identifier("consumer_features")
     page = "(entity_key, source) > (%(after_key)s, %(after_source)s) AND (entity_key, source) <= (%(last_key)s, %(last_source)s)"

@@ -51,12 +51,12 @@ def test_consumer_snapshot_round_trips_through_jsonb(spark, sample_root, sql_con
     checked = check_consumer_rows(pg_db, expected, AS_OF_DAY2)
     assert checked > 20 * len(expected)  # most of the 30 features are set
     assert {f.type for f in CONSUMER.features} == {"float", "int", "bool", "string", "embedding", "int_list", "string_list"}
-    stats = summary.sinks["cockroach"]
+    stats = summary.sinks["sql"]
     assert stats["dialect"] == "postgres" and stats["table"] == "consumer_features"
-    assert list(summary.stages) == ["read", "prepare", "quarantine", "gate", "sql checks", "write cockroach", "verify", "report"]
+    assert list(summary.stages) == ["read", "prepare", "quarantine", "gate", "sql checks", "write sql", "verify", "report"]
     assert stats["rows_upserted"] == len(expected) == summary.entities
     assert stats["statements"] >= math.ceil(len(expected) / 25) and stats["retries"] == 0
-    assert "redis" not in summary.sinks  # --sink cockroach writes only the SQL store
+    assert "redis" not in summary.sinks  # --sink sql writes only the SQL store
 
 
 def test_long_layout_round_trips_through_jsonb(spark, sample_root, sql_conf, pg_db):
@@ -117,7 +117,7 @@ def test_backend_killed_mid_write_is_retried_and_table_is_complete(spark, sample
     summary = run_source(spark, sql_conf, DEFS, "consumer_daily", DAY2)
     thread.join(timeout=5)
     assert len(killed) == 1, "the stalled backend was never seen"
-    stats = summary.sinks["cockroach"]
+    stats = summary.sinks["sql"]
     assert stats["retries"] >= 1 and stats["reconnects"] >= 1
     assert pg_db.execute("SELECT last_value FROM rows_seen").fetchone()[0] > STALL_AT_ROW  # the write went on after the kill
     check_consumer_rows(pg_db, expected_consumers(spark, sample_root, DAY2), AS_OF_DAY2)
@@ -188,9 +188,9 @@ def test_oversized_map_is_quarantined_and_the_rest_written(spark, sql_conf, pg_d
     assert summary.bad_rows == 2 and summary.bad_reasons == {reason: 1, nul: 1}
     rows_out = table_rows(pg_db, "thing_features")
     assert {k: v[1] for k, v in rows_out.items()} == {"t1": {"tags": ["a", "b"], "score": 1.5}, "t3": {}, "t4": {"tags": ["c"]}}
-    assert summary.sinks["cockroach"]["non_finite"] == 1  # the NaN score is left out and counted
+    assert summary.sinks["sql"]["non_finite"] == 1  # the NaN score is left out and counted
     sent = ['{"tags":["a","b"],"score":1.5}', "{}", '{"tags":["c"]}']
-    assert summary.sinks["cockroach"]["bytes_sent"] == sum(len(t) for t in sent)
+    assert summary.sinks["sql"]["bytes_sent"] == sum(len(t) for t in sent)
     quarantined = spark.read.format("delta").load(summary.quarantine_table).collect()
     assert sorted((json.loads(r["row"])["thing_id"], list(r["reasons"])) for r in quarantined) == [("t2", [reason]), ("t5", [nul])]
     # with the quality gate at the suite's 5%, two bad rows in five stop the run before writing
@@ -270,7 +270,7 @@ def test_hostile_keys_and_values_are_data_not_sql(spark, sql_conf, pg_db, redis_
     ]
     defs = write_things(spark, tmp_path, rows)
     quality = sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5})
-    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "cockroach"], "quality": quality})
+    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "sql"], "quality": quality})
     summary = run_source(spark, conf, defs, "things", DAY2)
     assert summary.bad_reasons == {"key thing_id contains ':'": 1, "key thing_id contains a control character": 1}
     assert {k: v[1] for k, v in table_rows(pg_db, "thing_features").items()} == {

@@ -1,4 +1,4 @@
-"""SQL text built by jobs/pipeline/gate/sql_text.py reads back, in Spark itself, as the Python value it came from."""
+"""SQL text built by jobs/sql_text.py reads back, in Spark itself, as the Python value it came from."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from jobs.pipeline.gate.sql_text import ident, literal
+from jobs.sql_text import ident, literal
 
 VALUES = [
     None, True, False, 0, -7, 2**63 - 1, -(2**63), 0.5, -0.0, 1e20, 1e-05, 3.4028234663852886e38, 5e-324, 0.1 + 0.2,

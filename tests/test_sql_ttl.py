@@ -22,7 +22,7 @@ from fm_config import QualityConf, RunConf
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
-from jobs.operations.cleanup_sql import SqlCleanupError, clean_sql, plan_sql_cleanup
+from jobs.operations.cleanup.sql import SqlCleanupError, clean_sql, plan_sql_cleanup
 from jobs.operations.schema import ensure_tables
 from serializers.keys import as_of_epoch, ttl_with_jitter
 from sinks.errors import TerminalSinkError
@@ -70,7 +70,7 @@ def test_after_the_ttl_sql_answers_not_found_as_redis_does(spark, tmp_path, redi
     )
     conf = RunConf(
         env="test", data_root=str(tmp_path), reports_dir=str(tmp_path / "reports"), quarantine_root=str(tmp_path / "q"),
-        sinks=["redis", "cockroach"], redis=RedisSettings(url=redis_server.url, password_env=None, mode="standalone"),
+        sinks=["redis", "sql"], redis=RedisSettings(url=redis_server.url, password_env=None, mode="standalone"),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
         # no read-back: a key may expire before it would be read
         quality=QualityConf(expectations=False, verify_sample=0), reader=ReaderSettings(timeout_ms=5000),
@@ -112,7 +112,7 @@ def test_after_the_ttl_sql_answers_not_found_as_redis_does(spark, tmp_path, redi
 
 
 def sql_only_conf(pg_server) -> RunConf:
-    return RunConf(env="test", sinks=["cockroach"], sql=SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01))
+    return RunConf(env="test", sinks=["sql"], sql=SqlSettings(dsn=pg_server.dsn, password_env=None, retry_base_delay=0.01))
 
 
 def write(config, keys, as_of: dt.date = DAY):

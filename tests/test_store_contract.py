@@ -26,7 +26,7 @@ from stores.errors import TerminalError, TransientError
 from throwaway.cluster import start_cluster
 
 from .expected import expected_hash, row_of
-from .test_redis_sink import FRESH, SPECS, sink_config, things
+from .support.redis_sink import FRESH, SPECS, sink_config, things
 
 T1, T2 = 1700000000, 1700086400
 T2099 = 4102531200  # 2099-01-02T00:00:00Z: the as-of time of `run --date 2099-01-01`

@@ -158,7 +158,7 @@ def run(conf: RunConf, folder: Path, model: Model, features: dict, entities: set
         return exc.problems
     record_redis(redis_sink, described["redis"], cluster=False)
     with connect(sql_sink) as conn:
-        record_sql(conn, sql_sink.schema, sql_sink.table, described["cockroach"])
+        record_sql(conn, sql_sink.schema, sql_sink.table, described["sql"])
     ids = sorted(entities)
     rows = {e: {} for e in ids}
     columns: dict[str, list] = {"_id": [str(e) for e in ids]}
@@ -215,7 +215,7 @@ def test_without_a_lock_no_reader_serves_a_value_under_another_encoding(tmp_path
     conf = RunConf(
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
         reader=ReaderSettings(timeout_ms=10_000, description_refresh_seconds=0.001),  # the suite shares 2 busy cores
         quality=QualityConf(expectations=False),
     )
@@ -305,7 +305,7 @@ def retyped(spark, tmp_path_factory, redis_server, pg_server):
         reports_dir=str(root / "reports"),
         redis=RedisSettings(url=redis_server.url, password_env=None),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
         reader=ReaderSettings(timeout_ms=10_000),
         quality=QualityConf(expectations=False),
     )
@@ -363,7 +363,7 @@ def test_readers_on_the_changed_definitions_answer_invalid_in_both_stores(retype
         "evolving:score: Redis says its stored name 'score' is stored as float, defined as string",
         "evolving:tags: Redis says its stored name 'tags' is stored as string_list/snappy, defined as int_list/snappy",
     ]
-    assert [line.replace("SQL", "Redis") for line in described["cockroach"]["refused"]] == described["redis"]["refused"]
+    assert [line.replace("SQL", "Redis") for line in described["sql"]["refused"]] == described["redis"]["refused"]
 
 
 @pytest.mark.spark
@@ -377,7 +377,7 @@ def test_get_and_the_server_on_the_changed_definitions_say_why(retyped, tmp_path
 
     conf, v2, _, _ = retyped
     settings = {
-        "definitions_dir": str(v2), "sinks": ["redis", "cockroach"],
+        "definitions_dir": str(v2), "sinks": ["redis", "sql"],
         "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
         "reader": {"timeout_ms": 10000},
     }  # fmt: skip
@@ -412,12 +412,12 @@ def test_get_and_the_server_on_the_changed_definitions_say_why(retyped, tmp_path
 
 def test_doctor_names_a_store_whose_description_disagrees_with_the_lock(tmp_path, redis_server, pg_server):
     from feature_defs.stored_lock import locked, write_lock
-    from jobs.operations.doctor_descriptions import check_descriptions
+    from jobs.operations.doctor.descriptions import check_descriptions
 
     conf = RunConf(
         redis=RedisSettings(url=redis_server.url, password_env=None, mode="standalone"),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
-        sinks=["redis", "cockroach"],
+        sinks=["redis", "sql"],
     )
     redis_server.client().flushall()
     with pg_server.connect() as conn:
@@ -425,7 +425,7 @@ def test_doctor_names_a_store_whose_description_disagrees_with_the_lock(tmp_path
     folder = define(tmp_path / "defs", {"a": ("int", "a"), "b": ("string", "b")})
     write_lock(folder, locked(load_definitions(folder, check_lock=False), None, dt.date(2026, 11, 27)))
     defs = load_definitions(folder)
-    undescribed = check_descriptions(conf, defs, ["redis", "cockroach"])
+    undescribed = check_descriptions(conf, defs, ["redis", "sql"])
     assert [(c.status, c.detail) for c in undescribed] == [("ok", "not described yet: consumer (the next run describes them)")] * 2
     # the stores as a writer of other definitions left them: 'b' as an int list, and a name the lock does not know
     source = defs.sources["evolving"]
@@ -435,7 +435,7 @@ def test_doctor_names_a_store_whose_description_disagrees_with_the_lock(tmp_path
     with connect(sql_sink) as conn:
         ensure_schema(conn, sql_sink)
         record_sql(conn, None, "consumer_features", entries)
-    checks = check_descriptions(conf, defs, ["redis", "cockroach"])
+    checks = check_descriptions(conf, defs, ["redis", "sql"])
     assert [(c.status, c.name) for c in checks] == [("fail", "redis description"), ("fail", "sql description")]
     assert (
         checks[0].detail
@@ -455,6 +455,6 @@ def test_doctor_names_a_store_whose_description_disagrees_with_the_lock(tmp_path
     with connect(sql_sink) as conn:
         conn.execute("DELETE FROM stored_names")
         record_sql(conn, None, "consumer_features", entries)
-    checks = check_descriptions(conf, load_definitions(folder), ["redis", "cockroach"])
+    checks = check_descriptions(conf, load_definitions(folder), ["redis", "sql"])
     agrees = "2 entity type(s) described; it agrees with the definitions and stored.lock; the next run records a as stored.lock says"
     assert [(c.status, c.detail) for c in checks] == [("ok", agrees)] * 2

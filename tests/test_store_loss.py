@@ -15,11 +15,11 @@ from fm_config.redis import RedisSettings
 from fm_config.sql import SqlSettings
 from jobs.cli import main
 from jobs.exit_codes import EXIT_OK, EXIT_STORE_LOST
-from jobs.operations.doctor import run_checks
-from jobs.operations.doctor_stores import check_stored_data
-from jobs.operations.ledger import Ledger, sink_targets
-from jobs.operations.ledger_files import read_steps
-from jobs.operations.store_state import compare
+from jobs.operations.doctor.run import run_checks
+from jobs.operations.doctor.stores import check_stored_data
+from jobs.operations.ledger.events import Ledger, sink_targets
+from jobs.operations.ledger.files import read_steps
+from jobs.operations.ledger.store_state import compare
 from serializers.keys import freshness_field
 from sinks.redis import identity
 from sinks.redis.config import redis_sink_config
@@ -59,7 +59,7 @@ def tiny(spark, redis_server, pg_server, pg_db, tmp_path, monkeypatch):
         "ci",
         f"data_root: {tmp_path}\ndefinitions_dir: {tmp_path / 'defs'}\nledger_root: {tmp_path / 'ledger'}\n"
         f"quarantine_root: {tmp_path / 'q'}\nreports_dir: {tmp_path / 'reports'}\n"
-        f"sinks: [redis, cockroach]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
+        f"sinks: [redis, sql]\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
         f"sql:\n  dsn: '{pg_server.dsn}'\n  password_env: null\n"
         "quality:\n  expectations: false\n  verify_sample: 20\n",
     )
@@ -86,7 +86,7 @@ def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_name
     out, err = capsys.readouterr()
     restore = f"materialize backfill --env ci --source {TINY} --start {DAY1} --end {DAY1}"
     assert f"STORE LOST DATA: redis at {conf.redis.url} no longer holds {TINY}'s data of {DAY1}" in out
-    assert "STORE LOST DATA: cockroach at postgresql://" in out and f"restore it: {restore}" in out
+    assert "STORE LOST DATA: sql at postgresql://" in out and f"restore it: {restore}" in out
     assert f"restore it: {restore}" in err.splitlines()
     redis_line = next(line for line in err.splitlines() if line.startswith("store lost data: redis"))  # 41: 40 entities, the description
     assert (
@@ -95,7 +95,7 @@ def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_name
             redis_line
         )
     )
-    sql_line = next(line for line in err.splitlines() if line.startswith("store lost data: cockroach"))
+    sql_line = next(line for line in err.splitlines() if line.startswith("store lost data: sql"))
     assert sql_line.endswith(
         f"0 rows of it now, the run of {DAY1} left 40; the table was emptied or rewritten since (TRUNCATE, VACUUM FULL)"
     )
@@ -110,7 +110,7 @@ def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_name
     assert f"lost:             {DAY1} (redis at {conf.redis.url} no longer holds them: found at " in out
 
     # doctor fails a check per store, naming the backfill (the ledger read without Spark)
-    checks = {c.name: c for c in run_checks(conf, defs, [TINY], ["redis", "cockroach"])}
+    checks = {c.name: c for c in run_checks(conf, defs, [TINY], ["redis", "sql"])}
     for name in ("redis data tiny", "sql data tiny"):
         assert checks[name].status == "fail" and f"lost {TINY}'s data of {DAY1}: found at " in checks[name].detail, checks[name]
         assert restore in checks[name].fix
@@ -125,7 +125,7 @@ def test_an_emptied_store_is_named_by_the_run_the_plan_and_doctor_until_the_name
     assert redis_state(redis_db) == night1_redis | night2_redis
     assert sql_state(pg_db) == night1_sql | night2_sql
     assert set(ledger.written_dates(TINY, sink_targets(conf))) == {DAY1, DAY2}
-    checks = {c.name: c for c in check_stored_data(conf, defs, [TINY], ["redis", "cockroach"])}
+    checks = {c.name: c for c in check_stored_data(conf, defs, [TINY], ["redis", "sql"])}
     assert checks["redis data tiny"].status == checks["sql data tiny"].status == "ok"
     assert checks["redis data tiny"].detail.startswith(
         f"{conf.redis.url}: 20 of 20 {TINY} entities sampled by the backfill-latest of {DAY1}..{DAY2} still hold its data"
@@ -218,15 +218,15 @@ def test_a_dropped_or_recreated_sql_table_is_a_loss_of_every_date_written_to_it(
         ended = now - dt.timedelta(days=len(SAMPLE_DATES) - n)
         steps.append({
             "run_id": str(day), "kind": "run", "source": SOURCE, "status": "succeeded", "dates": [day],
-            "targets": json.dumps({"cockroach": pg_server.dsn}), "started_at": ended, "ended_at": ended,
-            "stores": json.dumps({"cockroach": {"after": after}}),
+            "targets": json.dumps({"sql": pg_server.dsn}), "started_at": ended, "ended_at": ended,
+            "stores": json.dumps({"sql": {"after": after}}),
         })  # fmt: skip
-    assert json.loads(steps[1]["stores"])["cockroach"]["after"]["rows"] == 80
+    assert json.loads(steps[1]["stores"])["sql"]["after"]["rows"] == 80
 
     def check():
         with connect(config) as conn:
             seen = sql_identity.observe(conn, config)
-            return compare(steps, SOURCE, "cockroach", pg_server.dsn, seen, lambda keys: sql_identity.holding(conn, config, keys))
+            return compare(steps, SOURCE, "sql", pg_server.dsn, seen, lambda keys: sql_identity.holding(conn, config, keys))
 
     assert check().lost == []
     pg_db.execute("DROP TABLE consumer_features")

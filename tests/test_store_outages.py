@@ -64,7 +64,7 @@ def _write_sql(conn: psycopg.Connection, ids) -> None:
 
 def _conf(redis_url: str, dsn: str | None, mode: str = "auto", **reader) -> RunConf:
     return RunConf(
-        env="test", sinks=["redis", "cockroach"] if dsn else ["redis"],
+        env="test", sinks=["redis", "sql"] if dsn else ["redis"],
         redis=RedisSettings(url=redis_url, password_env=None, mode=mode),
         sql=SqlSettings(dsn=dsn or "postgresql://nobody@127.0.0.1:1/none", password_env=None),
         reader=ReaderSettings(**{"timeout_ms": 5000, "cache": CacheSettings(enabled=False), **reader}),
@@ -143,13 +143,13 @@ def test_a_reader_made_while_redis_is_down_reads_sql_and_redis_once_it_is_back(t
         stats = reader.stats
         # three calls failed and opened the breaker; the other five were not made
         assert (stats["fallbacks"], stats["breaker_opens"], stats["breaker_skips"]) == (8, 1, 5)
-        assert reader.breaker_states == {"redis": OPEN, "cockroach": CLOSED}
+        assert reader.breaker_states == {"redis": OPEN, "sql": CLOSED}
         health = reader.ping()
-        assert health["cockroach"] == "ok" and f"127.0.0.1:{port}" in health["redis"]
+        assert health["sql"] == "ok" and f"127.0.0.1:{port}" in health["redis"]
         back = start_redis(tmp_path / "r2", port=port)
         try:
             _write_redis(back.client(), range(10))
-            assert reader.ping() == {"redis": "ok", "cockroach": "ok"}  # an answer closes the breaker
+            assert reader.ping() == {"redis": "ok", "sql": "ok"}  # an answer closes the breaker
             assert _values(reader.get_online_features(ASK, {"consumer_id": [3, 4]})) == [1003, 1004]
             assert reader.breaker_states["redis"] == CLOSED and reader.stats["fallbacks"] == 8
         finally:
@@ -277,7 +277,7 @@ def test_connections_open_before_the_first_read_and_again_after_a_drop(tmp_path,
 
 def _server_settings(redis_url: str, dsn: str, **extra) -> dict:
     return {
-        "definitions_dir": str(DEFAULT_DIR), "sinks": ["redis", "cockroach"],
+        "definitions_dir": str(DEFAULT_DIR), "sinks": ["redis", "sql"],
         "redis": {"url": redis_url, "password_env": None, "mode": "auto"}, "sql": {"dsn": dsn, "password_env": None},
         "reader": {"timeout_ms": 5000, "breaker_cooldown_ms": 300, "cache": {"enabled": False}}, **extra,
     }  # fmt: skip
@@ -302,12 +302,12 @@ def test_serve_starts_with_redis_down_answers_from_sql_and_recovers(tmp_path, pg
     try:
         status, body = server.request("GET", "/health")
         health = json.loads(body)
-        assert status == 503 and health["stores"]["cockroach"] == "ok" and f"127.0.0.1:{port}" in health["stores"]["redis"]
+        assert status == 503 and health["stores"]["sql"] == "ok" and f"127.0.0.1:{port}" in health["stores"]["redis"]
         assert server.request("GET", "/health/ready") == (status, body)
         assert server.request("GET", "/health/live")[0] == 200
         assert _body_values(server.post(ask)) == [1, 2]  # from SQL
         metrics = server.request("GET", "/metrics")[1].decode()
-        assert "feature_reader_fallbacks_total 1.0" in metrics and 'feature_reader_breaker_state{store="cockroach"} 0.0' in metrics
+        assert "feature_reader_fallbacks_total 1.0" in metrics and 'feature_reader_breaker_state{store="sql"} 0.0' in metrics
         back = start_redis(tmp_path / "r2", port=port)
         _write_redis(back.client(), range(10))
         assert _until(lambda: _body_values(server.post(ask)) == [1001, 1002])  # Redis again, no restart

@@ -27,8 +27,8 @@ from serializers.keys import redis_key
 
 from .support.confs import env_conf
 from .support.every_type import AS_OF, EXPECTED
-from .support.serving import MATERIALIZE, serve
-from .test_server import _settings, write_sample_into
+from .support.reader_sample import write_sample_into
+from .support.serving import MATERIALIZE, serve, server_settings
 
 NOW = AS_OF + 60
 MAX_AS_OF = int(dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp())
@@ -414,7 +414,7 @@ def test_the_server_and_the_get_command_answer_over_unusable_stored_data(written
     with pg_server.connect() as conn:
         conn.execute("UPDATE consumer_features SET as_of = 'infinity' WHERE entity_key = '3'")
         conn.commit()
-    server = serve(tmp_path, "t", _settings(conf))
+    server = serve(tmp_path, "t", server_settings(conf))
     try:
         status, body = server.post({"features": ["every_type:n", "every_type:s"], "entities": {"consumer_id": [1, 2, 3, 4]}})
         assert status == 200, body
@@ -435,7 +435,7 @@ def test_the_server_and_the_get_command_answer_over_unusable_stored_data(written
     finally:
         assert server.stop() == -signal.SIGTERM
     assert "Traceback" not in server.log.read_text()
-    folder = env_conf(tmp_path / "get-conf", "g", json.dumps(_settings(conf)))
+    folder = env_conf(tmp_path / "get-conf", "g", json.dumps(server_settings(conf)))
     for store in ("redis", "sql"):
         done = subprocess.run(
             [MATERIALIZE, "get", "--env", "g", "--store", store], input=GET_BODY,

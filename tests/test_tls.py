@@ -27,7 +27,7 @@ from fm_config import PROJECT_ROOT, RunConf
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings, RedisTls, tls_files
 from fm_config.sql import SqlSettings
-from jobs.operations.cleanup import CleanupWriter, cleanup_partition
+from jobs.operations.cleanup.redis import CleanupWriter, cleanup_partition
 from jobs.pipeline.verify import verify_redis, verify_sql
 from jobs.transforms import feature_specs
 from serializers.batch import FeatureSpec, encode_batch

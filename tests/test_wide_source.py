@@ -20,8 +20,8 @@ from jobs.pipeline.run import run_source
 from serializers import field_id
 
 from .expected import entity_keys, expected_hash
+from .support.bad_values import as_of, same_json, written
 from .support.samples import SAMPLE_DATES, tiny_consumer_source
-from .test_bad_values import as_of, same_json, written
 
 DAY = SAMPLE_DATES[1]
 N = 1_000
@@ -85,7 +85,7 @@ def test_a_source_of_1000_features_of_every_type_is_written_and_checked(spark, s
     defs = tiny_consumer_source(spark, tmp_path, features, schema, rows)
     source = defs.source("tiny")
     quality = sql_conf.quality.model_copy(update={"max_bad_fraction": 0.5, "expectations": True, "data_docs": False})
-    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "cockroach"], "quality": quality})
+    conf = sql_conf.model_copy(update={"data_root": str(tmp_path), "sinks": ["redis", "sql"], "quality": quality})
 
     summary = run_source(spark, conf, defs, "tiny", DAY)
 

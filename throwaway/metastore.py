@@ -76,6 +76,25 @@ def start_metastore(folder: Path) -> HiveMetastore:
     its port is bound (under a second); the service itself comes up in the background (about
     4 s, most of it creating the metastore's schema): ``wait()`` for it, or let the first
     client's call wait in the socket's backlog."""
+    gateway, process, log = _launch_jvm(folder)
+    jvm = gateway.jvm
+    try:
+        port, socket = again_if_port_taken(lambda: _bind_loopback(jvm, free_port()))
+    except Exception:
+        gateway.shutdown()
+        process.terminate()
+        log.close()
+        raise
+    metastore = HiveMetastore(port, folder, gateway, process, threading.Event(), [], log=log)
+    # serve() holds its py4j call (and connection) for the service's life: a daemon thread of its own
+    metastore._serving = threading.Thread(target=_serve, args=(metastore, jvm, socket), name="hive-metastore", daemon=True)
+    metastore._serving.start()
+    return metastore
+
+
+def _launch_jvm(folder: Path):
+    """(py4j gateway, JVM process, its log file) of a JVM with pyspark's jars, its output and
+    Derby's in ``folder`` (made if need be)."""
     from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,50 +110,46 @@ def start_metastore(folder: Path) -> HiveMetastore:
         return_proc=True,
     )
     gateway = JavaGateway(gateway_parameters=GatewayParameters(port=gateway_port, auto_convert=True))
-    jvm = gateway.jvm
+    return gateway, process, log
 
-    def bind(port: int):
-        try:
-            return port, jvm.org.apache.thrift.transport.TServerSocket(jvm.java.net.InetSocketAddress("127.0.0.1", port))
-        except Exception as exc:  # noqa: BLE001 (py4j's error: the port was taken in between)
-            raise PortTaken(str(exc).splitlines()[0]) from None
 
+def _bind_loopback(jvm, port: int):
+    """(port, Thrift server socket bound to 127.0.0.1:port); PortTaken when another took it."""
     try:
-        port, socket = again_if_port_taken(lambda: bind(free_port()))
-    except Exception:
-        gateway.shutdown()
-        process.terminate()
-        log.close()
-        raise
-    metastore = HiveMetastore(port, folder, gateway, process, threading.Event(), [], log=log)
+        return port, jvm.org.apache.thrift.transport.TServerSocket(jvm.java.net.InetSocketAddress("127.0.0.1", port))
+    except Exception as exc:  # noqa: BLE001 (py4j's error: the port was taken in between)
+        raise PortTaken(str(exc).splitlines()[0]) from None
 
-    def serve() -> None:
-        try:
-            conf = jvm.org.apache.hadoop.hive.conf.HiveConf()
-            for key, value in {
-                "javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={folder / 'metastore_db'};create=true",
-                "datanucleus.schema.autoCreateAll": "true",
-                "hive.metastore.schema.verification": "false",
-                "hive.metastore.warehouse.dir": str(folder / "warehouse"),
-            }.items():
-                conf.set(key, value)
-            handler = jvm.org.apache.hadoop.hive.metastore.HiveMetaStore.newRetryingHMSHandler("fm-test-metastore", conf, False)
-            processor = jvm.org.apache.hadoop.hive.metastore.api.ThriftHiveMetastore.Processor(handler)
-            args = jvm.org.apache.thrift.server.TThreadPoolServer.Args(socket).processor(processor).minWorkerThreads(2).maxWorkerThreads(64)
-            args = args.stopTimeoutVal(1)  # stop() waits a second for connected clients, not a minute
-            metastore.server = jvm.org.apache.thrift.server.TThreadPoolServer(args)
-        except Exception as exc:  # noqa: BLE001 (told by wait())
-            metastore._failed.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            socket.close()  # clients waiting in the backlog are refused, not left hanging
-            metastore._started.set()
-            return
+
+def _thrift_server(jvm, folder: Path, socket):
+    """The metastore's handler over an embedded Derby database in ``folder``, served on
+    ``socket`` by Thrift's thread-pool server."""
+    conf = jvm.org.apache.hadoop.hive.conf.HiveConf()
+    for key, value in {
+        "javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={folder / 'metastore_db'};create=true",
+        "datanucleus.schema.autoCreateAll": "true",
+        "hive.metastore.schema.verification": "false",
+        "hive.metastore.warehouse.dir": str(folder / "warehouse"),
+    }.items():
+        conf.set(key, value)
+    handler = jvm.org.apache.hadoop.hive.metastore.HiveMetaStore.newRetryingHMSHandler("fm-test-metastore", conf, False)
+    processor = jvm.org.apache.hadoop.hive.metastore.api.ThriftHiveMetastore.Processor(handler)
+    args = jvm.org.apache.thrift.server.TThreadPoolServer.Args(socket).processor(processor).minWorkerThreads(2).maxWorkerThreads(64)
+    args = args.stopTimeoutVal(1)  # stop() waits a second for connected clients, not a minute
+    return jvm.org.apache.thrift.server.TThreadPoolServer(args)
+
+
+def _serve(metastore: HiveMetastore, jvm, socket) -> None:
+    """The serving thread: make the server (a failure is told by ``wait()``), then serve until stop()."""
+    try:
+        metastore.server = _thrift_server(jvm, metastore.folder, socket)
+    except Exception as exc:  # noqa: BLE001 (told by wait())
+        metastore._failed.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        socket.close()  # clients waiting in the backlog are refused, not left hanging
         metastore._started.set()
-        try:
-            metastore.server.serve()  # blocks for the service's life
-        except Exception:  # noqa: BLE001 (the JVM ended under this call)
-            pass
-
-    # serve() holds its py4j call (and connection) for the service's life: a daemon thread of its own
-    metastore._serving = threading.Thread(target=serve, name="hive-metastore", daemon=True)
-    metastore._serving.start()
-    return metastore
+        return
+    metastore._started.set()
+    try:
+        metastore.server.serve()  # blocks for the service's life
+    except Exception:  # noqa: BLE001 (the JVM ended under this call)
+        pass

@@ -33,7 +33,7 @@ with DAG(
         "start": Param(type="string", format="date", description="first date, YYYY-MM-DD"),
         "end": Param(type="string", format="date", description="last date, YYYY-MM-DD (not in the future)"),
         "mode": Param("latest", enum=["latest", "replay"], description="latest: one pass; replay: date by date"),
-        "sink": Param("all", enum=["all", "redis", "cockroach"], description="store(s) to write"),
+        "sink": Param("all", enum=["all", "redis", "sql", "cockroach"], description="store(s) to write (cockroach: the old name of sql)"),
         "force": Param(False, type="boolean", description="write dates already written"),
     },
 ) as dag:

@@ -28,7 +28,7 @@ def load_standard(workdir: Path, entities: int, redis_url: str) -> None:
     """The real job writes the standard table (made when missing) into ``redis_url`` and the
     env's SQL store (PostgreSQL of `make services-start`)."""
     out = workdir / "reads-load.json"
-    child = json.dumps([entities, "wide", ["redis", "cockroach"], redis_url, {}, str(out)])
+    child = json.dumps([entities, "wide", ["redis", "sql"], redis_url, {}, str(out)])
     subprocess.run([sys.executable, "-m", "bench.stage_profile", "--workdir", str(workdir), "--child", child], check=True, cwd=PROJECT_ROOT)
 
 

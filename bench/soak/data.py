@@ -50,7 +50,7 @@ def conf_settings(root: Path, redis_url: str, dsn: str, **extra) -> dict:
         "data_root": str(root / "data"),
         "reports_dir": str(root / "reports"),
         "definitions_dir": str(root / "defs"),
-        "sinks": ["redis", "cockroach"],
+        "sinks": ["redis", "sql"],
         "redis": {"url": redis_url, "password_env": None, "namespace": None, "mode": "standalone", "capacity_bytes": 1 << 30},
         "sql": {"dsn": dsn, "password_env": None},
         "spark": {"master": "local[2]"},

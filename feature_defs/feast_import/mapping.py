@@ -199,6 +199,70 @@ def _entity_key_problem(entity: dict | None, name: str, view: dict) -> tuple[str
     return found, origin, ""
 
 
+def _view_problem(view: dict) -> str:
+    """Why a feature view (not a stream feature view) is not carried over, judged before its
+    batch source is read ("" when it may be)."""
+    batch = view.get("batch_source")
+    if view.get("derived_from"):
+        return f"derived from the feature views {', '.join(view['derived_from'])}: Feast computes it"
+    if view.get("transformation"):
+        return "a transformation (udf) computes it in Feast; a source here is a table that holds the values"
+    if not view.get("online", True):
+        return "online=False: Feast never materializes it into its online store"
+    if not view.get("enabled", True):
+        return "enabled=False: Feast does not materialize it"
+    if not fits("identifier", view["name"]):
+        return f"the name does not fit: {_RULES['identifier']}"
+    if not view.get("entities"):
+        return "it has no entity (Feast keys it by a placeholder); a source here needs an entity with a key"
+    if batch is None:
+        return "it has no batch source to load from"
+    if batch["class"] not in FILE_SOURCES:
+        return (
+            f"its batch source {batch['name']} is a {batch['class']}, which no Spark reader here reads (the job reads Parquet, "
+            "Delta and Spark catalog tables): export it to one of those and point a FileSource or SparkSource at it"
+        )
+    return ""
+
+
+def _view_push_source(batch: dict, stream: dict | None, notes: list[str]) -> str | None:
+    """The PushSource the view reads (its stream source), if it is one whose name fits; a note
+    on what pushes and runs load, or on a stream source that is not carried over."""
+    if stream is not None and stream["class"] == "PushSource" and fits("identifier", stream["name"]):
+        notes.append(
+            f"pushes to its PushSource {stream['name']} write it (push_source, taken by `materialize serve` with server.push); "
+            f"runs load its batch source {batch['name']}, which is what `feast materialize` loads for it"
+        )
+        return stream["name"]
+    if stream is not None:
+        notes.append(
+            f"its {stream['class']} {stream['name']} is not carried over: imported from its batch source {batch['name']}, "
+            "which is what `feast materialize` loads for it"
+        )
+    return None
+
+
+def _time_columns(view: dict, batch: dict, reverse: dict, notes: list[str]) -> tuple[str, str | None] | str:
+    """(event time column, created column or None) in the source's own column names (Feast's
+    field_mapping undone), or why the view cannot be read by event time."""
+    timestamp = batch.get("timestamp_field") or ""
+    if not timestamp:
+        why = _inference_why(view)
+        return f"its batch source {batch['name']} has no timestamp_field and Feast could not infer one{why}"
+    timestamp = reverse.get(timestamp, timestamp)
+    created = batch.get("created_timestamp_column") or None
+    created = reverse.get(created, created) if created else None
+    for label, column in (("timestamp_field", timestamp), ("created_timestamp_column", created)):
+        if column is not None and not fits("identifier", column):
+            return f"its {label} column {column!r} does not fit: {_RULES['identifier']}"
+    if batch.get("date_partition_column"):
+        notes.append(
+            f"date_partition_column {batch['date_partition_column']} not used: Feast prunes partitions by it, "
+            "a run here selects rows by event time"
+        )
+    return timestamp, created
+
+
 class _Mapper:
     def __init__(self, dump: dict, repo: Path, project: str, previous: Previous, key_ttl_seconds: int | None):
         self.dump, self.repo, self.previous = dump, repo, previous
@@ -216,76 +280,25 @@ class _Mapper:
             return self.left_out(
                 f"stream feature view {name}", "Feast computes it from a stream with its transformation; the job reads tables"
             )
-        if view.get("derived_from"):
-            return self.left_out(what, f"derived from the feature views {', '.join(view['derived_from'])}: Feast computes it")
-        if view.get("transformation"):
-            return self.left_out(what, "a transformation (udf) computes it in Feast; a source here is a table that holds the values")
-        if not view.get("online", True):
-            return self.left_out(what, "online=False: Feast never materializes it into its online store")
-        if not view.get("enabled", True):
-            return self.left_out(what, "enabled=False: Feast does not materialize it")
-        if not fits("identifier", name):
-            return self.left_out(what, f"the name does not fit: {_RULES['identifier']}")
-        if not view.get("entities"):
-            return self.left_out(what, "it has no entity (Feast keys it by a placeholder); a source here needs an entity with a key")
-        batch, stream = view.get("batch_source"), view.get("stream_source")
-        if batch is None:
-            return self.left_out(what, "it has no batch source to load from")
-        if batch["class"] not in FILE_SOURCES:
-            return self.left_out(
-                what,
-                f"its batch source {batch['name']} is a {batch['class']}, which no Spark reader here reads (the job reads Parquet, "
-                "Delta and Spark catalog tables): export it to one of those and point a FileSource or SparkSource at it",
-            )
-        notes, push_source = [], None
-        if stream is not None and stream["class"] == "PushSource" and fits("identifier", stream["name"]):
-            push_source = stream["name"]
-            notes.append(
-                f"pushes to its PushSource {push_source} write it (push_source, taken by `materialize serve` with server.push); "
-                f"runs load its batch source {batch['name']}, which is what `feast materialize` loads for it"
-            )
-        elif stream is not None:
-            notes.append(
-                f"its {stream['class']} {stream['name']} is not carried over: imported from its batch source {batch['name']}, "
-                "which is what `feast materialize` loads for it"
-            )
+        problem = _view_problem(view)
+        if problem:
+            return self.left_out(what, problem)
+        batch = view["batch_source"]
+        notes: list[str] = []
+        push_source = _view_push_source(batch, view.get("stream_source"), notes)
         where = self._where(view, batch, notes)
         if isinstance(where, str):
             return self.left_out(what, where)
         where, where_text = where
         reverse = {feature: column for column, feature in batch.get("field_mapping", {}).items()}
-
-        timestamp = batch.get("timestamp_field") or ""
-        if not timestamp:
-            why = _inference_why(view)
-            return self.left_out(what, f"its batch source {batch['name']} has no timestamp_field and Feast could not infer one{why}")
-        timestamp = reverse.get(timestamp, timestamp)
-        created = batch.get("created_timestamp_column") or None
-        created = reverse.get(created, created) if created else None
-        for label, column in (("timestamp_field", timestamp), ("created_timestamp_column", created)):
-            if column is not None and not fits("identifier", column):
-                return self.left_out(what, f"its {label} column {column!r} does not fit: {_RULES['identifier']}")
-        if batch.get("date_partition_column"):
-            notes.append(
-                f"date_partition_column {batch['date_partition_column']} not used: Feast prunes partitions by it, "
-                "a run here selects rows by event time"
-            )
-
-        keys, origins, columns = [], [], []
-        for entity_name in sorted(view["entities"]):
-            entity = self.entities.get(entity_name)
-            found, origin, problem = _entity_key_problem(entity, entity_name, view)
-            if problem:
-                return self.left_out(what, problem)
-            join_key = entity["join_key"]
-            column = reverse.get(join_key, join_key)
-            if not fits("identifier", column):
-                return self.left_out(what, f"the source column {column!r} of join key {join_key!r} does not fit: {_RULES['identifier']}")
-            keys.append(KeyColumn(name=join_key, type=found))
-            origins.append(origin)
-            columns.append(column)
-        if len({k.name for k in keys}) < len(keys):
-            return self.left_out(what, "two of its entities share a join key")
+        times = _time_columns(view, batch, reverse, notes)
+        if isinstance(times, str):
+            return self.left_out(what, times)
+        timestamp, created = times
+        keyed = self._key_columns(view, reverse)
+        if isinstance(keyed, str):
+            return self.left_out(what, keyed)
+        keys, origins, columns = keyed
 
         if not view.get("features"):
             why = _inference_why(view)
@@ -310,6 +323,26 @@ class _Mapper:
             notes=notes,
             push_source=push_source,
         )
+
+    def _key_columns(self, view: dict, reverse: dict) -> tuple[list[KeyColumn], list[str], list[str]] | str:
+        """(the key columns, where each key's type comes from, each key's source column) of the
+        view's entities, in name order; or why they cannot key a source here."""
+        keys, origins, columns = [], [], []
+        for entity_name in sorted(view["entities"]):
+            entity = self.entities.get(entity_name)
+            found, origin, problem = _entity_key_problem(entity, entity_name, view)
+            if problem:
+                return problem
+            join_key = entity["join_key"]
+            column = reverse.get(join_key, join_key)
+            if not fits("identifier", column):
+                return f"the source column {column!r} of join key {join_key!r} does not fit: {_RULES['identifier']}"
+            keys.append(KeyColumn(name=join_key, type=found))
+            origins.append(origin)
+            columns.append(column)
+        if len({k.name for k in keys}) < len(keys):
+            return "two of its entities share a join key"
+        return keys, origins, columns
 
     def _where(self, view: dict, batch: dict, notes: list[str]) -> tuple[dict, str] | str:
         """({location, format} or {table}, how it reads in words), or why it cannot be read."""

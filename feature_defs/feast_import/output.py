@@ -226,6 +226,15 @@ def check_and_write(plan: Plan, repo: Path, out: Path) -> Written:
     if (out / SUMMARY).exists() and not _managed(out / SUMMARY):
         raise FeastImportError([f"{out / SUMMARY}: exists and was not written by an import: move it, or import into another --out"])
 
+    lock_changes = _check_staged(files, others, lock, out)
+    files[SUMMARY] = summary(plan, repo, out)
+    return _write_changed(files, managed, out, Written(out, lock_changes=lock_changes))
+
+
+def _check_staged(files: dict[str, str], others: list[Path], lock: Lock | None, out: Path) -> list[str]:
+    """Load the new files beside ``out``'s other definition files and its lock, in a scratch
+    folder, as every command will; add the lock they make to ``files``. The lock's changes,
+    one line each; a FeastImportError naming ``out``'s files when a check fails."""
     with tempfile.TemporaryDirectory(prefix="feast-import-") as scratch:
         stage = Path(scratch)
         for path in others:
@@ -247,9 +256,11 @@ def check_and_write(plan: Plan, repo: Path, out: Path) -> Written:
             load_definitions(stage)  # what every command will load: strict, with the lock
         except DefinitionError as exc:
             raise FeastImportError(_definition_problems(exc, stage, out)) from None
-    files[SUMMARY] = summary(plan, repo, out)
+    return lock_changes
 
-    done = Written(out, lock_changes=lock_changes)
+
+def _write_changed(files: dict[str, str], managed: set[str], out: Path, done: Written) -> Written:
+    """Write each of ``files`` whose text changed, and remove the import's files it no longer makes."""
     out.mkdir(parents=True, exist_ok=True)
     for name in sorted(files):
         path = out / name

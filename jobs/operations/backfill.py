@@ -23,9 +23,9 @@ from feature_defs import DefinitionError, Definitions
 from fm_config import RunConf
 from jobs import transforms as tf
 from jobs.event_time import date_window
-from jobs.operations.ledger import Entry, Ledger, config_hash, keys_from, sink_targets
-from jobs.operations.store_state import Finding, check_stores, date_ranges, outstanding
-from jobs.operations.windows import ensure_window_ready, event_time_losses, incremental_window, read_window
+from jobs.operations.ledger.events import Entry, Ledger, config_hash, keys_from, sink_targets
+from jobs.operations.ledger.store_state import Finding, check_stores, date_ranges, outstanding
+from jobs.operations.ledger.windows import ensure_window_ready, event_time_losses, incremental_window, read_window
 from jobs.operations.written_as import written_as_problems
 from jobs.pipeline.read import ensure_ready, source_rows
 from jobs.pipeline.report.summary import RunSummary
@@ -142,7 +142,7 @@ def plan_backfill(
     latest = latest_date()
     steps = ledger.source_steps(source.name)
     written = {d: names for d, names in ledger.written_dates(source.name, sink_targets(conf, redis_url), steps).items() if d <= latest}
-    try:  # a store that lost what the ledger says it holds: its dates are not written (store_state.py)
+    try:  # a store that lost what the ledger says it holds: its dates are not written (ledger/store_state.py)
         findings, unchecked = [f for f in check_stores(conf, defs, source.name, steps, redis_url) if f.lost], None
     except Exception as exc:  # noqa: BLE001 (the plan stands without it; the steps compare again before writing)
         findings, unchecked = [], f"{type(exc).__name__}: {exc}"
@@ -237,22 +237,16 @@ def recorded_run(
     """run_source with a ledger entry: 'running' before, 'succeeded'/'failed' after.
 
     ``dates``: the dates with data the step covers (default: ``start``). Before writing, the
-    stores are compared with what the ledger recorded (store_state.py): a loss found is
+    stores are compared with what the ledger recorded (ledger/store_state.py): a loss found is
     recorded with the step, and the summary names the losses that ``writing`` (the dates
     the whole command writes; default ``dates``) leaves, with the backfill that restores them.
 
     ``until`` (a source selected by event time): an incremental run, from the last window the
-    ledger recorded (less the lookback) up to ``until`` (jobs/operations/windows.py); ``start``
+    ledger recorded (less the lookback) up to ``until`` (jobs/operations/ledger/windows.py); ``start``
     is then its report's date. A source selected by event time records its window either way."""
     source = defs.source(source_name)
     targets = sink_targets(conf, run_kwargs.get("redis_url"))
-    window = None
-    if until is None:
-        check_date(end or start)  # a date past tomorrow: refused before the table is read, nothing recorded (as run_source does)
-        window = date_window(start) if source.by_event_time else None
-        ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
-    elif not source.by_event_time:
-        raise ValueError(f"source {source.name!r} selects by date (select_by: date): run a date of it, not an incremental window")
+    window = _date_window(spark, conf, source, start, end, until)
     # one writer per (source, store): taken before anything is recorded or written
     with ledger.leases(conf.lease.seconds).hold(source.name, sorted(targets.values()), kind, wait=conf.lease.wait_seconds):
         if until is not None:  # read under the lease: no other run of the source ends meanwhile
@@ -265,19 +259,8 @@ def recorded_run(
         problems = written_as_problems(source, ledger.write_steps(source.entity))
         if problems:
             raise DefinitionError(problems)  # nothing recorded, nothing written
-        entry = Entry(
-            kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
-            definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
-            encodings={f.stored_name: f.encoding for f in source.features},
-            targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
-            window_start=window and window.start, window_end=window and window.end,
-            window_requested_end=window and window.requested_end,
-        )  # fmt: skip
-        losses, notes = _check_stores(conf, defs, ledger, entry, writing or dates or [start], run_kwargs.get("redis_url"))
-        rewritten: list[dt.date] = []
-        if source.by_event_time:  # a run of a date rewrites every row up to its end; restored by such a run
-            through = None if until is not None else start
-            losses, rewritten = event_time_losses(losses, through, conf.env, source.name, list(conf.sinks), run_kwargs.get("redis_url"))
+        entry = _entry(conf, defs, source, kind, start, end, targets, window)
+        losses, notes, rewritten = _losses(conf, defs, ledger, entry, writing or dates or [start], None if until else start, run_kwargs)
         ledger.start(entry)  # with the stores as found, and any loss: recorded even if the step dies
 
         def note(summary: RunSummary) -> None:
@@ -296,6 +279,43 @@ def recorded_run(
             entry.dates = sorted({*entry.dates, *rewritten})
         ledger.finish(entry, summary)
     return summary
+
+
+def _losses(conf: RunConf, defs: Definitions, ledger: Ledger, entry: Entry, writing: list[dt.date], through: dt.date | None, run_kwargs):
+    """What the stores lost of what the ledger says they hold (with the warnings naming the
+    backfill that restores it), and the dates this run writes again; ``through``: a run of
+    a date (None: an incremental run)."""
+    redis_url = run_kwargs.get("redis_url")
+    losses, notes = _check_stores(conf, defs, ledger, entry, writing, redis_url)
+    rewritten: list[dt.date] = []
+    if defs.source(entry.source).by_event_time:  # a run of a date rewrites every row up to its end; restored by such a run
+        losses, rewritten = event_time_losses(losses, through, conf.env, entry.source, list(conf.sinks), redis_url)
+    return losses, notes, rewritten
+
+
+def _date_window(spark: SparkSession, conf: RunConf, source, start: dt.date, end: dt.date | None, until: dt.datetime | None):
+    """A run of a date (``until`` None): the date checked and ready before anything is recorded,
+    and its event-time window when the source selects by event time."""
+    if until is not None:
+        if not source.by_event_time:
+            raise ValueError(f"source {source.name!r} selects by date (select_by: date): run a date of it, not an incremental window")
+        return None
+    check_date(end or start)  # a date past tomorrow: refused before the table is read, nothing recorded (as run_source does)
+    window = date_window(start) if source.by_event_time else None
+    ensure_ready(spark, conf, source, start, end)  # a date without rows is not ready: nothing recorded
+    return window
+
+
+def _entry(conf: RunConf, defs: Definitions, source, kind: str, start: dt.date, end: dt.date | None, targets: dict, window) -> Entry:
+    """The step's ledger entry, as recorded when it starts."""
+    return Entry(
+        kind=kind, source=source.name, entity=source.entity, start_date=start, end_date=end or start, sinks=list(conf.sinks),
+        definitions_hash=defs.digest, config_hash=config_hash(conf), features=[f.stored_name for f in source.features],
+        encodings={f.stored_name: f.encoding for f in source.features},
+        targets=targets, keys_from=keys_from(conf, source, defs.entity_of(source)),
+        window_start=window and window.start, window_end=window and window.end,
+        window_requested_end=window and window.requested_end,
+    )  # fmt: skip
 
 
 def _check_stores(

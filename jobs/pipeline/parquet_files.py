@@ -27,8 +27,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from jobs.pipeline.gate.sql_text import ident
 from jobs.source_errors import SourceUnreadable
+from jobs.sql_text import ident
 
 __all__ = ["MixedParquetTypes", "read_parquet"]
 

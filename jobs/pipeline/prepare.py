@@ -69,7 +69,7 @@ def prepare(ctx: RunContext, raw: DataFrame) -> Prepared:
     With the SQL sink in the run, each row's JSON object is built here, so an object over
     ``sql.max_map_bytes`` is bad input like any other: quarantined, written to no store.
     """
-    key = shared_cache.share_key(ctx.source, ctx.entity, ctx.date, ctx.end, ctx.window, stored_names="cockroach" in ctx.conf.sinks)
+    key = shared_cache.share_key(ctx.source, ctx.entity, ctx.date, ctx.end, ctx.window, stored_names="sql" in ctx.conf.sinks)
     shared_cache.hold(key)
     try:
         return _prepare(ctx, raw, key)
@@ -104,7 +104,7 @@ def _prepare(ctx: RunContext, raw: DataFrame, key: str) -> Prepared:
     written = checked
     if ctx.per_date:
         written = tf.latest_good_date(checked, source, entity)
-        if "cockroach" in conf.sinks:
+        if "sql" in conf.sinks:
             written = written.sortWithinPartitions(tf.ENTITY_ID)
         written = shared_cache.cache(key, written)
         latest = shared_cache.counted(key, "latest", written.count)
@@ -117,7 +117,7 @@ def _prepare(ctx: RunContext, raw: DataFrame, key: str) -> Prepared:
     return Prepared(
         snapshot=tf.snapshot_for_checks(checked, tagged, source, entity, ctx.per_date),
         good=for_writers(tf.encode_ready(written, source)),
-        sql_good=for_writers(tf.sql_ready(written)) if "cockroach" in conf.sinks else None,
+        sql_good=for_writers(tf.sql_ready(written)) if "sql" in conf.sinks else None,
         quarantine=quarantine,
         cached=[tagged, checked, *([written] if ctx.per_date else [])],
         counts=counts,
@@ -155,7 +155,7 @@ def _checked(ctx: RunContext, good_rows: DataFrame, unique: bool) -> DataFrame:
     checked = tf.with_entity_id(tf.tag_value_problems(features, source), source, entity)
     if ctx.window is not None:  # each entity as of its row's event time
         checked = event_time.with_event_as_of(checked, source)
-    if "cockroach" in ctx.conf.sinks:
+    if "sql" in ctx.conf.sinks:
         checked = tf.with_json_maps(checked, source, ctx.conf.sql.max_map_bytes)
         if not ctx.per_date:
             # The SQL writers send rows sorted by key. Sorted here, as the snapshot is cached,

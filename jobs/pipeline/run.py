@@ -80,20 +80,7 @@ def run_source(
         with ctx.stage(summary, "gate"):
             docs = check_quality(ctx, prepared, summary, expectations=conf.quality.expectations)
         try:  # the data docs render while the stores are written
-            if conf.quality.verify_sample:  # the rows to read back, taken before the write (verify_sample)
-                start = time.perf_counter()
-                with ctx.stage(summary, "verify", timed=False):
-                    sample = verify_sample(ctx, prepared.good, summary)
-                sampled = time.perf_counter() - start
-            _write(ctx, prepared, summary)
-            if after_write:
-                after_write(summary)
-            if conf.quality.verify_sample:
-                try:
-                    with ctx.stage(summary, "verify"):
-                        verify_writes(ctx, sample, summary)
-                finally:
-                    summary.stages["verify"] += sampled
+            _write_and_verify(ctx, prepared, summary, after_write)
             if guard_skipped_newer:
                 check_mostly_newer(ctx, summary)
         finally:
@@ -101,6 +88,25 @@ def run_source(
                 with summary.stage("gate"):  # the gate's data docs: the wait for them, if any
                     docs_rendered(summary, docs)
     return summary
+
+
+def _write_and_verify(ctx: RunContext, prepared: Prepared, summary: RunSummary, after_write: Callable[[RunSummary], None] | None) -> None:
+    """Write the good rows to the stores, then (quality.verify_sample) read a sample of them
+    back, taken before the write; ``after_write`` runs in between."""
+    if ctx.conf.quality.verify_sample:  # the rows to read back, taken before the write (verify_sample)
+        start = time.perf_counter()
+        with ctx.stage(summary, "verify", timed=False):
+            sample = verify_sample(ctx, prepared.good, summary)
+        sampled = time.perf_counter() - start
+    _write(ctx, prepared, summary)
+    if after_write:
+        after_write(summary)
+    if ctx.conf.quality.verify_sample:
+        try:
+            with ctx.stage(summary, "verify"):
+                verify_writes(ctx, sample, summary)
+        finally:
+            summary.stages["verify"] += sampled
 
 
 def _window(source, date: dt.date, end: dt.date | None, window: EventWindow | None) -> EventWindow | None:
@@ -182,7 +188,7 @@ def _write(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> None:
 
 def _write_stores(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> None:
     sql_sink = None
-    if "cockroach" in ctx.conf.sinks:
+    if "sql" in ctx.conf.sinks:
         with ctx.stage(summary, "sql checks"):
             sql_sink = prepare_sql(ctx, summary)
     described = check_descriptions(ctx, sql_sink)  # both stores' before either is written
@@ -190,8 +196,8 @@ def _write_stores(ctx: RunContext, prepared: Prepared, summary: RunSummary) -> N
         with ctx.stage(summary, "write redis"):
             write_redis(ctx, prepared.good, summary, described["redis"])
     if sql_sink:
-        with ctx.stage(summary, "write cockroach"):
-            write_sql(ctx, sql_sink, prepared.sql_good, summary, described["cockroach"])
+        with ctx.stage(summary, "write sql"):
+            write_sql(ctx, sql_sink, prepared.sql_good, summary, described["sql"])
 
 
 def validate_source(spark: SparkSession, conf: RunConf, defs: Definitions, source_name: str, date: dt.date) -> RunSummary:
@@ -224,9 +230,9 @@ def verify_source(
         summary.record(prepared.counts)
         if "redis" in conf.sinks:
             summary.sinks["redis"] = {}
-        if "cockroach" in conf.sinks:
+        if "sql" in conf.sinks:
             with sql_connect(ctx.sql_config()) as conn:
-                summary.sinks["cockroach"] = {"dialect": dialect_of(conf.sql, conn)}
+                summary.sinks["sql"] = {"dialect": dialect_of(conf.sql, conn)}
         with ctx.stage(summary, "verify"):
             verify_writes(ctx, verify_sample(ctx, prepared.good, summary), summary)
     return summary

@@ -13,7 +13,7 @@ from __future__ import annotations
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
 
-SKIPPED = {"redis": ("skipped_newer", "entities"), "cockroach": ("rows_skipped_newer", "rows")}
+SKIPPED = {"redis": ("skipped_newer", "entities"), "sql": ("rows_skipped_newer", "rows")}
 """Per store: the summary's counter of entities left as they were, and what it counts."""
 
 

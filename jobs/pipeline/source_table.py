@@ -25,9 +25,9 @@ from feature_defs import SourceDef
 from fm_config import RunConf
 from fm_config.catalog import CATALOG_HELP
 from fm_config.locations import Location
-from jobs.pipeline.gate.sql_text import ident
 from jobs.pipeline.parquet_files import MixedParquetTypes, read_parquet
 from jobs.source_errors import CatalogNotConfigured, CatalogUnavailable, SchemaDriftError, SourceNotFound, SourceUnreadable
+from jobs.sql_text import ident
 from jobs.transforms import date_problem
 
 __all__ = [

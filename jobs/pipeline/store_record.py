@@ -1,6 +1,6 @@
 """After a store's write: what identifies it and what it holds, with a sample of the
 entities written, for the ledger (``stores.<sink>.after``), which the next steps compare
-with (jobs/operations/store_state.py). Never fails a written run: a store that does not
+with (jobs/operations/ledger/store_state.py). Never fails a written run: a store that does not
 answer here is a warning, and the next comparison has one record less."""
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
 
 
 def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mismatches:
-    out = Mismatches("cockroach")
+    out = Mismatches("sql")
     if not rows:
         return out
     query = sql.SQL("SELECT entity_key, features::text, as_of FROM {} WHERE source = %s AND entity_key = ANY(%s)").format(conf.table_id)
@@ -183,8 +183,8 @@ def verify_writes(ctx: RunContext, rows: list[dict[str, Any]], summary: RunSumma
     if "redis" in summary.sinks:
         sink_conf = ctx.redis_config()
         found.append(verify_redis(replace(sink_conf, cluster=detect_cluster(conf.redis, sink_conf)), source, rows))
-    if "cockroach" in summary.sinks:
-        found.append(verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["cockroach"]["dialect"]), source, rows))
+    if "sql" in summary.sinks:
+        found.append(verify_sql(sql_sink_config(conf, source, entity, date, summary.sinks["sql"]["dialect"]), source, rows))
     for m in found:
         summary.verification[m.sink] = {"checked": len(rows), "newer": m.newer, "mismatches": m.count, "listed": m.listed}
     wrong = [m for m in found if m.count]

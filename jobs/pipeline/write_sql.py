@@ -55,9 +55,9 @@ def split_keys(rows: DataFrame, splits: int, total: int, sample_per_split: int =
 def prepare_sql(ctx: RunContext, summary: RunSummary) -> SqlSinkConfig:
     """Driver side, before any store is written: the store's preflight (dialect, table, grants)."""
     config = ctx.sql_config()
-    summary.sinks["cockroach"] = {"table": config.table_name}
+    summary.sinks["sql"] = {"table": config.table_name}
     checked = preflight(ctx.conf.sql, config, summary.warnings)
-    summary.sinks["cockroach"]["dialect"] = checked.dialect
+    summary.sinks["sql"]["dialect"] = checked.dialect
     return checked
 
 
@@ -67,7 +67,7 @@ def write_sql(
     """Record what the table holds (``described``: jobs/pipeline/describe.py), pre-split
     (CockroachDB, large writes), then full-row upserts from inside the partitions."""
     spark, conf, source = ctx.spark, ctx.conf, ctx.source
-    stats = summary.sinks["cockroach"]
+    stats = summary.sinks["sql"]
     if described:
         with connect(sink_conf) as conn:
             record_description(conn, sink_conf.schema, sink_conf.table, described)

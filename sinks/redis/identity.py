@@ -1,5 +1,5 @@
 """What identifies a Redis and what it holds, read cheaply at any size, for the ledger to
-record after each write and for later steps to compare with (jobs/operations/store_state.py).
+record after each write and for later steps to compare with (jobs/operations/ledger/store_state.py).
 
 Nothing here walks the keyspace: at billions of keys a ``SCAN`` per night is not
 affordable, and the writer's ACL (conf/base/redis-acl.txt) grants no ``SCAN``. Instead:

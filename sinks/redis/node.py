@@ -177,60 +177,20 @@ class RedisSink:
         After a dropped connection, every chunk not yet acknowledged is sent again on a new
         connection (the commands can be repeated). The retry budget is per stretch without
         progress: a resend that gets further starts a new one."""
-        done = {"next": 0}  # first chunk whose replies have not been read
-
-        def count_in_flight(in_flight: int | None) -> None:
-            # that chunk is already on its way: count it, so the report says what was written
-            if in_flight is not None:
-                try:
-                    self._acknowledge(commands, keys, bounds[in_flight], batch_stats)
-                except (CeilingReached, *TRANSIENT):
-                    pass  # counted up to Redis's refusal; a lost reply must not turn the stop into a resend
-
-        def acknowledge(index: int, in_flight: int | None) -> None:
+        chunks = _Chunks(self, commands, keys, bounds, batch_stats)
+        while chunks.next < len(bounds):
+            reached = chunks.next
             try:
-                self._acknowledge(commands, keys, bounds[index], batch_stats)
-            except CeilingReached as exc:
-                count_in_flight(in_flight)
-                raise CeilingReached(exc.used, exc.ceiling, self.stats, exc.oom) from exc
-            done["next"] = index + 1
-            self._chunks += 1
-            if self._chunks % self.config.recheck_every == 0 and (used := self._over_ceiling()) is not None:
-                count_in_flight(in_flight)
-                raise CeilingReached(used, self.config.ceiling_bytes, self.stats)
-
-        def resume() -> None:
-            if self._conn is None:
-                self._connect_data()
-            in_flight: int | None = None
-            for k in range(done["next"], len(bounds)):
-                self._send(commands.wire_bytes(*bounds[k]), self._wait)
-                if in_flight is not None:
-                    acknowledge(in_flight, k)
-                in_flight = k
-            if in_flight is not None:
-                acknowledge(in_flight, None)
-
-        attempts = {"n": 0}
-
-        def on_retry(attempt: int, exc: BaseException) -> None:
-            attempts["n"] = attempt
-            self.stats.retries += 1
-            self._drop_data()
-
-        while done["next"] < len(bounds):
-            reached = done["next"]
-            try:
-                call_with_retries(resume, is_transient=is_transient, retries=self.config.retries, on_retry=on_retry)
+                call_with_retries(chunks.resume, is_transient=is_transient, retries=self.config.retries, on_retry=chunks.on_retry)
             except redis.AuthenticationError as exc:
                 raise TerminalSinkError(f"Redis at {server_address(self.config.url)} refused the credentials: {exc}") from exc
             except TRANSIENT as exc:
                 self._drop_data()
-                if done["next"] > reached:
+                if chunks.next > reached:
                     continue  # the resends got further: a new budget for the rest
-                start, stop = bounds[done["next"]]
+                start, stop = bounds[chunks.next]
                 raise ChunkFailed(
-                    f"Redis at {server_address(self.config.url)} failed {attempts['n'] + 1} times on a chunk of {stop - start} "
+                    f"Redis at {server_address(self.config.url)} failed {chunks.attempts + 1} times on a chunk of {stop - start} "
                     f"entities (first key {keys[start].as_py()!r}): {exc}",
                     pending_from=start,
                 ) from exc
@@ -354,3 +314,60 @@ class RedisSink:
                 f"Redis at {server_address(self.config.url)}: {reply} of {self._wait_for} replica(s) confirmed a chunk "
                 f"within {self.config.wait_timeout_ms} ms (WAIT)"
             )
+
+
+class _Chunks:
+    """One batch's chunks as RedisSink._pipeline sends them, one in flight: how far the
+    acknowledgements got, and the attempts of the current stretch without progress."""
+
+    def __init__(
+        self, sink: RedisSink, commands: EntityCommands, keys: pa.Array, bounds: list[tuple[int, int]], batch_stats: RedisWriteStats
+    ):
+        self.sink, self.commands, self.keys, self.bounds, self.batch_stats = sink, commands, keys, bounds, batch_stats
+        self.next = 0
+        """The first chunk whose replies have not been read."""
+        self.attempts = 0
+        """The last retry's attempt number (call_with_retries's count)."""
+
+    def resume(self) -> None:
+        """Send every chunk from ``next`` on (connecting first if need be), reading each one's
+        replies once the following one is on its way."""
+        sink = self.sink
+        if sink._conn is None:
+            sink._connect_data()
+        in_flight: int | None = None
+        for k in range(self.next, len(self.bounds)):
+            sink._send(self.commands.wire_bytes(*self.bounds[k]), sink._wait)
+            if in_flight is not None:
+                self._acknowledge_chunk(in_flight, k)
+            in_flight = k
+        if in_flight is not None:
+            self._acknowledge_chunk(in_flight, None)
+
+    def on_retry(self, attempt: int, exc: BaseException) -> None:
+        self.attempts = attempt
+        self.sink.stats.retries += 1
+        self.sink._drop_data()
+
+    def _acknowledge_chunk(self, index: int, in_flight: int | None) -> None:
+        """Read chunk ``index``'s replies; stop at the ceiling (Redis's OOM, or used_memory
+        rechecked every ``recheck_every`` chunks) with the chunk ``in_flight`` counted too."""
+        sink = self.sink
+        try:
+            sink._acknowledge(self.commands, self.keys, self.bounds[index], self.batch_stats)
+        except CeilingReached as exc:
+            self._count_in_flight(in_flight)
+            raise CeilingReached(exc.used, exc.ceiling, sink.stats, exc.oom) from exc
+        self.next = index + 1
+        sink._chunks += 1
+        if sink._chunks % sink.config.recheck_every == 0 and (used := sink._over_ceiling()) is not None:
+            self._count_in_flight(in_flight)
+            raise CeilingReached(used, sink.config.ceiling_bytes, sink.stats)
+
+    def _count_in_flight(self, in_flight: int | None) -> None:
+        # that chunk is already on its way: count it, so the report says what was written
+        if in_flight is not None:
+            try:
+                self.sink._acknowledge(self.commands, self.keys, self.bounds[in_flight], self.batch_stats)
+            except (CeilingReached, *TRANSIENT):
+                pass  # counted up to Redis's refusal; a lost reply must not turn the stop into a resend

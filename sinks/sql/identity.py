@@ -1,6 +1,6 @@
 """What identifies the SQL store and what one of its entity tables holds, read cheaply at
 any size, for the ledger to record after each write and for later steps to compare with
-(jobs/operations/store_state.py).
+(jobs/operations/ledger/store_state.py).
 
 - The server: PostgreSQL's ``system_identifier`` (fixed when the cluster was initialised;
   a restore into a new cluster or a failover to another changes it), CockroachDB's

@@ -58,7 +58,7 @@ def our_conf(root: Path, defs_dir: Path, redis_server: RedisServer, pg_server: P
     base = redis_server.url.rsplit("/", 1)[0]
     return RunConf(
         env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir),
-        sinks=["redis", "cockroach"], redis=RedisSettings(url=f"{base}/{OUR_DB}", password_env=None, mode="standalone"),
+        sinks=["redis", "sql"], redis=RedisSettings(url=f"{base}/{OUR_DB}", password_env=None, mode="standalone"),
         sql=SqlSettings(dsn=pg_server.dsn, password_env=None),
         quality=QualityConf(expectations=False, verify_sample=10), reader=ReaderSettings(timeout_ms=10000),
     )  # fmt: skip

@@ -1,7 +1,9 @@
-"""`materialize serve` in a process of its own, for the tests that speak to it over HTTP."""
+"""`materialize serve` in a process of its own, for the tests that speak to it over HTTP, and
+the settings of a test server over a conf the job wrote."""
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import os
@@ -16,6 +18,18 @@ from throwaway.servers import again_if_port_taken, free_port, start_failed
 from .confs import env_conf
 
 MATERIALIZE = str(Path(sys.executable).parent / "materialize")
+
+
+def server_settings(conf, **extra) -> dict:
+    """Settings for a test server; ``extra`` is copied, so a test that updates its settings leaves shared
+    constants alone (one did: every later test in the module ran with its 1 MiB unsent bound)."""
+    extra = copy.deepcopy(extra)
+    return {
+        "definitions_dir": conf.definitions_dir, "sinks": ["redis", "sql"],
+        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"}, "sql": {"dsn": conf.sql.dsn, "password_env": None},
+        "reader": {"max_entities": 5, "timeout_ms": 5000}, "server": {"max_body_bytes": 4096},
+        **extra,
+    }  # fmt: skip
 
 
 class Served:

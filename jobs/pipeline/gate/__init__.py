@@ -2,5 +2,5 @@
 
 stage.py runs the gate in a run (profile, expectations, the bad-row limit: a failure writes
 nothing); checks.py derives the checks and runs great-expectations; scan.py computes the
-checks' counts and the profile in one Spark aggregation; sql_text.py writes the Spark SQL
-text they are built from (also used by the transforms)."""
+checks' counts and the profile in one Spark aggregation, from Spark SQL text
+(jobs/sql_text.py, shared with the transforms)."""

@@ -32,7 +32,7 @@ from feature_defs.models import expectation_class_name
 from fm_config import QualityConf
 from fm_config.locations import Files, Location
 from jobs.pipeline.gate.scan import scan, unexpected_examples
-from jobs.pipeline.gate.sql_text import ident
+from jobs.sql_text import ident
 from jobs.transforms import CONFLICTS, finite_sql, key_columns, spark_type
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class VerificationError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Check:
+class Expectation:
     """One expectation: a readable name, the great-expectations type and its arguments."""
 
     name: str
@@ -129,25 +129,27 @@ def _type_name(feature) -> str:
     return type(spark_type(feature)).__name__ if feature.type == "float" else _TYPE_NAMES[feature.type]
 
 
-def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, previous: tuple[str, int] | None = None) -> list[Check]:
+def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, previous: tuple[str, int] | None = None) -> list[Expectation]:
     """The expectations of one source, from its definition (see the table in feature_defs/README.md "Data quality")."""
     tolerance = 1.0 - quality.max_bad_fraction  # rows the bad-row quarantine may take out
     checks = [
-        Check(f"{c} not null", "expect_column_values_to_not_be_null", {"column": c, "mostly": tolerance})
+        Expectation(f"{c} not null", "expect_column_values_to_not_be_null", {"column": c, "mostly": tolerance})
         for c in key_columns(source, entity)
     ]
     checks.append(_unique_check(source))
     for f in source.features:
-        checks.append(Check(f"{f.name} is {f.type}", "expect_column_values_to_be_of_type", {"column": f.name, "type_": _type_name(f)}))
+        checks.append(
+            Expectation(f"{f.name} is {f.type}", "expect_column_values_to_be_of_type", {"column": f.name, "type_": _type_name(f)})
+        )
         if f.type == "embedding":
             checks.append(
-                Check(f"{f.name} has dimension {f.dimension}", "expect_column_values_to_be_between",
+                Expectation(f"{f.name} has dimension {f.dimension}", "expect_column_values_to_be_between",
                       {"column": DIM_PREFIX + f.name, "min_value": f.dimension, "max_value": f.dimension, "mostly": tolerance})
             )  # fmt: skip
         limit = quality.max_null_fraction if f.max_null_fraction is None else f.max_null_fraction
         if limit < 1:
             checks.append(
-                Check(
+                Expectation(
                     f"{f.name} null at most {limit:.0%}",
                     "expect_column_values_to_not_be_null",
                     {"column": f.name, "mostly": round(1 - limit, 6)},
@@ -158,12 +160,12 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
             if f.precision == "float32":  # compare float32 values with float32 bounds: 0.1 is float32(0.1)
                 low, high = (None if v is None else float(np.float32(v)) for v in (low, high))
             checks.append(
-                Check(f"{f.name} in [{f.min_value}, {f.max_value}]", "expect_column_values_to_be_between",
+                Expectation(f"{f.name} in [{f.min_value}, {f.max_value}]", "expect_column_values_to_be_between",
                       {"column": f.name, "min_value": low, "max_value": high}, f.severity)
             )  # fmt: skip
         if f.allowed_values is not None:
             checks.append(
-                Check(
+                Expectation(
                     f"{f.name} in allowed values",
                     "expect_column_values_to_be_in_set",
                     {"column": f.name, "value_set": f.allowed_values},
@@ -174,22 +176,24 @@ def derive_checks(source: SourceDef, entity: EntityDef, quality: QualityConf, pr
         date, count = previous
         low, high = math.floor(count * (1 - quality.row_count_band)), math.ceil(count * (1 + quality.row_count_band))
         checks.append(
-            Check(f"entities within {quality.row_count_band:.0%} of the {count:,} on {date}", "expect_table_row_count_to_be_between",
+            Expectation(f"entities within {quality.row_count_band:.0%} of the {count:,} on {date}", "expect_table_row_count_to_be_between",
                   {"min_value": max(0, low), "max_value": high})
         )  # fmt: skip
     for extra in source.expectations:
         label = f"{extra.type}({', '.join(f'{k}={v}' for k, v in extra.kwargs.items())})"
-        checks.append(Check(label, extra.type, dict(extra.kwargs), extra.severity))
+        checks.append(Expectation(label, extra.type, dict(extra.kwargs), extra.severity))
     return checks
 
 
-def _unique_check(source: SourceDef) -> Check:
+def _unique_check(source: SourceDef) -> Expectation:
     """No key with tied versions (_conflicts: jobs/transforms.latest_per_key). With ``on_tie:
     keep_one`` a tie keeps one row: the check passes (mostly 0) and still counts the keys."""
     name, kwargs = "entity key unique after de-duplication", {"column": CONFLICTS, "value_set": [0]}
     if source.on_tie == "keep_one":
-        return Check(f"{name} (on_tie: keep_one: a tie keeps one row)", "expect_column_values_to_be_in_set", {**kwargs, "mostly": 0.0})
-    return Check(name, "expect_column_values_to_be_in_set", kwargs)
+        return Expectation(
+            f"{name} (on_tie: keep_one: a tie keeps one row)", "expect_column_values_to_be_in_set", {**kwargs, "mostly": 0.0}
+        )
+    return Expectation(name, "expect_column_values_to_be_in_set", kwargs)
 
 
 def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
@@ -210,7 +214,7 @@ def validation_frame(snapshot: DataFrame, source: SourceDef) -> DataFrame:
         for f in source.features
         if f.type == "embedding"
     ]
-    return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
+    return snapshot.selectExpr(*columns, *dims)  # SQL text: one call to the JVM (jobs/sql_text.py)
 
 
 def previous_success(reports_path: str, source: str, date: dt.date, files: Files | None = None) -> tuple[str, int] | None:
@@ -239,7 +243,7 @@ def previous_success(reports_path: str, source: str, date: dt.date, files: Files
 
 def run_gate(
     df: DataFrame,
-    checks: list[Check],
+    checks: list[Expectation],
     *,
     source: SourceDef,
     suite_name: str,
@@ -310,7 +314,7 @@ def _gx_context():
     return context
 
 
-def _gx_suite(context, suite_name: str, checks: list[Check]):
+def _gx_suite(context, suite_name: str, checks: list[Expectation]):
     """The suite of ``checks``, added to ``context``."""
     gx = _gx()
     import great_expectations.expectations as gxe
@@ -324,7 +328,7 @@ def _gx_suite(context, suite_name: str, checks: list[Check]):
     return context.suites.add(gx.ExpectationSuite(name=suite_name, expectations=expectations))
 
 
-def _run_with_gx(context, df: DataFrame, checks: list[Check], suite_name: str) -> list:
+def _run_with_gx(context, df: DataFrame, checks: list[Expectation], suite_name: str) -> list:
     """Checks the scan does not compute (a definition's own expectations of other kinds),
     validated by great-expectations on the Spark DataFrame."""
     gx = _gx()

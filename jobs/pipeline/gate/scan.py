@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from feature_defs import SourceDef
-from jobs.pipeline.gate.sql_text import ident, literal
+from jobs.sql_text import ident, literal
 
 NUMERIC = ("float", "int")
 LISTS = ("embedding", "int_list", "string_list", "float_list")
@@ -125,7 +125,7 @@ def scan(df: DataFrame, checks: list, source: SourceDef) -> tuple[dict[int, tupl
         present = aggregate(f"count({ident(check.kwargs['column'])})", f"c|{i}|present")
         bad = _unexpected(check) if check.type != "expect_column_values_to_not_be_null" else None
         names[i] = (present, bad and aggregate(f"sum(CAST({bad} AS BIGINT))", f"c|{i}|bad"))
-    # SQL text: one call to the JVM (jobs/pipeline/gate/sql_text.py)
+    # SQL text: one call to the JVM (jobs/sql_text.py)
     row = df.selectExpr(*[f"{text} AS {name}" for text, name in aggs.items()]).first().asDict()
     rows = row["rows"]
     types = {f.name: type(f.dataType).__name__ for f in df.schema.fields}

@@ -57,7 +57,7 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
     store_loss: list[dict[str, Any]] = field(default_factory=list)
     """Stores that lost data written before this run and not written again since: per store,
-    the dates, the evidence and the backfill that restores them (jobs/operations/store_state.py)."""
+    the dates, the evidence and the backfill that restores them (jobs/operations/ledger/store_state.py)."""
     seconds: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
     """Wall seconds per stage, in run order: read, prepare, quarantine, gate (with the wait, if

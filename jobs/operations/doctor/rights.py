@@ -1,5 +1,5 @@
 """``materialize doctor``: what the read side's Redis user and SQL role could change, judged
-whole, without changing anything (doctor_reads.py reports it).
+whole, without changing anything (reads.py reports it).
 
 Redis: every command of the ``@write`` and ``@dangerous`` categories (``COMMAND LIST``;
 ``INFO`` aside, which the reader's ACL grants for its reads, and ``EVALSHA`` added, the

@@ -31,7 +31,7 @@ from psycopg import sql
 
 from feature_defs import Definitions
 from fm_config import RunConf
-from jobs.operations.ledger import sink_targets
+from jobs.operations.ledger.events import sink_targets
 from sinks.errors import TerminalSinkError
 from sinks.retry import call_with_retries
 from sinks.sql.config import SqlSinkConfig, sql_sink_config
@@ -138,7 +138,7 @@ class SqlCleanupResult:
 def plan_sql_cleanup(conf: RunConf, defs: Definitions, entity_name: str) -> SqlCleanupPlan:
     entity = defs.entity(entity_name)
     stored = {s.name: tuple(f.stored_name for f in s.features) for s in defs.sources_of(entity.name)}
-    target = sink_targets(conf.model_copy(update={"sinks": ["cockroach"]})).get("cockroach", "")
+    target = sink_targets(conf.model_copy(update={"sinks": ["sql"]})).get("sql", "")
     return SqlCleanupPlan(entity.name, sql_sink_config(conf, None, entity), stored, target)
 
 

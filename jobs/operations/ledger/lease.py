@@ -13,7 +13,7 @@ source and every claim, renewal and release names its source's partition, so run
 different sources (``parallel_sources``) do not conflict (unpartitioned, the claims of three
 sources at once took up to 17 s of retries). On S3 that needs Delta's
 multi-cluster log store (conf/README.md, "Locations"), as concurrent ledger appends do. On
-a local disk every commit holds the table's commit lock (jobs/operations/local_commits.py):
+a local disk every commit holds the table's commit lock (jobs/operations/ledger/local_commits.py):
 Hadoop's local file system cannot refuse a second commit of the same version, so two
 processes claiming at once would otherwise both win, and could leave the log unreadable.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from jobs.operations.local_commits import commit_lock, guarded
+from jobs.operations.ledger.local_commits import commit_lock, guarded
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from jobs.operations.ledger import WRITE_KINDS, aware, loss_events, lost_later, on_target, stores_of
+from jobs.operations.ledger.events import WRITE_KINDS, aware, loss_events, lost_later, on_target, stores_of
 
 LOST_BELOW = 0.5
 """Fewer than this share of the sample still there: the store lost the data. A few missing
@@ -158,25 +158,38 @@ def compare(
     count = f"{present or 0} of {len(sample)} {source} entities sampled by {what} still hold its data"
     finding.evidence = f"{count}; {describe(sink, after, seen, what)}"
     if present is None or present < LOST_BELOW * len(sample):
-        # Which dates: those whose last write's own sample is gone too (a restart that loaded
-        # an older RDB snapshot lost only the writes since), or cannot tell; not those whose
-        # keys had expired anyway (older than the TTL and its jitter).
-        window = dt.timedelta(seconds=ttl_seconds * (1 + ttl_jitter)) if ttl_seconds else None
-        verdicts = {last["run_id"]: True}
-
-        def gone(step: Mapping[str, Any]) -> bool:
-            if step["run_id"] not in verdicts:
-                keys = stores_of(step)[sink].get("after", {}).get("sample") or []
-                found = holding(keys) if _tells(step, sink, ttl_seconds, now) else None
-                verdicts[step["run_id"]] = found is None or found < LOST_BELOW * len(keys)
-            return verdicts[step["run_id"]]
-
-        recent = {d: r for d, r in held.items() if window is None or aware(r["ended_at"]) + window >= now}
-        finding.found_now = sorted(d for d, r in recent.items() if gone(r))
+        finding.found_now = _lost_dates(held, last, sink, holding, ttl_seconds, ttl_jitter, now)
         finding.lost = sorted(set(finding.lost) | set(finding.found_now))
     elif present < len(sample):
         finding.warning = f"{sink} at {target}: {count} (deleted by hand, or evicted?)"
     return finding if finding.found_now else finding.explained(earlier)
+
+
+def _lost_dates(
+    held: dict[dt.date, Mapping[str, Any]],
+    last: Mapping[str, Any],
+    sink: str,
+    holding: Callable[[list[str]], int | None],
+    ttl_seconds: float | None,
+    ttl_jitter: float,
+    now: dt.datetime,
+) -> list[dt.date]:
+    """Which dates a store found short of its last write lost: those whose last write's own
+    sample is gone too (a restart that loaded an older RDB snapshot lost only the writes
+    since), or cannot tell; not those whose keys had expired anyway (older than the TTL and
+    its jitter)."""
+    window = dt.timedelta(seconds=ttl_seconds * (1 + ttl_jitter)) if ttl_seconds else None
+    verdicts = {last["run_id"]: True}
+
+    def gone(step: Mapping[str, Any]) -> bool:
+        if step["run_id"] not in verdicts:
+            keys = stores_of(step)[sink].get("after", {}).get("sample") or []
+            found = holding(keys) if _tells(step, sink, ttl_seconds, now) else None
+            verdicts[step["run_id"]] = found is None or found < LOST_BELOW * len(keys)
+        return verdicts[step["run_id"]]
+
+    recent = {d: r for d, r in held.items() if window is None or aware(r["ended_at"]) + window >= now}
+    return sorted(d for d, r in recent.items() if gone(r))
 
 
 def _tells(step: Mapping[str, Any], sink: str, ttl_seconds: float | None, now: dt.datetime) -> bool:
@@ -225,7 +238,7 @@ def describe(sink: str, after: dict[str, Any], seen: dict[str, Any], what: str) 
 def check_stores(conf, defs, source_name: str, steps: list[dict], redis_url: str | None = None) -> list[Finding]:
     """Each configured store of ``source_name`` now against the ledger's ``steps`` of it
     (Ledger.source_steps). A store nothing was recorded for is not asked anything."""
-    from jobs.operations.ledger import sink_targets
+    from jobs.operations.ledger.events import sink_targets
 
     source = defs.source(source_name)
     entity = defs.entity_of(source)
@@ -269,7 +282,7 @@ def _check_sql(conf, source, entity, target: str, steps: list[dict]) -> Finding:
         seen = identity.observe(conn, config)
         # rows expire with the entity's TTL too (expires_at): dates older than it tell nothing
         return compare(
-            steps, source.name, "cockroach", target, seen, lambda sample: identity.holding(conn, config, sample),
+            steps, source.name, "sql", target, seen, lambda sample: identity.holding(conn, config, sample),
             ttl_seconds=entity.ttl_seconds, ttl_jitter=conf.redis.ttl_jitter,
         )  # fmt: skip
 

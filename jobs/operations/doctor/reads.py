@@ -6,10 +6,10 @@ Nothing is written, and no check needs an admin user:
 - The reader's Redis user: ``HMGET`` and ``PING`` of a key that cannot exist (a random name
   under each entity's prefix); then every ``@write`` and ``@dangerous`` command, judged by
   ``ACL DRYRUN`` where some user here may run it, else run where Redis refuses it before it
-  runs (doctor_rights.py).
+  runs (rights.py).
 - The reader's SQL role, in a read-only session: superuser, membership in the roles that
   write files or run programs, and per table every privilege beyond ``SELECT`` and
-  ownership (doctor_rights.py).
+  ownership (rights.py).
 - ``rediss://`` at a plain port, or ``redis://`` at a TLS one, is found by sending ``PING``
   in plain text on a socket of its own: a plain Redis answers RESP, a TLS one closes it.
 - Whether the database holds the project's keys: ``SCAN MATCH <prefix>*`` (bounded) when
@@ -30,8 +30,8 @@ from urllib.parse import urlsplit
 
 from feature_defs import Definitions
 from fm_config import RunConf
-from jobs.operations.check import Check, Status
-from jobs.operations.doctor_rights import FILE_ROLES, RedisRights, redis_rights, sql_role_powers, sql_table_rights
+from jobs.operations.doctor.line import DoctorLine, Status
+from jobs.operations.doctor.rights import FILE_ROLES, RedisRights, redis_rights, sql_role_powers, sql_table_rights
 
 LEAST_PRIVILEGE = "conf/README.md 'Least privilege'"
 SCAN_BATCHES = 10
@@ -39,18 +39,20 @@ SCAN_COUNT = 1000
 """At most SCAN_BATCHES x SCAN_COUNT keys are visited looking for the project's."""
 
 
-def read_side_steps(conf: RunConf, defs: Definitions, sources: list[str], sinks: list[str]) -> list[tuple[str, Callable[[], list[Check]]]]:
+def read_side_steps(
+    conf: RunConf, defs: Definitions, sources: list[str], sinks: list[str]
+) -> list[tuple[str, Callable[[], list[DoctorLine]]]]:
     """(name, step) of the read side's checks, for doctor's run_checks (the redis transport
     check runs before the writer's, with it)."""
-    steps: list[tuple[str, Callable[[], list[Check]]]] = []
+    steps: list[tuple[str, Callable[[], list[DoctorLine]]]] = []
     if "redis" in sinks:
         steps.append(("reader redis", lambda: redis_read_checks(conf, defs, sources)))
-    if "cockroach" in sinks:
+    if "sql" in sinks:
         steps.append(("reader sql", lambda: check_reader_sql(conf, defs, sources)))
     return steps
 
 
-def redis_read_checks(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Check]:
+def redis_read_checks(conf: RunConf, defs: Definitions, sources: list[str]) -> list[DoctorLine]:
     """The reader's user, then what the database holds and risks; nothing more once the
     transport is wrong (the redis transport check said so) or the reader cannot connect."""
     if _transport(conf)[1] != "ok":
@@ -66,14 +68,14 @@ def redis_read_checks(conf: RunConf, defs: Definitions, sources: list[str]) -> l
         try:
             checks.append(check())
         except Exception as exc:  # noqa: BLE001 (one check that could not finish does not hide the others)
-            checks.append(Check("fail", name, f"could not check: {type(exc).__name__}: {str(exc).strip() or 'no message'}"))
+            checks.append(DoctorLine("fail", name, f"could not check: {type(exc).__name__}: {str(exc).strip() or 'no message'}"))
     return checks
 
 
 # -- Redis: the port speaks what the URL says ---------------------------------------------
 
 
-def check_redis_transport(conf: RunConf) -> list[Check]:
+def check_redis_transport(conf: RunConf) -> list[DoctorLine]:
     """redis.url's scheme against what its port speaks (nothing when nothing answers there:
     the redis check says so)."""
     where, state = _transport(conf)
@@ -81,7 +83,7 @@ def check_redis_transport(conf: RunConf) -> list[Check]:
         return []
     if state == "mismatch-plain":
         return [
-            Check(
+            DoctorLine(
                 "fail",
                 "redis transport",
                 f"redis.url is rediss:// but {where} answers plain Redis: no TLS on that port",
@@ -90,7 +92,7 @@ def check_redis_transport(conf: RunConf) -> list[Check]:
         ]
     if state == "mismatch-tls":
         return [
-            Check(
+            DoctorLine(
                 "fail",
                 "redis transport",
                 f"redis.url is redis:// but {where} speaks TLS only (it dropped a plain PING)",
@@ -98,9 +100,11 @@ def check_redis_transport(conf: RunConf) -> list[Check]:
             )
         ]
     if state == "unknown":
-        return [Check("warn", "redis transport", f"{where}: answered a plain PING with neither Redis nor TLS, or not in 3 s: is it Redis?")]
+        return [
+            DoctorLine("warn", "redis transport", f"{where}: answered a plain PING with neither Redis nor TLS, or not in 3 s: is it Redis?")
+        ]
     speaks = "TLS" if conf.redis.url.startswith("rediss") else "plain Redis"
-    return [Check("ok", "redis transport", f"{where}: {speaks}, as redis.url says")]
+    return [DoctorLine("ok", "redis transport", f"{where}: {speaks}, as redis.url says")]
 
 
 def _transport(conf: RunConf) -> tuple[str, str]:
@@ -163,7 +167,7 @@ def _probe_key(conf: RunConf, prefix: str) -> bytes:
     return (key_prefix(prefix, conf.redis.namespace) + "__doctor_probe__" + secrets.token_hex(8)).encode()
 
 
-def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> tuple[list[Check], bool]:
+def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> tuple[list[DoctorLine], bool]:
     """(checks, whether the reader's user could connect)."""
     import redis
 
@@ -179,7 +183,7 @@ def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> 
         except redis.AuthenticationError as exc:
             section = "reader.redis" if conf.reader.redis else "redis"
             return [
-                Check(
+                DoctorLine(
                     "fail",
                     "reader redis",
                     f"{server_address(rconf.url)}: user {user}: authentication refused ({exc})",
@@ -188,7 +192,7 @@ def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> 
             ], False
         except redis.ConnectionError as exc:
             where = server_address(rconf.url)
-            return [Check("fail", "reader redis", f"{where}: cannot connect ({exc})", "start Redis or fix redis.url")], False
+            return [DoctorLine("fail", "reader redis", f"{where}: cannot connect ({exc})", "start Redis or fix redis.url")], False
         except redis.exceptions.NoPermissionError:
             pass  # PING refused: the reader's health check would fail, said below
         prefixes = sorted({defs.entity_of(defs.source(s)).prefix for s in sources})
@@ -202,7 +206,7 @@ def check_reader_redis(conf: RunConf, defs: Definitions, sources: list[str]) -> 
     if unreadable or other:
         what = [f"HMGET on {', '.join(unreadable)}"] if unreadable else []
         checks.append(
-            Check(
+            DoctorLine(
                 "fail",
                 "reader redis",
                 f"user {user} may not run {', '.join(what + other)}: reads fail",
@@ -226,37 +230,37 @@ def _few(names: list[str], shown: int = 10) -> str:
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def _reader_redis_rights(conf: RunConf, user: str, pattern: str, rights: RedisRights | None, reads: bool) -> list[Check]:
-    """What the reader's user may change: @write and @dangerous commands (doctor_rights.py)."""
+def _reader_redis_rights(conf: RunConf, user: str, pattern: str, rights: RedisRights | None, reads: bool) -> list[DoctorLine]:
+    """What the reader's user may change: @write and @dangerous commands (rights.py)."""
     fix = f"give it the fm_reader ACL (conf/base/redis-acl.txt, {LEAST_PRIVILEGE})"
     if rights is None:
-        return [Check("warn", "reader redis", f"user {user}: whether it may write was not judged: no user here may list the commands "
-                      "(COMMAND)", "grant +command as fm_reader's ACL does (conf/base/redis-acl.txt)")]  # fmt: skip
+        return [DoctorLine("warn", "reader redis", f"user {user}: whether it may write was not judged: no user here may list the commands "
+                           "(COMMAND)", "grant +command as fm_reader's ACL does (conf/base/redis-acl.txt)")]  # fmt: skip
     writes = [c for c in rights.allowed if c in rights.writes]
     dangerous = [c for c in rights.allowed if c not in rights.writes]
     said = " and ".join([f"write with {_few(writes)}"] * bool(writes) + [f"run @dangerous {_few(dangerous)}"] * bool(dangerous))
     if conf.reader.redis is None:
         create = f"create the fm_reader user (conf/base/redis-acl.txt) and set reader.redis ({LEAST_PRIVILEGE})"
         detail = f"reader.redis is not set: reads run as {user}, the writer's user" + (f", which may also {said}" if said else "")
-        return [Check("warn", "reader redis", detail, create)]
+        return [DoctorLine("warn", "reader redis", detail, create)]
     if said:
-        return [Check("fail", "reader redis", f"reader.redis user {user} may {said}: reads need none of that ({rights.how})", fix)]
+        return [DoctorLine("fail", "reader redis", f"reader.redis user {user} may {said}: reads need none of that ({rights.how})", fix)]
     untried = [c for c in rights.untried if c in rights.writes]
     if untried:
         detail = f"user {user}: {len(untried)} @write commands ({_few(untried, 5)}) could not be judged: {rights.why_untried}"
-        return [Check("warn", "reader redis", detail, fix)]
+        return [DoctorLine("warn", "reader redis", detail, fix)]
     tried = rights.commands - len(rights.untried)
     detail = f"may run none of the {tried} @write and @dangerous commands ({rights.how})"
     if rights.untried:
         why = rights.why_untried if rights.dryrun else "only ACL DRYRUN judges them without running them, and no user here may run it"
         detail += f"; {len(rights.untried)} commands without keys ({_few(rights.untried, 3)}) were not tried: {why}"
-    return [Check("ok", "reader redis", f"user {user} may read {pattern} and {detail}")] if reads else []
+    return [DoctorLine("ok", "reader redis", f"user {user} may read {pattern} and {detail}")] if reads else []
 
 
 # -- Redis: the database holds the project's keys, persistence, the default user ------------
 
 
-def check_redis_keys(conf: RunConf, defs: Definitions, sources: list[str]) -> Check:
+def check_redis_keys(conf: RunConf, defs: Definitions, sources: list[str]) -> DoctorLine:
     import redis
 
     from serializers.keys import key_prefix
@@ -289,7 +293,7 @@ def check_redis_keys(conf: RunConf, defs: Definitions, sources: list[str]) -> Ch
         client.close()
     others = ", ".join(f"db {n} {k:,}" for n, k in sorted(held.items()) if n != db)
     if not held.get(db):
-        return Check(
+        return DoctorLine(
             "warn",
             "redis keys",
             f"database {db} is empty: no run has written it yet, or reads look in the wrong place"
@@ -297,13 +301,13 @@ def check_redis_keys(conf: RunConf, defs: Definitions, sources: list[str]) -> Ch
             "run the nightly job (materialize run), or " + fix,
         )
     if not scanned:
-        return Check(
+        return DoctorLine(
             "ok",
             "redis keys",
             f"database {db} holds {held[db]:,} keys (whether {named} among them was not checked: this user may not SCAN)",
         )
     if not found:
-        return Check(
+        return DoctorLine(
             "warn",
             "redis keys",
             f"database {db} holds {held[db]:,} keys, none of them {named}"
@@ -313,11 +317,11 @@ def check_redis_keys(conf: RunConf, defs: Definitions, sources: list[str]) -> Ch
     missing = [p + "*" for p in prefixes if p not in found]
     if missing:
         seen = ", ".join(sorted(p + "*" for p in found))
-        return Check("warn", "redis keys", f"database {db}: {seen} found, no {', '.join(missing)} yet", fix)
-    return Check("ok", "redis keys", f"database {db}: {named} found ({held[db]:,} keys)")
+        return DoctorLine("warn", "redis keys", f"database {db}: {seen} found, no {', '.join(missing)} yet", fix)
+    return DoctorLine("ok", "redis keys", f"database {db}: {named} found ({held[db]:,} keys)")
 
 
-def check_redis_persistence(conf: RunConf) -> Check:
+def check_redis_persistence(conf: RunConf) -> DoctorLine:
     """A Redis without persistence comes back empty after a restart: every read is NOT_FOUND
     (or falls to SQL) until the next run rewrites it."""
     import redis
@@ -336,17 +340,19 @@ def check_redis_persistence(conf: RunConf) -> Check:
     finally:
         client.close()
     if info.get("aof_enabled") or (config and config.get("appendonly") == "yes"):
-        return Check("ok", "redis persistence", "AOF on: a restart keeps what was written")
+        return DoctorLine("ok", "redis persistence", "AOF on: a restart keeps what was written")
     if config is not None:
         if config.get("save"):
-            return Check("ok", "redis persistence", f"AOF off, RDB snapshots on (save {config['save']}): a restart keeps the last snapshot")
-        return Check(
+            return DoctorLine(
+                "ok", "redis persistence", f"AOF off, RDB snapshots on (save {config['save']}): a restart keeps the last snapshot"
+            )
+        return DoctorLine(
             "warn", "redis persistence", "no persistence (AOF off, no save points): a restart empties Redis until the next run", fix
         )
     saves = int(info.get("rdb_saves", 0))
     if saves:
-        return Check("ok", "redis persistence", f"AOF off; {saves} RDB snapshot(s) since the server started (CONFIG GET refused)")
-    return Check(
+        return DoctorLine("ok", "redis persistence", f"AOF off; {saves} RDB snapshot(s) since the server started (CONFIG GET refused)")
+    return DoctorLine(
         "warn",
         "redis persistence",
         f"AOF off and no RDB snapshot in the {uptime:,} s since the server started (its save points could not be read: "
@@ -355,7 +361,7 @@ def check_redis_persistence(conf: RunConf) -> Check:
     )
 
 
-def check_default_user(conf: RunConf) -> Check:
+def check_default_user(conf: RunConf) -> DoctorLine:
     """Whether anyone who reaches the port may do anything: a connection without
     credentials, then the no-op probes (a write, CONFIG SET) as that default user."""
     import redis
@@ -370,7 +376,7 @@ def check_default_user(conf: RunConf) -> Check:
         try:
             client.ping()
         except (redis.AuthenticationError, redis.ResponseError):  # NOAUTH, DENIED (protected mode), NOPERM
-            return Check("ok", "redis default user", f"{where}: a connection without a password may not run commands")
+            return DoctorLine("ok", "redis default user", f"{where}: a connection without a password may not run commands")
         allowed = [
             name
             for name, args in (
@@ -382,9 +388,9 @@ def check_default_user(conf: RunConf) -> Check:
     finally:
         client.close()
     if not allowed:
-        return Check("ok", "redis default user", f"{where}: the default user needs no password but may not write or change the config")
+        return DoctorLine("ok", "redis default user", f"{where}: the default user needs no password but may not write or change the config")
     status: Status = "warn" if _loopback(urlsplit(rconf.url).hostname or "") else "fail"
-    return Check(
+    return DoctorLine(
         status,
         "redis default user",
         f"{where}: the default user needs no password and may run {' and '.join(allowed)}: "
@@ -404,7 +410,7 @@ def _loopback(host: str) -> bool:
 # -- SQL: the reader's role can read and cannot write -------------------------------------
 
 
-def check_reader_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[Check]:
+def check_reader_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> list[DoctorLine]:
     from psycopg.conninfo import conninfo_to_dict
 
     from sinks.sql.config import sql_sink_config
@@ -417,7 +423,7 @@ def check_reader_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> li
     except Exception as exc:  # noqa: BLE001 (a refused login is this check's finding)
         section = "reader.sql" if conf.reader.sql else "sql"
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return [Check("fail", "reader sql", f"role {role}: cannot connect ({text})", f"check {section} and its password")]
+        return [DoctorLine("fail", "reader sql", f"role {role}: cannot connect ({text})", f"check {section} and its password")]
     with conn:
         conn.execute("SET default_transaction_read_only = on")  # nothing this session does can write
         superuser, powers = sql_role_powers(conn)
@@ -429,33 +435,35 @@ def check_reader_sql(conf: RunConf, defs: Definitions, sources: list[str]) -> li
     return checks
 
 
-def _reader_sql_role(conf: RunConf, role: str, superuser: bool, powers: list[str]) -> Check:
+def _reader_sql_role(conf: RunConf, role: str, superuser: bool, powers: list[str]) -> DoctorLine:
     """Whether the reader's role may write anything whatever the tables' grants: a superuser,
     or a member of the roles that write files or run programs on the server."""
     said = "is a superuser: it may write every table, and files and programs on the server" if superuser else "; ".join(powers)
     if said and conf.reader.sql is None:
         create = f"create the fm_reader role (conf/base/sql-grants.sql) and set reader.sql ({LEAST_PRIVILEGE})"
-        return Check("warn", "reader sql", f"reader.sql is not set: reads run as {role}, the writer's role, which {said}", create)
+        return DoctorLine("warn", "reader sql", f"reader.sql is not set: reads run as {role}, the writer's role, which {said}", create)
     if said:
         fix = f"give it the fm_reader role's grants only (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})"
-        return Check("fail", "reader sql", f"reader.sql role {role} {said}: reads need only SELECT", fix)
-    return Check("ok", "reader sql", f"role {role} is not a superuser nor a member of {' or '.join(FILE_ROLES)}")
+        return DoctorLine("fail", "reader sql", f"reader.sql role {role} {said}: reads need only SELECT", fix)
+    return DoctorLine("ok", "reader sql", f"role {role} is not a superuser nor a member of {' or '.join(FILE_ROLES)}")
 
 
-def _reader_sql_table(conf: RunConf, role: str, name: str, table: str, rights, superuser: bool) -> Check:
+def _reader_sql_table(conf: RunConf, role: str, name: str, table: str, rights, superuser: bool) -> DoctorLine:
     if rights is None:
-        return Check("warn", name, f"{table} is not there yet: reads from the SQL store fail until a run (or materialize schema) makes it")
+        return DoctorLine(
+            "warn", name, f"{table} is not there yet: reads from the SQL store fail until a run (or materialize schema) makes it"
+        )
     may_read, privileges, owner = rights
     if not may_read:
         fix = f"grant the fm_reader role's SELECT (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})"
-        return Check("fail", name, f"role {role} may not SELECT from {table}: reads fail", fix)
+        return DoctorLine("fail", name, f"role {role} may not SELECT from {table}: reads fail", fix)
     said = " and ".join([f"may {', '.join(privileges)} {table}"] * bool(privileges) + [f"owns {table}"] * owner)
     if superuser:
         said = f"may write {table} (a superuser)"
     if said and conf.reader.sql is None:
         create = f"create the fm_reader role (conf/base/sql-grants.sql) and set reader.sql ({LEAST_PRIVILEGE})"
-        return Check("warn", name, f"reader.sql is not set: reads run as {role}, the writer's role, which {said}", create)
+        return DoctorLine("warn", name, f"reader.sql is not set: reads run as {role}, the writer's role, which {said}", create)
     if said:
         fix = f"give it the fm_reader role's grants only (conf/base/sql-grants.sql, {LEAST_PRIVILEGE})"
-        return Check("fail", name, f"reader.sql role {role} {said}: reads need only SELECT", fix)
-    return Check("ok", name, f"role {role} may SELECT from {table} and nothing more (no other privilege on it, not its owner)")
+        return DoctorLine("fail", name, f"reader.sql role {role} {said}: reads need only SELECT", fix)
+    return DoctorLine("ok", name, f"role {role} may SELECT from {table} and nothing more (no other privilege on it, not its owner)")

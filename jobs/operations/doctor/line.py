@@ -1,5 +1,5 @@
-"""One line of `materialize doctor`: what every check, of the write side (doctor.py) and
-of the read side (doctor_reads.py), answers."""
+"""One line of `materialize doctor`: what every check, of the write side (the other modules here) and
+of the read side (reads.py), answers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ Status = Literal["ok", "warn", "fail"]
 
 
 @dataclass(frozen=True)
-class Check:
+class DoctorLine:
     status: Status
     name: str
     detail: str

@@ -41,8 +41,8 @@ from pyspark.sql import SparkSession
 from feature_defs import SourceDef
 from fm_config import RunConf
 from jobs.event_time import EventWindow, cut_at_read, lookback_seconds, no_rows, rows_in, utc_text
-from jobs.operations.ledger import WRITE_KINDS, aware, on_target
-from jobs.operations.store_state import date_ranges, restore_command
+from jobs.operations.ledger.events import WRITE_KINDS, aware, on_target
+from jobs.operations.ledger.store_state import date_ranges, restore_command
 from jobs.pipeline.read import SourceNotReady
 from jobs.pipeline.source_table import SourceNotFound, open_source, table_ref
 

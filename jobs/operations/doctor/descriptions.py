@@ -9,7 +9,7 @@ import redis
 
 from feature_defs import Definitions
 from fm_config import RunConf
-from jobs.operations.check import Check
+from jobs.operations.doctor.line import DoctorLine
 from serializers.description import COMPATIBLE, Description, Held, conflict
 from sinks.redis.config import redis_sink_config
 from sinks.redis.description import read_description
@@ -18,7 +18,7 @@ from sinks.sql.description import read_descriptions
 from stores.errors import TerminalError, TransientError
 from stores.sql import connect
 
-STORE_NAMES = {"redis": "redis", "cockroach": "sql"}
+STORE_NAMES = {"redis": "redis", "sql": "sql"}
 
 
 def _found(conf: RunConf, defs: Definitions, store: str) -> dict[str, Description]:
@@ -46,7 +46,7 @@ def _next_run_records(got: Held, want: Held) -> bool:
     return (got.encoding, want.encoding) in COMPATIBLE
 
 
-def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> list[Check]:
+def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> list[DoctorLine]:
     checks = []
     for store in sinks:
         label = f"{STORE_NAMES[store]} description"
@@ -55,7 +55,7 @@ def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> li
         except (TransientError, redis.ConnectionError, redis.TimeoutError, psycopg.OperationalError, OSError):
             continue  # the store's own check says it cannot be reached
         except TerminalError as exc:  # e.g. an ACL without the description's key
-            checks.append(Check("fail", label, str(exc).splitlines()[0], "conf/base/redis-acl.txt, conf/base/sql-grants.sql"))
+            checks.append(DoctorLine("fail", label, str(exc).splitlines()[0], "conf/base/redis-acl.txt, conf/base/sql-grants.sql"))
             continue
         problems, behind = [], []
         for source in defs.sources.values():
@@ -83,7 +83,7 @@ def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> li
         undescribed = sorted(e for e in defs.entities if defs.sources_of(e) and not found.get(e))
         if problems:
             checks.append(
-                Check(
+                DoctorLine(
                     "fail",
                     label,
                     "; ".join(problems),
@@ -92,10 +92,10 @@ def check_descriptions(conf: RunConf, defs: Definitions, sinks: list[str]) -> li
                 )
             )
         elif undescribed:  # a store no run has written yet, or one written before descriptions: read as written
-            checks.append(Check("ok", label, f"not described yet: {', '.join(undescribed)} (the next run describes them)"))
+            checks.append(DoctorLine("ok", label, f"not described yet: {', '.join(undescribed)} (the next run describes them)"))
         else:
             later = f"; the next run records {', '.join(sorted(behind))} as stored.lock says" if behind else ""
             checks.append(
-                Check("ok", label, f"{len(found)} entity type(s) described; it agrees with the definitions and stored.lock{later}")
+                DoctorLine("ok", label, f"{len(found)} entity type(s) described; it agrees with the definitions and stored.lock{later}")
             )
     return checks

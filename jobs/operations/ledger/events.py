@@ -17,7 +17,7 @@ A write step also records, per store, what identified it and what it held before
 the write (``stores``), and a loss it found: store_state.py compares, and written_dates
 does not count a date a store lost after it was written.
 
-On a local disk every append holds the table's commit lock (jobs/operations/local_commits.py):
+On a local disk every append holds the table's commit lock (jobs/operations/ledger/local_commits.py):
 two processes appending at once could otherwise both commit the same version (one event
 lost), or leave the log unreadable.
 """
@@ -43,7 +43,8 @@ from pyspark.sql import types as T
 from feature_defs import EntityDef, SourceDef
 from fm_config import PROJECT_ROOT, RunConf
 from fm_config.locations import Files, Location
-from jobs.operations.local_commits import commit_lock, guarded
+from fm_config.stores import store_name
+from jobs.operations.ledger.local_commits import commit_lock, guarded
 from jobs.pipeline.source_table import table_ref
 from jobs.transforms import key_columns
 from serializers import freshness_field_name
@@ -122,8 +123,8 @@ def sink_targets(conf: RunConf, redis_url: str | None = None) -> dict[str, str]:
     targets = {}
     if "redis" in conf.sinks:
         targets["redis"] = redis_target(conf, redis_url)
-    if "cockroach" in conf.sinks:
-        targets["cockroach"] = _sql_server(conf.sql.dsn) + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
+    if "sql" in conf.sinks:
+        targets["sql"] = _sql_server(conf.sql.dsn) + (f"#{conf.sql.db_schema}" if conf.sql.db_schema else "")
     return targets
 
 
@@ -207,12 +208,12 @@ class Entry:
     """Cleanups: {"cleaned": {source: {fields, keys, fields_removed, steps}}, "left": {source: {fields, keys, fields_removed, reason}}}."""
     stores: dict[str, Any] = field(default_factory=dict)
     """Write steps, per sink: what identified the store and what it held before and after the
-    write, and a loss found before it (jobs/operations/store_state.py)."""
+    write, and a loss found before it (jobs/operations/ledger/store_state.py)."""
     window_start: dt.datetime | None = None
     """select_by event_time: the first event time the step covered (None: from the first row)."""
     window_end: dt.datetime | None = None
     """select_by event_time: the end of the event times it covered (excluded); an incremental run
-    continues from the latest end a succeeded step recorded (jobs/operations/windows.py)."""
+    continues from the latest end a succeeded step recorded (jobs/operations/ledger/windows.py)."""
     window_requested_end: dt.datetime | None = None
     """select_by event_time: the end asked for, when later than the time the step read the
     table, which ``window_end`` is instead (rows of later event times are left to the next run)."""
@@ -243,7 +244,7 @@ class Ledger:
 
     def leases(self, seconds: float):
         """The writers' leases beside this ledger (one object per ledger: a backfill's steps run inside its lease)."""
-        from jobs.operations.lease import Leases
+        from jobs.operations.ledger.lease import Leases
 
         if self._leases is None or self._leases.seconds != seconds:
             self._leases = Leases(self.spark, self.path, seconds=seconds)
@@ -322,16 +323,16 @@ class Ledger:
 
     def source_steps(self, source: str) -> list[dict]:
         """Every step of ``source`` in its latest state, as dicts: read without Spark
-        (ledger_files.py, milliseconds where a Spark query takes seconds), else with it."""
+        (files.py, milliseconds where a Spark query takes seconds), else with it."""
         found = self._steps_without_spark(source)
         if found is not None:
             return found
         return [r.asDict() for r in self.steps().where(F.col("source") == source).collect()]
 
     def _steps_without_spark(self, source: str | None = None) -> list[dict] | None:
-        """Every step (of ``source``) in its latest state, read by ledger_files.py; None when
+        """Every step (of ``source``) in its latest state, read by files.py; None when
         that reader cannot (the caller then asks Spark)."""
-        from jobs.operations.ledger_files import read_steps
+        from jobs.operations.ledger.files import read_steps
 
         try:
             return read_steps(self.files, self.path, tuple(SCHEMA.fieldNames()), source)
@@ -350,7 +351,7 @@ class Ledger:
         for r in rows:
             if r["status"] != "succeeded":
                 continue
-            wrote = {sink: canonical_target(sink, t) for sink, t in json.loads(r["targets"] or "{}").items()}
+            wrote = {sink: canonical_target(sink, t) for sink, t in by_store(r["targets"]).items()}
             for day in r["dates"] or []:
                 for sink, target in wrote.items():
                     events = next((e for (s, t), e in losses.items() if s == sink and canonical_target(s, t) == target), [])
@@ -404,7 +405,7 @@ class Ledger:
                 if r["status"] == "succeeded":
                     legacy.append(r)
                 continue
-            if canonical_target("redis", json.loads(r["targets"] or "{}").get("redis")) != canonical_target("redis", target):
+            if canonical_target("redis", by_store(r["targets"]).get("redis")) != canonical_target("redis", target):
                 continue
             for done in json.loads(r["cleanup"]).get("cleaned", {}).values():
                 for run_id in done["steps"]:
@@ -421,7 +422,7 @@ class Ledger:
         return writes, legacy
 
 
-# -- what the stores lost (jobs/operations/store_state.py finds it; written_dates honours it) --
+# -- what the stores lost (jobs/operations/ledger/store_state.py finds it; written_dates honours it) --
 
 WRITE_KINDS = ("run", "backfill-replay", "backfill-latest")
 Event = tuple[dt.datetime, frozenset[dt.date], dict]
@@ -433,12 +434,18 @@ def aware(when: dt.datetime) -> dt.datetime:
     return when.astimezone(dt.UTC)
 
 
+def by_store(text: str | None) -> dict[str, Any]:
+    """A ledger row's JSON map by store (targets, stores, written), a store's old name
+    (``cockroach``, recorded before fm_config/stores.py) read as its name now."""
+    return {store_name(k): v for k, v in json.loads(text).items()} if text else {}
+
+
 def stores_of(step) -> dict[str, Any]:
-    return json.loads(step["stores"]) if step.get("stores") else {}
+    return by_store(step.get("stores"))
 
 
 def on_target(step, sink: str, target: str) -> bool:
-    return canonical_target(sink, json.loads(step["targets"] or "{}").get(sink)) == canonical_target(sink, target)
+    return canonical_target(sink, by_store(step["targets"]).get(sink)) == canonical_target(sink, target)
 
 
 def loss_events(steps, sink: str, target: str) -> list[Event]:
@@ -458,7 +465,7 @@ def lost_later(events: list[Event], day: dt.date, started_at: dt.datetime) -> bo
 
 
 def _may_have_written(step, target: str) -> bool:
-    targets = json.loads(step["targets"] or "{}")
+    targets = by_store(step["targets"])
     if targets:
         return canonical_target("redis", targets.get("redis")) == canonical_target("redis", target)
     return step["sinks"] is None or "redis" in step["sinks"]  # recorded before targets were: it may be this Redis

@@ -1,5 +1,5 @@
 """Stale-field cleanup: delete the Redis fields of features an entity type no longer has
-(here), and clean the SQL store's entity table (cleanup_sql.py: expired rows, rows of removed
+(here), and clean the SQL store's entity table (sql.py: expired rows, rows of removed
 sources, JSON keys of removed features), recorded as one ledger step.
 
 No SCAN of the keyspace (the job's Redis user may not). Everything comes from the ledger:
@@ -28,8 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from feature_defs import Definitions, EntityDef, SourceDef
 from fm_config import RunConf
 from jobs import transforms as tf
-from jobs.operations.cleanup_sql import SqlCleanupPlan, SqlCleanupResult, clean_sql
-from jobs.operations.ledger import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
+from jobs.operations.cleanup.sql import SqlCleanupPlan, SqlCleanupResult, clean_sql
+from jobs.operations.ledger.events import Entry, Ledger, RedisWrite, config_hash, keys_from, redis_target
 from jobs.pipeline.source_table import (
     CatalogNotConfigured,
     CatalogUnavailable,
@@ -343,7 +343,7 @@ def recorded_cleanup(
     entry that records only what was done: the sources cleaned in Redis (with the steps whose
     keys were visited), what was left and why, for a later cleanup, and the SQL store's counts."""
     today = dt.datetime.now(dt.UTC).date()
-    targets = ({"redis": plan.target} if plan.target else {}) | ({"cockroach": sql_plan.target} if sql_plan else {})
+    targets = ({"redis": plan.target} if plan.target else {}) | ({"sql": sql_plan.target} if sql_plan else {})
     entry = ledger.start(
         Entry(kind="cleanup", source=None, entity=plan.entity, start_date=today, end_date=today, sinks=list(targets),
               definitions_hash=defs.digest, config_hash=config_hash(conf), features=plan.fields, targets=targets)
@@ -356,7 +356,7 @@ def recorded_cleanup(
     entry.written = {"redis": {"keys": result.keys, "fields_removed": result.fields_removed}} if plan.target else {}
     entry.cleanup = {"cleaned": result.cleaned, "left": result.left}
     if result.sql is not None:
-        entry.written["cockroach"] = {"rows_deleted": result.sql.rows_deleted, "keys_removed": result.sql.keys_removed_total}
+        entry.written["sql"] = {"rows_deleted": result.sql.rows_deleted, "keys_removed": result.sql.keys_removed_total}
         entry.cleanup["sql"] = result.sql.record()
     ledger.finish(entry, error=result.incomplete())
     return result
