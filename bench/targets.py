@@ -29,6 +29,7 @@ def _child(module: str, *args: str) -> None:
 
 def _profile(entities: int, sinks: str, workdir: Path) -> dict:
     out = workdir / f"targets-{entities}-{sinks}.json"
+    out.unlink(missing_ok=True)  # stage_profile adds to its output: this run's entry alone
     _child("bench.stage_profile", "--entities", str(entities), "--sinks", sinks, "--workdir", str(workdir), "--output", str(out))
     (run,) = json.loads(out.read_text())["runs"].values()
     return run

@@ -241,3 +241,35 @@ def test_a_dropped_or_recreated_sql_table_is_a_loss_of_every_date_written_to_it(
     assert again.lost == list(SAMPLE_DATES) and again.evidence.endswith(
         "0 rows of it now, the run of 2026-11-20 left 80; the table was dropped and made again"
     )
+
+
+def test_ledger_rows_recorded_under_the_sql_stores_old_name_count_as_sql(tmp_path):
+    """Steps recorded before the SQL store was named sql say cockroach (targets, stores): the
+    dates they wrote, the loss one of them found and the comparison read them as sql's."""
+    dsn = "postgresql://root@db:26257/features"
+    t0 = dt.datetime(2026, 11, 20, 1, tzinfo=dt.UTC)
+    after = {"server": "a", "table_oid": 7, "rows": 40, "sample": ["c:1", "c:2"]}
+
+    def step(day: dt.date, started: dt.datetime, stores: dict, name: str) -> dict:
+        return {
+            "run_id": str(day), "kind": "run", "source": SOURCE, "status": "succeeded", "dates": [day], "features": ["f"],
+            "targets": json.dumps({name: dsn}), "started_at": started, "ended_at": started + dt.timedelta(minutes=5),
+            "stores": json.dumps({name: stores}),
+        }  # fmt: skip
+
+    def steps(name: str) -> list[dict]:
+        return [
+            step(DAY1, t0, {"after": after}, name),
+            step(
+                DAY2, t0 + dt.timedelta(days=1), {"lost": {"dates": [str(DAY1)], "evidence": "emptied"}, "after": after}, name
+            ),  # found DAY1 lost
+        ]
+
+    ledger = Ledger(None, tmp_path / "ledger")
+    for name in ("cockroach", "sql"):  # as the version before wrote them, and as this one does
+        assert ledger.written_dates(SOURCE, {"sql": dsn}, steps(name)) == {DAY2: {"f"}}
+        seen = {"server": "a", "table_oid": 7, "rows": 40}
+        found = compare(steps(name), SOURCE, "sql", dsn, seen, lambda sample: len(sample))
+        assert found.lost == [DAY1] and found.found_now == []
+        gone = compare(steps(name), SOURCE, "sql", dsn, {"server": "a", "table_oid": None, "rows": None}, lambda sample: None)
+        assert gone.lost == [DAY1, DAY2] and gone.evidence.startswith(f"0 of 2 {SOURCE} entities sampled by the run of {DAY2}")
