@@ -4,6 +4,7 @@
 # them all, and every other test in another. The other lane spends most of its time waiting
 # on the servers it starts, so the two share 2 cores well. The Spark lane prints as it goes;
 # the other lane's output is printed whole when it ends. Arguments go to both pytests.
+# Each lane lists its slowest tests (--durations): where the suite's time goes.
 # Exit status: 0 when both lanes pass, else the first failing lane's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +12,9 @@ PY=${PY:-.venv/bin/python}
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
-"$PY" -m pytest -m "not spark" --basetemp "$work/other" "$@" > "$work/other.log" 2>&1 &
+"$PY" -m pytest -m "not spark" --durations=30 --durations-min=5 --basetemp "$work/other" "$@" > "$work/other.log" 2>&1 &
 other=$!
-{ PYTHONUNBUFFERED=1 "$PY" -m pytest -m spark -n "${SPARK_WORKERS:-2}" --dist loadfile --basetemp "$work/spark" "$@" 2>&1; echo $? > "$work/spark.rc"; } | sed -u 's/^/[spark] /' &
+{ PYTHONUNBUFFERED=1 "$PY" -m pytest -m spark -n "${SPARK_WORKERS:-2}" --dist loadfile --durations=40 --durations-min=5 --basetemp "$work/spark" "$@" 2>&1; echo $? > "$work/spark.rc"; } | sed -u 's/^/[spark] /' &
 spark=$!
 
 wait "$other"; other_rc=$?
