@@ -8,6 +8,7 @@ import os
 import secrets
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -15,6 +16,7 @@ import pytest
 import redis
 from psycopg import sql
 
+from feature_defs import Definitions
 from fm_config import CatalogConf, QualityConf, RunConf, SparkConf
 from fm_config.reader import ReaderSettings
 from fm_config.redis import RedisSettings
@@ -25,7 +27,7 @@ from throwaway.servers import PostgresServer, RedisServer, start_postgres, start
 
 from .support.jvm import short_lived_jvm_options
 from .support.privileges import GRANTS_FILE, ROLES, acl_commands
-from .support.reader_sample import write_sample_into
+from .support.reader_sample import write_sample
 from .support.samples import SAMPLE_CONSUMERS, SAMPLE_DATES, SAMPLE_STORES
 from .support.tls import Certs, make_certs
 
@@ -111,7 +113,12 @@ def spark(spark_events, hive_metastore):
     # archive too; the CLI's own add it themselves (jobs/spark.py).
     os.environ.setdefault("SPARK_SUBMIT_OPTS", short_lived_jvm_options())
     yield session
+    jvm = session.sparkContext._gateway.proc  # the spark-submit process that holds the JVM
     session.stop()
+    # The JVM leaves when its stdin closes. Waited for here, not left to exit after this
+    # process: its CPU time then counts among this process's (the lanes' CPU line).
+    jvm.stdin.close()
+    jvm.wait(timeout=120)
 
 
 @pytest.fixture(scope="session")
@@ -121,12 +128,19 @@ def sample_root(spark, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server_sample(spark, tmp_path_factory, redis_server, pg_server):
-    """every_type and pair_daily written by the real job into Redis database 5 and an emptied
-    PostgreSQL, once per module (tests/support/reader_sample.py): what the feature server's
-    tests (test_server, test_server_limits, test_server_fuzz) serve. (conf, definitions)."""
-    return write_sample_into(spark, tmp_path_factory, redis_server, pg_server, 5, "served")
+@pytest.fixture(scope="session")
+def written_sample(spark, tmp_path_factory, pg_server) -> Iterator[tuple[RunConf, Definitions]]:
+    """every_type and pair_daily written by the real job once per session (per xdist worker)
+    into a redis-server and a PostgreSQL database of their own (tests/support/reader_sample.py),
+    so no other test's flush or emptied schema reaches them: what the reader's and the
+    feature server's tests read (test_reader, test_server, test_server_limits,
+    test_server_fuzz). They read it and leave it as written. (conf, definitions)."""
+    server = start_redis(tmp_path_factory.mktemp("written-redis"), "--maxmemory", "256mb", "--hash-max-listpack-value", "256")
+    with pg_server.connect() as conn:
+        conn.execute("CREATE DATABASE written")
+    redis_settings = RedisSettings(url=server.url, password_env=None, mode="standalone")
+    yield write_sample(spark, tmp_path_factory.mktemp("written"), redis_settings, replace(pg_server, database="written").dsn)
+    server.stop()
 
 
 @pytest.fixture

@@ -9,34 +9,27 @@ import datetime as dt
 import json
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import redis
 
 from feature_defs import DEFAULT_DIR, load_definitions
 from feature_reader import AsyncFeatureReader, EntityKeyError, FeatureReader, RequestError, StoreError, UnknownNameError
 from fm_config import RunConf
 from fm_config.reader import ReaderSettings
-from fm_config.redis import RedisSettings
 from serializers import encode, field_id, freshness_field
 from throwaway.servers import start_redis
 
 from .support.confs import reader_conf
 from .support.every_type import AS_OF, BIG, CONSUMERS, DAY, EXPECTED
-from .support.reader_sample import assert_expected, write_sample
+from .support.reader_sample import assert_expected
 
 
-@pytest.fixture
-def written(spark, tmp_path, redis_server, pg_server, pg_db):
-    """every_type and pair_daily written by the real job into Redis (db 3) and PostgreSQL."""
-    redis_server.client(3).flushdb()
-    return write_sample(
-        spark, tmp_path, RedisSettings(url=redis_server.url.rsplit("/", 1)[0] + "/3", password_env=None, mode="standalone"), pg_server.dsn
-    )
-
-
-def test_every_type_reads_back_as_written_from_redis_and_sql(written):
-    conf, defs = written
+def test_every_type_reads_back_as_written_from_redis_and_sql(written_sample):
+    conf, defs = written_sample
     with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:  # pair_daily's max_age is an hour
         for store in ("redis", "sql"):
             result = reader.get_online_features(["every_type"], CONSUMERS, store=store)
@@ -48,8 +41,8 @@ def test_every_type_reads_back_as_written_from_redis_and_sql(written):
         assert reader.stats["store_reads"] == 3
 
 
-def test_async_reader_returns_the_sync_readers_body(written):
-    conf, defs = written
+def test_async_reader_returns_the_sync_readers_body(written_sample):
+    conf, defs = written_sample
 
     async def read():
         async with AsyncFeatureReader(conf, defs, cache=False) as reader:
@@ -75,10 +68,10 @@ def _pooled_settings(conn) -> tuple[str, str]:
     return conn.info.get_parameters().get("keepalives"), conn.execute("SHOW statement_timeout").fetchone()[0]
 
 
-def test_sql_reads_keep_a_few_connections_made_as_every_store_connection(written, pg_server):
+def test_sql_reads_keep_a_few_connections_made_as_every_store_connection(written_sample, pg_server):
     # sync and asyncio alike: at most reader.sql_connections sessions however many callers,
     # each with the statement timeout (the read's deadline) and TCP keepalives, closed with the reader
-    conf, defs = written
+    conf, defs = written_sample
     conf = conf.model_copy(update={"reader": conf.reader.model_copy(update={"sql_connections": 2, "single_flight": False})})
     with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:
         results: list = []
@@ -112,27 +105,36 @@ def test_sql_reads_keep_a_few_connections_made_as_every_store_connection(written
     assert _reader_sessions(pg_server) == 0
 
 
-def test_a_redis_miss_is_read_from_sql_for_the_missed_entities_only(written, redis_server):
-    conf, defs = written
-    redis_server.client(3).delete(b"c:1")
-    with FeatureReader(conf, defs, cache=False) as reader:
-        result = reader.get_online_features(["every_type:n", "every_type:s"], CONSUMERS)
-        assert result.column("n").values == [BIG, None, -5, None]
-        assert result.column("n").statuses == ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
-        # Redis for all four, then SQL for the two it did not hold (1, deleted, and 4)
-        assert reader.stats["store_reads"] == 2 and reader.stats["entities_read"] == 4 + 2
-    off = conf.model_copy(update={"reader": ReaderSettings(read_through=False, timeout_ms=5000)})
-    with FeatureReader(off, defs, cache=False) as reader:
-        assert reader.get_online_features(["every_type:n"], CONSUMERS).column("n").statuses == [
-            "NOT_FOUND",
-            "NULL_VALUE",
-            "PRESENT",
-            "NOT_FOUND",
-        ]
+@contextmanager
+def _deleted(client: redis.Redis, key: bytes) -> Iterator[None]:
+    """``key`` gone from the session's written sample for the block, then back as it was (value and TTL)."""
+    raw, ttl = client.dump(key), client.pttl(key)
+    assert raw is not None, key
+    client.delete(key)
+    try:
+        yield
+    finally:
+        client.restore(key, max(ttl, 0), raw, replace=True)
+        client.close()
 
 
-def test_values_older_than_max_age_are_withheld(written):
-    conf, defs = written
+def test_a_redis_miss_is_read_from_sql_for_the_missed_entities_only(written_sample):
+    conf, defs = written_sample
+    with _deleted(redis.Redis.from_url(conf.redis.url), b"c:1"):
+        with FeatureReader(conf, defs, cache=False) as reader:
+            result = reader.get_online_features(["every_type:n", "every_type:s"], CONSUMERS)
+            assert result.column("n").values == [BIG, None, -5, None]
+            assert result.column("n").statuses == ["PRESENT", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
+            # Redis for all four, then SQL for the two it did not hold (1, deleted, and 4)
+            assert reader.stats["store_reads"] == 2 and reader.stats["entities_read"] == 4 + 2
+        off = conf.model_copy(update={"reader": ReaderSettings(read_through=False, timeout_ms=5000)})
+        with FeatureReader(off, defs, cache=False) as reader:
+            statuses = reader.get_online_features(["every_type:n"], CONSUMERS).column("n").statuses
+            assert statuses == ["NOT_FOUND", "NULL_VALUE", "PRESENT", "NOT_FOUND"]
+
+
+def test_values_older_than_max_age_are_withheld(written_sample):
+    conf, defs = written_sample
     with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 7200) as reader:
         pair = reader.get_online_features(["pair_daily:score"], {"region": ["eu"], "store_id": [7]})
         assert (pair.column("score").values, pair.column("score").statuses) == ([None], ["OUTSIDE_MAX_AGE"])  # the source's 3600 s
@@ -145,12 +147,12 @@ def test_values_older_than_max_age_are_withheld(written):
         assert reader.get_online_features(["pair_daily:score"], {"region": ["eu"], "store_id": [7]}).column("score").values == [1.5]
 
 
-def test_feature_service_and_the_get_command(written, tmp_path, monkeypatch, capsys):
+def test_feature_service_and_the_get_command(written_sample, tmp_path, monkeypatch, capsys):
     from jobs.cli import main
 
     from .support.confs import env_conf
 
-    conf, defs = written
+    conf, defs = written_sample
     with FeatureReader(conf, defs, cache=False, clock=lambda: AS_OF + 60) as reader:
         both = reader.get_online_features(feature_service="ranking", entities={"consumer_id": [1], "region": ["us"], "store_id": [7]})
         assert [c.name for c in both.columns] == ["n", "score"] and both.to_dict()["score"] == [2.5]

@@ -29,15 +29,15 @@ PASSWORD = "s3rv3r-t3st-pw"
 
 
 @pytest.fixture(scope="module")
-def served(server_sample, tmp_path_factory):
-    conf, _ = server_sample
+def served(written_sample, tmp_path_factory):
+    conf, _ = written_sample
     server = serve(tmp_path_factory.mktemp("serve"), "t", server_settings(conf))
     yield server
     assert server.stop() == -signal.SIGTERM
 
 
-def test_the_body_is_the_get_commands_body(served, server_sample, tmp_path):
-    conf, _ = server_sample
+def test_the_body_is_the_get_commands_body(served, written_sample, tmp_path):
+    conf, _ = written_sample
     request = {"features": ["every_type:n", "every_type:e", "every_type:s"], "entities": {"consumer_id": [1, 2, 4]}}
     (tmp_path / "req.json").write_text(json.dumps(request))
     printed = subprocess.run(
@@ -193,9 +193,9 @@ def test_routes_methods_health_and_metrics(served):
     assert "Traceback" not in served.log.read_text()
 
 
-def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(server_sample, tmp_path):
+def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(written_sample, tmp_path):
     """A Redis of its own, with a password: slow (CLIENT PAUSE), then stopped."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     own = start_redis(tmp_path / "redis", "--requirepass", PASSWORD)
     settings = server_settings(
         conf, sinks=["redis"], redis={"url": own.url, "password_env": "TEST_REDIS_PASSWORD", "mode": "standalone"},
@@ -241,9 +241,9 @@ def test_a_store_down_or_slow_gets_503_504_and_sigterm_lets_a_request_finish(ser
             own.stop()
 
 
-def test_workers_each_answer_from_the_envs_conf(server_sample, tmp_path, served):
+def test_workers_each_answer_from_the_envs_conf(written_sample, tmp_path, served):
     """--workers 2: two processes behind one port, each built from the env's conf (its limits too)."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     server = serve(tmp_path, "w2", server_settings(conf), workers=2)
     try:
         ask = {"features": ["every_type:n", "every_type:s"], "entities": {"consumer_id": [1, 2, 4]}}
@@ -258,9 +258,9 @@ def test_workers_each_answer_from_the_envs_conf(server_sample, tmp_path, served)
         server.stop()
 
 
-def test_a_server_whose_port_was_taken_starts_on_another(server_sample, tmp_path, monkeypatch, taken_port):
+def test_a_server_whose_port_was_taken_starts_on_another(written_sample, tmp_path, monkeypatch, taken_port):
     """The suite's own start-up: uvicorn that cannot bind exits, and serve() starts it again elsewhere."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     pick, calls = first_then_real(taken_port, free_port)
     monkeypatch.setattr(serving, "free_port", pick)  # where serve() picks its port
     server = serve(tmp_path, "taken", server_settings(conf))

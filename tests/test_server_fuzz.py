@@ -78,8 +78,8 @@ def _fuzz(document: dict, base_url: str, modes: tuple) -> int:
     return calls
 
 
-def test_no_5xx_and_every_answer_as_the_openapi_document_says(server_sample, tmp_path):
-    conf, _ = server_sample
+def test_no_5xx_and_every_answer_as_the_openapi_document_says(written_sample, tmp_path):
+    conf, _ = written_sample
     server = serve(tmp_path, "fuzz", server_settings(conf))
     try:
         status, body = server.request("GET", "/openapi.json")

@@ -56,8 +56,8 @@ def _status(pid: int, field: str) -> int:
     raise AssertionError(field)
 
 
-def test_clients_sending_half_a_body_hold_no_slot_and_get_408(server_sample, tmp_path):
-    conf, _ = server_sample
+def test_clients_sending_half_a_body_hold_no_slot_and_get_408(written_sample, tmp_path):
+    conf, _ = written_sample
     server = serve(tmp_path, "slow", server_settings(conf, server={"max_in_flight": 2, "read_timeout_ms": 2000}))
     try:
         stalled = []
@@ -83,8 +83,8 @@ def test_clients_sending_half_a_body_hold_no_slot_and_get_408(server_sample, tmp
     assert "Traceback" not in server.log.read_text()
 
 
-def test_idle_and_surplus_connections_are_closed(server_sample, tmp_path):
-    conf, _ = server_sample
+def test_idle_and_surplus_connections_are_closed(written_sample, tmp_path):
+    conf, _ = written_sample
     server = serve(tmp_path, "conns", server_settings(conf, server={"max_connections": 50, "idle_timeout_ms": 3000}))
     try:
         before = _sockets(server.process.pid)
@@ -111,8 +111,8 @@ def test_idle_and_surplus_connections_are_closed(server_sample, tmp_path):
     assert "Traceback" not in server.log.read_text()
 
 
-def test_sigterm_with_stalled_clients_stops_within_the_grace(server_sample, tmp_path):
-    conf, _ = server_sample
+def test_sigterm_with_stalled_clients_stops_within_the_grace(written_sample, tmp_path):
+    conf, _ = written_sample
     settings = server_settings(conf, server={"read_timeout_ms": 120_000, "idle_timeout_ms": 120_000, "shutdown_grace_ms": 1000})
     server = serve(tmp_path, "term", settings)
     half_body = _connect(server.port)
@@ -133,8 +133,8 @@ def test_sigterm_with_stalled_clients_stops_within_the_grace(server_sample, tmp_
     assert "Traceback" not in log and "ERROR" not in log, log
 
 
-def test_request_heads_are_bounded_in_size_and_count(server_sample, tmp_path):
-    conf, _ = server_sample
+def test_request_heads_are_bounded_in_size_and_count(written_sample, tmp_path):
+    conf, _ = written_sample
     server = serve(tmp_path, "heads", server_settings(conf))
     pid = server.process.pid
     try:
@@ -246,10 +246,10 @@ def _wait_for(what, check, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_clients_that_stop_reading_are_dropped_at_the_write_deadline_and_their_answers_freed(server_sample, tmp_path):
+def test_clients_that_stop_reading_are_dropped_at_the_write_deadline_and_their_answers_freed(written_sample, tmp_path):
     """Pipelined requests behind a large answer, never read: the answer stayed in the server's memory
     as long as the client kept the socket (no read, idle or in-flight bound applied)."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     settings = server_settings(conf, **BIG)
     settings["server"].update(write_timeout_ms=4000, read_timeout_ms=3000, idle_timeout_ms=3000, max_unsent_bytes=1 << 30)
     server = serve(tmp_path, "unread", settings)
@@ -274,8 +274,8 @@ def test_clients_that_stop_reading_are_dropped_at_the_write_deadline_and_their_a
     assert "Traceback" not in log and "ERROR" not in log, log
 
 
-def test_answers_waiting_for_slow_clients_are_bounded_server_wide(server_sample, tmp_path):
-    conf, _ = server_sample
+def test_answers_waiting_for_slow_clients_are_bounded_server_wide(written_sample, tmp_path):
+    conf, _ = written_sample
     settings = server_settings(conf, **BIG)
     settings["server"].update(write_timeout_ms=5000, max_unsent_bytes=1 << 20)
     server = serve(tmp_path, "unsent", settings)
@@ -309,9 +309,9 @@ def _unsent(server) -> float:
     return float(next(line.split()[1] for line in text.decode().splitlines() if line.startswith("feature_server_unsent_bytes ")))
 
 
-def test_sigterm_with_clients_that_stop_reading_stops_quietly(server_sample, tmp_path):
+def test_sigterm_with_clients_that_stop_reading_stops_quietly(written_sample, tmp_path):
     """Each such client logged a traceback at SIGTERM (its next answer cancelled while waiting to be written)."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     settings = server_settings(conf, **BIG)
     settings["server"].update(write_timeout_ms=120_000, shutdown_grace_ms=2000)
     server = serve(tmp_path, "unread-term", settings)
@@ -341,10 +341,10 @@ def _head(size: int) -> bytes:
     return start + b"a" * (size - len(start) - len(pad)) + pad
 
 
-def test_a_head_is_counted_from_the_packet_it_begins_in(server_sample, tmp_path):
+def test_a_head_is_counted_from_the_packet_it_begins_in(written_sample, tmp_path):
     """The chunk a head began in was not counted: a head eight times the limit passed when its
     blank line came in a later packet."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     server = serve(tmp_path, "packets", server_settings(conf, server={"max_header_bytes": 4096}))
     try:
         for size, cuts, status in [
@@ -374,11 +374,11 @@ def test_a_head_is_counted_from_the_packet_it_begins_in(server_sample, tmp_path)
     assert "Traceback" not in server.log.read_text()
 
 
-def test_a_deeply_nested_body_gets_4xx_and_no_log_line(server_sample, tmp_path):
+def test_a_deeply_nested_body_gets_4xx_and_no_log_line(written_sample, tmp_path):
     """A 19-digit number sends a body to the json module's exact parse, which raised
     RecursionError on deep nesting (500, an error logged each time); a list nested 1,000 deep
     as a key (orjson takes up to 1,024) raised it when named in the error."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     server = serve(tmp_path, "deep", server_settings(conf, server={"max_body_bytes": 1 << 20}))
     long = b"1234567890123456789"
     cases = [
@@ -401,9 +401,9 @@ def test_a_deeply_nested_body_gets_4xx_and_no_log_line(server_sample, tmp_path):
         server.stop()
 
 
-def test_a_long_name_or_key_gets_a_short_answer(server_sample, tmp_path):
+def test_a_long_name_or_key_gets_a_short_answer(written_sample, tmp_path):
     """At the default body limit (1 MB): a 500,000-character name once made a 500 KB 404."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     server = serve(tmp_path, "long", server_settings(conf, server={"max_body_bytes": 1 << 20}))
     try:
         cases = [
@@ -423,7 +423,7 @@ def test_a_long_name_or_key_gets_a_short_answer(server_sample, tmp_path):
     assert "Traceback" not in server.log.read_text()
 
 
-def test_a_request_still_unanswered_when_the_grace_runs_out_gets_503_without_a_traceback(server_sample, tmp_path):
+def test_a_request_still_unanswered_when_the_grace_runs_out_gets_503_without_a_traceback(written_sample, tmp_path):
     """A Redis of its own, paused: the request waits on it when SIGTERM comes; past the grace it
     is answered 503 and the process stops (uvicorn's grace was 30 s, then a traceback)."""
     import threading
@@ -432,7 +432,7 @@ def test_a_request_still_unanswered_when_the_grace_runs_out_gets_503_without_a_t
 
     from throwaway.servers import start_redis
 
-    conf, _ = server_sample
+    conf, _ = written_sample
     own = start_redis(tmp_path / "redis")
     settings = server_settings(
         conf, sinks=["redis"], redis={"url": own.url, "password_env": None, "mode": "standalone"},
@@ -474,10 +474,10 @@ def test_serve_raises_the_open_file_limit_that_max_connections_needs():
     assert int(soft) == (1024 + 256 if hard == resource.RLIM_INFINITY else min(1024 + 256, hard))
 
 
-def test_malformed_and_upgrade_requests_log_one_warning_a_minute(server_sample, tmp_path):
+def test_malformed_and_upgrade_requests_log_one_warning_a_minute(written_sample, tmp_path):
     """A caller without a token repeating a malformed request or an upgrade (websocket, h2c)
     adds one warning line per kind a minute, not one per request."""
-    conf, _ = server_sample
+    conf, _ = written_sample
     server = serve(tmp_path, "quiet", server_settings(conf))
     malformed = b"GET / HTTP/1.1\r\nhost x\r\n\r\n"
     upgrades = [
@@ -525,13 +525,13 @@ def test_quiet_warnings_say_how_many_were_not_logged():
     assert lines.lines == ["bad", "bad (3 more in the last 60 s, not logged)", "bad (1 more in the last 140 s, not logged)", "other"]
 
 
-def test_requests_waiting_behind_one_are_bounded_per_connection(server_sample, tmp_path):
+def test_requests_waiting_behind_one_are_bounded_per_connection(written_sample, tmp_path):
     """uvicorn parsed every request of what it read at once (256 KiB: 89 requests a connection were
     seen waiting, held until a full collection). At most MAX_PIPELINED wait: the client gets the
     answers of the one being answered and those waiting, the last with `connection: close`."""
     from feature_reader.one_write import MAX_PIPELINED
 
-    conf, _ = server_sample
+    conf, _ = written_sample
     server = serve(tmp_path, "pipelined", server_settings(conf))
     try:
         with _connect(server.port) as conn:
