@@ -22,7 +22,7 @@ from fm_config.reader import CacheSettings
 from .support.confs import reader_conf
 
 MB = 1 << 20
-CACHE = 4 * MB  # the cache's and the memo's bound in the measuring process (MEASURE)
+CACHE = 4 * MB  # the cache's and the memo's bound, which _measure hands the measuring process
 
 
 def test_entity_keys_and_feature_references_past_their_limits_are_refused_naming_them():
@@ -112,9 +112,9 @@ def rss():
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
-mode, url, defs_dir = sys.argv[1:4]
-cache = CacheSettings(max_bytes=4 << 20, ttl_seconds=600, negative_ttl_seconds=600)
-settings = ReaderSettings(timeout_ms=5000, cache=cache, max_memo_bytes=4 << 20)
+mode, url, defs_dir, rounds, bound = sys.argv[1:6]
+cache = CacheSettings(max_bytes=int(bound), ttl_seconds=600, negative_ttl_seconds=600)
+settings = ReaderSettings(timeout_ms=5000, cache=cache, max_memo_bytes=int(bound))
 conf = RunConf(env="test", sinks=["redis"], redis=RedisSettings(url=url, password_env=None, mode="standalone"), reader=settings)
 defs = load_definitions(defs_dir)
 names = [f.name for f in defs.sources["wide"].features]
@@ -122,7 +122,7 @@ rng = random.Random(38)
 with FeatureReader(conf, defs) as reader:
     reader.get_online_features(["wide"], {"shop_id": ["warm"]})
     before = rss()
-    for r in range(int(sys.argv[4])):
+    for r in range(int(rounds)):
         if mode == "keys":  # 1,000 distinct entities of ~1 KB ids, never stored: NOT_FOUND
             reader.get_online_features(["wide:" + names[0]], {"shop_id": [f"{r}-{i}-" + "k" * 1000 for i in range(1000)]})
         else:  # a distinct list of 1,000 references, each a fresh string as a parsed body makes them
@@ -143,7 +143,7 @@ def wide_defs(tmp_path_factory) -> Path:
 
 
 def _measure(mode: str, url: str, defs: Path, rounds: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", MEASURE, mode, url, str(defs), str(rounds)], capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", MEASURE, mode, url, str(defs), str(rounds), str(CACHE)], capture_output=True, timeout=600)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     return json.loads(done.stdout)
 
