@@ -40,10 +40,10 @@ test:                       ## set up (with the S3 test server), lint, and run t
 	$(MAKE) --no-print-directory lint
 	PY=$(BIN)/python bash scripts/test_lanes.sh
 
-test-fast:                  ## lint, then the tests without Spark or a venv of their own (about two minutes): formats, sinks, clusters, CLI, config, docs
+test-fast:                  ## lint, then the tests without Spark or a venv of their own (2-3 minutes): formats, sinks, clusters, CLI, config, docs
 	bash scripts/setup.sh --test-fast
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest -m "not spark and not install and not slow"
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -m "not spark and not install and not slow" -n 3 --dist loadfile
 
 BENCH_ENTITIES ?= 100000,1000000
 bench: services-start       ## benchmark the job on the standard shape against its baselines (BENCH_ENTITIES=100000,1000000,5000000)

@@ -228,6 +228,7 @@ def test_a_failed_quality_gate_fails_the_run_with_the_reason_in_the_log(spark, a
     [(7, 1, "failed"), (1, 2, "failed"), (3, 1, "skipped")],
     ids=["retry-cannot-fix", "transient", "no-rows-in-the-window"],
 )
+@pytest.mark.spark  # spark-submit starts a JVM for each attempt
 def test_spark_submit_failures_are_retried_only_when_a_retry_can_help(airflow_db, monkeypatch, tmp_path, code, attempts, state):
     # the materialize task as the DAGs build it, spark-submit running a stand-in driver that
     # counts its starts and exits with `code` (spark-submit returns the driver's exit code)

@@ -347,6 +347,7 @@ def check_stores(conf: RunConf, folder: Path, model: Model) -> None:
                     assert value == expected and type(value) is type(expected), (store, name, value, expected)
 
 
+@pytest.mark.slow  # 21 s on its own: 80 examples of changes, each written and read back
 @settings(
     max_examples=80, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
