@@ -10,9 +10,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-# Bytecode caches on: without them each pytest process rewrote the asserts of 350 modules
-# (12 of its 14 s of collection) and each CLI run compiled the product again.
-unset PYTHONDONTWRITEBYTECODE
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
