@@ -20,7 +20,7 @@ import orjson
 
 from feature_defs import Definitions, SourceDef
 from feature_push.errors import PushError
-from feature_push.rows import Pushed, pushed_rows
+from feature_push.rows import Pushed, df_rows, pushed_rows, source_columns
 from feature_push.stores import PushStores
 from fm_config import RunConf
 from serializers.errors import BadValue
@@ -65,38 +65,44 @@ class PushHandler:
         request = _object(body)
         sources, to = self._targets(path, request, grants)
         df = request.get("df")
-        if grants is not None:
-            refused = [s.name for s in sources if not grants.may_push(s.name)]
-            if refused:
-                names = ", ".join(map(repr, refused))
-                raise PushError(f"this token does not grant pushing to {names} (server.auth.grants: push)", 403, "Forbidden")
-        rows = _rows(df)
+        rows = df_rows(df)  # a malformed df refuses the push, never answers 200 with nothing written
         if rows > self.settings.max_rows:
             limit = self.settings.max_rows
             raise PushError(f"the push holds {rows:,} rows; the limit is {limit:,} (server.push.max_rows)", 413, "TooManyRows")
-        if rows == 0:
-            return orjson.dumps({"status": "ok", "rows": 0, "written": {}})
-        max_key = self.conf.reader.max_key_bytes
-        pushed: list[Pushed] = []
-        if to != "offline":
-            pushed = [pushed_rows(s, self.defs.entities[s.entity], df, max_key_bytes=max_key) for s in sources]
+        # every row checked as the stores would take it, whatever `to` says: an offline append the
+        # run would refuse (a null key, a time no run accepts, a value its type refuses) stops its nights
+        pushed = self._checked(sources, df)
         # everything that can refuse the push is checked before the offline append, which cannot be taken back
-        prepared = await asyncio.to_thread(self.stores.prepare, pushed) if pushed else []
+        prepared = await asyncio.to_thread(self.stores.prepare, pushed)
         appended = await self._offline(sources, df) if to != "online" else {}
-        try:
-            written = await asyncio.to_thread(self.stores.write, prepared) if prepared else {}
-        except PushError as exc:
-            if appended:  # a retry of the same push would append its rows again
-                raise PushError(
-                    f"{exc} The rows were appended to the offline store already: retry with to: online.", exc.status, exc.kind
-                ) from None
-            raise
-        finally:  # whatever was written (a store may have taken it before another failed) is read anew
-            for p in pushed:
-                self.reader.forget(p.source.name, p.ids)
+        written: dict = {}
+        if to != "offline":
+            try:
+                written = await asyncio.to_thread(self.stores.write, prepared)
+            except PushError as exc:
+                if appended:  # a retry of the same push would append its rows again
+                    raise PushError(
+                        f"{exc} The rows were appended to the offline store already: retry with to: online.", exc.status, exc.kind
+                    ) from None
+                raise
+            finally:  # whatever was written (a store may have taken it before another failed) is read anew
+                for p in pushed:
+                    self.reader.forget(p.source.name, p.ids)
         self.stats["pushes"] += 1
         self.stats["rows"] += rows
         return orjson.dumps({"status": "ok", "rows": rows, "written": written, **({"offline": appended} if appended else {})})
+
+    def _checked(self, sources: list[SourceDef], df: dict) -> list[Pushed]:
+        """Each source's rows of ``df``; a column one source lacks may be another's (one push
+        source read by several sources with different features)."""
+        entities = self.defs.entities
+        columns = {s.name: source_columns(s, entities[s.entity]) for s in sources}
+        max_key, skew = self.conf.reader.max_key_bytes, self.settings.clock_skew_seconds
+        out = []
+        for s in sources:
+            others = frozenset().union(*(c for n, c in columns.items() if n != s.name))
+            out.append(pushed_rows(s, entities[s.entity], df, max_key_bytes=max_key, skew_seconds=skew, others=others))
+        return out
 
     def _targets(self, path: str, request: dict, grants) -> tuple[list[SourceDef], str]:
         if path == PUSH:
@@ -116,9 +122,16 @@ class PushHandler:
             if not isinstance(name, str):
                 raise PushError("'feature_view_name' must be the name of a source (Feast's feature view)")
             source = self.defs.sources.get(name)
+            if grants is not None and not grants.may_push(name):  # before saying whether it exists
+                raise PushError(f"this token does not grant pushing to {_cut(name)!r} (server.auth.grants: push)", 403, "Forbidden")
             if source is None:
                 raise PushError(f"unknown feature view {_cut(name)!r}", 404, "UnknownFeatureView")
             sources, to = [source], "online"
+        if grants is not None:
+            refused = [s.name for s in sources if not grants.may_push(s.name)]
+            if refused:
+                names = ", ".join(map(repr, refused))
+                raise PushError(f"this token does not grant pushing to {names} (server.auth.grants: push)", 403, "Forbidden")
         for s in sources:
             if not s.by_event_time:
                 raise PushError(
@@ -153,14 +166,32 @@ def _object(body: bytes) -> dict:
         raise PushError(f"the body is not JSON: {exc}") from None
     if not isinstance(request, dict):
         raise PushError("the body must be a JSON object")
+    try:
+        orjson.dumps(request)  # refuses a lone surrogate, in C: the walk below only names where
+        where = None
+    except orjson.JSONEncodeError:  # or an integer past 64 bits, which the row checks name
+        where = _surrogate(request)
+    if where is not None:  # Python's json reads "\\ud800" alone; no store can hold it (not UTF-8)
+        raise PushError(f"{where}: a lone surrogate escape (\\ud800-\\udfff without its pair) is not text any store can hold")
     return request
 
 
-def _rows(df: Any) -> int:
-    if not isinstance(df, dict) or not df:
-        raise PushError("'df' must be an object of columns: {column: [values, ...]}")
-    first = next(iter(df.values()))
-    return len(first) if isinstance(first, list) else 0
+def _surrogate(value: Any, where: str = "the body") -> str | None:
+    """Where the first string holding a lone surrogate is (a key or a value), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        if isinstance(k, str) and _surrogate(k) is not None:
+            return f"{where}, a key"
+        found = _surrogate(v, f"{where}[{k!r}]" if isinstance(k, str) else f"{where}[{k}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _cut(value: Any, n: int = 80) -> str:

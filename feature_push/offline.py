@@ -146,6 +146,7 @@ def _deltalake_version() -> str:
 
 
 def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list], rows: int) -> int:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not (where.is_local or where.startswith("file:")):
@@ -179,7 +180,15 @@ def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list]
         raise PushError(f"no Parquet files in {where} to take the table's columns from", 500, "OfflineTableMissing")
     # the newest file's schema: the ETL's current one
     newest = max(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
-    footer = pq.read_metadata(newest).schema
+    try:
+        footer = pq.read_metadata(newest).schema
+    except (pa.ArrowException, OSError) as exc:
+        raise PushError(
+            f"the newest file of the Parquet folder {where}, {newest.name}, is not Parquet ({_first_line(exc)}): the nightly run "
+            "reading this folder fails on it too; remove or replace it, then push again",
+            409,
+            "OfflineTableBroken",
+        ) from None
     int96 = any(footer.column(i).physical_type == "INT96" for i in range(len(footer)))
     # its schema without its key-value metadata: pandas' would describe the other file's index
     data = _cast(source, footer.to_arrow_schema().remove_metadata(), columns, rows)

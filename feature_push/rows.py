@@ -13,12 +13,12 @@ import datetime as dt
 import math
 import numbers
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from feature_defs import EntityDef, FeatureDef, SourceDef
@@ -27,7 +27,6 @@ from feature_reader.errors import EntityKeyError
 from feature_reader.request import check_key_bytes, key_column
 from serializers.batch import feature_specs
 from serializers.errors import BadValue
-from serializers.horizon import as_of_horizon
 from serializers.json_map import encode_json_maps
 from serializers.json_value import canonical, canonical_value, parse_text
 from serializers.keys import entity_id
@@ -36,7 +35,9 @@ ID, AS_OF, JSON_MAP, NON_FINITE = "_id", "_as_of", "_features_json", "_non_finit
 """The columns the writers read beside the features (jobs/transforms.py names them alike)."""
 EVENT_TIMESTAMP, CREATED = "event_timestamp", "created"
 """The time columns Feast's remote online store sends, whatever the source calls its own."""
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_LIMIT = 2.0**128 - 2.0**103
+"""Where float32 rounding turns infinite: below it a value rounds to a finite float32 (its
+largest, 3.4028235e38 as written, included), from it on to infinity."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _SECONDS = (-62_135_596_800, 253_402_300_800)
 """Epoch seconds of datetime's years 1 to 9999: a time outside is refused."""
@@ -87,25 +88,31 @@ def arrow_type(feature: FeatureDef) -> pa.DataType:
 
 
 def pushed_rows(
-    source: SourceDef, entity: EntityDef, df: Mapping[str, Any], *, max_key_bytes: int = 1024, now: float | None = None
+    source: SourceDef,
+    entity: EntityDef,
+    df: Mapping[str, Any],
+    *,
+    max_key_bytes: int = 1024,
+    now: float | None = None,
+    skew_seconds: float = 300.0,
+    others: frozenset[str] = frozenset(),
 ) -> Pushed:
     """Check a push body's ``df`` (column -> values) against ``source``; PushError naming the
-    first bad row and column."""
-    rows = _length(df)
-    columns = _columns(source, entity, df)
-    keys = _key_names(source, entity)  # in the entity's key order
+    first bad row and column. Event times are no later than ``now`` (the clock) plus
+    ``skew_seconds``, and none already expired by the entity's TTL. ``others``: columns of the other sources the same push writes
+    (one push source read by several), which this one leaves to them."""
+    rows = df_rows(df)
+    columns = _columns(source, entity, df, others)
+    keys = columns["keys"]  # in the entity's key order
     try:
         parts = [key_column(entity, name, k.type, list(df[name])) for name, k in zip(keys, entity.keys)]
         ids = [entity_id(*p) for p in zip(*parts)] if rows else []
         check_key_bytes(entity, ids, max_key_bytes)
     except EntityKeyError as exc:
         raise PushError(str(exc), 400, "BadPushKey") from None
-    horizon = as_of_horizon(now)
     micros = _times(df[columns["event"]], columns["event"], required=True)
+    _check_times(micros, columns["event"], entity, time.time() if now is None else now, skew_seconds)
     times = [t // 1_000_000 for t in micros]  # whole seconds, floored: what the stores hold and compare
-    for row, t in enumerate(times):
-        if t > horizon:
-            raise PushError(f"row {row}, column {columns['event']!r}: event time {_utc(t)} is past tomorrow (UTC); no run accepts it")
     created = _times(df[columns["created"]], columns["created"], required=False) if columns["created"] else [None] * rows
     keep = _latest(ids, micros, created)  # to the microsecond, as a run orders an entity's rows
     arrays = [pa.array([ids[i] for i in keep], pa.string())]
@@ -118,31 +125,61 @@ def pushed_rows(
     return Pushed(source, entity, batch, [ids[i] for i in keep], rows)
 
 
-def _length(df: Mapping[str, Any]) -> int:
+def df_rows(df: Any) -> int:
+    """The rows of a push body's ``df``: an object of columns, each a list, all one length, at
+    least one row; PushError naming the column otherwise (nothing of a malformed push is taken)."""
     if not isinstance(df, Mapping) or not df:
         raise PushError("'df' must be an object of columns: {column: [values, ...]}")
     lengths = {}
     for name, values in df.items():
+        if isinstance(values, Mapping):
+            raise PushError(
+                f"column {_cut(name)!r} is an object (row label -> value, pandas' DataFrame.to_dict() default): "
+                "each column must be a list of values, as DataFrame.to_dict(orient='list') gives"
+            )
         if not isinstance(values, list):
             raise PushError(f"column {_cut(name)!r}: expected a list of values, got {type(values).__name__}")
         lengths[name] = len(values)
     if len(set(lengths.values())) > 1:
         shown = ", ".join(f"{_cut(n)!r}: {n_:,}" for n, n_ in list(lengths.items())[:5])
         raise PushError(f"the columns of 'df' differ in length ({shown})")
-    return next(iter(lengths.values()))
+    rows = next(iter(lengths.values()))
+    if rows == 0:
+        raise PushError("'df' holds no rows: a push writes at least one")
+    return rows
 
 
-def _key_names(source: SourceDef, entity: EntityDef) -> list[str]:
-    return source.key_columns or [k.name for k in entity.keys]
-
-
-def _columns(source: SourceDef, entity: EntityDef, df: Mapping[str, Any]) -> dict:
-    """Which column of ``df`` is which: keys, event time, created time, features (by name or
-    source column). A column that is none of these, or a missing key, refuses the push."""
-    keys = _key_names(source, entity)
-    missing = [k for k in keys if k not in df]
+def _key_names(source: SourceDef, entity: EntityDef, df: Mapping[str, Any]) -> list[str]:
+    """Per entity key, the column of ``df`` holding it: the source's key column (``key_columns``),
+    or the entity key's own name (what Feast's SDK sends for a view whose source maps join keys)."""
+    out, missing = [], []
+    for i, key in enumerate(entity.keys):
+        names = list(dict.fromkeys((source.key_columns[i] if source.key_columns else key.name, key.name)))
+        found = [n for n in names if n in df]
+        if len(found) > 1:
+            raise PushError(f"entity key {key.name!r} is given twice, as {found[0]!r} and as {found[1]!r}")
+        if not found:
+            missing.append(names[0])
+        out.append(found[0] if found else names[0])
     if missing:
-        raise PushError(f"missing entity key column(s) {', '.join(map(repr, missing))} (source {source.name!r} is keyed by {keys})")
+        keyed = source.key_columns or [k.name for k in entity.keys]
+        raise PushError(f"missing entity key column(s) {', '.join(map(repr, missing))} (source {source.name!r} is keyed by {keyed})")
+    return out
+
+
+def source_columns(source: SourceDef, entity: EntityDef) -> frozenset[str]:
+    """Every column name a push to ``source`` may carry (keys, times, features by name or source column)."""
+    names = {*(source.key_columns or []), *(k.name for k in entity.keys), EVENT_TIMESTAMP, CREATED}
+    names |= {c for c in (source.timestamp_column, source.created_column) if c}
+    names |= {c for f in source.features for c in (f.name, f.source_column) if c}
+    return frozenset(names)
+
+
+def _columns(source: SourceDef, entity: EntityDef, df: Mapping[str, Any], others: frozenset[str]) -> dict:
+    """Which column of ``df`` is which: keys, event time, created time, features (by name or
+    source column). A column that is none of these (nor in ``others``), or a missing key,
+    refuses the push."""
+    keys = _key_names(source, entity, df)
     event = next((c for c in (source.timestamp_column, EVENT_TIMESTAMP) if c and c in df), None)
     if event is None:
         raise PushError(f"missing the event time column {source.timestamp_column!r}: each pushed row needs its event time")
@@ -155,13 +192,32 @@ def _columns(source: SourceDef, entity: EntityDef, df: Mapping[str, Any]) -> dic
         if found:
             features[f.name] = found[0]
     known = {*keys, event, *([created] if created else []), *features.values(), EVENT_TIMESTAMP, CREATED}
-    unknown = [c for c in df if c not in known]
+    unknown = [c for c in df if c not in known and c not in others]
     if unknown:
         shown = ", ".join(repr(_cut(c)) for c in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         raise PushError(f"unknown column(s) {shown}: source {source.name!r} has no such feature, key or time column")
     if not features:
         raise PushError(f"no feature of source {source.name!r} in 'df' (its features: {', '.join(f.name for f in source.features)})")
-    return {"event": event, "created": created, "features": features}
+    return {"keys": keys, "event": event, "created": created, "features": features}
+
+
+def _check_times(micros: list[int], column: str, entity: EntityDef, now: float, skew: float) -> None:
+    """Feast's pushes are "now": a time later than the clock (plus the skew clocks may differ
+    by) would hold the entity against the nightly runs until it comes; one older than the
+    entity's TTL would be kept alive by the push's expiry, served PRESENT though expired."""
+    latest = math.floor((now + skew) * 1_000_000)
+    oldest = math.ceil((now - entity.ttl_seconds) * 1_000_000) if entity.ttl_seconds else None
+    for row, t in enumerate(micros):
+        if t > latest:
+            raise PushError(
+                f"row {row}, column {column!r}: event time {_utc(t)} is later than now ({_utc(float(now))}) plus "
+                f"{skew:g} s (server.push.clock_skew_seconds): a pushed row is what is true now, not later"
+            )
+        if oldest is not None and t < oldest:
+            raise PushError(
+                f"row {row}, column {column!r}: event time {_utc(t)} is older than entity {entity.name!r}'s TTL "
+                f"({entity.ttl_seconds:,} s, ttl_seconds): expired already, it would be served as fresh"
+            )
 
 
 def _times(values: Sequence[Any], column: str, required: bool) -> list[int | None]:
@@ -223,10 +279,13 @@ class _Bad(Exception):
 def _number(v: Any, float32: bool) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise _Bad(f"expected a number, got {_shown(v)}")
-    x = float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an integer past float64's range
+        raise _Bad(f"{_cut(str(v), 40)} is beyond float64 range") from None
     if not math.isfinite(x):
         raise _Bad("NaN and infinities are not stored")
-    if float32 and abs(x) > _FLOAT32_MAX:
+    if float32 and abs(x) >= _FLOAT32_LIMIT:
         raise _Bad(f"{x!r} is beyond float32 range")
     return x
 
@@ -304,7 +363,11 @@ def _json(f: FeatureDef, v: Any) -> str | None:
     itself; with ``json_text_elements``, a list of strings holds each element's JSON text
     (a null element is JSON's null), as the run reads such a column."""
     try:
-        if f.json_text_elements and isinstance(v, list) and all(e is None or isinstance(e, str) for e in v):
+        texts = f.json_text_elements and isinstance(v, list) and any(isinstance(e, str) for e in v)
+        if texts and not all(e is None or isinstance(e, str) for e in v):
+            at = next(i for i, e in enumerate(v) if e is not None and not isinstance(e, str))
+            raise _Bad(f"element {at} is a JSON value among JSON texts: with json_text_elements every element is a JSON text or null")
+        if texts:
             made = canonical_value([None if e is None else _element(i, e) for i, e in enumerate(v)], f.options.get("max_bytes"))
             return made.decode("utf-8")
         made = canonical(v, f.options.get("max_bytes"))
@@ -346,5 +409,7 @@ def _cut(text: Any, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def _utc(seconds: int) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _utc(micros: float) -> str:
+    """Epoch microseconds (or seconds, a float) as ISO 8601 UTC."""
+    when = _EPOCH + (dt.timedelta(seconds=micros) if isinstance(micros, float) else dt.timedelta(microseconds=micros))
+    return when.isoformat(timespec="microseconds" if when.microsecond else "seconds").replace("+00:00", "Z")

@@ -88,9 +88,10 @@ def check_start(settings, host: str, insecure_no_auth: bool, root_path) -> str:
         return "jwt"
     if mode == "none" or insecure_no_auth or is_loopback(host):
         return "none"
+    writes = " and write every pushed source's values (server.push is on)" if settings.push.enabled else ""
     raise AuthConfigError(
         f"refusing to serve features without authentication on {host}, which is not a loopback address: "
-        "anyone who reaches the port could read every feature. Set server.auth.mode: jwt (with jwks_file or "
+        f"anyone who reaches the port could read every feature{writes}. Set server.auth.mode: jwt (with jwks_file or "
         "jwks_url, issuer, audience, grants), or serve unauthenticated on purpose with server.auth.mode: none "
         "or --insecure-no-auth (e.g. behind a proxy that authenticates)"
     )

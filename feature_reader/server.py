@@ -407,7 +407,7 @@ def serve_conf(
     import os
     from functools import partial
 
-    from feature_reader.auth import AuthConfigError, check_start
+    from feature_reader.auth import AuthConfigError, check_start, is_loopback
     from feature_reader.one_write import Limits, OneWriteProtocol
     from feature_reader.tls import start_error, uvicorn_options
 
@@ -437,6 +437,8 @@ def serve_conf(
     if tls.get("ssl_ca_certs"):
         who += f", client certificates {conf.server.tls.client_cert}"
     pushes = "POST /push, POST /write-to-online-store, " if conf.server.push.enabled and app != APP else ""
+    if pushes and auth == "none" and not is_loopback(host):
+        who += ", so anyone who reaches the port may push (write) to the stores"
     banner = (f"[serve] Feast's feature-server API on {scheme}://{host}:{port} (env {conf.env}; {workers} worker{'s' * (workers > 1)}; "
               f"{who}): POST /get-online-features, {pushes}GET /health[/live|/ready], GET /metrics, GET /openapi.json. "
               "Ctrl-C or SIGTERM stops it.")  # fmt: skip

@@ -125,6 +125,9 @@ class PushSettings(Settings):
     enabled: bool = False
     max_rows: int = Field(1000, ge=1)
     """Rows in one push; more is refused (413) before any is looked at."""
+    clock_skew_seconds: float = Field(300.0, ge=0, le=86_400)
+    """A pushed event time may be this much later than the server's clock, no more (Feast's
+    pushes are "now"; a later one would hold the entity against the nightly runs)."""
     offline: bool = True
     """``to: offline`` / ``online_and_offline`` append to the source's table (Delta, or a
     folder of Parquet files); False: refused (the push says so)."""

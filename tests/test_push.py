@@ -209,7 +209,11 @@ BAD = [
         "row 1, column 'event_timestamp': the event time is null",
         "BadPush",
     ),
-    ({"driver_id": [1], "event_timestamp": ["2099-01-01T00:00:00"], "trips": [1]}, "is past tomorrow (UTC)", "BadPush"),
+    (
+        {"driver_id": [1], "event_timestamp": ["2099-01-01T00:00:00"], "trips": [1]},
+        "plus 300 s (server.push.clock_skew_seconds)",
+        "BadPush",
+    ),
     ({"driver_id": [1], "event_timestamp": ["yesterday"], "trips": [1]}, "'yesterday' is not an ISO 8601 time", "BadPush"),
     ({"driver_id": [1, 2], "event_timestamp": [T1, T1], "vec": [[1.0, 2.0], [1.0]]}, "row 1, column 'vec': 1 elements", "BadPush"),
     ({"driver_id": [1], "event_timestamp": [T1], "recent": [[1, None]]}, "row 0, column 'recent': element 1 is null", "BadPush"),
@@ -225,7 +229,39 @@ BAD = [
         "BadPush",
     ),
     ({"driver_id": [1], "event_timestamp": [T1], "zones": [["{", "2"]]}, "row 0, column 'zones': element 0: not JSON", "BadPush"),
+    # issue 62, item 3: a df whose rows were not counted (200 with nothing written)
+    ({"driver_id": {"0": 1}, "event_timestamp": {"0": T1}, "trips": {"0": 1}}, "pandas' DataFrame.to_dict() default", "BadPush"),
+    ({"driver_id": 1, "event_timestamp": [T1], "trips": [1]}, "column 'driver_id': expected a list of values, got int", "BadPush"),
+    ({"driver_id": [], "event_timestamp": [], "trips": []}, "'df' holds no rows", "BadPush"),
+    ({"speed": [1]}, "missing entity key column(s) 'driver_id'", "BadPush"),
+    # item 10: an integer past float64, a lone surrogate (were 500)
+    (
+        {"driver_id": [1], "event_timestamp": [T1], "conv_rate": [2**1100]},
+        "row 0, column 'conv_rate': 1358298529049385849277351428359266778603... is beyond float64",
+        "BadPush",
+    ),
+    ({"driver_id": [1], "event_timestamp": [T1], "city": ["\ud800"]}, "the body['df']['city'][0]: a lone surrogate", "BadPush"),
+    # item 9: JSON texts and JSON values mixed in a json_text_elements list (the texts were stored as strings)
+    (
+        {"driver_id": [1], "event_timestamp": [T1], "zones": [['{"a": 1}', 2]]},
+        "row 0, column 'zones': element 1 is a JSON value among JSON texts",
+        "BadPush",
+    ),
 ]
+
+
+@pytest.mark.parametrize("df,text,kind", BAD, ids=[b[1][:40] for b in BAD])
+def test_a_bad_push_to_the_offline_store_is_refused_alike_and_nothing_is_appended(conf, tmp_path, redis_db, pg_db, df, text, kind):
+    # issue 62, item 4: to: offline skipped every check of the online path (the next run then failed)
+    import deltalake
+    import pyarrow as pa
+
+    table = tmp_path / "data" / "driver_stats"
+    deltalake.write_deltalake(str(table), pa.table({"driver_id": pa.array([], pa.int64()), "trips": pa.array([], pa.int64())}))
+    [(status, answer)] = calls(build_app(conf), push(df, to="offline"))
+    assert status == 400 and answer["type"] == kind and text in answer["error"], answer
+    assert deltalake.DeltaTable(str(table)).version() == 0
+    assert redis_db.keys("d:*") == []  # no entity written (the stores' description may be recorded, as by a run)
 
 
 @pytest.mark.parametrize("df,text,kind", BAD, ids=[b[1][:40] for b in BAD])
@@ -345,6 +381,14 @@ def test_a_push_needs_a_token_granting_push_on_each_source_it_writes(conf, tmp_p
     assert [(s, a.get("type")) for s, a in answers] == [(401, "Unauthorized"), (403, "Forbidden"), (200, None)]
     assert answers[1][1]["error"] == "this token does not grant pushing to 'driver_stats' (server.auth.grants: push)"
     assert redis_db.hget("d:1", field_id("trips")) == encode("int", 1)
+    # a token granting no push learns nothing of which sources exist (was 404 for one, 403 for another)
+    answers = calls(
+        build_app(conf),
+        *[(*write, bearer(["reader"])) for write in (("POST", "/write-to-online-store", {"feature_view_name": n, "df": df})
+                                                     for n in ("driver_stats", "nope"))],
+    )  # fmt: skip
+    assert [(s, a["type"]) for s, a in answers] == [(403, "Forbidden"), (403, "Forbidden")]
+    assert answers[1][1]["error"] == "this token does not grant pushing to 'nope' (server.auth.grants: push)"
 
 
 def test_online_and_offline_appends_to_the_table_first_and_a_refused_append_writes_nothing(conf, tmp_path, redis_db, pg_db):
@@ -431,7 +475,7 @@ def test_what_a_run_reads_alike_a_push_writes_alike(conf, redis_db, pg_db):
     assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == (expected, epoch(T1))
     assert redis_held(redis_db, 2)[0] == sql_held(pg_db, 2)[0] == {"zones": [[1, 2.5]]}
     assert (s2, json.loads(a2)["error"]) == (400, "the body is not JSON: duplicate key in a JSON object: 'k'")
-    assert (s3, json.loads(a3)) == (200, {"status": "ok", "rows": 0, "written": {}})
+    assert (s3, json.loads(a3)) == (400, {"error": "'df' holds no rows: a push writes at least one", "type": "BadPush"})
     assert redis_held(redis_db, 3) is None
 
 
@@ -468,3 +512,103 @@ def test_a_read_asked_after_a_push_never_waits_on_one_begun_before_it(conf, redi
         before.close()
     finally:
         reader.close()
+
+
+# -- issue 62: pushes Feast's SDK makes, times a push may carry ---------------------------------------
+
+TWO_VIEWS = {
+    "entities.yaml": """entities:
+  - {name: driver, prefix: d, keys: [{name: driver_id, type: int}], sql_table: driver_features, ttl_seconds: 864000}
+""",
+    "stats_a.yaml": """source:
+  name: stats_a
+  entity: driver
+  location: stats_a
+  layout: wide
+  select_by: event_time
+  timestamp_column: ts
+  key_columns: [driver]
+  push_source: shared_push
+  features:
+    - {name: trips, type: int}
+    - {name: rate, type: float, precision: float32}
+""",
+    "stats_b.yaml": """source:
+  name: stats_b
+  entity: driver
+  location: stats_b
+  layout: wide
+  select_by: event_time
+  timestamp_column: ts
+  key_columns: [driver]
+  push_source: shared_push
+  features:
+    - {name: city, type: string}
+""",
+}
+
+
+@pytest.fixture
+def two_views(tmp_path, redis_db, pg_db, redis_server, pg_server) -> RunConf:
+    folder = tmp_path / "two_views"
+    folder.mkdir()
+    for name, text in TWO_VIEWS.items():
+        (folder / name).write_text(text)
+    return push_conf(tmp_path, folder, redis_server, pg_server)
+
+
+def test_one_push_source_read_by_two_sources_writes_each_its_own_columns(two_views, redis_db, pg_db):
+    now = dt.datetime.now(UTC).replace(microsecond=0)
+    df = {"driver": [1], "ts": [now.isoformat()], "trips": [3], "rate": [3.4028235e38], "city": ["Oslo"]}
+    by_join_key = {"driver_id": [2], "ts": [now.isoformat()], "trips": [4], "city": ["Rome"]}  # what Feast's SDK sends
+    (s1, a1), (s2, a2), (s3, a3) = calls(
+        build_app(two_views),
+        ("POST", "/push", {"push_source_name": "shared_push", "df": df}),
+        ("POST", "/push", {"push_source_name": "shared_push", "df": by_join_key}),
+        ("POST", "/push", {"push_source_name": "shared_push", "df": {**df, "speed": [1]}}),
+    )
+    assert (s1, s2) == (200, 200), (a1, a2)
+    assert set(a1["written"]) == {"stats_a", "stats_b"}
+    # each source's own features, as the reference encoder writes them (float32's largest value taken, not refused)
+    assert redis_db.hmget("d:1", [field_id("trips"), field_id("rate"), field_id("city")]) == [
+        encode("int", 3), encode("float", 3.4028234663852886e38, precision="float32"), b"Oslo"
+    ]  # fmt: skip
+    assert redis_db.hmget("d:2", [field_id("trips"), field_id("city")]) == [encode("int", 4), b"Rome"]
+    stamps = redis_db.hmget("d:1", [freshness_field("stats_a"), freshness_field("stats_b")])
+    assert stamps == [b"%d" % now.timestamp()] * 2
+    found = pg_db.execute("SELECT entity_key, source, features::text FROM driver_features ORDER BY 1, 2").fetchall()
+    assert [(k, s, json.loads(f)) for k, s, f in found] == [
+        ("1", "stats_a", {"trips": 3, "rate": 340282350000000000000000000000000000000}),  # float32's 3.4028235e38 as JSONB prints it
+        ("1", "stats_b", {"city": "Oslo"}),
+        ("2", "stats_a", {"trips": 4}), ("2", "stats_b", {"city": "Rome"}),
+    ]  # fmt: skip
+    assert s3 == 400 and "unknown column(s) 'speed'" in a3["error"], a3  # a column of neither source is still refused
+
+
+def test_a_pushed_event_time_past_the_clock_and_skew_or_past_the_ttl_is_refused(two_views, redis_db):
+    now = dt.datetime.now(UTC)
+    cases = {
+        "later": now + dt.timedelta(seconds=400),  # skew 300 s: refused
+        "1970": dt.datetime(1970, 1, 1, tzinfo=UTC),  # expired by the TTL (10 days): was served PRESENT for 10 more
+        "ttl": now - dt.timedelta(days=10, seconds=60),
+        "soon": now + dt.timedelta(seconds=200),  # within the skew: taken
+        "old": now - dt.timedelta(days=9),  # within the TTL: taken
+    }
+    answers = calls(
+        build_app(two_views),
+        *[("POST", "/push", {"push_source_name": "shared_push", "df": {"driver": [i], "ts": [t.isoformat()], "trips": [i], "city": ["x"]}})
+          for i, t in enumerate(cases.values())],
+    )  # fmt: skip
+    assert [s for s, _ in answers] == [400, 400, 400, 200, 200], answers
+    assert "later than now" in answers[0][1]["error"] and "(server.push.clock_skew_seconds)" in answers[0][1]["error"]
+    for _, a in answers[1:3]:
+        assert "older than entity 'driver''s TTL (864,000 s, ttl_seconds)" in a["error"], a
+    assert sorted(redis_db.keys("d:*")) == [b"d:3", b"d:4"]
+
+
+def test_serving_unauthenticated_off_loopback_with_push_on_says_it_writes(conf):
+    from feature_reader.auth import AuthConfigError, check_start
+
+    with pytest.raises(AuthConfigError) as refused:
+        check_start(conf.server, "10.1.2.3", False, Path("."))
+    assert "could read every feature and write every pushed source's values (server.push is on)" in str(refused.value)

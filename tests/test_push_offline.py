@@ -268,6 +268,18 @@ def test_a_bad_value_leaves_a_parquet_folder_as_it_was(conf, tmp_path):
     assert [p.name for p in folder.iterdir()] == ["part-00000.parquet"]
 
 
+def test_a_parquet_folder_whose_newest_file_is_not_parquet_is_a_409_naming_it(conf, tmp_path):
+    folder = tmp_path / "driver_stats"
+    folder.mkdir()
+    pq.write_table(pa.table(FIRST, schema=SCHEMA), folder / "part-00000.parquet")
+    (folder / "part-00001.parquet").write_bytes(b"not parquet at all")  # newer: its schema would be the table's
+    with pytest.raises(PushError) as refused:
+        append_offline(conf, driver_stats(format="parquet"), PUSH)
+    assert (refused.value.status, refused.value.kind) == (409, "OfflineTableBroken")
+    assert f"the newest file of the Parquet folder {folder}, part-00001.parquet, is not Parquet" in str(refused.value)
+    assert sorted(p.name for p in folder.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+
+
 # -- what a push cannot append to ------------------------------------------------------------
 
 

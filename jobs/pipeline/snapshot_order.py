@@ -28,10 +28,18 @@ def future_warning(store: str, replaced: int, what: str, ctx: RunContext) -> str
     )
 
 
+def newer_kept(ctx: RunContext, store: str, count: int, what: str) -> str:
+    """The summary's warning for ``count`` entities a store kept because it held newer values."""
+    if ctx.source.push_source:  # what pushes are for: values newer than the table's, between nights
+        return f"{store}: {count:,} {what} of {ctx.source.name} hold a newer pushed value (push_source) and were left as they are"
+    return f"{store}: {count:,} {what} already hold a newer snapshot of {ctx.source.name} than {ctx.date} and were left as they are"
+
+
 def check_mostly_newer(ctx: RunContext, summary: RunSummary) -> None:
-    """Fail when a store left more than ``quality.max_skipped_newer`` of the run's entities."""
+    """Fail when a store left more than ``quality.max_skipped_newer`` of the run's entities,
+    unless the source takes pushes: there newer values are the pushes', counted, never a failure."""
     limit, entities = ctx.conf.quality.max_skipped_newer, summary.entities
-    if not entities:
+    if not entities or ctx.source.push_source:
         return
     over = []
     for store, (counter, what) in SKIPPED.items():

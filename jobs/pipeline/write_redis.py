@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
-from jobs.pipeline.snapshot_order import future_warning
+from jobs.pipeline.snapshot_order import future_warning, newer_kept
 from jobs.pipeline.store_record import redis_after
 from jobs.progress import progress
 from serializers.description import Description
@@ -83,10 +83,7 @@ def _sum_writers(ctx: RunContext, parts: list, seconds: float, stats: dict, summ
     """Add up the writers' stats; fail with their errors, rebuilt as their classes."""
     sum_partition_stats(stats, parts, _SUMMED, seconds, rate=("values_per_s", "values_set"))
     if stats["skipped_newer"]:
-        summary.warnings.append(
-            f"redis: {stats['skipped_newer']:,} entities already hold a newer snapshot of {ctx.source.name} than {ctx.date} "
-            "and were left as they are"
-        )
+        summary.warnings.append(newer_kept(ctx, "redis", stats["skipped_newer"], "entities"))
     if stats["replaced_future"]:
         summary.warnings.append(future_warning("redis", stats["replaced_future"], "entities", ctx))
     errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame
 from jobs import transforms as tf
 from jobs.pipeline.context import RunContext
 from jobs.pipeline.report.summary import RunSummary
-from jobs.pipeline.snapshot_order import future_warning
+from jobs.pipeline.snapshot_order import future_warning, newer_kept
 from jobs.pipeline.store_record import sql_after
 from jobs.progress import progress
 from serializers.description import Description
@@ -88,9 +88,7 @@ def write_sql(
         parts = rows.sortWithinPartitions(tf.ENTITY_ID).mapInArrow(partial(write_partition, plan), partition_schema(plan)).collect()
     sum_partition_stats(stats, parts, _SUMMED, time.perf_counter() - start, rate=("rows_per_s", "rows_upserted"))
     if stats["rows_skipped_newer"]:
-        summary.warnings.append(
-            f"{dialect}: {stats['rows_skipped_newer']:,} rows already hold a newer snapshot of {source.name} and were left as they are"
-        )
+        summary.warnings.append(newer_kept(ctx, dialect, stats["rows_skipped_newer"], "rows"))
     if stats["rows_replaced_future"]:
         summary.warnings.append(future_warning(dialect, stats["rows_replaced_future"], "rows", ctx))
     errors = [from_wire(p["error_kind"], p["error"]) for p in parts if p["error"]]
