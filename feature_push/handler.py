@@ -14,6 +14,7 @@ the stores (feature_push/stores.py), then this server's cache forgets the entiti
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -40,6 +41,9 @@ class PushHandler:
             if source.push_source:
                 self.by_push_name.setdefault(source.push_source, []).append(source)
         self.stats = {"pushes": 0, "rows": 0, "refused": 0}
+        # threads of their own: pushes waiting on a store never hold the threads reads borrow (the
+        # reader fetches descriptions and makes connections in the loop's default executor)
+        self._threads = ThreadPoolExecutor(self.settings.max_in_flight, thread_name_prefix="push")
 
     def collect(self):
         """Its counters in the server's /metrics (a Prometheus collector)."""
@@ -52,7 +56,11 @@ class PushHandler:
 
     def close(self) -> None:
         """The writers kept open between pushes (at the server's shutdown)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
         self.stores.close()
+
+    async def _in_thread(self, function, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._threads, function, *args)
 
     async def handle(self, path: str, body: bytes, grants) -> bytes:
         try:
@@ -73,12 +81,12 @@ class PushHandler:
         # run would refuse (a null key, a time no run accepts, a value its type refuses) stops its nights
         pushed = self._checked(sources, df)
         # everything that can refuse the push is checked before the offline append, which cannot be taken back
-        prepared = await asyncio.to_thread(self.stores.prepare, pushed)
+        prepared = await self._in_thread(self.stores.prepare, pushed)
         appended = await self._offline(sources, df) if to != "online" else {}
         written: dict = {}
         if to != "offline":
             try:
-                written = await asyncio.to_thread(self.stores.write, prepared)
+                written = await self._in_thread(self.stores.write, prepared)
             except PushError as exc:
                 if appended:  # a retry of the same push would append its rows again
                     raise PushError(
@@ -152,7 +160,7 @@ class PushHandler:
             tables.setdefault(s.location or s.table, s)
         done = {}
         for s in tables.values():
-            done[s.name] = await asyncio.to_thread(append_offline, self.conf, s, df)
+            done[s.name] = await self._in_thread(append_offline, self.conf, s, df)
         return done
 
 

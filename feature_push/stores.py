@@ -104,6 +104,8 @@ class PushStores:
         self.sinks = [s for s in ("redis", "sql") if s in conf.sinks]
         self.redis = conf.push_redis_connection() if "redis" in self.sinks else None
         self.sql = conf.push_sql_connection() if "sql" in self.sinks else None
+        if self.sql is not None:  # a caller waits: a row lock held by a run or another push must not hold it long
+            self.sql = replace(self.sql, statement_timeout_ms=min(self.sql.statement_timeout_ms, conf.server.push.store_timeout_ms))
         self._cluster: bool | None = None
         self._sql_checked: dict[str, SqlSinkConfig] = {}
         self._described: set[str] = set()
@@ -178,7 +180,8 @@ class PushStores:
         config = self._sql_checked[p.source.name]
 
         def make(horizon: int):
-            return SqlWritePlan(sink=replace(config, horizon=horizon), as_of_column=AS_OF).writer()
+            # no retries of its own (a caller waits): a push is tried once more on a fresh writer, no more
+            return SqlWritePlan(sink=replace(config, horizon=horizon, retries=0), as_of_column=AS_OF).writer()
 
         s = self._written((p.source.name, "sql"), make, lambda w: w.write_batch(rows), f"writing {p.source.name} to the SQL store")
         return {"written": s["rows_upserted"], "kept_newer": s["rows_skipped_newer"], "replaced_future": s["rows_replaced_future"]}

@@ -156,8 +156,11 @@ class FeatureServer:
         unsent.set_function(lambda: UNSENT.bytes)
         self.registry.register(_ReaderCounters(reader))
         self.registry.register(_HealthGauges(self))
+        self.pushes_in_flight = 0
         if push is not None:
             self.registry.register(push)  # its counters: pushes, rows, refused
+            gauge = Gauge("feature_server_pushes_in_flight", "Pushes being answered", registry=self.registry)
+            gauge.set_function(lambda: self.pushes_in_flight)
         # (when, failed calls then, status, body, body without the stores' details) of the last check
         self._health: tuple[float, int, int, bytes, bytes] | None = None
         self._store_states: dict[str, str] = {}  # each store's last health answer: a change is logged
@@ -317,7 +320,12 @@ class FeatureServer:
         body = await self._body(scope, receive)
         if self.in_flight >= self.settings.max_in_flight:
             raise _Refused(503, f"overloaded: {self.in_flight} requests in flight (server.max_in_flight); retry later", "Overloaded")
+        if self.pushes_in_flight >= self.settings.push.max_in_flight:  # reads keep the rest of max_in_flight
+            raise _Refused(
+                503, f"overloaded: {self.pushes_in_flight} pushes in flight (server.push.max_in_flight); retry later", "Overloaded"
+            )
         self.in_flight += 1
+        self.pushes_in_flight += 1
         try:  # no deadline: a push cut short would still be written, and its answer would say otherwise
             return 200, await self.push.handle(path, body, grants), JSON
         except Exception as exc:
@@ -326,6 +334,7 @@ class FeatureServer:
             raise
         finally:
             self.in_flight -= 1
+            self.pushes_in_flight -= 1
 
     async def _body(self, scope: dict, receive) -> bytes:
         limit = self.settings.max_body_bytes

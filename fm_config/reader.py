@@ -125,6 +125,12 @@ class PushSettings(Settings):
     enabled: bool = False
     max_rows: int = Field(1000, ge=1)
     """Rows in one push; more is refused (413) before any is looked at."""
+    max_in_flight: int = Field(8, ge=1)
+    """Pushes being answered at once, counted within ``server.max_in_flight`` too; more are
+    refused at once with 503: reads keep the rest, whatever the push load."""
+    store_timeout_ms: int = Field(5000, ge=100)
+    """A push's SQL statement (a wait for a row lock included) is cancelled past this: 503,
+    retry; the run's ``sql.statement_timeout_ms`` is for nightly batches, not for a caller waiting."""
     clock_skew_seconds: float = Field(300.0, ge=0, le=86_400)
     """A pushed event time may be this much later than the server's clock, no more (Feast's
     pushes are "now"; a later one would hold the entity against the nightly runs)."""
@@ -250,3 +256,13 @@ class ServerSettings(Settings):
     tls: ServerTlsSettings = ServerTlsSettings()
     auth: ServerAuthSettings = ServerAuthSettings()
     push: PushSettings = PushSettings()
+
+    @model_validator(mode="after")
+    def _pushes_within(self) -> ServerSettings:
+        if self.push.enabled and self.push.max_in_flight >= self.max_in_flight:
+            raise KeyProblem(
+                "push",
+                f"server.push.max_in_flight ({self.push.max_in_flight}) must be below server.max_in_flight "
+                f"({self.max_in_flight}): pushes take at most that many of the server's requests, reads keep the rest",
+            )
+        return self
