@@ -28,7 +28,7 @@ from feature_defs.models import (
 )
 from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, next_stored_name, read_lock
 from feature_defs.yamlio import YamlFileError, describe_validation_error, line_of, load_yaml, read_file, written_at
-from serializers import freshness_field_name
+from serializers import field_id_int, freshness_field_name, subsecond_field_name
 
 DEFAULT_DIR = Path(__file__).resolve().parent
 if os.environ.get("FM_PROJECT_ROOT") or not DEFAULT_DIR.is_dir():
@@ -427,13 +427,16 @@ def _field_id_problems(entity, sources, places: _Places, held: set[str] = frozen
     taken = held | {f.stored_name for s in sources for f in s.features}
     for source in sources:
         skey = f"source:{source.name}"
-        ts_name = freshness_field_name(source.name)
-        if source.freshness_field_id in ids:
-            problems.append(
-                f"{places.at(skey)}: field id collision in entity {entity.name!r}: {ts_name!r} and {ids[source.freshness_field_id]} "
-                f"both have field id {source.freshness_field_id}"
-            )
-        ids.setdefault(source.freshness_field_id, f"{ts_name!r} (freshness field of source {source.name!r})")
+        reserved = [(freshness_field_name(source.name), "freshness field")]
+        if source.by_event_time:  # its sub-second field too (FORMAT.md 1.4)
+            reserved.append((subsecond_field_name(source.name), "sub-second field"))
+        for name, what in reserved:
+            fid = field_id_int(name)
+            if fid in ids:
+                problems.append(
+                    f"{places.at(skey)}: field id collision in entity {entity.name!r}: {name!r} and {ids[fid]} both have field id {fid}"
+                )
+            ids.setdefault(fid, f"{name!r} ({what} of source {source.name!r})")
         for feature in source.features:
             fkey = f"{skey}:{feature.name}"
             label = f"feature {feature.name!r} of source {source.name!r}"

@@ -25,7 +25,7 @@ from feature_defs import EntityDef, FeatureDef, SourceDef
 from feature_push.errors import PushError
 from feature_reader.errors import EntityKeyError
 from feature_reader.request import check_key_bytes, key_column
-from serializers.batch import feature_specs
+from serializers.batch import AS_OF_US, feature_specs
 from serializers.errors import BadValue
 from serializers.json_map import encode_json_maps
 from serializers.json_value import canonical, canonical_value, parse_text
@@ -52,7 +52,8 @@ class Pushed:
     source: SourceDef
     entity: EntityDef
     redis: pa.RecordBatch
-    """_id, the features in definition order, _as_of (event time, UTC epoch seconds)."""
+    """_id, the features in definition order, _as_of (event time, UTC epoch seconds, floored),
+    _as_of_us (the same in microseconds)."""
     ids: list[str]
     rows: int
     """Rows of the request (``len(ids)`` entities after the latest per entity)."""
@@ -67,7 +68,8 @@ class Pushed:
             if _NUL.search(text):
                 raise PushError(f"entity {self.ids[i]!r}: a NUL character (not storable in the SQL store's JSONB)")
         return pa.RecordBatch.from_arrays(
-            [self.redis.column(ID), maps, pa.array(dropped, pa.int32()), self.redis.column(AS_OF)], names=[ID, JSON_MAP, NON_FINITE, AS_OF]
+            [self.redis.column(ID), maps, pa.array(dropped, pa.int32()), self.redis.column(AS_OF), self.redis.column(AS_OF_US)],
+            names=[ID, JSON_MAP, NON_FINITE, AS_OF, AS_OF_US],
         )
 
 
@@ -121,7 +123,8 @@ def pushed_rows(
         values = list(df[name]) if name is not None else [None] * rows
         arrays.append(_typed(feature, name or feature.name, values, keep))
     arrays.append(pa.array([times[i] for i in keep], pa.int64()))
-    batch = pa.RecordBatch.from_arrays(arrays, names=[ID, *[f.name for f in source.features], AS_OF])
+    arrays.append(pa.array([micros[i] for i in keep], pa.int64()))  # the stores order writes to the microsecond
+    batch = pa.RecordBatch.from_arrays(arrays, names=[ID, *[f.name for f in source.features], AS_OF, AS_OF_US])
     return Pushed(source, entity, batch, [ids[i] for i in keep], rows)
 
 

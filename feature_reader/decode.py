@@ -51,10 +51,11 @@ def as_of(raw: bytes | None) -> int | object | None:
 
 
 def as_of_seconds(value: Any) -> int | object:
-    """The SQL store's as-of time (epoch seconds as a float8: infinity is a timestamptz too) as an int, or :data:`BAD`."""
+    """The SQL store's as-of time (epoch seconds as a float8: infinity is a timestamptz too) as an int, or :data:`BAD`.
+    Floored, as Redis's freshness field holds it: an event time to the microsecond (1.4) is read in whole seconds."""
     if not isinstance(value, (int, float)) or not math.isfinite(value) or not MIN_AS_OF <= value <= MAX_AS_OF:
         return BAD
-    return round(value)
+    return math.floor(value)
 
 
 def _slow(feature: FeatureDef, raws: list, as_list: bool) -> list:

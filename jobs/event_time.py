@@ -219,17 +219,18 @@ def tag_null_event_time(df: DataFrame, source: SourceDef) -> DataFrame:
     return tf.collect_reasons(df, [reason])
 
 
-def event_seconds(df: DataFrame, source: SourceDef) -> Column:
-    """The event time in whole UTC epoch seconds, floored."""
+def event_seconds(df: DataFrame, source: SourceDef, unit: str = "seconds") -> Column:
+    """The event time in whole UTC epoch seconds, floored (``unit`` "micros": microseconds)."""
     column = ident(source.timestamp_column)
     if not isinstance(_event_type(df, source), T.TimestampType):
         column = f"CAST({column} AS TIMESTAMP)"
-    return F.expr(f"unix_seconds({column})")
+    return F.expr(f"unix_{unit}({column})")
 
 
 def with_event_as_of(df: DataFrame, source: SourceDef) -> DataFrame:
-    """AS_OF per row: its event time (what the writers store as the entity's as-of time)."""
-    return df.withColumn(tf.AS_OF, event_seconds(df, source))
+    """AS_OF per row: its event time (what the writers store as the entity's as-of time), and
+    AS_OF_US, the same to the microsecond, by which the stores order writes (FORMAT.md 1.4)."""
+    return df.withColumn(tf.AS_OF, event_seconds(df, source)).withColumn(tf.AS_OF_US, event_seconds(df, source, "micros"))
 
 
 def null_event_time_note(source: SourceDef, bad_reasons: dict[str, int], quarantine_table: str) -> str | None:

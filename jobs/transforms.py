@@ -21,7 +21,7 @@ from feature_defs import EntityDef, FeatureDef, SourceDef
 from jobs import json_values
 from jobs.source_errors import SchemaDriftError
 from jobs.sql_text import ident, literal
-from serializers.batch import FeatureSpec
+from serializers.batch import AS_OF_US, FeatureSpec
 from serializers.batch import feature_specs as specs_of
 from serializers.json_map import encode_json_maps
 from serializers.keys import KEY_SEPARATOR
@@ -559,7 +559,7 @@ def quarantine_rows(df: DataFrame, source: SourceDef, date: str | None, stage: s
     """Bad rows as kept aside: the whole original row as JSON, with the reasons.
 
     ``date`` None: each row's own date column (a run over a range of dates)."""
-    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE, CONFLICTS, AS_OF)]
+    content = [c for c in df.columns if c not in (REASONS, JSON_MAP, NON_FINITE, CONFLICTS, AS_OF, AS_OF_US)]
     ds = F.lit(date).cast("date") if date is not None else col(source.date_column).cast("date")
     return df.where(is_bad(df)).select(
         F.lit(source.name).alias("source"),
@@ -587,8 +587,8 @@ def with_as_of(df: DataFrame, source: SourceDef) -> DataFrame:
 
 
 def encode_ready(df: DataFrame, source: SourceDef) -> DataFrame:
-    """The good rows, only the columns the writers need: _id, features in order, [AS_OF]."""
-    return df.where(~is_bad(df)).select(ENTITY_ID, *[col(f.name) for f in source.features], *([AS_OF] if AS_OF in df.columns else []))
+    """The good rows, only the columns the writers need: _id, features in order, [AS_OF, [AS_OF_US]]."""
+    return df.where(~is_bad(df)).select(ENTITY_ID, *[col(f.name) for f in source.features], *_as_of_columns(df))
 
 
 def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef, entity: EntityDef, per_date: bool = False) -> DataFrame:
@@ -608,5 +608,10 @@ def snapshot_for_checks(checked: DataFrame, tagged: DataFrame, source: SourceDef
 
 
 def sql_ready(df: DataFrame) -> DataFrame:
-    """The good rows for the SQL writers: _id, JSON object, count of omitted NaN/inf, [AS_OF]."""
-    return df.where(~is_bad(df)).select(ENTITY_ID, JSON_MAP, NON_FINITE, *([AS_OF] if AS_OF in df.columns else []))
+    """The good rows for the SQL writers: _id, JSON object, count of omitted NaN/inf, [AS_OF, [AS_OF_US]]."""
+    return df.where(~is_bad(df)).select(ENTITY_ID, JSON_MAP, NON_FINITE, *_as_of_columns(df))
+
+
+def _as_of_columns(df: DataFrame) -> list[str]:
+    """Each row's as-of time, where the run has one per row (a range of dates, event times)."""
+    return [c for c in (AS_OF, AS_OF_US) if c in df.columns]

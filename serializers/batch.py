@@ -10,6 +10,10 @@ import pyarrow as pa
 from serializers.columnar import encode_column
 from serializers.scalar import field_id
 
+AS_OF_US = "_as_of_us"
+"""The column of a batch holding each row's as-of time in UTC epoch microseconds (a source
+selected by event time; beside ``_as_of``, its whole seconds): the writers order writes by it."""
+
 
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -46,6 +50,9 @@ class EncodedBatch:
     """One binary array per feature, null where the value is not written."""
     non_finite: int
     """NaN/±inf values turned into nulls."""
+    subsecond: pa.Array | None = None
+    """Per row, the microseconds of its as-of time past the whole second (0 to 999,999), for
+    a source selected by event time; None: whole seconds."""
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -3,7 +3,9 @@
 Redis: one hash per entity at ``[<namespace>:]<entity prefix>:<entity id>``; the entity id
 is the key parts joined by ``:`` (ints in decimal). SQL: one row per (entity id, source).
 Each source writes its freshness field ``_ts:<source>`` (field id as for a feature) holding
-the snapshot's as-of time: the end of its date, UTC, in epoch seconds (decimal text).
+the snapshot's as-of time: the end of its date, UTC, in epoch seconds (decimal text). A
+source selected by event time also writes ``_us:<source>``, the microseconds past that
+second when there are any, so writes are ordered to the microsecond (FORMAT.md 1.4).
 An entity type's TTL counts from each write, plus a share of jitter fixed per Redis key; the
 SQL rows of that entity get the same seconds (``ttl_with_jitter``), so both stores retire it
 together.
@@ -19,6 +21,7 @@ from serializers.scalar import field_id
 
 KEY_SEPARATOR = ":"
 FRESHNESS_PREFIX = "_ts:"
+SUBSECOND_PREFIX = "_us:"
 
 
 def key_prefix(entity_prefix: str, namespace: str | None = None) -> str:
@@ -43,6 +46,16 @@ def freshness_field_name(source: str) -> str:
 def freshness_field(source: str) -> bytes:
     """The Redis hash field holding a source's as-of time."""
     return field_id(freshness_field_name(source))
+
+
+def subsecond_field_name(source: str) -> str:
+    """The name of a source's sub-second field (version 1.4; sources selected by event time):
+    the microseconds of the stored event time past its whole second, absent when none."""
+    return SUBSECOND_PREFIX + source
+
+
+def subsecond_field(source: str) -> bytes:
+    return field_id(subsecond_field_name(source))
 
 
 def as_of_epoch(date: dt.date) -> int:

@@ -21,8 +21,12 @@ The script declares its flags (``#!lua``), so Redis refuses it whole with ``OOM`
 it runs when memory is full: an entity gets all of its commands or none.
 
 Arguments: ``KEYS[1]`` the key; ``ARGV`` the TTL (0: none), the horizon (UTC epoch seconds,
-from the writer's clock, not the server's), the number of (field, value) pairs, the pairs
-with the freshness field last, then the fields to delete. A value's
+from the writer's clock, not the server's), the number of (field, value) pairs, the
+sub-second field and the write's microseconds past its second (``""`` and ``0`` for a source
+selected by date, which has none), the pairs with the freshness field last, then the fields
+to delete. Of two as-of times in the same second, the one with more microseconds is later
+(a stored sub-second field absent: 0); the sub-second field is set among the pairs when the
+write has microseconds, and deleted among the fields to delete when it has none. A value's
 argument is written as ``\\r\\n$4\\r\\n<fid>\\r\\n$<len>\\r\\n<value>``: the CRLF that ends
 each argument leads the next one, so a null value (no argument at all) is an empty piece,
 and the freshness argument, always present, closes the pairs.
@@ -47,14 +51,21 @@ if TYPE_CHECKING:
 CRLF = b"\r\n"
 
 WRITE_SCRIPT = b"""#!lua
-local last = 3 + 2 * tonumber(ARGV[3])
+local last = 5 + 2 * tonumber(ARGV[3])
 local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[last - 1]))
 local reply = 1
-if stored and stored > tonumber(ARGV[last]) then
-  if stored <= tonumber(ARGV[2]) then return 0 end
-  reply = 2
+if stored then
+  local new = tonumber(ARGV[last])
+  local later = stored > new
+  if stored == new and ARGV[4] ~= '' then
+    later = (tonumber(redis.call('HGET', KEYS[1], ARGV[4])) or 0) > tonumber(ARGV[5])
+  end
+  if later then
+    if stored <= tonumber(ARGV[2]) then return 0 end
+    reply = 2
+  end
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4, last))
+redis.call('HSET', KEYS[1], unpack(ARGV, 6, last))
 if #ARGV > last then redis.call('HDEL', KEYS[1], unpack(ARGV, last + 1)) end
 local ttl = tonumber(ARGV[1])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
@@ -157,6 +168,7 @@ def entity_commands(
     ttl: pa.Array | np.ndarray | None = None,
     *,
     horizon: int,
+    subsecond: tuple[bytes, pa.Array] | None = None,
 ) -> EntityCommands:
     """The RESP command of each entity (see the module docstring).
 
@@ -164,6 +176,8 @@ def entity_commands(
     (binary, null where not written) in the order of ``fields``. ``freshness``: the as-of
     value, one for all or one per entity. ``ttl``: seconds per entity, or None.
     ``horizon``: a stored as-of time later than this is replaced (``serializers.horizon``).
+    ``subsecond``: a source selected by event time: its sub-second field and, per entity,
+    the microseconds of its as-of time past the second (0 to 999,999).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -171,20 +185,19 @@ def entity_commands(
     if len(fields) > MAX_FEATURES:
         raise ValueError(f"{len(fields)} features in one source: at most {MAX_FEATURES} fit one write script call")
     n = len(keys)
+    columns, fields, order = _ordered(columns, fields, subsecond)
     keys = keys.cast(pa.binary())
     key_arg = _join(b"$", _decimal(pc.binary_length(keys)), CRLF, keys)  # no CRLF: see module docstring
-    valid = np.zeros((len(columns), n), dtype=bool)
-    for j, col in enumerate(columns):
-        valid[j] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False))
+    valid = _valid(columns, n)
     values_set = valid.sum(axis=0, dtype=np.int64)
     nulls = len(columns) - values_set
 
     seconds = _decimal(np.zeros(n, np.int64) if ttl is None else ttl)
     pairs = _decimal(values_set + 1)
-    # EVALSHA sha 1 key ttl horizon pairs, the pairs' 2 arguments each, the deletes
+    # EVALSHA sha 1 key ttl horizon pairs subsecond-field micros, the pairs' 2 arguments each, the deletes
     head = b"\r\n$7\r\nEVALSHA\r\n$40\r\n" + WRITE_SCRIPT_SHA + b"\r\n$1\r\n1\r\n"
     pieces: list = [
-        _join(b"*", _decimal(2 * values_set + nulls + 9), head, key_arg, CRLF),
+        _join(b"*", _decimal(2 * values_set + nulls + 11), head, key_arg, CRLF),
         _join(
             b"$",
             _decimal(pc.binary_length(seconds)),
@@ -194,18 +207,50 @@ def entity_commands(
             _decimal(pc.binary_length(pairs)),
             CRLF,
             pairs,
+            order,
         ),
     ]
     for fid, col in zip(fields, columns):
         pieces += [_value_heads(b"\r\n$4\r\n" + fid + b"\r\n$", col), col]
+    pieces.append(_freshness_piece(freshness_field, freshness))
+    pieces += _deletes(fields, valid)
+    if subsecond is not None:
+        values_set = values_set - valid[-1]
+    return EntityCommands(wire=_join(*pieces, nulls_as_empty=True), values_set=values_set)
+
+
+def _valid(columns: Sequence[pa.Array], n: int) -> np.ndarray:
+    """Per column and entity: whether the value is written (not null)."""
+    valid = np.zeros((len(columns), n), dtype=bool)
+    for j, col in enumerate(columns):
+        valid[j] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False))
+    return valid
+
+
+def _freshness_piece(freshness_field: bytes, freshness: bytes | pa.Array):
+    """The freshness pair, the last of the pairs: one value for all, or one per entity."""
+    import pyarrow.compute as pc
+
     fresh_head = b"\r\n$4\r\n" + freshness_field + b"\r\n"
     if isinstance(freshness, bytes):
-        pieces.append(fresh_head + bulk(freshness))
-    else:
-        stamp = _decimal(freshness)
-        pieces.append(_join(fresh_head + b"$", _decimal(pc.binary_length(stamp)), CRLF, stamp, CRLF))
-    pieces += _deletes(fields, valid)
-    return EntityCommands(wire=_join(*pieces, nulls_as_empty=True), values_set=values_set)
+        return fresh_head + bulk(freshness)
+    stamp = _decimal(freshness)
+    return _join(fresh_head + b"$", _decimal(pc.binary_length(stamp)), CRLF, stamp, CRLF)
+
+
+def _ordered(columns: Sequence[pa.Array], fields: Sequence[bytes], subsecond: tuple[bytes, pa.Array] | None) -> tuple[list, list, object]:
+    """The columns and fields with the sub-second field's (set where not 0, else deleted: a
+    column null where 0), and the script's two ordering arguments (``""`` and ``0``: none)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if subsecond is None:
+        return list(columns), list(fields), pa.scalar(b"\r\n$0\r\n\r\n$1\r\n0")
+    micros = subsecond[1].cast(pa.int64())
+    text = _decimal(micros)
+    column = pc.if_else(pc.equal(micros, 0), pa.scalar(None, pa.binary()), text)
+    order = _join(b"\r\n$4\r\n" + subsecond[0] + b"\r\n$", _decimal(pc.binary_length(text)), CRLF, text)
+    return [*columns, column], [*fields, subsecond[0]], order
 
 
 def _deletes(fields: Sequence[bytes], valid: np.ndarray) -> list:

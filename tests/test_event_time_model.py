@@ -1,28 +1,28 @@
-"""Event-time runs lose no row, and pushes interleave with them: a model-based test. Random arrivals of rows (late, early, at
-an existing event time with a created time before, equal to or after it, at the last
-window's end, still to come) between random runs (a date past, today, tomorrow or past the
-horizon; incremental, up to now, to an --until past, still to come or past the horizon; a
-run whose SQL write fails midway, then run again), through the ledger (``recorded_run``, as
-``materialize run`` runs a source), and random pushes to the feature server between them
-(``POST /push`` of one row, at the same kinds of event times), both stores read back raw after
-every run and every push.
+"""Event-time runs lose no row, and pushes interleave with them: a model-based test. Random arrivals
+of rows (late, early, at an existing event time with a created time before, equal to or after it, at
+the last window's end, still to come) between random runs (a date past, today, tomorrow or past the
+horizon; incremental, up to now, to an --until past, still to come or past the horizon; a run whose
+SQL write fails midway, then run again), through the ledger (``recorded_run``, as ``materialize
+run`` runs a source), and random pushes to the feature server between them (``POST /push`` of one
+row, at the same kinds of event times), both stores read back raw after every run and every push.
 
 The model is the documented rule alone (feature_defs/README.md "Selection by event time",
-jobs/README.md "Incremental runs and the ledger's windows", serializers/FORMAT.md "Writes"):
-a run of a date covers every event time up to the end of that date, an incremental run from
-the latest window end a succeeded run recorded less the lookback (everything, for the first)
-up to --until or now; neither ends after the time the run reads the table. A run writes, of
-its window's rows, each entity's latest by event time (then created time, a row without one
-losing), as of that event time in whole seconds; a push writes its row as of its event time
-(one past the horizon is refused, nothing written); a store keeps what it holds when that is
-later, whoever wrote it. So each entity ends as its latest row among those some succeeded run's window held
-when it read the table. A failed run's window does not count; what it wrote stays. A date
-past tomorrow, an --until past the horizon or not after the window's start is refused, a
-window without rows is not ready: one line, nothing written or recorded.
+jobs/README.md "Incremental runs and the ledger's windows", serializers/FORMAT.md "Writes"): a run
+of a date covers every event time up to the end of that date, an incremental run from the latest
+window end a succeeded run recorded less the lookback (everything, for the first) up to --until or
+now; neither ends after the time the run reads the table. A run writes, of its window's rows, each
+entity's latest by event time (then created time, a row without one losing), as of that event time
+to the microsecond (serializers/FORMAT.md 1.4); a push writes its row as of its event time (one
+later than the clock plus server.push.clock_skew_seconds is refused, nothing written); a store keeps
+what it holds when that is later, to the microsecond, whoever wrote it, and takes an equal one
+again. So each entity ends as its latest row among those some succeeded run's window held when it
+read the table. A failed run's window does not count; what it wrote stays. A date past tomorrow, an
+--until past the horizon or not after the window's start is refused, a window without rows is not
+ready: one line, nothing written or recorded.
 
-The failure midway is the SQL store refusing rows from its n-th insert on (a trigger), after
-Redis was written: a driver killed instead would leave its step ``running`` and its lease
-held for minutes; neither kind of step counts (tests/test_event_time.py has both).
+The failure midway is the SQL store refusing rows from its n-th insert on (a trigger), after Redis
+was written: a driver killed instead would leave its step ``running`` and its lease held for
+minutes; neither kind of step counts (tests/test_event_time.py has both).
 """
 
 from __future__ import annotations
@@ -44,16 +44,17 @@ from jobs.operations.backfill import recorded_run
 from jobs.operations.ledger.events import Ledger, aware, sink_targets
 from jobs.operations.ledger.windows import WindowError
 from jobs.pipeline.read import SourceNotReady
-from serializers import decode, field_id
+from serializers import decode, field_id, subsecond_field
 from serializers.horizon import FutureDateError
 from sinks.sql.config import sql_sink_config
 from sinks.sql.preflight import ensure_schema
 from stores.sql import connect
 
 from .support.asgi import asgi_call
-from .support.events import FRESH, SCHEMA, epoch, write_events
+from .support.events import FRESH, SCHEMA, write_events
 
 UTC = dt.UTC
+SUBSECOND = subsecond_field("events")
 LOOKBACK = dt.timedelta(hours=1)
 ENTITIES = (1, 2, 3, 4)
 FEATURES = (("score", "float"), ("tag", "string"))
@@ -95,8 +96,8 @@ class Row:
         return (self.event, self.created is not None, self.created or NO_CREATED)
 
     def stored(self) -> tuple[dict, int]:
-        """What a store holds for it: its non-null features, as of its event time in whole seconds."""
-        return {k: v for k, v in (("score", self.score), ("tag", self.tag)) if v is not None}, epoch(self.event)
+        """What a store holds for it: its non-null features, as of its event time in epoch microseconds."""
+        return {k: v for k, v in (("score", self.score), ("tag", self.tag)) if v is not None}, micros(self.event)
 
 
 @dataclass
@@ -180,10 +181,10 @@ class Model:
         return out
 
     def after(self, writes: dict[int, Row]) -> dict[int, Row]:
-        """The stores after those writes: a later stored as-of time stays, an equal one is replaced."""
+        """The stores after those writes: a later stored as-of time (to the microsecond) stays, an equal one is replaced."""
         stored = dict(self.stored)
         for entity, r in writes.items():
-            if entity not in stored or epoch(r.event) >= epoch(stored[entity].event):
+            if entity not in stored or micros(r.event) >= micros(stored[entity].event):
                 stored[entity] = r
         return stored
 
@@ -197,20 +198,24 @@ def redis_state(client) -> dict[int, tuple[dict, int]]:
         fields = client.hgetall(f"c:{entity}")
         if not fields:
             continue
-        as_of = int(fields.pop(FRESH))
+        as_of = int(fields.pop(FRESH)) * 1_000_000 + int(fields.pop(SUBSECOND, 0))  # the sub-second field: absent when 0
         values = {name: decode(kind, fields.pop(field_id(name))) for name, kind in FEATURES if field_id(name) in fields}
-        assert not fields, (entity, fields)  # nothing but the source's features and its freshness field
+        assert not fields, (entity, fields)  # nothing but the source's features and its freshness and sub-second fields
         out[entity] = (values, as_of)
     return out
 
 
 def sql_state(conn) -> dict[int, tuple[dict, int]]:
     found = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = 'events'")
-    return {int(k): (json.loads(doc), epoch(as_of)) for k, doc, as_of in found}
+    return {int(k): (json.loads(doc), micros(as_of)) for k, doc, as_of in found}
 
 
 def expected(stored: dict[int, Row]) -> dict[int, tuple[dict, int]]:
     return {entity: r.stored() for entity, r in stored.items()}
+
+
+def micros(when: dt.datetime) -> int:
+    return (when - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1)
 
 
 def clock() -> dt.datetime:

@@ -17,12 +17,13 @@ from feature_push.app import build_app
 from fm_config import ConfigError, RunConf
 from fm_config.reader import ServerAuthSettings
 from serializers import decode, encode, field_id
-from serializers.keys import freshness_field
+from serializers.keys import freshness_field, subsecond_field
 
 from .support.asgi import JSON, asgi_request
 from .support.tokens import AUDIENCE, ISSUER, Signer, jwks_of
 
 UTC = dt.UTC
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 ENTITIES = """entities:
   - {name: driver, prefix: d, keys: [{name: driver_id, type: int}], sql_table: driver_features}
 """
@@ -59,8 +60,14 @@ T1, T2, T3 = "2026-11-28T10:00:00", "2026-11-28T11:00:00.750000", "2026-11-28T12
 
 
 def epoch(text: str) -> int:
+    """Whole UTC epoch seconds, floored: what the freshness field holds."""
+    return micros(text) // 1_000_000
+
+
+def micros(text: str) -> int:
+    """UTC epoch microseconds: the as-of time both stores order writes by."""
     t = dt.datetime.fromisoformat(text)
-    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() // 1)
+    return ((t if t.tzinfo else t.replace(tzinfo=UTC)) - EPOCH) // dt.timedelta(microseconds=1)
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +132,12 @@ def push(df: dict, **extra) -> tuple:
 
 
 def redis_held(client, driver: int) -> tuple[dict, int] | None:
-    """The source's values in the driver's hash, decoded, and its as-of time; None: no hash."""
+    """The source's values in the driver's hash, decoded, and its as-of time (epoch microseconds); None: no hash."""
     fields = client.hgetall(f"d:{driver}")
     if not fields:
         return None
-    as_of = int(fields.pop(freshness_field("driver_stats")))
+    # the as-of time to the microsecond: the freshness field's seconds and the sub-second field's microseconds (absent: 0)
+    as_of = int(fields.pop(freshness_field("driver_stats"))) * 1_000_000 + int(fields.pop(subsecond_field("driver_stats"), 0))
     options = {f.name: f.options for f in load_definitions(DEFS).sources["driver_stats"].features}
     values = {n: decode(t, fields.pop(field_id(n)), **options[n]) for n, t in FEATURES.items() if field_id(n) in fields}
     assert not fields, fields
@@ -140,7 +148,7 @@ def sql_held(conn, driver: int) -> tuple[dict, int] | None:
     row = conn.execute(
         "SELECT features::text, as_of FROM driver_features WHERE entity_key = %s AND source = 'driver_stats'", [str(driver)]
     ).fetchone()
-    return None if row is None else (json.loads(row[0]), int(row[1].timestamp()))
+    return None if row is None else (json.loads(row[0]), (row[1] - EPOCH) // dt.timedelta(microseconds=1))
 
 
 def rows(**columns) -> dict:
@@ -174,12 +182,16 @@ def test_pushed_rows_are_stored_as_a_run_stores_them_in_both_stores(conf, defs_d
     assert raw[field_id("profile")] == b'{"a":"x","b":[1,2]}'  # canonical JSON text (serializers/FORMAT.md)
     assert raw[field_id("recent")] == encode("int_list", [7, 8, 9], **options["recent"])
     assert raw[freshness_field("driver_stats")] == str(epoch(T1)).encode()
-    assert redis_held(redis_db, 2) == ({"conv_rate": 0.25, "city": "Oslo", "recent": []}, epoch(T2))  # nulls not written
+    # T2 is 11:00:00.75: its whole seconds in the freshness field, the microseconds past them in the
+    # sub-second field (serializers/FORMAT.md 1.4); T1 has none, and no sub-second field
+    assert subsecond_field("driver_stats") not in raw
+    assert redis_db.hmget("d:2", [freshness_field("driver_stats"), subsecond_field("driver_stats")]) == [b"1795863600", b"750000"]
+    assert redis_held(redis_db, 2) == ({"conv_rate": 0.25, "city": "Oslo", "recent": []}, micros(T2))  # nulls not written
     assert sql_held(pg_db, 1) == (
         {"conv_rate": 0.1, "trips": 3, "city": "Köln", "profile": {"a": "x", "b": [1, 2]}, "vec": [0.5, -1.5], "recent": [7, 8, 9]},
-        epoch(T1),
+        micros(T1),
     )
-    assert sql_held(pg_db, 2) == ({"conv_rate": 0.25, "city": "Oslo", "recent": []}, epoch(T2))
+    assert sql_held(pg_db, 2) == ({"conv_rate": 0.25, "city": "Oslo", "recent": []}, micros(T2))
 
 
 def test_of_one_entitys_rows_the_latest_is_written_and_an_older_push_never_replaces_a_newer_value(conf, defs_dir, redis_db, pg_db):
@@ -190,8 +202,8 @@ def test_of_one_entitys_rows_the_latest_is_written_and_an_older_push_never_repla
     assert (s1, first["written"]["driver_stats"]["redis"]) == (200, {"written": 2, "kept_newer": 0, "replaced_future": 0})
     assert (s2, second["written"]["driver_stats"]["sql"]) == (200, {"written": 1, "kept_newer": 1, "replaced_future": 0})
     # the latest event time, then the latest created time, wins
-    assert redis_held(redis_db, 5) == sql_held(pg_db, 5) == ({"trips": 3}, epoch(T3))
-    assert redis_held(redis_db, 6) == sql_held(pg_db, 6) == ({"trips": 11}, epoch(T1))
+    assert redis_held(redis_db, 5) == sql_held(pg_db, 5) == ({"trips": 3}, micros(T3))
+    assert redis_held(redis_db, 6) == sql_held(pg_db, 6) == ({"trips": 11}, micros(T1))
 
 
 BAD = [
@@ -409,7 +421,7 @@ def test_online_and_offline_appends_to_the_table_first_and_a_refused_append_writ
     read = deltalake.DeltaTable(str(table)).to_pyarrow_table().sort_by("driver_id")
     assert read.column("trips").to_pylist() == [4, 5]
     assert [t.timestamp() for t in read.column("event_timestamp").to_pylist()] == [epoch(T1), epoch(T2) + 0.75]
-    assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 5, "city": "b"}, epoch(T2))
+    assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 5, "city": "b"}, micros(T2))
     assert s2 == 400 and "conv_rate" in a2["error"], a2
     assert s3 == 400 and "NUL character" in a3["error"], a3  # refused before the append
     assert redis_held(redis_db, 3) is None and sql_held(pg_db, 3) is None  # the append was refused: no store written
@@ -439,9 +451,9 @@ def test_writers_stay_open_between_pushes_and_one_whose_connection_died_is_repla
     answers, connections = asyncio.run(run())
     assert [status for status, _ in answers] == [200, 200, 200], answers
     assert connections == 2, connections  # the kept writer's two (its commands', its pipeline's)
-    assert redis_held(redis_db, 1) == ({"trips": 2}, epoch(T3))
+    assert redis_held(redis_db, 1) == ({"trips": 2}, micros(T3))
     with pg_server.connect() as check:
-        assert sql_held(check, 1) == ({"trips": 2}, epoch(T3))
+        assert sql_held(check, 1) == ({"trips": 2}, micros(T3))
 
 
 def test_what_a_run_reads_alike_a_push_writes_alike(conf, redis_db, pg_db):
@@ -472,7 +484,7 @@ def test_what_a_run_reads_alike_a_push_writes_alike(conf, redis_db, pg_db):
     (s1, a1), (s2, a2), (s3, a3) = asyncio.run(run())
     assert s1 == 200, a1
     expected = {"city": "newer", "zones": [{"a": 1}, 2, None], "profile": "\\u0000 is six characters"}
-    assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == (expected, epoch(T1))
+    assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == (expected, micros("2026-11-28T10:00:00.900"))  # to the microsecond
     assert redis_held(redis_db, 2)[0] == sql_held(pg_db, 2)[0] == {"zones": [[1, 2.5]]}
     assert (s2, json.loads(a2)["error"]) == (400, "the body is not JSON: duplicate key in a JSON object: 'k'")
     assert (s3, json.loads(a3)) == (400, {"error": "'df' holds no rows: a push writes at least one", "type": "BadPush"})
@@ -654,3 +666,19 @@ def test_reads_keep_their_capacity_while_pushes_wait_on_a_locked_sql_row(tmp_pat
 def test_the_push_limit_must_leave_reads_room(tmp_path, defs_dir, redis_server, pg_server):
     with pytest.raises(ValueError, match=r"server.push.max_in_flight \(8\) must be below server.max_in_flight \(4\)"):
         push_conf(tmp_path, defs_dir, redis_server, pg_server, {"max_in_flight": 4})
+
+
+def test_pushes_within_one_second_are_ordered_by_their_microseconds_in_both_stores(conf, redis_db, pg_db):
+    # issue 62, item 1: the stores compared whole seconds, and an equal second was written again
+    late, early = "2026-11-28T10:00:00.900000", "2026-11-28T10:00:00.100000"
+    answers = calls(
+        build_app(conf),
+        push(rows(driver_id=[1, 2], event_timestamp=[late, early], trips=[1, 2])),
+        push(rows(driver_id=[1, 2], event_timestamp=[early, late], trips=[3, 4])),  # 1: older by 0.8 s, kept; 2: newer
+        push(rows(driver_id=[1], event_timestamp=[late], trips=[5])),  # as new: written again (a retry repeats itself)
+    )
+    assert [a["written"]["driver_stats"] for _, a in answers[1:2]] == [
+        {s: {"written": 1, "kept_newer": 1, "replaced_future": 0} for s in ("redis", "sql")}
+    ]
+    assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == ({"trips": 5}, micros(late))
+    assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 4}, micros(late))

@@ -270,3 +270,34 @@ def test_evictions_during_the_write_stop_the_writer(tmp_path):
         assert int(client.info("stats")["evicted_keys"]) > evicted
     finally:
         server.stop()
+
+
+def test_event_times_within_one_second_are_ordered_by_their_microseconds(redis_db, redis_server):
+    # issue 62, item 1: a table row at 10:00:00.100 replaced a push at 10:00:00.900 (the stores compared whole seconds)
+    from dataclasses import replace
+
+    from serializers.keys import subsecond_field
+
+    sub = subsecond_field("things")
+    config = sink_config(redis_server.url, subsecond_field=sub)
+    batch = things(3)
+
+    def write(values: pa.RecordBatch, second: int, micros: list[int]):
+        encoded = replace(encode_batch(values, SPECS), subsecond=pa.array(micros, pa.int64()))
+        with RedisSink(config) as sink:
+            return sink.write_batch(encoded, pa.array([second] * 3, pa.int64()))
+
+    other = pa.RecordBatch.from_pydict({**batch.to_pydict(), "score": pa.array([7.5] * 3, pa.float64())}, schema=batch.schema)
+    stats = write(batch, 1700000500, [900_000, 900_000, 0])
+    assert stats.entities == 3 and redis_db.hget("t:0", sub) == b"900000" and redis_db.hget("t:2", sub) is None
+    # the same second, fewer microseconds: older, left (entity 2 held .0, so .1 is newer there)
+    stats = write(other, 1700000500, [100_000, 899_999, 100_000])
+    assert (stats.entities, stats.skipped_newer) == (1, 2)
+    for i in (0, 1):
+        assert redis_db.hgetall(f"t:{i}") == expected_hash(SPECS, row_of(batch, i), FRESH, 1700000500, {sub: b"900000"})
+    assert redis_db.hgetall("t:2") == expected_hash(SPECS, row_of(other, 2), FRESH, 1700000500, {sub: b"100000"})
+    # an equal time is written again; a later whole second deletes the sub-second field
+    assert write(other, 1700000500, [900_000, 900_000, 100_000]).entities == 3
+    assert redis_db.hgetall("t:0") == expected_hash(SPECS, row_of(other, 0), FRESH, 1700000500, {sub: b"900000"})
+    assert write(batch, 1700000501, [0, 0, 0]).entities == 3
+    assert [redis_db.hgetall(f"t:{i}") for i in range(3)] == [expected_hash(SPECS, row_of(batch, i), FRESH, 1700000501) for i in range(3)]

@@ -3,6 +3,7 @@ decode it with the serializers, and compare it with the rows that were to be wri
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from dataclasses import replace
@@ -17,7 +18,8 @@ from jobs.pipeline.context import RunContext
 from jobs.pipeline.gate.checks import VerificationError
 from jobs.pipeline.report.summary import RunSummary
 from serializers import decode, field_id, json_value
-from serializers.keys import freshness_field_name, redis_key
+from serializers.batch import AS_OF_US
+from serializers.keys import freshness_field_name, redis_key, subsecond_field_name
 from serializers.scalar import DecodeError
 from sinks.redis.config import RedisSinkConfig
 from sinks.redis.preflight import detect_cluster
@@ -115,11 +117,24 @@ def _compare(source: SourceDef, key: str, row: dict, found: dict[str, Any], out:
             out.add(key, f.name, expected, value)
 
 
-def _is_newer(stored: bytes | None, as_of: int) -> bool:
+def _is_newer(stored: bytes | None, stored_us: bytes | None, as_of: int, micros: int) -> bool:
+    """Whether the stored as-of time (freshness seconds, sub-second microseconds) is later than the row's."""
     try:
-        return stored is not None and int(stored) > as_of
+        return stored is not None and (int(stored), int(stored_us or 0)) > (as_of, micros)
     except ValueError:
         return False  # not a freshness value: reported as a mismatch
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _seconds(micros: int) -> int | float:
+    return micros // 1_000_000 if micros % 1_000_000 == 0 else micros / 1_000_000
+
+
+def _micros_past(row: dict, as_of: int) -> int:
+    """The row's microseconds past its as-of second (event-time sources; 0 otherwise)."""
+    return row[AS_OF_US] - as_of * 1_000_000 if row.get(AS_OF_US) is not None else 0
 
 
 def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> Mismatches:
@@ -134,11 +149,14 @@ def verify_redis(conf: RedisSinkConfig, source: SourceDef, rows: list[dict]) -> 
     for row, stored in zip(rows, hashes):
         key = conf.key_prefix + row["_id"]
         as_of = str(row.get("_as_of") or conf.as_of).encode()  # range runs: the row's own date
-        if _is_newer(stored.get(conf.freshness_field), int(as_of)):
+        micros, stored_us = _micros_past(row, int(as_of)), stored.get(conf.subsecond_field) if conf.subsecond_field else None
+        if _is_newer(stored.get(conf.freshness_field), stored_us, int(as_of), micros):
             out.newer += 1  # the write left it: nothing of this snapshot to compare
             continue
         if stored.get(conf.freshness_field) != as_of:
             out.add(key, freshness_field_name(source.name), as_of, stored.get(conf.freshness_field))
+        if conf.subsecond_field and stored_us != (str(micros).encode() if micros else None):
+            out.add(key, subsecond_field_name(source.name), micros or None, stored_us)
         by_name = {f.name: stored.get(field_id(f.stored_name)) for f in source.features}
         _compare(source, key, row, by_name, out, lambda f, raw: decode(f.type, raw, **f.options))
     return out
@@ -158,11 +176,12 @@ def verify_sql(conf: SqlSinkConfig, source: SourceDef, rows: list[dict]) -> Mism
             continue
         features, as_of = stored[key]
         want = row.get("_as_of") or conf.as_of
-        if int(as_of.timestamp()) > want:
+        want_us, held_us = want * 1_000_000 + _micros_past(row, want), (as_of - _EPOCH) // dt.timedelta(microseconds=1)
+        if held_us > want_us:
             out.newer += 1
             continue
-        if int(as_of.timestamp()) != want:
-            out.add(key, "as_of", want, int(as_of.timestamp()))
+        if held_us != want_us:
+            out.add(key, "as_of", _seconds(want_us), _seconds(held_us))
         by_name = {f.name: features.pop(f.stored_name) for f in source.features if f.stored_name in features}
         _compare(source, key, row, by_name, out, lambda f, value: json_value.from_parsed(value) if f.type == "json" else value)
         for extra in features:  # what no defined feature is stored under

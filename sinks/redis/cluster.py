@@ -36,7 +36,7 @@ from serializers.batch import EncodedBatch
 from serializers.resp import REPLACED_FUTURE, SKIPPED_NEWER, WRITE_SCRIPT
 from sinks.base import RedisWriteStats
 from sinks.errors import TerminalSinkError, TransientSinkError
-from sinks.redis.config import RedisSinkConfig
+from sinks.redis.config import RedisSinkConfig, subsecond_of
 from sinks.redis.node import CeilingReached, ChunkFailed, RedisRestarted, RedisSink, entity_commands, entity_ttls
 from sinks.redis.router import ClusterTopology, key_slots
 from sinks.retry import call_with_retries
@@ -75,7 +75,8 @@ class _Round:
 
 def _take(batch: EncodedBatch, positions: np.ndarray) -> EncodedBatch:
     index = pa.array(positions, pa.int64())
-    return EncodedBatch(ids=batch.ids.take(index), columns=[c.take(index) for c in batch.columns], non_finite=0)
+    subsecond = None if batch.subsecond is None else batch.subsecond.take(index)
+    return EncodedBatch(ids=batch.ids.take(index), columns=[c.take(index) for c in batch.columns], non_finite=0, subsecond=subsecond)
 
 
 class RedisClusterSink:
@@ -333,7 +334,10 @@ class RedisClusterSink:
             sub = _take(batch, share)
             keys = pc.binary_join_element_wise(self._prefix, sub.ids.cast(pa.binary()), b"")
             freshness = str(c.as_of).encode() if as_of is None else as_of.take(pa.array(share))
-            commands = entity_commands(keys, sub.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys), horizon=c.horizon)
+            commands = entity_commands(
+                keys, sub.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys), horizon=c.horizon,
+                subsecond=subsecond_of(c, sub),
+            )  # fmt: skip
             client = connect(c, target)
             try:
                 client.script_load(WRITE_SCRIPT)  # the importing node may never have run it

@@ -15,7 +15,7 @@ from fm_config import RunConf
 from fm_config.redis import RedisConnection
 from serializers import field_id
 from serializers.horizon import as_of_horizon
-from serializers.keys import as_of_epoch, freshness_field, key_prefix
+from serializers.keys import as_of_epoch, freshness_field, key_prefix, subsecond_field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +26,8 @@ class RedisSinkConfig(RedisConnection):
     """Field ids of the source's features, in column order."""
     freshness_field: bytes
     """Field id of this source's freshness field."""
+    subsecond_field: bytes = b""
+    """Field id of its sub-second field (a source selected by event time); b"": none (by date)."""
     as_of: int
     """Snapshot as-of time, UTC epoch seconds (the freshness value)."""
     horizon: int = field(default_factory=as_of_horizon)
@@ -60,6 +62,18 @@ class RedisSinkConfig(RedisConnection):
     """Stop the writer when evicted_keys grew (redis.eviction: refuse)."""
 
 
+def subsecond_of(config: RedisSinkConfig, batch) -> tuple[bytes, object] | None:
+    """What the write script orders writes by past the second: none for a source by date; for one
+    by event time, each row's microseconds (0 where the batch has whole seconds only)."""
+    if not config.subsecond_field:
+        return None
+    if batch.subsecond is not None:
+        return config.subsecond_field, batch.subsecond
+    import pyarrow as pa  # the writers' (a reader imports this module without Arrow)
+
+    return config.subsecond_field, pa.nulls(len(batch), pa.int64()).fill_null(0)
+
+
 def redis_sink_config(
     conf: RunConf,
     source: SourceDef | None = None,
@@ -80,6 +94,7 @@ def redis_sink_config(
         key_prefix=key_prefix(entity.prefix, settings.namespace) if entity else "",
         fields=tuple(field_id(f.stored_name) for f in source.features) if source else (),
         freshness_field=freshness_field(source.name) if source else b"",
+        subsecond_field=subsecond_field(source.name) if source and source.by_event_time else b"",
         as_of=as_of_epoch(date) if date else 0,
         ttl_seconds=entity.ttl_seconds if entity else None,
         ttl_jitter=settings.ttl_jitter,

@@ -29,7 +29,7 @@ from serializers.keys import ttl_with_jitter
 from serializers.resp import REPLACED_FUTURE, SKIPPED_NEWER, WRITE_SCRIPT, WRITTEN, EntityCommands, command, entity_commands
 from sinks.base import RedisWriteStats
 from sinks.errors import CapacityError, TerminalSinkError, TransientSinkError
-from sinks.redis.config import RedisSinkConfig
+from sinks.redis.config import RedisSinkConfig, subsecond_of
 from sinks.retry import call_with_retries
 from stores.redis import TRANSIENT, connect, info_once_loaded, is_transient, node_address, server_address
 
@@ -163,7 +163,10 @@ class RedisSink:
         c = self.config
         keys = pc.binary_join_element_wise(self._prefix, batch.ids.cast(pa.binary()), b"")
         freshness = str(c.as_of).encode() if as_of is None else as_of
-        commands = entity_commands(keys, batch.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys), horizon=c.horizon)
+        commands = entity_commands(
+            keys, batch.columns, c.fields, c.freshness_field, freshness, entity_ttls(c, keys), horizon=c.horizon,
+            subsecond=subsecond_of(c, batch),
+        )  # fmt: skip
         bounds = [(start, min(len(commands), start + c.chunk_entities)) for start in range(0, len(commands), c.chunk_entities)]
         batch_stats = RedisWriteStats(non_finite=batch.non_finite)
         self.stats.non_finite += batch.non_finite

@@ -8,14 +8,15 @@ Redis Cluster.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import hiredis
 import pyarrow as pa
+import pyarrow.compute as pc
 import redis
 
-from serializers.batch import FeatureSpec, encode_batch
+from serializers.batch import AS_OF_US, FeatureSpec, encode_batch
 from sinks.base import RedisWriteStats
 from sinks.redis.cluster import RedisClusterSink
 from sinks.redis.config import RedisSinkConfig
@@ -56,7 +57,10 @@ class RedisWriter:
 
     def write_batch(self, batch: pa.RecordBatch) -> RedisWriteStats:
         as_of = batch.column(self.plan.as_of_column) if self.plan.as_of_column else None
-        self.sink.write_batch(encode_batch(batch, list(self.plan.features)), as_of)
+        encoded = encode_batch(batch, list(self.plan.features))
+        if as_of is not None and AS_OF_US in batch.schema.names:  # past the whole second: microseconds
+            encoded = replace(encoded, subsecond=pc.subtract(batch.column(AS_OF_US), pc.multiply(as_of.cast(pa.int64()), 1_000_000)))
+        self.sink.write_batch(encoded, as_of)
         return self.stats
 
     def flush(self) -> None:

@@ -71,7 +71,7 @@ class SqlSink:
 
     def write_batch(self, keys: pa.Array, docs: pa.Array, as_ofs: pa.Array | None = None) -> SqlWriteStats:
         """Queue a batch of rows sorted by key (entity ids, JSON objects, and for range runs each
-        row's as-of epoch instead of the config's); full transactions go out as they fill.
+        row's as-of epoch seconds, or timestamps to the microsecond, instead of the config's); full transactions go out as they fill.
 
         A key repeated in a row (within the batch or across batches) is sent once: its last
         row wins, counted in ``duplicates``."""
@@ -84,6 +84,8 @@ class SqlSink:
         doc_list = docs.take(kept).to_pylist()
         if as_ofs is None:
             stamps = [self._as_of] * len(key_list)
+        elif pa.types.is_timestamp(as_ofs.type):  # to the microsecond (a source selected by event time)
+            stamps = as_ofs.take(kept).cast(pa.timestamp("us", tz="UTC")).to_pylist()
         else:
             micros = pc.multiply(as_ofs.take(kept).cast(pa.int64()), 1_000_000)
             stamps = micros.cast(pa.timestamp("us", tz="UTC")).to_pylist()

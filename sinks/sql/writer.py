@@ -14,6 +14,7 @@ from typing import ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from serializers.batch import AS_OF_US
 from sinks.base import SqlWriteStats
 from sinks.sql.config import SqlSinkConfig
 from sinks.sql.upserts import SqlSink
@@ -58,6 +59,8 @@ class SqlWriter:
         stats.non_finite += pc.sum(batch.column(p.non_finite_column)).as_py() or 0
         stats.bytes_sent += pc.sum(pc.binary_length(batch.column(p.json_column))).as_py() or 0
         as_ofs = batch.column(p.as_of_column) if p.as_of_column else None
+        if as_ofs is not None and AS_OF_US in batch.schema.names:  # to the microsecond: the order of writes
+            as_ofs = batch.column(AS_OF_US).cast(pa.timestamp("us", tz="UTC"))
         self.sink.write_batch(batch.column(p.key_column), batch.column(p.json_column), as_ofs)
         return stats
 

@@ -39,8 +39,8 @@ from jobs.pipeline.source_table import (
     on_dates,
     open_table,
 )
-from serializers import field_id, freshness_field_name
-from serializers.keys import redis_key
+from serializers import field_id, freshness_field_name, subsecond_field_name
+from serializers.keys import FRESHNESS_PREFIX, SUBSECOND_PREFIX, redis_key
 from sinks.redis.config import RedisSinkConfig, redis_sink_config
 from sinks.redis.preflight import detect_cluster
 from sinks.redis.router import KeyRouter
@@ -229,7 +229,7 @@ def plan_cleanup(
     current_sources = {s.name: s for s in defs.sources.values() if s.entity == entity.name}
     # A name whose field id a current feature or freshness field shares would delete live data: never stale.
     live_ids = {field_id(f.stored_name) for s in current_sources.values() for f in s.features} | {
-        field_id(freshness_field_name(s)) for s in current_sources
+        field_id(name) for s in current_sources for name in (freshness_field_name(s), subsecond_field_name(s))
     }
     stale_by_source: dict[str, list[tuple[RedisWrite, set[str]]]] = {}
     for w in writes:
@@ -253,11 +253,18 @@ def plan_cleanup(
     return CleanupPlan(entity=entity.name, parts=parts, target=target, legacy_cleanups=legacy_days), keys
 
 
+def _field_ids(names: list[str]) -> tuple[bytes, ...]:
+    """The field ids to delete: of a removed source, its sub-second field beside its freshness
+    field (written by event-time sources, never recorded by name in the ledger)."""
+    subsecond = [SUBSECOND_PREFIX + n.removeprefix(FRESHNESS_PREFIX) for n in names if n.startswith(FRESHNESS_PREFIX)]
+    return tuple(field_id(name) for name in [*names, *subsecond])
+
+
 def run_cleanup(conf: RunConf, entity: EntityDef, plan: CleanupPlan | SourceCleanup, keys: DataFrame, redis_url: str | None = None) -> dict:
     """Delete the plan's fields from its keys; returns counts and Redis memory before/after."""
     redis = redis_sink_config(conf, entity=entity, url=redis_url)
     redis = replace(redis, cluster=detect_cluster(conf.redis, redis))
-    writer = CleanupWriter(redis, fields=tuple(field_id(name) for name in plan.fields), keys_per_second=conf.redis.cleanup_keys_per_second)
+    writer = CleanupWriter(redis, fields=_field_ids(plan.fields), keys_per_second=conf.redis.cleanup_keys_per_second)
     servers = KeyRouter(redis, redis.cluster)
     try:
         before = servers.used_memory()
