@@ -35,7 +35,7 @@ class PushHandler:
     def __init__(self, conf: RunConf, defs: Definitions, reader):
         self.conf, self.defs, self.reader = conf, defs, reader
         self.settings = conf.server.push
-        self.stores = PushStores(conf)  # reads the push credentials now: a missing one stops the start
+        self.stores = PushStores(conf, defs.lock)  # reads the push credentials now: a missing one stops the start
         self.by_push_name: dict[str, list[SourceDef]] = {}
         for source in defs.sources.values():
             if source.push_source:

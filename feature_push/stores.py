@@ -21,22 +21,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 
+import psycopg
 import pyarrow as pa
 import redis
 
 from feature_defs.loader import DefinitionError
+from feature_defs.stored_lock import Lock
 from feature_push.errors import PushError
 from feature_push.rows import AS_OF, Pushed
 from fm_config import RunConf
 from serializers.batch import feature_specs
+from serializers.description import Description, parse_redis, redis_key_of
 from serializers.horizon import as_of_horizon
-from sinks.described import described_writes
+from sinks.described import checked_entries, unknown_names
 from sinks.errors import CapacityError
 from sinks.redis.config import RedisSinkConfig, redis_sink_config
 from sinks.redis.description import record_description as record_redis
 from sinks.redis.preflight import detect_cluster
 from sinks.redis.preflight import preflight as redis_preflight
+from sinks.redis.router import KeyRouter
 from sinks.sql.config import SqlSinkConfig, sql_sink_config
+from sinks.sql.description import read_descriptions
 from sinks.sql.description import record_description as record_sql
 from sinks.sql.preflight import preflight as sql_preflight
 from sinks.sql.writer import SqlWritePlan
@@ -95,11 +100,36 @@ def _close(writer) -> None:
         pass
 
 
+class EntityLocks:
+    """Pushes of one entity and source written one at a time, across both stores: of two
+    pushes at the same event time, to the microsecond, each store would otherwise keep
+    whichever reached it last, and they could differ. Striped (a fixed number of locks, taken
+    in order), so any number of entities costs no memory and two pushes never deadlock."""
+
+    STRIPES = 256
+
+    def __init__(self):
+        self._locks = [threading.Lock() for _ in range(self.STRIPES)]
+
+    @contextmanager
+    def held(self, source: str, ids: list[str]) -> Iterator[None]:
+        stripes = sorted({hash((source, i)) % self.STRIPES for i in ids})
+        taken = []
+        try:
+            for stripe in stripes:
+                self._locks[stripe].acquire()
+                taken.append(stripe)
+            yield
+        finally:
+            for stripe in reversed(taken):
+                self._locks[stripe].release()
+
+
 class PushStores:
     """The stores pushes write, with the push credentials (read here, at the server's start:
     a missing password stops the start, not the first push)."""
 
-    def __init__(self, conf: RunConf):
+    def __init__(self, conf: RunConf, lock: Lock | None = None):
         self.conf = conf
         self.sinks = [s for s in ("redis", "sql") if s in conf.sinks]
         self.redis = conf.push_redis_connection() if "redis" in self.sinks else None
@@ -108,13 +138,16 @@ class PushStores:
             self.sql = replace(self.sql, statement_timeout_ms=min(self.sql.statement_timeout_ms, conf.server.push.store_timeout_ms))
         self._cluster: bool | None = None
         self._sql_checked: dict[str, SqlSinkConfig] = {}
-        self._described: set[str] = set()
         self._lock = threading.Lock()
         self.writers = Writers()
+        self.entities = EntityLocks()
+        self.descriptions = KeptDescriptions()
+        self.lock = lock
+        """The definitions' stored.lock: the names they removed, which a push may retire as a run would."""
 
     def prepare(self, pushed: list[Pushed]) -> list:
         """What is checked before anything is written, offline too (run in a worker thread):
-        the stores' descriptions and the SQL table (once per source), the SQL store's JSON
+        the stores' descriptions (every push), the SQL table (once per source), the SQL store's JSON
         objects (PushError: too large, a NUL JSONB cannot hold). Returns what ``write`` takes."""
         with self._lock:
             for p in pushed:
@@ -127,10 +160,11 @@ class PushStores:
         out: dict[str, dict] = {}
         for p, rows in prepared:
             stats = out.setdefault(p.source.name, {})
-            if self.redis is not None:
-                stats["redis"] = self._write_redis(p)
-            if rows is not None:
-                stats["sql"] = self._write_sql(p, rows)
+            with self.entities.held(p.source.name, p.ids):  # both stores see this server's pushes of an entity in one order
+                if self.redis is not None:
+                    stats["redis"] = self._write_redis(p)
+                if rows is not None:
+                    stats["sql"] = self._write_sql(p, rows)
         return out
 
     def _redis_config(self, p: Pushed) -> RedisSinkConfig:
@@ -140,16 +174,20 @@ class PushStores:
         return replace(config, cluster=self._cluster)
 
     def _ready(self, p: Pushed) -> None:
+        """Before every push, as readers do: what the stores describe, checked against this
+        server's definitions; recorded where the push adds to it (a new feature's name)."""
         name = p.source.name
-        if name in self._described:
-            return
         try:
             redis_config = self._redis_config(p) if self.redis is not None else None
-            sql_config = None
-            if self.sql is not None:
+            if self.sql is not None and name not in self._sql_checked:  # the table's columns and dialect: once
                 base = sql_sink_config(self.conf, p.source, p.entity, connection=self.sql)
-                sql_config = self._sql_checked[name] = sql_preflight(self.conf.sql, base, [])
-            entries = described_writes(self.conf, p.source, redis_config, sql_config)
+                self._sql_checked[name] = sql_preflight(self.conf.sql, base, [])
+            sql_config = self._sql_checked.get(name)
+            found = self.descriptions.read(redis_config, sql_config)
+            entries = checked_entries(p.source, found)
+            unknown = unknown_names(p.source, found, self.lock)
+            if unknown:
+                raise PushError(_stale(p.source.name, unknown), 409, "StaleDefinitions")
             if entries.get("redis"):
                 record_redis(redis_config, entries["redis"], cluster=self._cluster)
             if entries.get("sql"):
@@ -157,9 +195,8 @@ class PushStores:
                     record_sql(conn, sql_config.schema, sql_config.table, entries["sql"])
         except DefinitionError as exc:
             raise PushError("; ".join(exc.problems), 409, "StoredAsSomethingElse") from None
-        except (MaterializerError, redis.RedisError, OSError) as exc:
+        except (MaterializerError, redis.RedisError, OSError, psycopg.Error) as exc:
             raise _store_error(exc, "checking what the stores hold") from exc
-        self._described.add(name)
 
     def _write_redis(self, p: Pushed) -> dict:
         config, specs = self._redis_config(p), feature_specs(p.source.features)
@@ -203,6 +240,62 @@ class PushStores:
 
     def close(self) -> None:
         self.writers.close()
+        self.descriptions.close()
+
+
+class KeptDescriptions:
+    """The stores' descriptions, read before every push on connections kept open (a push
+    costs two small reads, not two connections); one that failed is made anew once."""
+
+    def __init__(self):
+        self._routers: dict[str, KeyRouter] = {}
+        self._sql: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+
+    def read(self, redis_config: RedisSinkConfig | None, sql_config: SqlSinkConfig | None) -> dict[str, Description]:
+        with self._lock:
+            found: dict[str, Description] = {}
+            if redis_config is not None:
+                found["redis"] = self._again(lambda: self._redis(redis_config))
+            if sql_config is not None:
+                found["sql"] = self._again(lambda: self._sql_read(sql_config))
+            return found
+
+    def _again(self, read):
+        try:
+            return read()
+        except (redis.ConnectionError, psycopg.OperationalError):  # a kept connection the server dropped
+            self.close()
+            return read()
+
+    def _redis(self, config: RedisSinkConfig) -> Description:
+        router = self._routers.get(config.key_prefix)
+        if router is None:
+            router = self._routers[config.key_prefix] = KeyRouter(config, config.cluster)
+        key = redis_key_of(config.key_prefix)
+        return parse_redis(router.run([key], lambda pipe, k: pipe.hgetall(k))[0])
+
+    def _sql_read(self, config: SqlSinkConfig) -> Description:
+        if self._sql is None or self._sql.closed:
+            self._sql = sql_connect(config)
+        return read_descriptions(self._sql, config.schema, [config.table]).get(config.table, {})
+
+    def close(self) -> None:
+        routers, self._routers = self._routers, {}
+        for router in routers.values():
+            router.close()
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
+
+
+def _stale(source: str, unknown: dict[str, str]) -> str:
+    names = ", ".join(f"{n!r} ({where})" for n, where in unknown.items())
+    return (
+        f"source {source!r}: the stores hold {names}, which this server's definitions do not write: newer definitions "
+        "wrote them, and a push on these would date their values anew. Deploy the definitions the nightly run uses to "
+        "this server and restart it; if they were removed on purpose, record that with `materialize defs --lock`"
+    )
 
 
 def _store_error(exc: BaseException, doing: str) -> PushError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from feature_defs import SourceDef
 from feature_defs.loader import DefinitionError
-from feature_defs.stored_lock import next_stored_name
+from feature_defs.stored_lock import Lock, next_stored_name
 from fm_config import RunConf
 from serializers.description import Description, conflicts, updated
 from sinks.redis.config import RedisSinkConfig
@@ -25,7 +25,6 @@ def described_writes(
 ) -> dict[str, Description]:
     """Per store given: the entries a write of ``source`` records there; DefinitionError
     (one line per feature) when a store holds one of its stored names as something else."""
-    encodings = {f.stored_name: f.encoding for f in source.features}
     found: dict[str, Description] = {}
     if redis_sink is not None:
         mode = conf.redis.mode
@@ -33,6 +32,13 @@ def described_writes(
     if sql_sink is not None:
         with sql_connect(sql_sink) as conn:
             found["sql"] = read_descriptions(conn, sql_sink.schema, [sql_sink.table]).get(sql_sink.table, {})
+    return checked_entries(source, found)
+
+
+def checked_entries(source: SourceDef, found: dict[str, Description]) -> dict[str, Description]:
+    """Per store: the entries a write of ``source`` records, given what each store describes
+    (``found``); DefinitionError when a store holds one of its stored names as something else."""
+    encodings = {f.stored_name: f.encoding for f in source.features}
     by_name = {f.stored_name: f for f in source.features}
     taken = set(encodings).union(*found.values())  # one fresh name per feature, free in every store
     problems = []
@@ -45,3 +51,17 @@ def described_writes(
     if problems:
         raise DefinitionError(problems)  # before either store is written
     return {store: updated(held, source.name, encodings) for store, held in found.items()}
+
+
+def unknown_names(source: SourceDef, found: dict[str, Description], lock: Lock | None) -> dict[str, str]:
+    """Stored name -> the store describing it as one of ``source``'s, live, that these
+    definitions neither write nor know as removed (their stored.lock records it retired):
+    written by newer definitions, which a writer on these must neither re-date nor retire."""
+    written = {f.stored_name for f in source.features}
+    removed = {n for n, s in (lock.entities.get(source.entity, {}) if lock else {}).items() if s.retired and s.source == source.name}
+    out: dict[str, str] = {}
+    for store, held in found.items():
+        for name, h in sorted(held.items()):
+            if h.source == source.name and not h.retired and name not in written and name not in removed:
+                out.setdefault(name, STORE_NAMES[store])
+    return out

@@ -35,7 +35,7 @@ from sinks.sql.preflight import ensure_schema
 
 from .expected import expected_hash
 from .support.confs import env_conf
-from .support.events import DAY, END_OF_DAY, FRESH, SCHEMA, SOURCE, SPECS, UTC, Y2099, at, epoch, write_events
+from .support.events import DAY, END_OF_DAY, FRESH, SCHEMA, SOURCE, SPECS, UTC, Y2099, at, epoch, micros, subsecond, write_events
 
 
 def latest(rows: list[tuple], end: dt.datetime, start: dt.datetime | None = None) -> dict[int, tuple]:
@@ -57,16 +57,16 @@ def redis_events(client, ids) -> dict[int, dict[bytes, bytes]]:
 
 
 def expected_redis(rows: dict[int, tuple]) -> dict[int, dict[bytes, bytes]]:
-    return {i: expected_hash(SPECS, {"score": r[1], "tag": r[2]}, FRESH, epoch(r[3])) for i, r in rows.items()}
+    return {i: expected_hash(SPECS, {"score": r[1], "tag": r[2]}, FRESH, epoch(r[3]), subsecond(r[3])) for i, r in rows.items()}
 
 
 def sql_events(conn) -> dict[int, tuple[dict, int]]:
     found = conn.execute("SELECT entity_key, features::text, as_of FROM consumer_features WHERE source = 'events'")
-    return {int(k): (json.loads(doc), epoch(as_of)) for k, doc, as_of in found}
+    return {int(k): (json.loads(doc), micros(as_of)) for k, doc, as_of in found}
 
 
 def expected_sql(rows: dict[int, tuple]) -> dict[int, tuple[dict, int]]:
-    return {i: ({k: v for k, v in (("score", r[1]), ("tag", r[2])) if v is not None}, epoch(r[3])) for i, r in rows.items()}
+    return {i: ({k: v for k, v in (("score", r[1]), ("tag", r[2])) if v is not None}, micros(r[3])) for i, r in rows.items()}
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def both_stores(run_conf, pg_server, pg_db, tmp_path):
 
 ROWS = [  # consumer_id, score, tag, event_ts, created
     (1, 1.0, "old", at("2026-11-19T10:00:00"), at("2026-11-19T10:05:00")),
-    (1, 2.0, "new", at("2026-11-20T08:30:15.750000"), at("2026-11-20T08:31:00")),  # stored as of ...:15, floored
+    (1, 2.0, "new", at("2026-11-20T08:30:15.750000"), at("2026-11-20T08:31:00")),  # as of ...:15 and 750000 microseconds
     (1, 9.0, "too late", END_OF_DAY, at("2026-11-21T00:00:01")),  # the window's end is excluded
     (2, 3.0, "created first", at("2026-11-20T05:00:00"), at("2026-11-20T06:00:00")),
     (2, 4.0, "created last", at("2026-11-20T05:00:00"), at("2026-11-20T07:00:00")),  # same event time: created decides
@@ -185,7 +185,7 @@ def test_incremental_runs_load_late_rows_within_the_lookback_and_cover_a_failed_
     pg_db.execute("CREATE TRIGGER fail_once BEFORE INSERT ON consumer_features FOR EACH ROW EXECUTE FUNCTION fail_once()")
     with pytest.raises(Exception, match="the store failed mid-write"):
         incremental(U0 + 3 * HOUR)
-    written = [i for i, (_, as_of) in sql_events(pg_db).items() if as_of == epoch(U0) + 600]
+    written = [i for i, (_, as_of) in sql_events(pg_db).items() if as_of == micros(U0) + 600_000_000]
     assert 0 < len(written) < 30  # partly written
     assert sorted(s["status"] for s in ledger.source_steps("events")) == ["failed", "succeeded"]
 

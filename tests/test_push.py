@@ -450,7 +450,7 @@ def test_writers_stay_open_between_pushes_and_one_whose_connection_died_is_repla
 
     answers, connections = asyncio.run(run())
     assert [status for status, _ in answers] == [200, 200, 200], answers
-    assert connections == 2, connections  # the kept writer's two (its commands', its pipeline's)
+    assert connections == 3, connections  # the kept writer's two (its commands', its pipeline's), the descriptions' reader
     assert redis_held(redis_db, 1) == ({"trips": 2}, micros(T3))
     with pg_server.connect() as check:
         assert sql_held(check, 1) == ({"trips": 2}, micros(T3))
@@ -682,3 +682,59 @@ def test_pushes_within_one_second_are_ordered_by_their_microseconds_in_both_stor
     ]
     assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == ({"trips": 5}, micros(late))
     assert redis_held(redis_db, 2) == sql_held(pg_db, 2) == ({"trips": 4}, micros(late))
+
+
+def _defs(folder: Path, features: str, lock: dict | None = None) -> Path:
+    folder.mkdir()
+    (folder / "entities.yaml").write_text(ENTITIES)
+    (folder / "s.yaml").write_text(
+        "source:\n  name: s\n  entity: driver\n  location: s\n  layout: wide\n  select_by: event_time\n  timestamp_column: ts\n"
+        f"  push_source: p\n  features:\n{features}"
+    )
+    if lock is not None:
+        from feature_defs.stored_lock import Lock, Stored, write_lock
+
+        write_lock(folder, Lock({"driver": {n: Stored(**s) for n, s in lock.items()}}))
+    return folder
+
+
+def test_a_server_on_older_definitions_than_the_stores_refuses_the_push_with_a_409(tmp_path, redis_db, pg_db, redis_server, pg_server):
+    # issue 62, item 2: the stores' description was checked at a source's first push only, and a server on
+    # older definitions wrote retired names, retired a newer feature, re-dated a newer feature's value
+    a, b = "    - {name: a, type: int}\n", "    - {name: b, type: int}\n"
+    old = push_conf(tmp_path, _defs(tmp_path / "old", a), redis_server, pg_server)
+    new = push_conf(tmp_path, _defs(tmp_path / "new", a + b), redis_server, pg_server)
+    # newer still: a removed, which its stored.lock records (a push of it retires a, as a run would)
+    lock = {n: {"source": "s", "feature": n, "encoding": "int"} for n in ("a", "b")}
+    lock["a"]["retired"] = "2026-12-01"
+    newest = push_conf(tmp_path, _defs(tmp_path / "newest", b, lock), redis_server, pg_server)
+
+    def push_to(conf, when: str, **values):
+        df = {"driver_id": [1], "ts": [when], **{k: [v] for k, v in values.items()}}
+        [(status, answer)] = calls(build_app(conf), ("POST", "/push", {"push_source_name": "p", "df": df}))
+        return status, answer
+
+    def held():
+        fields = redis_db.hgetall("d:1")
+        row = pg_db.execute("SELECT features::text, as_of FROM driver_features WHERE entity_key = '1'").fetchone()
+        return {k: fields.get(field_id(k)) for k in ("a", "b", "_ts:s")}, (json.loads(row[0]), row[1].isoformat())
+
+    assert push_to(old, "2026-12-01T10:00:00", a=1)[0] == 200  # the old definitions first: nothing newer stored yet
+    assert push_to(new, "2026-12-01T11:00:00", a=2, b=3)[0] == 200  # a run or server on the new ones
+    before = held()
+    stamp = str(epoch("2026-12-01T11:00:00")).encode()
+    assert before == ({"a": b"2", "b": b"3", "_ts:s": stamp}, ({"a": 2, "b": 3}, "2026-12-01T11:00:00+00:00"))
+    status, answer = push_to(old, "2026-12-01T12:00:00", a=4)
+    assert (status, answer["type"]) == (409, "StaleDefinitions"), answer
+    assert "the stores hold 'b' (Redis), which this server's definitions do not write" in answer["error"]
+    assert held() == before  # b neither retired nor re-dated; nothing written
+    assert redis_db.hget("d", b"b") == b"int s" and redis_db.hget("d", b"a") == b"int s"  # the description as the new run left it
+    # the newest definitions retire a in both stores, as their run would
+    assert push_to(newest, "2026-12-01T13:00:00", b=5)[0] == 200
+    assert redis_db.hget("d", b"a") == b"int s retired"
+    assert pg_db.execute("SELECT retired FROM stored_names WHERE stored_name = 'a'").fetchone() == (True,)
+    # a retired name is never written again by a server that still writes it
+    status, answer = push_to(new, "2026-12-01T14:00:00", a=6, b=7)
+    assert (status, answer["type"]) == (409, "StoredAsSomethingElse"), answer
+    assert "its stored name 'a' is retired in this store" in answer["error"]
+    assert redis_db.hget("d:1", field_id("b")) == b"5"

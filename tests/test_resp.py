@@ -90,3 +90,11 @@ def test_a_command_of_version_1_4_byte_for_byte():
         b"$1\r\n3\r\n$4\r\nUSUS\r\n$6\r\n750000\r\n$4\r\n\x01\x02\x03\x04\r\n$1\r\n5\r\n$4\r\nUSUS\r\n$6\r\n750000\r\n"
         b"$4\r\nTSTS\r\n$10\r\n1795863600\r\n"
     )
+
+
+def test_the_format_doc_shows_the_script_the_writers_load():
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "serializers" / "FORMAT.md").read_text()
+    shown = doc.split("```lua\n", 1)[1].split("```", 1)[0]
+    assert "".join(line.removeprefix("  ") + "\n" for line in shown.splitlines() if line.strip()).encode() == WRITE_SCRIPT
