@@ -160,7 +160,8 @@ class PushHandler:
             tables.setdefault(s.location or s.table, s)
         done = {}
         for s in tables.values():
-            done[s.name] = await self._in_thread(append_offline, self.conf, s, df)
+            keys = s.key_columns or [k.name for k in self.defs.entities[s.entity].keys]
+            done[s.name] = await self._in_thread(append_offline, self.conf, s, df, keys)
         return done
 
 

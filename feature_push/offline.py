@@ -40,14 +40,16 @@ _FLOAT32_MAX = 3.4028234663852886e38
 _S3 = ("s3", "s3a", "s3n")
 
 
-def append_offline(conf: RunConf, source: SourceDef, columns: dict[str, list]) -> int:
+def append_offline(conf: RunConf, source: SourceDef, columns: dict[str, list], keys: list[str] | None = None) -> int:
     """Append the pushed rows (column name -> values, all lists the same length, as Feast's push
-    body `df`) to ``source``'s table; returns rows appended."""
+    body `df`) to ``source``'s table; returns rows appended. ``keys``: the table's entity key
+    columns, with which a row tied with one the table holds is refused (``on_tie: fail``)."""
     where = _table_location(conf, source)
     rows = _row_count(columns)
+    ties = _Ties(source, keys) if keys and source.on_tie == "fail" and source.timestamp_column else None
     if source.format == "parquet":
-        return _append_parquet(source, where, columns, rows)
-    return _append_delta(conf, source, where, columns, rows)
+        return _append_parquet(source, where, columns, rows, ties)
+    return _append_delta(conf, source, where, columns, rows, ties)
 
 
 def _table_location(conf: RunConf, source: SourceDef) -> Location:
@@ -80,7 +82,7 @@ def _row_count(columns: dict[str, list]) -> int:
 # -- Delta -------------------------------------------------------------------------------
 
 
-def _append_delta(conf: RunConf, source: SourceDef, where: Location, columns: dict[str, list], rows: int) -> int:
+def _append_delta(conf: RunConf, source: SourceDef, where: Location, columns: dict[str, list], rows: int, ties: _Ties | None) -> int:
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
@@ -97,6 +99,8 @@ def _append_delta(conf: RunConf, source: SourceDef, where: Location, columns: di
     data = _cast(source, pa.schema(table.schema().to_arrow()), columns, rows)
     if rows == 0:
         return 0  # no empty commit
+    if ties is not None:
+        ties.check(table.to_pyarrow_dataset(), data, where)
     try:
         write_deltalake(table, data, mode="append")
     except CommitFailedError as exc:
@@ -145,7 +149,7 @@ def _deltalake_version() -> str:
 # -- Parquet -----------------------------------------------------------------------------
 
 
-def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list], rows: int) -> int:
+def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list], rows: int, ties: _Ties | None) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -194,6 +198,10 @@ def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list]
     data = _cast(source, footer.to_arrow_schema().remove_metadata(), columns, rows)
     if rows == 0:
         return 0
+    if ties is not None:
+        import pyarrow.dataset as ds
+
+        ties.check(ds.dataset([str(p) for p in files], schema=data.schema, format="parquet"), data, where)
     name = f"part-{uuid.uuid4()}.parquet"
     temp = folder / f"_push-{name}"
     try:
@@ -204,6 +212,45 @@ def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list]
         temp.unlink(missing_ok=True)
         raise _unavailable(f"cannot write to the Parquet folder {where}", exc) from None
     return rows
+
+
+# -- ties ----------------------------------------------------------------------------------
+
+
+class _Ties:
+    """A pushed row as recent as a row the table holds for its entity (event time and, where
+    the source has one, created time) with other feature values is a tie, which the next run
+    of the source refuses for all of it (``on_tie: fail``): refused before the append. An
+    exact copy is no tie (a retried push): de-duplication keeps one."""
+
+    def __init__(self, source: SourceDef, keys: list[str]):
+        self.source = source
+        times = [source.timestamp_column, *([source.created_column] if source.created_column else [])]
+        self.match = [*keys, *times]
+        self.values = [c for f in source.features if (c := f.source_column or f.name) not in self.match]
+
+    def check(self, dataset, data, where) -> None:
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        match = [c for c in self.match if c in data.column_names]
+        names = [*match, *(c for c in self.values if c in data.column_names)]
+        ts = self.source.timestamp_column
+        held = dataset.to_table(columns=names, filter=ds.field(ts).isin(pc.unique(data.column(ts))))
+        if held.num_rows == 0:
+            return
+        pushed = {tuple(r[c] for c in match): r for r in data.select(names).to_pylist()}
+        for row in held.to_pylist():
+            mine = pushed.get(tuple(row[c] for c in match))
+            if mine is not None and any(mine[c] != row[c] for c in names if c not in match):
+                shown = ", ".join(f"{c}={mine[c]}" for c in match)
+                raise PushError(
+                    f"the table at {where} holds a row as recent as the pushed one ({shown}) with other values: a tie, "
+                    f"which the next run of source {self.source.name!r} refuses whole (on_tie: fail); push a later event "
+                    "time, or to: online",
+                    409,
+                    "Tie",
+                )
 
 
 # -- values --------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ def pushed_rows(
     times = [t // 1_000_000 for t in micros]  # whole seconds, floored: what the stores hold and compare
     created = _times(df[columns["created"]], columns["created"], required=False) if columns["created"] else [None] * rows
     keep = _latest(ids, micros, created)  # to the microsecond, as a run orders an entity's rows
+    if source.on_tie == "fail":
+        _check_ties(source, df, columns, ids, micros, created)
     arrays = [pa.array([ids[i] for i in keep], pa.string())]
     for feature in source.features:
         name = columns["features"].get(feature.name)
@@ -243,6 +245,21 @@ def _times(values: Sequence[Any], column: str, required: bool) -> list[int | Non
         else:
             raise PushError(f"row {row}, column {column!r}: expected an ISO 8601 time or epoch seconds, got {type(v).__name__}")
     return out
+
+
+def _check_ties(source: SourceDef, df: Mapping[str, Any], columns: dict, ids: list[str], micros: list[int], created: list) -> None:
+    """Two rows of one entity as recent as each other (event and created time) with different
+    values are a tie, which the run refuses for the whole source (on_tie: fail): refused here,
+    so no push puts one in the table or leaves the stores to pick."""
+    seen: dict[tuple, int] = {}
+    names = list(columns["features"].values())
+    for row, eid in enumerate(ids):
+        first = seen.setdefault((eid, micros[row], created[row]), row)
+        if first != row and any(df[c][first] != df[c][row] for c in names):
+            raise PushError(
+                f"rows {first} and {row} of entity {eid!r} have the same event time{' and created time' * (created[row] is not None)} "
+                f"and different values: a tie, which a run of source {source.name!r} refuses (on_tie: fail); push one of them"
+            )
 
 
 def _latest(ids: list[str], times: list[int], created: list[int | None]) -> list[int]:

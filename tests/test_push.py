@@ -738,3 +738,60 @@ def test_a_server_on_older_definitions_than_the_stores_refuses_the_push_with_a_4
     assert (status, answer["type"]) == (409, "StoredAsSomethingElse"), answer
     assert "its stored name 'a' is retired in this store" in answer["error"]
     assert redis_db.hget("d:1", field_id("b")) == b"5"
+
+
+def test_concurrent_pushes_of_one_entity_at_one_time_leave_both_stores_holding_one_value(conf, redis_db, pg_db):
+    # issue 62, item 2: Redis and SQL held different values in 7 of 20 rounds (each store kept the push that reached it last)
+    async def run():
+        app = build_app(conf)
+        try:
+            held = []
+            for r in range(20):
+                when = f"2026-11-28T10:00:{r:02d}.500000"  # one time for the round's pushes, later each round
+                bodies = [json.dumps(push(rows(driver_id=[1], event_timestamp=[when], trips=[100 * r + i]))[2]).encode() for i in range(4)]
+                answers = await asyncio.gather(*[asgi_request(app, "POST", "/push", b, JSON) for b in bodies])
+                assert [s for s, _ in answers] == [200] * 4, answers
+                held.append((redis_held(redis_db, 1), sql_held(pg_db, 1)))
+            return held
+        finally:
+            await app.reader.close()
+            app.push.close()
+
+    for r, (in_redis, in_sql) in enumerate(asyncio.run(run())):
+        assert in_redis == in_sql, (r, in_redis, in_sql)
+        assert in_redis[0]["trips"] in range(100 * r, 100 * r + 4)
+
+
+def test_a_push_that_would_leave_a_tie_the_run_refuses_is_refused(conf, tmp_path, redis_db, pg_db):
+    # issue 62, item 5: two pushes of one entity at one event time to online_and_offline left a tie in
+    # the table, which the run's on_tie: fail refused for the whole source (exit 4)
+    import deltalake
+    import pyarrow as pa
+
+    table = tmp_path / "data" / "driver_stats"
+    schema = pa.schema([("driver_id", pa.int64()), ("event_timestamp", pa.timestamp("us", "UTC")), ("created", pa.timestamp("us", "UTC")),
+                        ("trips", pa.int64()), ("city", pa.string())])  # fmt: skip
+    deltalake.write_deltalake(str(table), pa.table({n: pa.array([], t) for n, t in zip(schema.names, schema.types)}))
+    first = rows(driver_id=[1, 2], event_timestamp=[T1, T1], created=[None, T2], trips=[1, 2], city=["a", "b"])
+    tied = rows(driver_id=[1], event_timestamp=[T1], created=[None], trips=[9], city=["a"])  # 1 again, other trips
+    same_time_later_created = rows(driver_id=[2], event_timestamp=[T1], created=[T3], trips=[7], city=["b"])  # not tied
+    within = rows(driver_id=[3, 3], event_timestamp=[T1, T1], created=[None, None], trips=[1, 2], city=["c", "c"])
+    answers = calls(
+        build_app(conf),
+        push(first, to="online_and_offline"),
+        push(tied, to="online_and_offline"),
+        push(tied, to="offline"),
+        push(first, to="online_and_offline"),  # a retry of the first: exact copies, no tie
+        push(same_time_later_created, to="online_and_offline"),
+        push(within, to="online"),
+    )
+    assert [(s, a.get("type")) for s, a in answers] == [(200, None), (409, "Tie"), (409, "Tie"), (200, None), (200, None), (400, "BadPush")]
+    assert (
+        "holds a row as recent as the pushed one (driver_id=1, event_timestamp=2026-11-28 10:00:00+00:00, created=None)"
+        in answers[1][1]["error"]
+    )
+    assert "rows 0 and 1 of entity '3' have the same event time and different values: a tie" in answers[5][1]["error"]
+    held = deltalake.DeltaTable(str(table)).to_pyarrow_table().sort_by([("driver_id", "ascending"), ("trips", "ascending")])
+    assert list(zip(held.column("driver_id").to_pylist(), held.column("trips").to_pylist())) == [(1, 1), (1, 1), (2, 2), (2, 2), (2, 7)]
+    assert redis_held(redis_db, 1) == sql_held(pg_db, 1) == ({"trips": 1, "city": "a"}, micros(T1))  # the tied push wrote no store
+    assert redis_held(redis_db, 3) is None and sql_held(pg_db, 3) is None
