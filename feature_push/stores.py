@@ -6,8 +6,9 @@ it with what the store holds, per entity and source, so an older pushed row neve
 a newer value and a later run never replaces a newer pushed one. They connect with the push
 credentials (``server.push.redis`` / ``.sql``, else the run's writer), never the reader's.
 
-Once per source and server: the stores' description of what they hold is checked and
-recorded as a run does (sinks/described.py), and the SQL table checked (dialect, columns).
+Before every push: the stores' description of what they hold is read (on kept connections)
+and checked as a run checks it (sinks/described.py), and a push on definitions older than
+the stores' refused; once per source and server, the SQL table (dialect, columns).
 
 Writers stay open between pushes (:class:`Writers`): opening one costs two connections, the
 memory and restart checks and the script's load, 9 ms of CPU a push where the write of one

@@ -510,3 +510,27 @@ def test_a_store_loss_of_a_source_selected_by_event_time_is_restored_by_a_run_of
     assert left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22 --sink redis"
     left, rewritten = event_time_losses([loss], None, "prod", "events", ["redis"])  # an incremental run rewrites its window only
     assert rewritten == [] and left[0]["restore"] == "materialize run --env prod --source events --date 2026-11-22"
+
+
+def test_a_source_taking_pushes_counts_entities_pushes_hold_newer_and_does_not_fail(spark, both_stores, redis_db, pg_db, tmp_path):
+    # issue 62, item 6: a push-fed source's incremental runs failed MostlySkippedNewer (exit 7) run after run
+    from feature_push.app import build_app
+    from fm_config.reader import ServerSettings
+
+    from .support.asgi import asgi_call
+
+    now = dt.datetime.now(UTC).replace(microsecond=0)
+    table = [(i, float(i), f"row {i}", now - 2 * HOUR, None) for i in range(1, 5)]
+    defs = write_events(spark, tmp_path, table, extra="  push_source: events_push\n")
+    conf = both_stores.model_copy(update={"server": ServerSettings.model_validate({"push": {"enabled": True}})})
+    pushed = {"consumer_id": [1, 2, 3], "event_ts": [(now - HOUR).isoformat()] * 3, "score": [10.5, 20.5, 30.5], "tag": ["p"] * 3}
+    status, body = asgi_call(build_app(conf), "POST", "/push", json.dumps({"push_source_name": "events_push", "df": pushed}).encode())
+    assert status == 200, body
+    ledger = Ledger(spark, tmp_path / "ledger")
+    summary = recorded_run(spark, conf, defs, ledger, "run", "events", now.date(), until=now, guard_skipped_newer=True)
+    # three of four entities hold a newer pushed value: left, counted, said; the run succeeds (was 75% > 50%: failed)
+    assert summary.status == "succeeded", summary.error
+    assert (summary.sinks["redis"]["skipped_newer"], summary.sinks["sql"]["rows_skipped_newer"]) == (3, 3)
+    said = "\n".join(summary.warnings)
+    assert "redis: 3 entities of events hold a newer pushed value (push_source) and were left as they are" in said
+    assert {i: v["score"] for i, (v, _) in sql_events(pg_db).items()} == {1: 10.5, 2: 20.5, 3: 30.5, 4: 4.0}
