@@ -78,7 +78,13 @@ run = st.one_of(
     st.tuples(st.just("incremental"), st.sampled_from(("now", "past_far", "past_near", "ahead", "beyond"))),
 )
 UNTIL = {"past_far": -2 * 60, "past_near": -30, "ahead": 60, "beyond": 3 * 1440}  # minutes from B
-pushed = st.tuples(st.sampled_from(ENTITIES), arrival, st.booleans())  # a pushed row: its entity, event time, a null score
+TTL_DAYS = 30  # the consumer entity type's ttl_seconds (feature_defs/entities.yaml)
+pushed = st.tuples(
+    st.sampled_from(ENTITIES),
+    st.one_of(arrival, st.tuples(st.just("ago"), st.just((TTL_DAYS + 1) * 1440), st.just(0))),  # or older than the TTL
+    st.booleans(),  # a null score
+    st.sampled_from(("online", "offline", "online_and_offline", "stale")),  # stale: online, by a server on older definitions
+)
 # a step: rows arrive (maybe none), then a run, whose SQL write may fail at its (n mod
 # entities written)-th row, then run again; pushes (maybe none) come before the run
 step = st.tuples(st.lists(row, max_size=3), run, st.one_of(st.none(), st.integers(0, 3)), st.lists(pushed, max_size=2))
@@ -108,6 +114,7 @@ class Model:
     stored: dict[int, Row] = field(default_factory=dict)
 
     pushes: int = 0
+    described: bool = False  # whether a writer on the definitions with tag has recorded them in the stores
 
     def event_of(self, when: tuple) -> dt.datetime:
         what, n, micros = when
@@ -119,10 +126,23 @@ class Model:
             return max(self.ends, default=self.base) + dt.timedelta(seconds=n)
         return self.rows[n % len(self.rows)].event if self.rows else self.base
 
-    def push(self, entity: int, when: tuple, null_score: bool) -> Row:
-        """A pushed row (never in the table); its values unique, apart from the rows'."""
+    def push(self, entity: int, when: tuple, null_score: bool, stale: bool = False) -> Row:
+        """A pushed row (in the table once appended); its values unique, apart from the rows'. A server
+        on older definitions (``stale``: without ``tag``) pushes no tag."""
         self.pushes += 1
-        return Row(entity, None if null_score else 1000 + self.pushes + 0.5, f"push {self.pushes}", self.event_of(when), None)
+        tag = None if stale else f"push {self.pushes}"
+        return Row(entity, None if null_score else 1000 + self.pushes + 0.5, tag, self.event_of(when), None)
+
+    def push_outcome(self, r: Row, to: str, now: dt.datetime) -> str:
+        """What a push does: refused (400, and why), stale (409), tie (409), or ok."""
+        if r.event > now + dt.timedelta(seconds=300):
+            return "later than the clock"
+        if r.event < now - dt.timedelta(days=TTL_DAYS):
+            return "older than the TTL"
+        if to == "stale":
+            return "stale" if self.described else "ok"  # the stores describe tag once a writer of it checked them
+        tied = any((t.entity, t.event, t.created) == (r.entity, r.event, None) for t in self.rows)
+        return "tie" if tied and to != "online" else "ok"
 
     def add(self, entity: int, when: tuple, kind: str, null_score: bool) -> Row:
         """A row arriving (the ``row`` strategy's draw); its values are its number, unique."""
@@ -259,16 +279,46 @@ def disarm_crash(conn) -> None:
             [(1, ("ago", 90, 0), "none", False), (4, ("ago", 40, 0), "none", False), (3, ("edge", 0, 0), "none", True)],
             ("incremental", "ahead"),
             1,
-            [(1, ("ahead", 30, 0), False), (2, ("ago", 2 * 1440 + 7, 0), False)],  # newer than any run's row of 1; older than 2's
+            [(1, ("ahead", 30, 0), False, "online"), (2, ("ago", 2 * 1440 + 7, 0), False, "online")],  # later than the clock; older
         ),
-        ([(2, ("ago", 40, 0), "none", False)], ("incremental", "past_far"), None, [(4, ("ahead", 3 * 1440 + 5, 0), False)]),  # refused
+        (
+            [(2, ("ago", 40, 0), "none", False)],
+            ("incremental", "past_far"),
+            None,
+            [(4, ("ahead", 3 * 1440 + 5, 0), False, "online")],
+        ),  # refused
         (
             [(1, ("same", 0, 0), "later", False), (4, ("ahead", 30, 0), "none", False)],
             ("date", 0),
             None,
-            [(3, ("same", 0, 0), True)],  # at a row's event time: as new as it
+            [(3, ("same", 0, 0), True, "online")],  # at a row's event time: as new as it
         ),
         ([], ("date", 2), None, []),
+    ],
+)
+# pushes of each kind (issue 62): a server on older definitions before anything is described
+# (written, without tag) and after (409); a push 0.25 s older than a row in the same second
+# (kept); a push to the table as recent as a row of its entity (409 tie); one appended and
+# written by the next run; one older than the TTL (400); newer pushes for most of the next
+# incremental run's entities (counted, the run succeeds)
+@example(
+    first=[(1, ("ago", 40, 250_000), "none", False), (2, ("ago", 40, 0), "none", False), (3, ("ago", 50, 0), "none", False)],
+    steps=[
+        ([], ("incremental", "now"), None, [(1, ("ago", 40, 0), False, "stale")]),
+        (
+            [],
+            ("incremental", "now"),
+            None,
+            [
+                (1, ("ago", 40, 0), False, "online"),
+                (2, ("same", 1, 0), False, "online_and_offline"),
+                (3, ("ago", 10, 0), False, "offline"),
+                (4, ("ago", (TTL_DAYS + 1) * 1440, 0), False, "online"),
+                (2, ("ago", 10, 0), True, "stale"),
+                (1, ("ago", 10, 250_000), False, "online"),
+                (2, ("ago", 10, 0), False, "online_and_offline"),
+            ],
+        ),
     ],
 )
 # a table holding only a row still to come: a run of today has nothing up to its read
@@ -310,6 +360,19 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
     with connect(table) as conn:
         ensure_schema(conn, table)
     ledger = Ledger(spark, root / "ledger")
+    # a feature server on older definitions (without tag): a rolling deploy's
+    old = root / "defs_old"
+    old.mkdir()
+    (old / "entities.yaml").write_text((root / "defs" / "entities.yaml").read_text())
+    (old / "events.yaml").write_text((root / "defs" / "events.yaml").read_text().replace("    - {name: tag, type: string}\n", ""))
+    stale_conf = conf.model_copy(update={"definitions_dir": str(old)})
+
+    def table_rows() -> list:
+        """The source's table as delta-rs reads it (the rows runs read), comparable with the model's."""
+        import deltalake
+
+        held = deltalake.DeltaTable(str(root / "events")).to_pyarrow_table().to_pylist()
+        return sorted(map(repr, (comparable(r["consumer_id"], r["score"], r["tag"], r["event_ts"], r["created"]) for r in held)))
 
     def attempt(run: tuple, pg, crash_at: int | None = None) -> None:
         """Run it, compare what it did and both stores with the model, and move the model on."""
@@ -338,6 +401,7 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
             assert state == (expected(model.stored),) * 2, (run, what)
             assert ledger.source_steps("events") == recorded, (run, what)
             return
+        model.described = True  # the run checked and recorded the stores' description before writing
         steps_now = ledger.source_steps("events")
         assert len(steps_now) == len(recorded) + 1, run
         last = max(steps_now, key=lambda s: s["started_at"])
@@ -366,17 +430,32 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
         else:
             model.ends.append(end)
 
-    def push(entity: int, when: tuple, null_score: bool, pg) -> None:
-        """Push one row through the server's push route, compare both stores with the model, move it on."""
-        r = model.push(entity, when, null_score)
-        df = {"consumer_id": [r.entity], "event_ts": [r.event.isoformat()], "score": [r.score], "tag": [r.tag]}
-        status, body = asgi_call(build_app(conf), "POST", "/push", json.dumps({"push_source_name": "events_push", "df": df}).encode())
-        if r.event > dt.datetime.now(UTC) + dt.timedelta(seconds=300):  # later than the clock and its skew (AHEAD: 30 minutes on)
-            assert status == 400 and "server.push.clock_skew_seconds" in json.loads(body)["error"], body
+    def push(entity: int, when: tuple, null_score: bool, to: str, pg) -> None:
+        """Push one row through the server's push route, compare both stores (and the table) with the model, move it on."""
+        r = model.push(entity, when, null_score, stale=to == "stale")
+        df = {"consumer_id": [r.entity], "score": [r.score], "tag": [r.tag], "event_ts": [r.event.isoformat()], "created": [None]}
+        if to == "stale":
+            del df["tag"]
+        body = json.dumps({"push_source_name": "events_push", "df": df, "to": "online" if to == "stale" else to}).encode()
+        what = model.push_outcome(r, to, dt.datetime.now(UTC))
+        status, answer = asgi_call(build_app(stale_conf if to == "stale" else conf), "POST", "/push", body)
+        said = json.loads(answer).get("error", "")
+        if what == "later than the clock":
+            assert status == 400 and "later than now" in said and "(server.push.clock_skew_seconds)" in said, answer
+        elif what == "older than the TTL":
+            assert status == 400 and "older than entity 'consumer''s TTL" in said, answer
+        elif what in ("stale", "tie"):
+            assert (status, json.loads(answer)["type"]) == (409, {"stale": "StaleDefinitions", "tie": "Tie"}[what]), (what, answer)
+            model.described = True
         else:
-            assert status == 200, body
-            model.stored = model.after({r.entity: r})
-        assert (redis_state(redis), sql_state(pg)) == (expected(model.stored),) * 2, (r, model)
+            assert status == 200, answer
+            if to != "offline":
+                model.stored = model.after({r.entity: r})
+            if to in ("offline", "online_and_offline"):
+                model.rows.append(r)  # appended: a row of the table that runs read
+            model.described = model.described or to != "stale"
+        assert (redis_state(redis), sql_state(pg)) == (expected(model.stored),) * 2, (r, to, model)
+        assert table_rows() == sorted(map(repr, (comparable(*astuple(x)) for x in model.rows))), (r, to)
 
     # The source's leases held across the steps, as a backfill holds them across its own: each
     # run's claim and release would be two Delta commits more (a third of a run's time here).
@@ -390,6 +469,10 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
             for p in pushes:
                 push(*p, pg)
             attempt(run_, pg, crash_at)
+
+
+def comparable(entity, score, tag, event, created) -> tuple:
+    return (entity, score, tag, micros(event), None if created is None else micros(created))
 
 
 def astuple(r: Row) -> tuple:

@@ -1,7 +1,8 @@
 """The soak (bench/soak, `make bench-soak`) in short: `materialize serve` over the values the
 real job wrote into a persistent Redis and PostgreSQL, under steady open-loop load (1 x 50
 and 100 x 50, hot and cold keys), while Redis is paused, Redis is restarted and 200 slow
-clients hold connections, one at a time with quiet periods between. Every 200 answer is
+clients hold connections, then while four clients push past the push limit, one at a time with
+quiet periods between. Every 200 answer is
 checked, entity by entity, against the values read from the table's Parquet files.
 
 No timing is asserted but recovery, with an allowance generous enough for a busy machine:
@@ -26,13 +27,14 @@ def test_the_server_recovers_from_store_faults_and_slow_clients_and_never_answer
         rates={(1, "hot"): 20, (1, "cold"): 20, (100, "hot"): 2, (100, "cold"): 2},
         warm_up=5.0,
         quiet=ALLOWANCE + 4,
-        faults=("redis_paused", "redis_restarted", "slow_clients"),
+        faults=("redis_paused", "redis_restarted", "slow_clients", "pushes"),
         pause_seconds=3.0,
         down_seconds=3.0,
         slow_seconds=5.0,
+        push_seconds=5.0,
         # time is not the subject here: a read may take a busy machine's while; in flight at
         # most 64 (default 256), so the 67 clients that send half a body would fill it if counted
-        server={"reader": {"timeout_ms": 1000}, "server": {"deadline_ms": 5000, "max_in_flight": 64}},
+        server={"reader": {"timeout_ms": 1000}, "server": {"deadline_ms": 5000, "max_in_flight": 64, "push": {"max_in_flight": 2}}},
     )
     report = analyse(soak(tmp_path / "soak", plan, spark=spark), ALLOWANCE)
     summary = json.dumps({k: report[k] for k in ("faults", "errors_outside_windows_first", "wrong_detail", "error_samples")})[:3000]
@@ -46,6 +48,10 @@ def test_the_server_recovers_from_store_faults_and_slow_clients_and_never_answer
         assert fault["recovery_seconds"] is not None and fault["recovery_seconds"] <= ALLOWANCE, summary
     slow = next(f for f in report["faults"] if f["fault"] == "200 slow clients")
     assert slow["errors"] == 0, summary  # slow clients cost only themselves
+    # issue 62, item 8: four clients pushing past the push limit (2) cost the reads nothing
+    pushes = next(f for f in report["faults"] if f["fault"] == "pushes saturated")
+    assert pushes["errors"] == 0 and pushes["requests"] > 50, summary
+    assert pushes["push_answers"].get("200", 0) > 0 and pushes["push_answers"].get("503", 0) > 0, pushes["push_answers"]
     assert all(s is not None for s in report["shutdown_seconds"].values()), report["shutdown_seconds"]
 
 

@@ -130,9 +130,17 @@ def _faults(raw: dict, allowance: float) -> list[dict]:
             "errors": len(failed), "error_statuses": statuses, "by_server": _by_server(failed, raw["streams"], w["back"], until),
             "errors_after_allowance": sum(1 for r in failed if r[SCHED] > w["back"] + allowance),
             "recovery_seconds": _recovery(failed, w["back"], until), "status_500": sum(1 for r in mine if r[STATUS] == 500),
-            "wrong_entities": sum(r[WRONG] for r in mine), "new_values_served": sum(r[NEW] for r in mine), **w["notes"],
+            "wrong_entities": sum(r[WRONG] for r in mine), "new_values_served": sum(r[NEW] for r in mine),
+            "reads_p99_ms": _p99_by_shape(raw, [r for r in mine if r[SCHED] <= w["back"]]), **w["notes"],
         })  # fmt: skip
     return out
+
+
+def _p99_by_shape(raw: dict, records: list) -> dict[int, float | None]:
+    """The reads' p99 latency (ms) per request shape among ``records`` (those answered 200)."""
+    shapes = {i: s["shape"] for i, s in enumerate(raw["streams"])}
+    return {shape: _p([r[LATENCY] for r in records if shapes[r[STREAM]] == shape and r[STATUS] == 200], 0.99)
+            for shape in sorted(set(shapes.values()))}  # fmt: skip
 
 
 def _p99(raw: dict, inside) -> dict:
@@ -207,7 +215,19 @@ def goals(report: dict) -> list[dict]:
     for shape, p in report["p99_outside_windows"].items():
         rows.append((f"{shape} x 50: p99 outside the fault windows (ms)", p["p99_ms"], f"<= {p['goal_ms']:g}",
                      lambda v, g=p["goal_ms"]: v is not None and v <= g))  # fmt: skip
+    for f in report["faults"]:
+        if "pushers" in f:  # the reads' p99 while pushes saturate their limit, over the quiet periods'
+            for shape, p in report["p99_outside_windows"].items():
+                inside, quiet = f["reads_p99_ms"].get(shape), p["p99_ms"]
+                ratio = round(inside / quiet, 2) if inside is not None and quiet else None
+                rows.append((f"{shape} x 50: reads' p99 while pushes saturate / outside the windows ({inside} / {quiet} ms)", ratio,
+                             f"<= {PUSH_P99_RATIO_GOAL:g}", lambda v: v is not None and v <= PUSH_P99_RATIO_GOAL))  # fmt: skip
     return [{"target": t, "measured": m, "goal": g, "met": bool(ok(m))} for t, m, g, ok in rows]
+
+
+PUSH_P99_RATIO_GOAL = 1.5
+"""Reads' p99 while pushes saturate their limit, at most this over the quiet periods' (unchanged, with the
+noise of 2 cores shared by the load, the server, the pushers and both stores)."""
 
 
 REFUSED = ("400", "403", "413")
@@ -218,6 +238,11 @@ def _fault_goals(f: dict) -> list[tuple]:
     rows = []
     if "clients" in f:  # the fault is on other clients: the load should not see it at all
         rows.append((f"{f['fault']}: errors while they hold connections", f["errors"], "0", lambda v: v == 0))
+    if "pushers" in f:  # pushes past their limit beside the reads: the reads should not see them
+        answers = f["push_answers"]
+        rows.append(("pushes saturated: read errors while they push", f["errors"], "0", lambda v: v == 0))
+        rows.append((f"pushes saturated: pushes written and refused at their limit ({answers})",
+                     answers.get("200", 0) > 0 and answers.get("503", 0) > 0, "both", lambda v: v))  # fmt: skip
     if "job_exit" in f:
         rows.append(("nightly run: the job succeeded (its exit code)", f["job_exit"], "0", lambda v: v == 0))
     if "refused_answers" in f:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 OLD_DATE = dt.date(2026, 11, 20)
 NEW_DATE = OLD_DATE + dt.timedelta(days=1)
+PUSHED, PUSH_SOURCE = "soak_pushed", "soak_push"
+"""A source of the standard entity selected by event time that takes pushes (the push phase):
+no table, no read by the load; its pushes share the server and the stores with the reads."""
 ENV = "soak"
 """The env of the server and the nightly run (a conf folder of its own: write_conf)."""
 IN_PROCESS_ENV = "local"
@@ -80,11 +83,21 @@ def prepare(spark, root: Path, entities: int, redis_url: str, dsn: str) -> None:
     from jobs.pipeline.run import run_source
 
     defs_dir = write_definitions(root / "defs")
+    (defs_dir / f"{PUSHED}.yaml").write_text(pushed_yaml())
     write_table(spark, root / "data" / SOURCE, entities)
     conf = load_config(IN_PROCESS_ENV, conf_settings(root, redis_url, dsn))
     summary = run_source(spark, conf, load_definitions(defs_dir), SOURCE, OLD_DATE)
     if summary.status != "succeeded":
         raise RuntimeError(f"the job failed: {summary.error}")
+
+
+def pushed_yaml() -> str:
+    from bench.standard import ENTITY
+
+    return (
+        f"source:\n  name: {PUSHED}\n  entity: {ENTITY}\n  location: {PUSHED}\n  layout: wide\n  select_by: event_time\n"
+        f"  timestamp_column: event_timestamp\n  push_source: {PUSH_SOURCE}\n  features:\n    - {{name: p, type: float}}\n"
+    )
 
 
 def _files(table: Path) -> list[Path]:

@@ -78,17 +78,63 @@ def nightly_run(conf_dir: Path, date, log: Path) -> Window:
     """`materialize run` for the new date: the real job writing new values for the same keys."""
     import sys
 
+    from bench.standard import SOURCE
+
     exe = str(Path(sys.executable).parent / "materialize")
     start = time.time()
     with log.open("wb") as out:
         done = subprocess.run(
-            [exe, "run", "--env", "soak", "--date", date.isoformat()],
+            [exe, "run", "--env", "soak", "--date", date.isoformat(), "--source", SOURCE],
             env={**os.environ, "FM_CONF_DIR": str(conf_dir)}, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     notes = {"job_seconds": round(time.time() - start, 1), "job_exit": done.returncode}
     if done.returncode != 0:
         notes["job_error"] = log.read_text(errors="replace").strip().splitlines()[-3:]
     return Window("nightly run", start, time.time(), notes)
+
+
+def pushes(url: str, token: str, clients: int, seconds: float, entities: int) -> Window:
+    """``clients`` pushing 10 rows at a time as fast as they are answered, for ``seconds``, to a
+    source the load does not read: more than the server's push limit, so some are refused (503)
+    while the limit's worth write. The reads' errors and p99 in this window are the measure."""
+    import http.client
+    import json
+    import random
+    from datetime import UTC, datetime
+    from urllib.parse import urlsplit
+
+    from bench.soak.data import PUSH_SOURCE
+
+    parts = urlsplit(url)
+    answers: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = time.time() + seconds
+
+    def push(seed: int) -> None:
+        rng, conn = random.Random(seed), http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        while time.time() < stop:
+            ids = rng.sample(range(entities), 10)
+            now = datetime.now(UTC).isoformat()
+            df = {"entity_id": ids, "event_timestamp": [now] * 10, "p": [rng.random() for _ in ids]}
+            try:
+                conn.request("POST", "/push", json.dumps({"push_source_name": PUSH_SOURCE, "df": df}), headers)
+                response = conn.getresponse()
+                response.read()
+                status = str(response.status)
+            except OSError as exc:
+                status = type(exc).__name__
+                conn.close()
+            with lock:
+                answers[status] = answers.get(status, 0) + 1
+
+    start = time.time()
+    threads = [threading.Thread(target=push, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return Window("pushes saturated", start, time.time(), {"pushers": clients, "push_answers": answers})
 
 
 HEAD = b"POST /get-online-features HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"

@@ -16,6 +16,8 @@ READER = "soak-reader"
 """The role of the load's token: every feature of the standard source."""
 OTHER = "other-model"
 """A role granting a source the soak never reads: its holders are refused (403) whatever they name here."""
+PUSHER = "soak-pusher"
+"""The role of the push phase's token: pushes to the soak's push source, nothing to read."""
 NOBODY = "nobody"
 """A role with no grant at all: its tokens verify and grant nothing."""
 
@@ -88,8 +90,11 @@ class Idp:
 
 def auth_settings(url: str, refresh_seconds: float) -> dict:
     """``server.auth`` of the soak's servers: keys from ``url``, fetched again every ``refresh_seconds``."""
+    from bench.soak.data import PUSHED
     from bench.standard import SOURCE
 
-    grants = {READER: {"sources": [SOURCE]}, OTHER: {"sources": ["a_source_the_soak_never_reads"]}}
+    grants = {
+        READER: {"sources": [SOURCE]}, OTHER: {"sources": ["a_source_the_soak_never_reads"]}, PUSHER: {"push": [PUSHED]},
+    }  # fmt: skip
     return {"mode": "jwt", "jwks_url": url, "issuer": ISSUER, "audience": [AUDIENCE], "grants": grants,
             "jwks_refresh_seconds": refresh_seconds}  # fmt: skip

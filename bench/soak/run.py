@@ -42,11 +42,15 @@ class Plan:
     warm_up_cap: float = 240.0
     quiet: float = 25.0
     """Seconds between faults (and after the last)."""
-    faults: tuple = ("redis_paused", "redis_restarted", "postgres_restarted", "cluster_failover", "nightly_run", "slow_clients", "hostile")
+    faults: tuple = (
+        "redis_paused", "redis_restarted", "postgres_restarted", "cluster_failover", "nightly_run", "slow_clients", "pushes", "hostile",
+    )  # fmt: skip
     pause_seconds: float = 5.0
     down_seconds: float = 5.0
     slow_clients: int = 200
     slow_seconds: float = 15.0
+    push_seconds: float = 15.0
+    """The push phase: twice server.push.max_in_flight clients pushing this long."""
     hostile: Hostile = field(default_factory=Hostile)
     jwks_refresh_seconds: float = 5.0
     """server.auth.jwks_refresh_seconds: short, so the JWKS is fetched (and trickles) several times in the hostile phase."""
@@ -236,7 +240,10 @@ def _serve(workdir: Path, plan: Plan, stack: Stack, servers: dict, token: str) -
     from bench.soak.idp import auth_settings
 
     auth = auth_settings(stack.idp.url, plan.jwks_refresh_seconds)
-    extra = {**plan.server, "server": {**plan.server.get("server", {}), "auth": auth}}
+    server = {**plan.server.get("server", {}), "auth": auth}
+    if "pushes" in plan.faults:  # Feast's push API on, with its own limit within max_in_flight
+        server["push"] = {"enabled": True, **server.get("push", {})}
+    extra = {**plan.server, "server": server}
     conf_dir = write_conf(workdir / "conf", conf_settings(workdir, stack.redis.url, stack.pg.dsn, **extra))
     urls = {}
     probe = workdir / "gc-probe" if plan.gc_probe else None
@@ -407,6 +414,12 @@ def _inject(name: str, plan: Plan, stack: Stack, workdir: Path, conf_dir: Path, 
         return faults.nightly_run(conf_dir, NEW_DATE, workdir / "nightly.log")
     if name == "slow_clients":
         return faults.slow_clients(int(url.rsplit(":", 1)[1]), plan.slow_clients, plan.slow_seconds)
+    if name == "pushes":
+        from bench.soak.idp import PUSHER
+        from fm_config.reader import PushSettings
+
+        limit = _settings(plan, ("server", "push"), PushSettings).max_in_flight
+        return faults.pushes(url, stack.signer.token([PUSHER]), 2 * limit, plan.push_seconds, plan.entities)
     if name == "hostile":
         from fm_config.reader import ServerSettings
 
