@@ -14,6 +14,7 @@ the stores (feature_push/stores.py), then this server's cache forgets the entiti
 from __future__ import annotations
 
 import asyncio
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,9 +42,13 @@ class PushHandler:
             if source.push_source:
                 self.by_push_name.setdefault(source.push_source, []).append(source)
         self.stats = {"pushes": 0, "rows": 0, "refused": 0}
-        # threads of their own: pushes waiting on a store never hold the threads reads borrow (the
-        # reader fetches descriptions and makes connections in the loop's default executor)
-        self._threads = ThreadPoolExecutor(self.settings.max_in_flight, thread_name_prefix="push")
+        # two threads of their own: pushes waiting on a store never hold the threads reads borrow
+        # (the reader fetches descriptions and makes connections in the loop's default executor); more
+        # would only contend for the GIL with the reads' event loop (the soak's push phase: 1, 2 and 8
+        # threads wrote 1,846, 1,904 and 1,550 pushes in 15 s, the reads' p99 best with 1-2); the loop
+        # takes the GIL back within 1 ms, not Python's default 5
+        self._threads = ThreadPoolExecutor(min(2, self.settings.max_in_flight), thread_name_prefix="push")
+        sys.setswitchinterval(0.001)
 
     def collect(self):
         """Its counters in the server's /metrics (a Prometheus collector)."""

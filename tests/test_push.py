@@ -155,6 +155,18 @@ def rows(**columns) -> dict:
     return {k: list(v) for k, v in columns.items()}
 
 
+def empty_table(tmp_path: Path) -> Path:
+    """driver_stats' offline table: an empty Delta table of its key, times, trips and city."""
+    import deltalake
+    import pyarrow as pa
+
+    table = tmp_path / "data" / "driver_stats"
+    schema = pa.schema([("driver_id", pa.int64()), ("event_timestamp", pa.timestamp("us", "UTC")), ("created", pa.timestamp("us", "UTC")),
+                        ("trips", pa.int64()), ("city", pa.string())])  # fmt: skip
+    deltalake.write_deltalake(str(table), pa.table({n: pa.array([], t) for n, t in zip(schema.names, schema.types)}))
+    return table
+
+
 def test_pushed_rows_are_stored_as_a_run_stores_them_in_both_stores(conf, defs_dir, redis_db, pg_db):
     defs = load_definitions(defs_dir)
     df = rows(
@@ -405,12 +417,8 @@ def test_a_push_needs_a_token_granting_push_on_each_source_it_writes(conf, tmp_p
 
 def test_online_and_offline_appends_to_the_table_first_and_a_refused_append_writes_nothing(conf, tmp_path, redis_db, pg_db):
     import deltalake
-    import pyarrow as pa
 
-    table = tmp_path / "data" / "driver_stats"
-    schema = pa.schema([("driver_id", pa.int64()), ("event_timestamp", pa.timestamp("us", "UTC")), ("created", pa.timestamp("us", "UTC")),
-                        ("trips", pa.int64()), ("city", pa.string())])  # fmt: skip
-    deltalake.write_deltalake(str(table), pa.table({n: pa.array([], t) for n, t in zip(schema.names, schema.types)}))
+    table = empty_table(tmp_path)
     df = rows(driver_id=[1, 2], event_timestamp=[T1, T2], created=[None, None], trips=[4, 5], city=["a", "b"])
     unknown = rows(driver_id=[3], event_timestamp=[T1], created=[None], trips=[6], city=["c"], conv_rate=[0.5])  # not in the table
     nul = rows(driver_id=[4], event_timestamp=[T1], created=[None], trips=[7], city=["a\x00b"])  # the table takes it, the SQL store not
@@ -528,35 +536,21 @@ def test_a_read_asked_after_a_push_never_waits_on_one_begun_before_it(conf, redi
 
 # -- issue 62: pushes Feast's SDK makes, times a push may carry ---------------------------------------
 
+
+def shared_push_view(name: str, features: str) -> str:
+    """A view of the driver by event time over the push source shared_push, keyed by its own column driver."""
+    return (
+        f"source:\n  name: {name}\n  entity: driver\n  location: {name}\n  layout: wide\n  select_by: event_time\n"
+        f"  timestamp_column: ts\n  key_columns: [driver]\n  push_source: shared_push\n  features:\n{features}"
+    )
+
+
 TWO_VIEWS = {
     "entities.yaml": """entities:
   - {name: driver, prefix: d, keys: [{name: driver_id, type: int}], sql_table: driver_features, ttl_seconds: 864000}
 """,
-    "stats_a.yaml": """source:
-  name: stats_a
-  entity: driver
-  location: stats_a
-  layout: wide
-  select_by: event_time
-  timestamp_column: ts
-  key_columns: [driver]
-  push_source: shared_push
-  features:
-    - {name: trips, type: int}
-    - {name: rate, type: float, precision: float32}
-""",
-    "stats_b.yaml": """source:
-  name: stats_b
-  entity: driver
-  location: stats_b
-  layout: wide
-  select_by: event_time
-  timestamp_column: ts
-  key_columns: [driver]
-  push_source: shared_push
-  features:
-    - {name: city, type: string}
-""",
+    "stats_a.yaml": shared_push_view("stats_a", "    - {name: trips, type: int}\n    - {name: rate, type: float, precision: float32}\n"),
+    "stats_b.yaml": shared_push_view("stats_b", "    - {name: city, type: string}\n"),
 }
 
 
@@ -766,12 +760,8 @@ def test_a_push_that_would_leave_a_tie_the_run_refuses_is_refused(conf, tmp_path
     # issue 62, item 5: two pushes of one entity at one event time to online_and_offline left a tie in
     # the table, which the run's on_tie: fail refused for the whole source (exit 4)
     import deltalake
-    import pyarrow as pa
 
-    table = tmp_path / "data" / "driver_stats"
-    schema = pa.schema([("driver_id", pa.int64()), ("event_timestamp", pa.timestamp("us", "UTC")), ("created", pa.timestamp("us", "UTC")),
-                        ("trips", pa.int64()), ("city", pa.string())])  # fmt: skip
-    deltalake.write_deltalake(str(table), pa.table({n: pa.array([], t) for n, t in zip(schema.names, schema.types)}))
+    table = empty_table(tmp_path)
     first = rows(driver_id=[1, 2], event_timestamp=[T1, T1], created=[None, T2], trips=[1, 2], city=["a", "b"])
     tied = rows(driver_id=[1], event_timestamp=[T1], created=[None], trips=[9], city=["a"])  # 1 again, other trips
     same_time_later_created = rows(driver_id=[2], event_timestamp=[T1], created=[T3], trips=[7], city=["b"])  # not tied

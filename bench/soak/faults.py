@@ -94,9 +94,10 @@ def nightly_run(conf_dir: Path, date, log: Path) -> Window:
 
 
 def pushes(url: str, token: str, clients: int, seconds: float, entities: int) -> Window:
-    """``clients`` pushing 10 rows at a time as fast as they are answered, for ``seconds``, to a
-    source the load does not read: more than the server's push limit, so some are refused (503)
-    while the limit's worth write. The reads' errors and p99 in this window are the measure."""
+    """``clients`` pushing 10 rows at a time as fast as they are answered (0.1 s after a 503, as
+    a client that retries backs off), for ``seconds``, to a source the load does not read: more
+    than the server's push limit, so some are refused while the limit's worth write. The
+    reads' errors and p99 in this window are the measure."""
     import http.client
     import json
     import random
@@ -127,14 +128,25 @@ def pushes(url: str, token: str, clients: int, seconds: float, entities: int) ->
                 conn.close()
             with lock:
                 answers[status] = answers.get(status, 0) + 1
+            if status == "503":  # refused at the limit: back off, as a client that retries should
+                time.sleep(0.1)
 
-    start = time.time()
+    start, busy = time.time(), _cpu_ticks()
     threads = [threading.Thread(target=push, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return Window("pushes saturated", start, time.time(), {"pushers": clients, "push_answers": answers})
+    used, total = (b - a for a, b in zip(busy, _cpu_ticks()))
+    notes = {"pushers": clients, "push_answers": answers, "machine_cpu_busy": round(used / total, 3) if total else None}
+    return Window("pushes saturated", start, time.time(), notes)
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """The machine's CPU ticks (busy, all) so far, from /proc/stat: how much of both cores a window used."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return sum(values) - idle, sum(values)
 
 
 HEAD = b"POST /get-online-features HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
