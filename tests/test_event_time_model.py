@@ -20,6 +20,15 @@ read the table. A failed run's window does not count; what it wrote stays. A dat
 --until past the horizon or not after the window's start is refused, a window without rows is not
 ready: one line, nothing written or recorded.
 
+Pushes are online, to the table or both (an appended row is a row later runs read), at the same
+kinds of event times and older than the entity type's TTL; refused as the rule says (400 past the
+clock's skew or the TTL, 409 for a tie with a table row), every other written as a run writes. The
+definitions change at a drawn step (version 2 removes tag; its stored.lock records it): the
+runs and the push server move to it, and a server one version behind pushes too, written until
+the stores describe what it lacks (409 after: StaleDefinitions, or StoredAsSomethingElse for tag
+retired). A writer without tag leaves Redis's tag field as it was and writes the SQL row without
+it.
+
 The failure midway is the SQL store refusing rows from its n-th insert on (a trigger), after Redis
 was written: a driver killed instead would leave its step ``running`` and its lease held for
 minutes; neither kind of step counts (tests/test_event_time.py has both).
@@ -35,6 +44,8 @@ from dataclasses import dataclass, field, replace
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from feature_defs import load_definitions
+from feature_defs.stored_lock import locked, write_lock
 from feature_push.app import build_app
 from fm_config import QualityConf, RunConf
 from fm_config.redis import RedisSettings
@@ -113,8 +124,12 @@ class Model:
     ends: list[dt.datetime] = field(default_factory=list)  # of the succeeded runs' windows
     stored: dict[int, Row] = field(default_factory=dict)
 
+    leftover: dict[int, str] = field(default_factory=dict)  # Redis tag fields a writer without tag left as they were
+
     pushes: int = 0
-    described: bool = False  # whether a writer on the definitions with tag has recorded them in the stores
+    version: int = 1  # of the runs' and the push server's definitions: 2 removes tag (its stored.lock records it)
+    described: bool = False  # whether a writer with tag has recorded tag in the stores' description
+    retired: bool = False  # whether a writer of version 2 has recorded it retired there since
 
     def event_of(self, when: tuple) -> dt.datetime:
         what, n, micros = when
@@ -126,23 +141,37 @@ class Model:
             return max(self.ends, default=self.base) + dt.timedelta(seconds=n)
         return self.rows[n % len(self.rows)].event if self.rows else self.base
 
-    def push(self, entity: int, when: tuple, null_score: bool, stale: bool = False) -> Row:
-        """A pushed row (in the table once appended); its values unique, apart from the rows'. A server
-        on older definitions (``stale``: without ``tag``) pushes no tag."""
+    def writes_tag(self, to: str) -> bool:
+        """Whether the server taking a push ``to`` writes tag: version 1, or the stale one after the change
+        (before it, the stale server is of version 0, without tag)."""
+        return (self.version == 1) != (to == "stale")
+
+    def push(self, entity: int, when: tuple, null_score: bool, to: str) -> Row:
+        """A pushed row (in the table once appended); its values unique, apart from the rows'."""
         self.pushes += 1
-        tag = None if stale else f"push {self.pushes}"
-        return Row(entity, None if null_score else 1000 + self.pushes + 0.5, tag, self.event_of(when), None)
+        return Row(entity, None if null_score else 1000 + self.pushes + 0.5, f"push {self.pushes}", self.event_of(when), None)
 
     def push_outcome(self, r: Row, to: str, now: dt.datetime) -> str:
-        """What a push does: refused (400, and why), stale (409), tie (409), or ok."""
+        """What a push does: refused (400, and why), stale, retired or tie (409), or ok."""
+        if not self.writes_tag(to) and to != "stale" and to != "online":
+            return "unknown column"  # the table's tag, no feature of version 2's: such a push to the table is refused
         if r.event > now + dt.timedelta(seconds=300):
             return "later than the clock"
         if r.event < now - dt.timedelta(days=TTL_DAYS):
             return "older than the TTL"
-        if to == "stale":
+        if to == "stale" and self.version == 1:
             return "stale" if self.described else "ok"  # the stores describe tag once a writer of it checked them
+        if to == "stale":
+            return "retired" if self.retired else "ok"
         tied = any((t.entity, t.event, t.created) == (r.entity, r.event, None) for t in self.rows)
         return "tie" if tied and to != "online" else "ok"
+
+    def prepared(self, tag: bool) -> None:
+        """A writer (with tag or without, of version 2) checked and recorded the stores' description."""
+        if tag:
+            self.described = True
+        elif self.version == 2 and self.described:
+            self.retired = True
 
     def add(self, entity: int, when: tuple, kind: str, null_score: bool) -> Row:
         """A row arriving (the ``row`` strategy's draw); its values are its number, unique."""
@@ -200,13 +229,21 @@ class Model:
                 out[r.entity] = r
         return out
 
-    def after(self, writes: dict[int, Row]) -> dict[int, Row]:
-        """The stores after those writes: a later stored as-of time (to the microsecond) stays, an equal one is replaced."""
-        stored = dict(self.stored)
+    def after(self, writes: dict[int, Row], tag: bool = True) -> tuple[dict[int, Row], dict[int, str]]:
+        """The stores (and Redis's leftover tags) after those writes by a writer with ``tag`` or without: a later
+        stored as-of time (to the microsecond) stays, an equal one is replaced. A writer without tag leaves
+        Redis's tag field as it was (its runs and pushes never name it) and writes the SQL row without it."""
+        stored, leftover = dict(self.stored), dict(self.leftover)
         for entity, r in writes.items():
-            if entity not in stored or micros(r.event) >= micros(stored[entity].event):
-                stored[entity] = r
-        return stored
+            if entity in stored and micros(r.event) < micros(stored[entity].event):
+                continue
+            before = stored.get(entity)
+            if tag:
+                leftover.pop(entity, None)
+            elif before is not None and before.tag is not None:
+                leftover[entity] = before.tag
+            stored[entity] = r if tag else replace(r, tag=None)
+        return stored, leftover
 
 
 # -- the stores, read back raw --
@@ -230,8 +267,18 @@ def sql_state(conn) -> dict[int, tuple[dict, int]]:
     return {int(k): (json.loads(doc), micros(as_of)) for k, doc, as_of in found}
 
 
-def expected(stored: dict[int, Row]) -> dict[int, tuple[dict, int]]:
-    return {entity: r.stored() for entity, r in stored.items()}
+def expected(stored: dict[int, Row], leftover: dict[int, str] | None = None) -> dict[int, tuple[dict, int]]:
+    """What a store holds; with ``leftover`` (Redis), the tag fields a writer without tag left."""
+    out = {entity: r.stored() for entity, r in stored.items()}
+    for entity, tag in (leftover or {}).items():
+        if entity in out and "tag" not in out[entity][0]:
+            out[entity] = ({**out[entity][0], "tag": tag}, out[entity][1])
+    return out
+
+
+def held(model: Model) -> tuple:
+    """What (Redis, the SQL store) hold by the model."""
+    return expected(model.stored, model.leftover), expected(model.stored)
 
 
 def micros(when: dt.datetime) -> int:
@@ -265,7 +312,7 @@ def disarm_crash(conn) -> None:
 @settings(
     max_examples=3, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
-@given(first=st.lists(row, min_size=1, max_size=3), steps=st.lists(step, min_size=1, max_size=3))
+@given(first=st.lists(row, min_size=1, max_size=3), steps=st.lists(step, min_size=1, max_size=3), change_at=st.integers(0, 4))
 # always among the examples: the first incremental run; rows arriving late within the lookback
 # (loaded by the next incremental run), later than it (left to a run of a date), at the last
 # window's end (the next window's); an --until still to come, cut at the read, whose SQL write
@@ -295,6 +342,7 @@ def disarm_crash(conn) -> None:
         ),
         ([], ("date", 2), None, []),
     ],
+    change_at=9,  # never
 )
 # pushes of each kind (issue 62): a server on older definitions before anything is described
 # (written, without tag) and after (409); a push 0.25 s older than a row in the same second
@@ -320,13 +368,36 @@ def disarm_crash(conn) -> None:
             ],
         ),
     ],
+    change_at=9,  # never
+)
+# the definitions change at the second step (tag removed, its stored.lock saying so): a server still
+# on the old ones pushes with tag before any writer of the new has checked the stores (written),
+# one of the new pushes (tag retired; Redis keeps the tag field it never names, the SQL row loses
+# it), the new run writes without tag; then the old server is refused (retired), and a push of
+# the new one to the table, whose rows have a tag no feature names now, is refused
+@example(
+    first=[(1, ("ago", 40, 0), "none", False), (2, ("ago", 30, 0), "none", False)],
+    steps=[
+        ([], ("incremental", "now"), None, []),
+        (
+            [(1, ("ago", 20, 0), "none", False)],
+            ("incremental", "now"),
+            None,
+            [(2, ("ago", 10, 0), False, "stale"), (3, ("ago", 5, 0), False, "online")],
+        ),
+        ([], ("incremental", "now"), None, [(1, ("ago", 3, 0), False, "stale"), (1, ("ago", 2, 0), False, "offline")]),
+    ],
+    change_at=1,
 )
 # a table holding only a row still to come: a run of today has nothing up to its read
 @example(
     first=[(1, ("ahead", 30, 0), "none", False)],
     steps=[([], ("date", 0), None, []), ([(2, ("ago", 10, 0), "none", False)], ("incremental", "now"), None, [])],
+    change_at=9,  # never
 )
-def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, tmp_path_factory, redis_server, pg_server, first, steps):
+def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(
+    spark, tmp_path_factory, redis_server, pg_server, first, steps, change_at
+):
     now = dt.datetime.now(UTC)
     if now.time() >= dt.time(23, 55):  # "today" must stay today during the example
         time.sleep((dt.datetime.combine(now.date() + dt.timedelta(days=1), dt.time(), tzinfo=UTC) - now).total_seconds() + 1)
@@ -360,12 +431,17 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
     with connect(table) as conn:
         ensure_schema(conn, table)
     ledger = Ledger(spark, root / "ledger")
-    # a feature server on older definitions (without tag): a rolling deploy's
-    old = root / "defs_old"
-    old.mkdir()
-    (old / "entities.yaml").write_text((root / "defs" / "entities.yaml").read_text())
-    (old / "events.yaml").write_text((root / "defs" / "events.yaml").read_text().replace("    - {name: tag, type: string}\n", ""))
-    stale_conf = conf.model_copy(update={"definitions_dir": str(old)})
+    # the definitions without tag: version 0, older than the runs' (a rolling deploy's feature server), and
+    # version 2, to which the definitions change at step ``change_at`` (tag removed, recorded in its stored.lock)
+    servers, by_version = {1: conf}, {1: defs}
+    for version in (0, 2):
+        folder = root / f"defs_v{version}"
+        folder.mkdir()
+        (folder / "entities.yaml").write_text((root / "defs" / "entities.yaml").read_text())
+        (folder / "events.yaml").write_text((root / "defs" / "events.yaml").read_text().replace("    - {name: tag, type: string}\n", ""))
+        if version == 2:
+            write_lock(folder, locked(load_definitions(folder, check_lock=False), locked(defs, None)))
+        servers[version], by_version[version] = conf.model_copy(update={"definitions_dir": str(folder)}), load_definitions(folder)
 
     def table_rows() -> list:
         """The source's table as delta-rs reads it (the rows runs read), comparable with the model's."""
@@ -384,7 +460,8 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
             arm_crash(pg, 1 + crash_at % len(model.written(start, min(asked, before))))
         recorded = ledger.source_steps("events")
         try:
-            summary = recorded_run(spark, conf, defs, ledger, "run", "events", day, until=until, guard_skipped_newer=True)
+            runs = by_version[model.version]
+            summary = recorded_run(spark, conf, runs, ledger, "run", "events", day, until=until, guard_skipped_newer=True)
             error = None
         except Exception as exc:  # noqa: BLE001 (compared with the model below)
             summary, error = None, exc
@@ -398,10 +475,10 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
             kind = {"future": FutureDateError, "window": WindowError, "not ready": SourceNotReady}[what]
             assert isinstance(error, kind), (run, what, error)
             assert ("in the future" if what == "future" else "'events'") in str(error) and "\n" not in str(error), error
-            assert state == (expected(model.stored),) * 2, (run, what)
+            assert state == held(model), (run, what)
             assert ledger.source_steps("events") == recorded, (run, what)
             return
-        model.described = True  # the run checked and recorded the stores' description before writing
+        model.prepared(tag=model.version == 1)  # the run checked and recorded the stores' description before writing
         steps_now = ledger.source_steps("events")
         assert len(steps_now) == len(recorded) + 1, run
         last = max(steps_now, key=lambda s: s["started_at"])
@@ -411,15 +488,15 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
         writes = model.written(start, end)
         failed = crash_at is not None and error is not None
         if failed:  # midway: each entity of each store as before or as written
-            written = model.after(writes)
-            for held in state:
+            written, left = model.after(writes, tag=model.version == 1)
+            ways = [(expected(model.stored, model.leftover), expected(written, left)), (expected(model.stored), expected(written))]
+            for holds, (before_, after_) in zip(state, ways):
                 for e in ENTITIES:
-                    either = [expected(model.stored).get(e), expected(written).get(e)]
-                    assert held.get(e) in either, (run, e, held.get(e), either)
+                    assert holds.get(e) in [before_.get(e), after_.get(e)], (run, e, holds.get(e))
             assert "the store failed mid-write" in str(error) and last["status"] == "failed", error
         else:
-            model.stored = model.after(writes)
-            assert state == (expected(model.stored),) * 2, (run, model)
+            model.stored, model.leftover = model.after(writes, tag=model.version == 1)
+            assert state == held(model), (run, model)
             assert error is None and summary.status == "succeeded" and last["status"] == "succeeded", (run, error)
             assert crash_at is None, f"{run}: the SQL store's write was to fail at its row {1 + crash_at % len(writes)}"
         # the window recorded: the model's start; the end asked for, when it was cut
@@ -432,29 +509,34 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
 
     def push(entity: int, when: tuple, null_score: bool, to: str, pg) -> None:
         """Push one row through the server's push route, compare both stores (and the table) with the model, move it on."""
-        r = model.push(entity, when, null_score, stale=to == "stale")
+        r, tag = model.push(entity, when, null_score, to), model.writes_tag(to)
         df = {"consumer_id": [r.entity], "score": [r.score], "tag": [r.tag], "event_ts": [r.event.isoformat()], "created": [None]}
-        if to == "stale":
+        if not tag and to in ("online", "stale"):  # to the table, the row has every column of it
             del df["tag"]
         body = json.dumps({"push_source_name": "events_push", "df": df, "to": "online" if to == "stale" else to}).encode()
         what = model.push_outcome(r, to, dt.datetime.now(UTC))
-        status, answer = asgi_call(build_app(stale_conf if to == "stale" else conf), "POST", "/push", body)
+        server = servers[(model.version - (to == "stale"))]
+        status, answer = asgi_call(build_app(server), "POST", "/push", body)
         said = json.loads(answer).get("error", "")
-        if what == "later than the clock":
+        if what == "unknown column":
+            assert status == 400 and "unknown column(s) 'tag'" in said, answer
+        elif what == "later than the clock":
             assert status == 400 and "later than now" in said and "(server.push.clock_skew_seconds)" in said, answer
         elif what == "older than the TTL":
             assert status == 400 and "older than entity 'consumer''s TTL" in said, answer
-        elif what in ("stale", "tie"):
-            assert (status, json.loads(answer)["type"]) == (409, {"stale": "StaleDefinitions", "tie": "Tie"}[what]), (what, answer)
-            model.described = True
+        elif what in ("stale", "retired", "tie"):
+            kind = {"stale": "StaleDefinitions", "retired": "StoredAsSomethingElse", "tie": "Tie"}[what]
+            assert (status, json.loads(answer)["type"]) == (409, kind), (what, answer)
+            if what == "tie":
+                model.prepared(tag)
         else:
             assert status == 200, answer
+            model.prepared(tag)
             if to != "offline":
-                model.stored = model.after({r.entity: r})
+                model.stored, model.leftover = model.after({r.entity: r}, tag)
             if to in ("offline", "online_and_offline"):
                 model.rows.append(r)  # appended: a row of the table that runs read
-            model.described = model.described or to != "stale"
-        assert (redis_state(redis), sql_state(pg)) == (expected(model.stored),) * 2, (r, to, model)
+        assert (redis_state(redis), sql_state(pg)) == held(model), (r, to, model)
         assert table_rows() == sorted(map(repr, (comparable(*astuple(x)) for x in model.rows))), (r, to)
 
     # The source's leases held across the steps, as a backfill holds them across its own: each
@@ -462,7 +544,9 @@ def test_event_time_runs_and_pushes_leave_both_stores_as_the_model_says(spark, t
     lease = ledger.leases(conf.lease.seconds).hold("events", sorted(sink_targets(conf).values()), "run")
     with pg_server.connect() as pg, lease:
         assert (redis_state(redis), sql_state(pg)) == ({}, {})
-        for arrivals, run_, crash_at, pushes in steps:
+        for n, (arrivals, run_, crash_at, pushes) in enumerate(steps):
+            if n == change_at:
+                model.version = 2  # the runs and the push server on version 2; the stale server on 1
             if arrivals:
                 new = [model.add(*r) for r in arrivals]
                 spark.createDataFrame([astuple(r) for r in new], SCHEMA).write.format("delta").mode("append").save(str(root / "events"))
