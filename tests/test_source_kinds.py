@@ -33,7 +33,7 @@ from jobs.pipeline.source_table import dated, open_source
 from jobs.source_errors import CatalogNotConfigured, SchemaDriftError, SourceNotFound, SourceUnreadable
 from jobs.spark import catalog_settings
 from jobs.transforms import ENTITY_ID
-from serializers import field_id, freshness_field_name
+from serializers import field_id, freshness_field_name, subsecond_field
 from serializers.batch import FeatureSpec
 from serializers.keys import as_of_epoch
 
@@ -412,6 +412,15 @@ def epoch_seconds(when: dt.datetime) -> int:
     return int((when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(seconds=1))
 
 
+def micros(when: dt.datetime) -> int:
+    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+
+def subsecond(source: str, when: dt.datetime) -> dict[bytes, bytes]:
+    """The sub-second field a write of an event time leaves (serializers/FORMAT.md 1.4): none for whole seconds."""
+    return {subsecond_field(source): str(when.microsecond).encode()} if when.microsecond else {}
+
+
 STATS_YAML = """source:
   name: stats
   entity: consumer
@@ -489,9 +498,12 @@ def test_a_folder_of_nanosecond_and_microsecond_files_reads_each_in_its_own_unit
     fresh = field_id(freshness_field_name("stats"))
     stored = {key: redis_db.hgetall(key) for key in redis_db.scan_iter("c:*")}
     values = {c: {"conv_rate": r[1], "trips": r[2]} for c, r in newest.items()}
-    assert stored == {f"c:{c}".encode(): expected_hash(STATS_SPECS, values[c], fresh, epoch_seconds(r[3])) for c, r in newest.items()}
-    assert {k: (s, doc, epoch_seconds(when)) for k, (s, doc, when) in stored_sql(pg_db).items()} == {
-        str(c): ("stats", values[c], epoch_seconds(r[3])) for c, r in newest.items()
+    assert stored == {
+        f"c:{c}".encode(): expected_hash(STATS_SPECS, values[c], fresh, epoch_seconds(r[3]), subsecond("stats", r[3]))
+        for c, r in newest.items()
+    }
+    assert {k: (s, doc, micros(when)) for k, (s, doc, when) in stored_sql(pg_db).items()} == {
+        str(c): ("stats", values[c], micros(r[3])) for c, r in newest.items()
     }
 
 
@@ -670,18 +682,19 @@ def test_columns_named_with_dots_spaces_backticks_and_other_letters_are_read_as_
     events = latest([r for r in ODD_ROWS if r[3] < utc("2026-11-21T00:00:00")], lambda r: (r[3], r[4]))
     assert [dated[1][7], events[1][7], events[3][7]] == ["latest", "latest", "the day before"]
 
-    def wide_hash(row, prefix, as_of) -> dict:
+    def wide_hash(row, prefix, as_of, untouched=None) -> dict:
         values = dict(zip([prefix + n for n in WIDE_COLUMNS], row[5:]))
         return expected_hash(
             [FeatureSpec(prefix + n, s.type) for n, s in specs.items()],
             values,
             field_id(freshness_field_name("odd_events" if prefix else "odd_dated")),
             as_of,
+            untouched,
         )
 
     want = {}
     for c in (1, 2, 3):
-        hashed = wide_hash(events[c], "e_", epoch_seconds(events[c][3]))
+        hashed = wide_hash(events[c], "e_", epoch_seconds(events[c][3]), subsecond("odd_events", events[c][3]))
         if c in dated:
             hashed |= wide_hash(dated[c], "", as_of_epoch(D2))
         want[f"c:{c}".encode()] = hashed
