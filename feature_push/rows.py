@@ -116,6 +116,9 @@ def pushed_rows(
     _check_times(micros, columns["event"], entity, time.time() if now is None else now, skew_seconds)
     times = [t // 1_000_000 for t in micros]  # whole seconds, floored: what the stores hold and compare
     created = _times(df[columns["created"]], columns["created"], required=False) if columns["created"] else [None] * rows
+    for row, t in enumerate(created):
+        if t is not None:
+            _not_ancient(row, columns["created"], t)
     keep = _latest(ids, micros, created)  # to the microsecond, as a run orders an entity's rows
     if source.on_tie == "fail":
         _check_ties(source, df, columns, ids, micros, created)
@@ -213,6 +216,7 @@ def _check_times(micros: list[int], column: str, entity: EntityDef, now: float, 
     latest = math.floor((now + skew) * 1_000_000)
     oldest = math.ceil((now - entity.ttl_seconds) * 1_000_000) if entity.ttl_seconds else None
     for row, t in enumerate(micros):
+        _not_ancient(row, column, t)
         if t > latest:
             raise PushError(
                 f"row {row}, column {column!r}: event time {_utc(t)} is later than now ({_utc(float(now))}) plus "
@@ -223,6 +227,16 @@ def _check_times(micros: list[int], column: str, entity: EntityDef, now: float, 
                 f"row {row}, column {column!r}: event time {_utc(t)} is older than entity {entity.name!r}'s TTL "
                 f"({entity.ttl_seconds:,} s, ttl_seconds): expired already, it would be served as fresh"
             )
+
+
+_EARLIEST = (dt.datetime(1900, 1, 1, tzinfo=dt.UTC) - _EPOCH) // dt.timedelta(microseconds=1)
+"""Spark reads an earlier time of a Parquet file ambiguously (the calendar's rebase) and refuses
+the whole file: a pushed row that early, appended, would fail every run of the source."""
+
+
+def _not_ancient(row: int, column: str, micros: int) -> None:
+    if micros < _EARLIEST:
+        raise PushError(f"row {row}, column {column!r}: {_utc(micros)} is before 1900-01-01, which no run of the source reads")
 
 
 def _times(values: Sequence[Any], column: str, required: bool) -> list[int | None]:

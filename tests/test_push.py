@@ -258,6 +258,9 @@ BAD = [
     ({"driver_id": 1, "event_timestamp": [T1], "trips": [1]}, "column 'driver_id': expected a list of values, got int", "BadPush"),
     ({"driver_id": [], "event_timestamp": [], "trips": []}, "'df' holds no rows", "BadPush"),
     ({"speed": [1]}, "missing entity key column(s) 'driver_id'", "BadPush"),
+    # item 4: an event time Spark cannot read back from the table (year 1; the entity has no TTL here)
+    ({"driver_id": [1], "event_timestamp": ["0001-01-01T00:00:00"], "trips": [1]}, "is before 1900-01-01", "BadPush"),
+    ({"driver_id": [1], "event_timestamp": [T1], "created": ["1899-12-31T23:59:59"], "trips": [1]}, "column 'created'", "BadPush"),
     # item 10: an integer past float64, a lone surrogate (were 500)
     (
         {"driver_id": [1], "event_timestamp": [T1], "conv_rate": [2**1100]},
