@@ -150,9 +150,32 @@ def _deltalake_version() -> str:
 
 
 def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list], rows: int, ties: _Ties | None) -> int:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    folder, files = _parquet_folder(where)
+    schema, int96 = _newest_schema(where, files)
+    data = _cast(source, schema, columns, rows)
+    if rows == 0:
+        return 0
+    if ties is not None:
+        import pyarrow.dataset as ds
+
+        ties.check(ds.dataset([str(p) for p in files], schema=data.schema, format="parquet"), data, where)
+    name = f"part-{uuid.uuid4()}.parquet"
+    temp = folder / f"_push-{name}"
+    try:
+        # a folder Spark wrote keeps its timestamps in INT96: ours alike, so every file reads in one type
+        pq.write_table(data, temp, use_deprecated_int96_timestamps=int96)
+        os.replace(temp, folder / name)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise _unavailable(f"cannot write to the Parquet folder {where}", exc) from None
+    return rows
+
+
+def _parquet_folder(where: Location) -> tuple[Path, list[Path]]:
+    """The folder a push appends to and its Parquet files; PushError where it cannot (not local,
+    one file, missing, partitioned, empty)."""
     if not (where.is_local or where.startswith("file:")):
         raise PushError(
             f"the Parquet folder {where} is not on a local disk: a push appends to a Parquet folder by an atomic rename, "
@@ -182,7 +205,15 @@ def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list]
     files = [p for p in visible if p.is_file() and p.suffix == ".parquet"]
     if not files:
         raise PushError(f"no Parquet files in {where} to take the table's columns from", 500, "OfflineTableMissing")
-    # the newest file's schema: the ETL's current one
+    return folder, files
+
+
+def _newest_schema(where: Location, files: list[Path]):
+    """The newest file's schema (the ETL's current one), without its key-value metadata (pandas'
+    would describe the other file's index), and whether its timestamps are INT96."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     newest = max(files, key=lambda p: (p.stat().st_mtime_ns, p.name))
     try:
         footer = pq.read_metadata(newest).schema
@@ -194,24 +225,7 @@ def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list]
             "OfflineTableBroken",
         ) from None
     int96 = any(footer.column(i).physical_type == "INT96" for i in range(len(footer)))
-    # its schema without its key-value metadata: pandas' would describe the other file's index
-    data = _cast(source, footer.to_arrow_schema().remove_metadata(), columns, rows)
-    if rows == 0:
-        return 0
-    if ties is not None:
-        import pyarrow.dataset as ds
-
-        ties.check(ds.dataset([str(p) for p in files], schema=data.schema, format="parquet"), data, where)
-    name = f"part-{uuid.uuid4()}.parquet"
-    temp = folder / f"_push-{name}"
-    try:
-        # a folder Spark wrote keeps its timestamps in INT96: ours alike, so every file reads in one type
-        pq.write_table(data, temp, use_deprecated_int96_timestamps=int96)
-        os.replace(temp, folder / name)
-    except OSError as exc:
-        temp.unlink(missing_ok=True)
-        raise _unavailable(f"cannot write to the Parquet folder {where}", exc) from None
-    return rows
+    return footer.to_arrow_schema().remove_metadata(), int96
 
 
 # -- ties ----------------------------------------------------------------------------------
