@@ -75,16 +75,9 @@ class PushHandler:
             raise
 
     async def _handle(self, path: str, body: bytes, grants) -> bytes:
-        request = _object(body)
-        sources, to = self._targets(path, request, grants)
-        df = request.get("df")
-        rows = df_rows(df)  # a malformed df refuses the push, never answers 200 with nothing written
-        if rows > self.settings.max_rows:
-            limit = self.settings.max_rows
-            raise PushError(f"the push holds {rows:,} rows; the limit is {limit:,} (server.push.max_rows)", 413, "TooManyRows")
-        # every row checked as the stores would take it, whatever `to` says: an offline append the
-        # run would refuse (a null key, a time no run accepts, a value its type refuses) stops its nights
-        pushed = self._checked(sources, df)
+        # the body read and every row checked in the push's thread: on the event loop they held up
+        # the reads for the whole check (the soak's push phase); a thread gives the GIL back each ms
+        sources, to, df, rows, pushed = await self._in_thread(self._read, path, body, grants)
         # everything that can refuse the push is checked before the offline append, which cannot be taken back
         prepared = await self._in_thread(self.stores.prepare, pushed)
         appended = await self._offline(sources, df) if to != "online" else {}
@@ -104,6 +97,20 @@ class PushHandler:
         self.stats["pushes"] += 1
         self.stats["rows"] += rows
         return orjson.dumps({"status": "ok", "rows": rows, "written": written, **({"offline": appended} if appended else {})})
+
+    def _read(self, path: str, body: bytes, grants) -> tuple:
+        """The push's sources, ``to``, ``df``, its rows and each source's checked rows; PushError
+        when anything refuses it."""
+        request = _object(body)
+        sources, to = self._targets(path, request, grants)
+        df = request.get("df")
+        rows = df_rows(df)  # a malformed df refuses the push, never answers 200 with nothing written
+        if rows > self.settings.max_rows:
+            limit = self.settings.max_rows
+            raise PushError(f"the push holds {rows:,} rows; the limit is {limit:,} (server.push.max_rows)", 413, "TooManyRows")
+        # every row checked as the stores would take it, whatever `to` says: an offline append the
+        # run would refuse (a null key, a time no run accepts, a value its type refuses) stops its nights
+        return sources, to, df, rows, self._checked(sources, df)
 
     def _checked(self, sources: list[SourceDef], df: dict) -> list[Pushed]:
         """Each source's rows of ``df``; a column one source lacks may be another's (one push
