@@ -100,7 +100,7 @@ def _append_delta(conf: RunConf, source: SourceDef, where: Location, columns: di
     if rows == 0:
         return 0  # no empty commit
     if ties is not None:
-        ties.check(table.to_pyarrow_dataset(), data, where)
+        ties.check(table.to_pyarrow_dataset, data, where)
     try:
         write_deltalake(table, data, mode="append")
     except CommitFailedError as exc:
@@ -160,7 +160,7 @@ def _append_parquet(source: SourceDef, where: Location, columns: dict[str, list]
     if ties is not None:
         import pyarrow.dataset as ds
 
-        ties.check(ds.dataset([str(p) for p in files], schema=data.schema, format="parquet"), data, where)
+        ties.check(lambda: ds.dataset([str(p) for p in files], schema=data.schema, format="parquet"), data, where)
     name = f"part-{uuid.uuid4()}.parquet"
     temp = folder / f"_push-{name}"
     try:
@@ -244,13 +244,31 @@ class _Ties:
         self.values = [c for f in source.features if (c := f.source_column or f.name) not in self.match]
 
     def check(self, dataset, data, where) -> None:
+        """``dataset``: makes the table's pyarrow dataset. A table that cannot be read is refused
+        as the nightly run would find it: a file that is not what its table says, 409; storage
+        that did not answer, 503."""
+        import pyarrow as pa
+
+        try:
+            self._check(dataset, data, where)
+        except pa.ArrowInvalid as exc:
+            raise PushError(
+                f"the table at {where} cannot be read to look for ties ({_first_line(exc)}): the nightly run reading it "
+                "fails too; mend the table, then push again",
+                409,
+                "OfflineTableBroken",
+            ) from None
+        except (OSError, pa.ArrowException) as exc:
+            raise _unavailable(f"cannot read the table at {where} to look for ties", exc) from None
+
+    def _check(self, dataset, data, where) -> None:
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
         match = [c for c in self.match if c in data.column_names]
         names = [*match, *(c for c in self.values if c in data.column_names)]
         ts = self.source.timestamp_column
-        held = dataset.to_table(columns=names, filter=ds.field(ts).isin(pc.unique(data.column(ts))))
+        held = dataset().to_table(columns=names, filter=ds.field(ts).isin(pc.unique(data.column(ts))))
         if held.num_rows == 0:
             return
         pushed = {tuple(r[c] for c in match): r for r in data.select(names).to_pylist()}

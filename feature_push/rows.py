@@ -253,7 +253,10 @@ def _times(values: Sequence[Any], column: str, required: bool) -> list[int | Non
             except ValueError:
                 raise PushError(f"row {row}, column {column!r}: {_cut(v)!r} is not an ISO 8601 time") from None
             t = t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-            out.append((t - _EPOCH) // dt.timedelta(microseconds=1))
+            try:
+                out.append((t - _EPOCH) // dt.timedelta(microseconds=1))
+            except OverflowError:  # an offset carries it past year 1 or 9999, UTC
+                raise PushError(f"row {row}, column {column!r}: {_cut(v)!r} is outside the years 1 to 9999, UTC") from None
         elif isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and _SECONDS[0] <= v < _SECONDS[1]:
             out.append(v * 1_000_000 if isinstance(v, int) else math.floor(Decimal(repr(float(v))) * 1_000_000))
         else:
@@ -292,18 +295,18 @@ def _latest(ids: list[str], times: list[int], created: list[int | None]) -> list
 
 
 def _typed(feature: FeatureDef, column: str, values: list, keep: list[int]) -> pa.Array:
+    """The ``keep`` rows' values as the writers take them; every row checked, kept or not (an
+    offline push appends them all, and a run may find an older one its latest)."""
     check = _CHECKS[feature.type]
-    out = []
-    for row in keep:
-        v = values[row]
+    typed: list = [None] * len(values)
+    for row, v in enumerate(values):
         if v is None:
-            out.append(None)
             continue
         try:
-            out.append(check(feature, v))
+            typed[row] = check(feature, v)
         except _Bad as exc:
             raise PushError(f"row {row}, column {column!r}: {exc} (feature {feature.name!r} is {feature.type})") from None
-    return pa.array(out, arrow_type(feature))
+    return pa.array([typed[row] for row in keep], arrow_type(feature))
 
 
 class _Bad(Exception):
@@ -445,5 +448,8 @@ def _cut(text: Any, n: int = 80) -> str:
 
 def _utc(micros: float) -> str:
     """Epoch microseconds (or seconds, a float) as ISO 8601 UTC."""
-    when = _EPOCH + (dt.timedelta(seconds=micros) if isinstance(micros, float) else dt.timedelta(microseconds=micros))
+    try:
+        when = _EPOCH + (dt.timedelta(seconds=micros) if isinstance(micros, float) else dt.timedelta(microseconds=micros))
+    except OverflowError:
+        return f"{micros} {'s' if isinstance(micros, float) else 'microseconds'} from the epoch"
     return when.isoformat(timespec="microseconds" if when.microsecond else "seconds").replace("+00:00", "Z")

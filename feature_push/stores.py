@@ -265,8 +265,8 @@ class KeptDescriptions:
     def _again(self, read):
         try:
             return read()
-        except (redis.ConnectionError, psycopg.OperationalError):  # a kept connection the server dropped
-            self.close()
+        except (redis.ConnectionError, redis.exceptions.MovedError, redis.exceptions.AskError, psycopg.OperationalError):
+            self.close()  # a kept connection the server dropped, or a slot that moved: made anew, on a fresh map
             return read()
 
     def _redis(self, config: RedisSinkConfig) -> Description:
@@ -306,5 +306,5 @@ def _store_error(exc: BaseException, doing: str) -> PushError:
         return PushError(f"{doing}: {text}", 507, "StoreFull")
     if isinstance(exc, TerminalError):
         return PushError(f"{doing}: {text}", 502, "StoreRefused")
-    transient = isinstance(exc, (TransientError, redis.ConnectionError, redis.TimeoutError, OSError))
+    transient = isinstance(exc, (TransientError, redis.ConnectionError, redis.TimeoutError, OSError, psycopg.OperationalError))
     return PushError(f"{doing}: {text} (retry: a push repeats safely)", 503 if transient else 502, "StoreUnavailable", transient)
