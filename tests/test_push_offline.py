@@ -350,3 +350,18 @@ def test_spark_reads_a_push_to_the_delta_table_it_wrote(spark, tmp_path):
         (1003, 1795867200_000000, 0.125, 0),
     ]
     assert spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").select("version").collect()[-1][0] == 1
+
+
+def test_a_folder_the_tie_check_cannot_read_is_a_409_not_a_500(conf, tmp_path):
+    import os
+
+    folder = tmp_path / "driver_stats"
+    folder.mkdir()
+    (folder / "part-00000.parquet").write_bytes(b"PAR1 truncated")  # an older file, cut short
+    os.utime(folder / "part-00000.parquet", (1, 1))
+    pq.write_table(pa.table(FIRST, schema=SCHEMA), folder / "part-00001.parquet")  # the newest: its schema reads
+    with pytest.raises(PushError) as refused:
+        append_offline(conf, driver_stats(format="parquet"), PUSH, keys=["driver_id"])
+    assert (refused.value.status, refused.value.kind) == (409, "OfflineTableBroken"), refused.value
+    assert f"the table at {folder} cannot be read to look for ties" in str(refused.value)
+    assert sorted(p.name for p in folder.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
