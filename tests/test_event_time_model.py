@@ -62,7 +62,7 @@ from sinks.sql.preflight import ensure_schema
 from stores.sql import connect
 
 from .support.asgi import asgi_call
-from .support.events import FRESH, SCHEMA, write_events
+from .support.events import FRESH, SCHEMA, micros, write_events
 
 UTC = dt.UTC
 SUBSECOND = subsecond_field("events")
@@ -279,10 +279,6 @@ def expected(stored: dict[int, Row], leftover: dict[int, str] | None = None) -> 
 def held(model: Model) -> tuple:
     """What (Redis, the SQL store) hold by the model."""
     return expected(model.stored, model.leftover), expected(model.stored)
-
-
-def micros(when: dt.datetime) -> int:
-    return (when - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1)
 
 
 def clock() -> dt.datetime:

@@ -39,6 +39,7 @@ from serializers.keys import as_of_epoch
 
 from .expected import entity_keys, expected_hash
 from .support.confs import env_conf
+from .support.events import micros
 
 D1, D2, D3 = dt.date(2026, 11, 19), dt.date(2026, 11, 20), dt.date(2026, 11, 21)
 KINDS = ("parquet_file", "parquet_folder", "parquet_hive", "catalog_table")
@@ -410,10 +411,6 @@ def nanos(when: dt.datetime, extra: int = 0) -> int:
 
 def epoch_seconds(when: dt.datetime) -> int:
     return int((when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(seconds=1))
-
-
-def micros(when: dt.datetime) -> int:
-    return (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
 
 def subsecond(source: str, when: dt.datetime) -> dict[bytes, bytes]:
