@@ -286,7 +286,11 @@ class SourceDef(_Strict):
     ``POST /push``'s ``push_source_name``; feature_push/README.md). Sources may share one."""
     max_age_seconds: PositiveInt | None = None
     """Readers withhold this source's values (status OUTSIDE_MAX_AGE) once its stored as-of
-    time is older than this; None: never too old (a request may still set its own). Feast's ``ttl``."""
+    time is older than this; None: never too old (a request may still set its own)."""
+    feast_ttl_seconds: NonNegativeInt | None = None
+    """The ``ttl`` of the Feast view this source was imported from (0: none), written by
+    ``import-feast`` for the record: nothing reads it. Feast 0.67 serves a value however old;
+    ``max_age_seconds`` set to it withholds older ones (feature_defs/feast_import/README.md)."""
     features: list[FeatureDef] = Field(min_length=1)
     expectations: list[ExtraExpectation] = []
     """Further great-expectations checks of this source, beyond those derived from the features."""

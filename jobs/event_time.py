@@ -245,7 +245,14 @@ def null_event_time_note(source: SourceDef, bad_reasons: dict[str, int], quarant
 def no_rows(source: SourceDef, window: EventWindow, table: object, done: str) -> str:
     """Why a run of ``window`` is not ready: no row has an event time in it."""
     start = utc_text(window.start) if window.start else "the first row"
+    # a date is ready once it has rows of its own; a table of older rows only (a Feast repository's sample data) is loaded whole so
+    whole = (
+        ""
+        if window.incremental
+        else "; `materialize run --incremental` loads every row up to now whatever its date, as `feast materialize 1990-01-01T00:00:00 NOW`"
+    )
     return (
         f"source {source.name!r} has no rows with an event time ({source.timestamp_column}) from {start} to {utc_text(window.end)} "
-        f"(end excluded) in {table}: not ready; {done} (run it again once rows have arrived; `materialize ready` says when for a date)"
+        f"(end excluded) in {table}: not ready; {done} (run it again once rows have arrived; `materialize ready` says when for a date"
+        f"{whole})"
     )

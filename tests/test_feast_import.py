@@ -178,7 +178,7 @@ def init_source(name: str, entity: str, repo: Path, descriptions: dict, stored_s
             "created_column": "created",
             "on_tie": "keep_one",  # Feast writes one of an entity's tied rows: never a reason to stop
             **({"push_source": push_source} if push_source else {}),
-            "max_age_seconds": 86400,
+            "feast_ttl_seconds": 86400,  # for the record: reads serve a value however old, as Feast's
             "features": features,
         }
     }
@@ -248,7 +248,7 @@ def test_feasts_example_is_imported_as_expected(init_import, init_repo):
     # the push source: mapped, said on the source's line, under it and on a line of its own
     (line,) = [x for x in run.stdout.splitlines() if x.startswith("source driver_hourly_stats_fresh (feature view): ")]
     assert line.endswith(
-        ", max_age_seconds 86400 (Feast's ttl 1 day, 0:00:00), push_source driver_stats_push_source, layout wide, on_tie keep_one"
+        ", no max age, as Feast reads (Feast's ttl 1 day, 0:00:00), push_source driver_stats_push_source, layout wide, on_tie keep_one"
     ), line
     carried = run.stdout.split("\nleft out (")[0].splitlines()
     assert [x for x in carried if "push" in x and not x.startswith("  ")] == [
@@ -506,6 +506,62 @@ def test_imported_views_keep_one_of_tied_rows_as_feast_and_a_hand_set_on_tie_is_
     assert yaml.safe_load(view.read_text())["source"]["on_tie"] == "fail"
     assert load_definitions(out).sources["driver_hourly_stats"].on_tie == "fail"
     assert load_definitions(out).sources["driver_hourly_stats_fresh"].on_tie == "keep_one"
+
+
+def notes_under(summary: str, source: str) -> list[str]:
+    lines = summary.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith(f"- source {source} (feature view): "))
+    notes = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("  - note: "):
+            break
+        notes.append(line[len("  - note: ") :])
+    return notes
+
+
+def test_imported_views_read_as_feast_and_a_max_age_set_by_hand_is_kept(init_import, init_repo, tmp_path):
+    # Feast 0.67 serves a value however old: an imported view has no max age, its ttl recorded
+    summary = init_import.files["IMPORTED.md"].decode()
+    for view in ("driver_hourly_stats", "driver_hourly_stats_fresh"):
+        source = load_definitions(init_import.out).sources[view]
+        assert (source.max_age_seconds, source.feast_ttl_seconds) == (None, 86400)
+        assert (
+            "read as Feast reads: Feast 0.67's online reads serve a value however old (its ttl bounds historical retrieval and "
+            "the first incremental window); `max_age_seconds: 86400` on the source (kept by the next import) would withhold a "
+            "value older than its ttl (status OUTSIDE_MAX_AGE)"
+        ) in notes_under(summary, view)
+    # the stricter read set by hand: kept, and the report says what Feast would do instead
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    view = out / "driver_hourly_stats.yaml"
+    view.write_text(view.read_text().replace("  feast_ttl_seconds: 86400\n", "  feast_ttl_seconds: 86400\n  max_age_seconds: 3600\n"))
+    import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    assert load_definitions(out).sources["driver_hourly_stats"].max_age_seconds == 3600
+    assert load_definitions(out).sources["driver_hourly_stats_fresh"].max_age_seconds is None
+    summary = (out / "IMPORTED.md").read_text()
+    (line,) = [x for x in summary.splitlines() if x.startswith("- source driver_hourly_stats (feature view): ")]
+    assert ", max_age_seconds 3600 (set in the output, kept; Feast's ttl 1 day, 0:00:00), " in line, line
+    assert notes_under(summary, "driver_hourly_stats")[-1].startswith("a reader withholds a value older than max_age_seconds")
+
+
+def test_an_output_imported_when_ttl_was_a_max_age_reads_as_feast_after_the_next_import(init_import, init_repo, tmp_path):
+    # before feast_ttl_seconds, the import wrote max_age_seconds from Feast's ttl: not the operator's, so not kept
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    for name in ("driver_hourly_stats", "driver_hourly_stats_fresh"):
+        view = out / f"{name}.yaml"
+        view.write_text(view.read_text().replace("  feast_ttl_seconds: 86400\n", "  max_age_seconds: 86400\n"))
+        assert load_definitions(out).sources[name].max_age_seconds == 86400
+    import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    assert files_of(out) == {
+        **init_import.files,
+        "IMPORTED.md": (out / "IMPORTED.md").read_bytes(),
+    }
+    for name in ("driver_hourly_stats", "driver_hourly_stats_fresh"):
+        assert notes_under((out / "IMPORTED.md").read_text(), name)[-1] == (
+            "max_age_seconds 86400, which an earlier import wrote from Feast's ttl, is removed: a value older than that is now "
+            "served, as Feast serves it; set it again on the source to keep withholding it"
+        )
 
 
 def test_what_feast_printed_but_cannot_be_imported(init_import, init_repo, tmp_path):
@@ -792,14 +848,14 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
             "description": "A driver.",
         },
     ]
-    event_time = {"layout": "wide", "select_by": "event_time", "on_tie": "keep_one"}
+    event_time = {"layout": "wide", "select_by": "event_time", "on_tie": "keep_one", "feast_ttl_seconds": 0}  # Feast's ttl: none
     assert load["customer_profile.yaml"]["source"] == {
         "name": "customer_profile",
         "entity": "customer",
         "table": "analytics.customer_profile",
         **event_time,
         "timestamp_column": "updated_at",
-        "max_age_seconds": 6 * 3600,
+        "feast_ttl_seconds": 6 * 3600,
         "features": [
             {"name": "lifetime_orders", "type": "int"},
             {"name": "segment", "type": "string"},
@@ -834,7 +890,7 @@ def test_what_the_example_lacks_is_imported_as_expected(hand_import):
         "format": "delta",
         **event_time,
         "timestamp_column": "event_timestamp",
-        "max_age_seconds": 7 * 86400,
+        "feast_ttl_seconds": 7 * 86400,
         "features": [{"name": "rating", "type": "float"}],
     }
     for name, feature, path, kind, push in (

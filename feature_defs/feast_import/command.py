@@ -130,6 +130,7 @@ def report(done: Imported) -> list[str]:
     lines.append(f"{out.out}: {wrote}")
     lines.append(
         f"The job reads these definitions with `definitions_dir: {out.out}` in the env's config (conf/<env>/*.yaml); "
-        "`materialize defs --env <env>` then lists them."
+        "`materialize defs --env <env>` then lists them, and `materialize run --env <env> --incremental` loads them: the first "
+        "run every row up to now, as `feast materialize 1990-01-01T00:00:00 NOW`, each later one from where the last stopped."
     )
     return lines

@@ -57,8 +57,9 @@ KEPT_FEATURE_KEYS = (
     "compression",
 )
 """What an operator may add to an imported feature, kept by the next import."""
-KEPT_SOURCE_KEYS = ("schedule", "lookback_seconds", "on_tie", "expectations")
-"""What an operator may add to an imported source, kept by the next import."""
+KEPT_SOURCE_KEYS = ("schedule", "lookback_seconds", "on_tie", "expectations", "max_age_seconds")
+"""What an operator may add to an imported source, kept by the next import (``max_age_seconds``
+only from an output that records ``feast_ttl_seconds``: before it, the import wrote it from Feast's ttl)."""
 FILE_SOURCES = ("FileSource", "SparkSource")
 STREAMS = ("PushSource", "KafkaSource", "KinesisSource")
 
@@ -124,7 +125,8 @@ class _Draft:
     where_text: str
     timestamp_column: str
     created_column: str | None
-    max_age_seconds: int | None
+    ttl_seconds: int
+    """Feast's ttl in whole seconds (0: none, forever)."""
     features: list[FeatureDef]
     feature_lines: list[str]
     notes: list[str]
@@ -154,6 +156,35 @@ def resolve_path(repo: Path, uri: str) -> str:
 
 def _ttl_text(seconds: float) -> str:
     return str(dt.timedelta(seconds=seconds))
+
+
+DROPPED_MAX_AGE = "max_age_seconds written by an earlier import"
+"""Previous.sources' key for a max_age_seconds that an import made before feast_ttl_seconds
+existed wrote from Feast's ttl: not the operator's, so not kept (read_previous)."""
+
+
+def _reads_said(source: SourceDef, d: _Draft, dropped: int | None) -> tuple[str, list[str]]:
+    """How a reader treats the source's old values, for its line, and the notes that say what the other choice would do."""
+    feast_ttl = f"Feast's ttl {_ttl_text(d.ttl_seconds)}" if d.ttl_seconds else "Feast's ttl 0: forever"
+    feast_reads = (
+        "Feast 0.67's online reads serve a value however old (its ttl bounds historical retrieval and the first incremental window)"
+    )
+    if source.max_age_seconds:
+        withheld = "a reader withholds a value older than max_age_seconds (status OUTSIDE_MAX_AGE)"
+        note = f"{withheld}, where {feast_reads}; remove it to read as Feast"
+        return f"max_age_seconds {source.max_age_seconds} (set in the output, kept; {feast_ttl})", [note]
+    notes = []
+    if d.ttl_seconds:
+        notes.append(
+            f"read as Feast reads: {feast_reads}; `max_age_seconds: {d.ttl_seconds}` on the source (kept by the next import) "
+            "would withhold a value older than its ttl (status OUTSIDE_MAX_AGE)"
+        )
+    if dropped:
+        notes.append(
+            f"max_age_seconds {dropped}, which an earlier import wrote from Feast's ttl, is removed: a value older than that is "
+            "now served, as Feast serves it; set it again on the source to keep withholding it"
+        )
+    return f"no max age, as Feast reads ({feast_ttl})", notes
 
 
 def _inference_why(view: dict) -> str:
@@ -317,7 +348,7 @@ class _Mapper:
             where_text=where_text,
             timestamp_column=timestamp,
             created_column=created,
-            max_age_seconds=math.ceil(ttl) if ttl > 0 else None,
+            ttl_seconds=math.ceil(ttl) if ttl > 0 else 0,
             features=features,
             feature_lines=lines,
             notes=notes,
@@ -559,7 +590,8 @@ class _Mapper:
 
     def source_def(self, d: _Draft, et: _EntityType, why: str) -> SourceDef | None:
         name = d.view["name"]
-        kept = {k: v for k, v in self.previous.sources.get(name, {}).items() if k in KEPT_SOURCE_KEYS}
+        previous = self.previous.sources.get(name, {})
+        kept = {k: v for k, v in previous.items() if k in KEPT_SOURCE_KEYS}
         key_columns = list(d.key_columns) if list(d.key_columns) != [k.name for k in d.keys] else None
         spec = dict(
             name=name,
@@ -572,7 +604,7 @@ class _Mapper:
             on_tie="keep_one",  # Feast writes one of an entity's tied rows, never fails a view
             key_columns=key_columns,
             push_source=d.push_source,
-            max_age_seconds=d.max_age_seconds,
+            feast_ttl_seconds=d.ttl_seconds,  # a reader serves a value however old, as Feast's; max_age_seconds is the operator's
             features=d.features,
             description=d.view.get("description") or "",
         )
@@ -585,11 +617,7 @@ class _Mapper:
             except ValidationError as exc:
                 self.left_out(f"feature view {name}", " ".join(str(exc).split())[:300])
                 return None
-        ttl = (
-            f"max_age_seconds {d.max_age_seconds} (Feast's ttl {_ttl_text(d.view['ttl_seconds'])})"
-            if d.max_age_seconds
-            else "no max age (Feast's ttl 0: forever)"
-        )
+        ttl, notes = _reads_said(source, d, previous.get(DROPPED_MAX_AGE))
         keys = f", key columns {', '.join(key_columns)} (Feast's field_mapping)" if key_columns else ""
         created = f", created_column {d.created_column}" if d.created_column else ""
         on = f"entity type {et.name}" + (f" ({why})" if why else "")
@@ -603,11 +631,7 @@ class _Mapper:
                 "an entity's rows of one event time (and created time) with different values: one is written, as Feast "
                 "writes one, though maybe not the same one (here the same on every run); on_tie: fail stops the run instead"
             )
-        if d.max_age_seconds:
-            d.notes.append(
-                "Feast's online reads return a value however old (its ttl bounds historical retrieval and the first "
-                "incremental window); a reader here withholds one older than max_age_seconds (status OUTSIDE_MAX_AGE)"
-            )
+        d.notes.extend(notes)
         self.plan.lines.extend(f"  note: {n}" for n in d.notes)
         self.plan.lines.extend(d.feature_lines)
         return source

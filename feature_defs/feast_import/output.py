@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from feature_defs.feast_import.errors import FeastImportError
-from feature_defs.feast_import.mapping import KEPT_FEATURE_KEYS, KEPT_SOURCE_KEYS, Plan, Previous
+from feature_defs.feast_import.mapping import DROPPED_MAX_AGE, KEPT_FEATURE_KEYS, KEPT_SOURCE_KEYS, Plan, Previous
 from feature_defs.loader import DefinitionError, load_definitions
 from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, locked, next_stored_name, read_lock
 
@@ -129,6 +129,8 @@ def read_previous(out: Path) -> Previous:
                 if isinstance(f, dict) and isinstance(f.get("name"), str)
             }
             kept = {k: source[k] for k in KEPT_SOURCE_KEYS if k in source}
+            if "feast_ttl_seconds" not in source and "max_age_seconds" in kept:  # an earlier import's, from Feast's ttl
+                kept[DROPPED_MAX_AGE] = kept.pop("max_age_seconds")
             sources[source["name"]] = {"entity": source.get("entity"), "features": features, **kept}
     try:
         lock = read_lock(out)
@@ -148,9 +150,11 @@ def summary(plan: Plan, repo: Path, out: Path) -> str:
         "import again. An import keeps what an earlier one wrote that must not move (the entity types' prefixes",
         "and tables, the entity type of each source) and what was added by hand: `stored_as`, checks",
         "(`max_null_fraction`, `min_value`, `max_value`, `allowed_values`, `severity`, `max_length`), `compression`,",
-        "`max_bytes`, and a source's `schedule`, `lookback_seconds`, `on_tie` and `expectations`.",
+        "`max_bytes`, and a source's `schedule`, `lookback_seconds`, `on_tie`, `max_age_seconds` and `expectations`.",
         "",
         f"The job reads these definitions with `definitions_dir: {out}` in the env's config (conf/README.md).",
+        "The first `materialize run --env ENV --incremental` loads every row up to now, as",
+        "`feast materialize 1990-01-01T00:00:00 NOW` does; each later one continues from where the last stopped.",
         "",
         "## Carried over",
         "",
