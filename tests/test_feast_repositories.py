@@ -17,7 +17,6 @@ Feast's copy of the repository holds that folder in one unit: the same rows.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from fm_config import QualityConf, RunConf
 from fm_config.redis import RedisSettings
 from throwaway import feast_venv
 
+from .support.feast_reading import feast_reads, remote_client, served_reads
 from .support.serving import serve
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
@@ -406,16 +406,6 @@ def feast(repo: Path, *args: str) -> str:
     return done.stdout
 
 
-def feast_reads(client_dir: Path, reads: list[dict]) -> list[dict]:
-    """What Feast's SDK returns for each request, through the feature_store.yaml in ``client_dir``."""
-    script = Path(__file__).with_name("feast_reads.py")
-    done = subprocess.run(
-        [str(feast_venv.python()), str(script), json.dumps(reads)], cwd=client_dir, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
 @dataclass
 class SideBySide:
     repository: Repository
@@ -472,22 +462,6 @@ def side_by_side(request, tmp_path_factory, spark, redis_server):
     server.stop()
 
 
-def remote_client(feast_repo: Path, port: int, folder: Path) -> Path:
-    """A Feast client of the repository's registry whose online store is `materialize serve`."""
-    folder.mkdir()
-    project = next(
-        line.split(":", 1)[1].strip()
-        for line in (feast_repo / "feature_store.yaml").read_text().splitlines()
-        if line.startswith("project:")
-    )
-    (folder / "feature_store.yaml").write_text(
-        f"project: {project}\nregistry: {feast_repo / 'data' / 'registry.db'}\nprovider: local\n"
-        f"online_store:\n    type: remote\n    path: http://127.0.0.1:{port}\nentity_key_serialization_version: 3\n"
-        "auth:\n    type: no_auth\n"
-    )
-    return folder
-
-
 def as_compared(name: str, values: list, repository: Repository) -> list:
     """Float32 features as float32 (Feast's store hands back the float64 of the float32, the format
     stores the float32's shortest text); times as epoch seconds (Feast's SDK reads its own
@@ -527,29 +501,6 @@ def compare(repository: Repository, reads: list[dict], from_feast: list[dict], f
             compared += len(our_values)
     assert compared == sum(len(feature_names(r)) * len(r["entity_rows"]) for r in reads)
     return mismatched
-
-
-def served_reads(server, reads: list[dict]) -> list[dict]:
-    """`materialize serve`'s answers, in the columns of Feast's `to_dict()` (with `__ts` and
-    `__status`), from its get-online-features body."""
-    out = []
-    for read in reads:
-        entities = {k: [row[k] for row in read["entity_rows"]] for k in read["entity_rows"][0]}
-        status, body = server.post({"features": read["features"], "entities": entities, "full_feature_names": True})
-        assert status == 200, body
-        got = json.loads(body)
-        columns = dict(entities)
-        for name, result in zip(got["metadata"]["feature_names"], got["results"], strict=True):
-            if name in entities:
-                assert result["values"] == entities[name]
-                continue
-            columns[name] = result["values"]
-            columns[f"{name}__status"] = result["statuses"]
-            columns[f"{name}__ts"] = [
-                int(dt.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()) for t in result["event_timestamps"]
-            ]
-        out.append(columns)
-    return out
 
 
 def test_values_event_times_and_statuses_are_feasts(side_by_side):
