@@ -136,6 +136,7 @@ class Carried:
     imported: str
     """What `materialize import-feast` printed."""
     server: object
+    conf_dir: Path
 
 
 @pytest.fixture(scope="module", params=sorted(REPOSITORIES))
@@ -169,7 +170,7 @@ def carried(request, tmp_path_factory, spark, redis_server):
     feast(repo, "apply")
     feast(repo, "materialize", "1990-01-01T00:00:00", dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"))
     server = serve(root / "serve", "t", settings)
-    yield Carried(public, repo, printed.getvalue(), server)
+    yield Carried(public, repo, printed.getvalue(), server, folder)
     server.stop()
 
 
@@ -248,3 +249,13 @@ def test_what_the_import_leaves_out_is_listed_with_its_reason(carried):
     for what, reason in carried.public.left_out.items():
         (line,) = [line for line in found if line.startswith(what + ": ")]
         assert reason in line[len(what) + 2 :], line
+
+
+def test_a_date_without_rows_of_its_own_is_not_ready_and_names_the_command_that_loads_them(carried, monkeypatch, capsys):
+    # the data are years old: no day of late has rows of its own, which a nightly run of a date waits for
+    monkeypatch.setenv("FM_CONF_DIR", str(carried.conf_dir))
+    today = dt.datetime.now(dt.UTC).date()
+    assert main(["run", "--env", "moved", "--date", str(today)]) == 3
+    err = capsys.readouterr().err
+    assert f"from {today.isoformat()}T00:00:00Z" in err and "not ready; nothing was written or recorded" in err, err
+    assert "`materialize run --incremental` loads every row up to now whatever its date" in err, err

@@ -3,7 +3,8 @@ repositories built here (several entities, a composite key, string and int32 joi
 `field_mapping`, a created-time tie, ttl 0 and None, every Feast scalar and array type the
 import carries over, timestamp-typed features, a folder of Parquet files in two time units, a
 hive-partitioned folder). Each is imported with `materialize import-feast`, written by this
-project's job into Redis and by `feast materialize` (Feast 0.67, its own venv) into another
+project's `materialize run --incremental` (README's command) into Redis and by `feast
+materialize 1990-01-01T00:00:00 NOW` (Feast 0.67, its own venv) into another
 Redis database; Feast's SDK then reads Feast's store, and `materialize serve` through Feast's
 remote online store: every value and every event time must be Feast's, and what the import
 leaves out is listed, each object with its reason.
@@ -26,18 +27,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_defs import load_definitions
-from fm_config import QualityConf, RunConf
-from fm_config.redis import RedisSettings
+from jobs.cli import main
 from throwaway import feast_venv
 
+from .support.confs import env_conf
 from .support.feast_reading import feast_reads, remote_client, served_reads
 from .support.serving import serve
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
 
 UTC = dt.UTC
-DAY = dt.date(2026, 11, 20)  # every row's event time is on or before it; the runs are `--date` of it
+DAY = dt.date(2026, 11, 20)  # every row's event time is on or before it; both sides load every row up to now
 
 
 def at(hour: int, minute: int = 0, second: int = 0, micro: int = 0, day: int = 0) -> dt.datetime:
@@ -420,7 +420,6 @@ FEAST_DB, OUR_DB = 13, 14
 @pytest.fixture(scope="module", params=sorted(REPOSITORIES))
 def side_by_side(request, tmp_path_factory, spark, redis_server):
     from feature_defs.feast_import import import_feast
-    from jobs.pipeline.run import run_source
 
     repository = REPOSITORIES[request.param]
     root = tmp_path_factory.mktemp(request.param)
@@ -429,17 +428,18 @@ def side_by_side(request, tmp_path_factory, spark, redis_server):
 
     defs_dir = root / "defs"
     done = import_feast(repo, defs_dir, str(feast_venv.python()))
-    defs = load_definitions(defs_dir)
     redis_server.client(OUR_DB).flushdb()
     base = redis_server.url.rsplit("/", 1)[0]
-    conf = RunConf(
-        env="test", data_root=str(root), reports_dir=str(root / "reports"), definitions_dir=str(defs_dir), sinks=["redis"],
-        redis=RedisSettings(url=f"{base}/{OUR_DB}", password_env=None, mode="standalone"),
-        quality=QualityConf(expectations=False, verify_sample=10),
+    url = f"{base}/{OUR_DB}"
+    # README's run of an imported repository: the first incremental run loads every row up to now
+    folder = env_conf(
+        root / "conf", "moved",
+        f"data_root: {root}\ndefinitions_dir: {defs_dir}\nledger_root: {root / 'ledger'}\nquarantine_root: {root / 'q'}\n"
+        f"reports_dir: {root / 'reports'}\nsinks: [redis]\nredis:\n  url: {url}\nquality:\n  expectations: false\n",
     )  # fmt: skip
-    for name in sorted(defs.sources):
-        summary = run_source(spark, conf, defs, name, DAY)
-        assert summary.status == "succeeded", (name, summary.error)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FM_CONF_DIR", str(folder))
+        assert main(["run", "--env", "moved", "--incremental"]) == 0  # every source succeeded
 
     # Feast: a copy of the repository, its online store a Redis database of its own
     feast_repo = root / "feast-repo"
@@ -450,12 +450,12 @@ def side_by_side(request, tmp_path_factory, spark, redis_server):
     with (feast_repo / "feature_store.yaml").open("a") as settings:
         settings.write(f'online_store:\n    type: redis\n    connection_string: "127.0.0.1:{port},db={FEAST_DB}"\n')
     feast(feast_repo, "apply")
-    feast(feast_repo, "materialize", "2000-01-01T00:00:00", (DAY + dt.timedelta(days=1)).isoformat() + "T00:00:00")
+    feast(feast_repo, "materialize", "1990-01-01T00:00:00", dt.datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S"))
 
     settings = {
         "definitions_dir": str(defs_dir),
         "sinks": ["redis"],
-        "redis": {"url": conf.redis.url, "password_env": None, "mode": "standalone"},
+        "redis": {"url": url, "password_env": None, "mode": "standalone"},
     }
     server = serve(root / "serve", "t", settings)
     yield SideBySide(repository, feast_repo, done.plan.left_out, server)
