@@ -1,16 +1,18 @@
+# -*- coding: utf-8 -*-
 
 from datetime import timedelta
 
 import pandas as pd
-from feast import RequestSource
-from feast.data_format import ParquetFormat
+from feast.value_type import ValueType
 from feast.entity import Entity
+from feast.types import String, Int64, Float64
 from feast.feature_view import FeatureView
+from feast.on_demand_feature_view import on_demand_feature_view
 from feast.field import Field
 from feast.infra.offline_stores.file_source import FileSource
-from feast.on_demand_feature_view import on_demand_feature_view
-from feast.types import Float64, Int64, String
-from feast.value_type import ValueType
+from feast.data_format import ParquetFormat
+from feast import RequestSource
+from typing import Any
 
 zipcode = Entity(name="zipcode", value_type=ValueType.INT64)
 
@@ -89,9 +91,9 @@ input_request = RequestSource(
 def total_debt_calc(features_df: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame()
     df['total_debt_due'] = (
-        features_df['credit_card_due'] + features_df['mortgage_due'] +
-        features_df['student_loan_due'] + features_df['vehicle_loan_due'] +
+        features_df['credit_card_due'] + features_df['mortgage_due'] + 
+        features_df['student_loan_due'] + features_df['vehicle_loan_due'] + 
         features_df['loan_amnt']
     ).astype(float)
-    return df
+    return df 
 

@@ -1,11 +1,13 @@
 from datetime import timedelta
 
 import pandas as pd
-from feast import Entity, FeatureView, FileSource
+
 from feast.data_source import RequestSource
-from feast.field import Field
 from feast.on_demand_feature_view import on_demand_feature_view
 from feast.types import Float32, Float64, Int64, String
+from feast.field import Field
+
+from feast import Entity, FileSource, FeatureView
 
 driver_hourly_stats = FileSource(
     path="data/driver_stats_with_string.parquet",
