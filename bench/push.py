@@ -132,7 +132,7 @@ source:
   created_column: created
   key_columns: [driver_id]
   push_source: {push}
-  max_age_seconds: 86400
+  feast_ttl_seconds: 86400
   on_tie: keep_one
   features:
     - {{name: conv_rate, type: float, precision: float32}}

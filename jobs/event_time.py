@@ -248,7 +248,7 @@ def no_rows(source: SourceDef, window: EventWindow, table: object, done: str) ->
     # a date is ready once it has rows of its own; a table of older rows only (a Feast repository's sample data) is loaded whole so
     whole = (
         ""
-        if window.incremental
+        if window.incremental or window.start is None  # from the first row: no row at all, whatever the command
         else "; `materialize run --incremental` loads every row up to now whatever its date, as `feast materialize 1990-01-01T00:00:00 NOW`"
     )
     return (

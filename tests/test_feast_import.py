@@ -564,6 +564,35 @@ def test_an_output_imported_when_ttl_was_a_max_age_reads_as_feast_after_the_next
         )
 
 
+def test_an_output_imported_when_ttl_was_a_max_age_keeps_one_set_by_hand(init_import, init_repo, tmp_path):
+    # an old output's max_age_seconds other than the ttl was not the import's: kept, as set by hand
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    view = out / "driver_hourly_stats.yaml"
+    view.write_text(view.read_text().replace("  feast_ttl_seconds: 86400\n", "  max_age_seconds: 3600\n"))
+    import_dump(copy.deepcopy(init_import.dump), init_repo, out, "my_project")
+    source = load_definitions(out).sources["driver_hourly_stats"]
+    assert (source.max_age_seconds, source.feast_ttl_seconds) == (3600, 86400)
+    assert not any("is removed" in note for note in notes_under((out / "IMPORTED.md").read_text(), "driver_hourly_stats"))
+
+
+def test_a_max_age_set_to_the_ttl_is_kept_when_feasts_ttl_changes_and_the_report_says_so(init_import, init_repo, tmp_path):
+    out = tmp_path / "defs"
+    shutil.copytree(init_import.out, out)
+    view = out / "driver_hourly_stats.yaml"
+    view.write_text(view.read_text().replace("  feast_ttl_seconds: 86400\n", "  feast_ttl_seconds: 86400\n  max_age_seconds: 86400\n"))
+    dump = copy.deepcopy(init_import.dump)
+    (fv,) = [v for v in dump["feature_views"] if v["name"] == "driver_hourly_stats"]
+    fv["ttl_seconds"] = 7200.0
+    import_dump(dump, init_repo, out, "my_project")
+    source = load_definitions(out).sources["driver_hourly_stats"]
+    assert (source.max_age_seconds, source.feast_ttl_seconds) == (86400, 7200)
+    assert notes_under((out / "IMPORTED.md").read_text(), "driver_hourly_stats")[-1] == (
+        "Feast's ttl changed from 86400 to 7200 seconds since the last import: max_age_seconds stays 86400, the former ttl; "
+        "set it to 7200 to follow"
+    )
+
+
 def test_what_feast_printed_but_cannot_be_imported(init_import, init_repo, tmp_path):
     out = tmp_path / "defs"
     twice = copy.deepcopy(init_import.dump)  # parse_repo keeps two objects of one name; Feast's apply refuses them

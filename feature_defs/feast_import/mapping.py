@@ -158,12 +158,14 @@ def _ttl_text(seconds: float) -> str:
     return str(dt.timedelta(seconds=seconds))
 
 
-DROPPED_MAX_AGE = "max_age_seconds written by an earlier import"
-"""Previous.sources' key for a max_age_seconds that an import made before feast_ttl_seconds
-existed wrote from Feast's ttl: not the operator's, so not kept (read_previous)."""
+OLD_MAX_AGE = "max_age_seconds of an output without feast_ttl_seconds"
+"""Previous.sources' key for the max_age_seconds of an output written before feast_ttl_seconds
+existed, when the import wrote it from Feast's ttl: equal to the ttl, it is taken for the
+import's and removed; otherwise for the operator's and kept (source_def)."""
+EARLIER_TTL = "feast_ttl_seconds of the earlier output"
 
 
-def _reads_said(source: SourceDef, d: _Draft, dropped: int | None) -> tuple[str, list[str]]:
+def _reads_said(source: SourceDef, d: _Draft, dropped: int | None, earlier_ttl: int | None) -> tuple[str, list[str]]:
     """How a reader treats the source's old values, for its line, and the notes that say what the other choice would do."""
     feast_ttl = f"Feast's ttl {_ttl_text(d.ttl_seconds)}" if d.ttl_seconds else "Feast's ttl 0: forever"
     feast_reads = (
@@ -171,8 +173,13 @@ def _reads_said(source: SourceDef, d: _Draft, dropped: int | None) -> tuple[str,
     )
     if source.max_age_seconds:
         withheld = "a reader withholds a value older than max_age_seconds (status OUTSIDE_MAX_AGE)"
-        note = f"{withheld}, where {feast_reads}; remove it to read as Feast"
-        return f"max_age_seconds {source.max_age_seconds} (set in the output, kept; {feast_ttl})", [note]
+        notes = [f"{withheld}, where {feast_reads}; remove it to read as Feast"]
+        if earlier_ttl and source.max_age_seconds == earlier_ttl != d.ttl_seconds:
+            notes.append(
+                f"Feast's ttl changed from {earlier_ttl} to {d.ttl_seconds} seconds since the last import: max_age_seconds stays "
+                f"{earlier_ttl}, the former ttl; set it to {d.ttl_seconds} to follow"
+            )
+        return f"max_age_seconds {source.max_age_seconds} (set in the output, kept; {feast_ttl})", notes
     notes = []
     if d.ttl_seconds:
         notes.append(
@@ -592,6 +599,9 @@ class _Mapper:
         name = d.view["name"]
         previous = self.previous.sources.get(name, {})
         kept = {k: v for k, v in previous.items() if k in KEPT_SOURCE_KEYS}
+        dropped = previous.get(OLD_MAX_AGE)
+        if dropped is not None and dropped != d.ttl_seconds:  # not what the earlier import wrote: set by hand
+            kept["max_age_seconds"], dropped = dropped, None
         key_columns = list(d.key_columns) if list(d.key_columns) != [k.name for k in d.keys] else None
         spec = dict(
             name=name,
@@ -617,7 +627,7 @@ class _Mapper:
             except ValidationError as exc:
                 self.left_out(f"feature view {name}", " ".join(str(exc).split())[:300])
                 return None
-        ttl, notes = _reads_said(source, d, previous.get(DROPPED_MAX_AGE))
+        ttl, notes = _reads_said(source, d, dropped, previous.get(EARLIER_TTL))
         keys = f", key columns {', '.join(key_columns)} (Feast's field_mapping)" if key_columns else ""
         created = f", created_column {d.created_column}" if d.created_column else ""
         on = f"entity type {et.name}" + (f" ({why})" if why else "")

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from feature_defs.feast_import.errors import FeastImportError
-from feature_defs.feast_import.mapping import DROPPED_MAX_AGE, KEPT_FEATURE_KEYS, KEPT_SOURCE_KEYS, Plan, Previous
+from feature_defs.feast_import.mapping import EARLIER_TTL, KEPT_FEATURE_KEYS, KEPT_SOURCE_KEYS, OLD_MAX_AGE, Plan, Previous
 from feature_defs.loader import DefinitionError, load_definitions
 from feature_defs.stored_lock import LOCK_NAME, Lock, LockFileError, changes, locked, next_stored_name, read_lock
 
@@ -129,8 +129,10 @@ def read_previous(out: Path) -> Previous:
                 if isinstance(f, dict) and isinstance(f.get("name"), str)
             }
             kept = {k: source[k] for k in KEPT_SOURCE_KEYS if k in source}
-            if "feast_ttl_seconds" not in source and "max_age_seconds" in kept:  # an earlier import's, from Feast's ttl
-                kept[DROPPED_MAX_AGE] = kept.pop("max_age_seconds")
+            if "feast_ttl_seconds" not in source and "max_age_seconds" in kept:  # maybe an earlier import's, from Feast's ttl
+                kept[OLD_MAX_AGE] = kept.pop("max_age_seconds")
+            if isinstance(source.get("feast_ttl_seconds"), int):
+                kept[EARLIER_TTL] = source["feast_ttl_seconds"]
             sources[source["name"]] = {"entity": source.get("entity"), "features": features, **kept}
     try:
         lock = read_lock(out)

@@ -32,10 +32,10 @@ _counting: dict[tuple[str, str], threading.Lock] = {}
 
 def share_key(source, entity, date, end, window, *, stored_names: bool) -> str:
     """What the prepared rows depend on, as a short digest: the source's definition without its
-    name and descriptions, its entity type's keys, the dates and the event-time window; and its
+    name, descriptions and read settings (max age, Feast's ttl), its entity type's keys, the dates and the event-time window; and its
     stored names only when they are in the rows (``stored_names``: the SQL store's JSON objects
     are keyed by them)."""
-    spec = source.model_dump(mode="json", exclude={"name", "description"})
+    spec = source.model_dump(mode="json", exclude={"name", "description", "max_age_seconds", "feast_ttl_seconds"})
     for feature in spec.get("features", []):
         feature.pop("description", None)
         if not stored_names:
