@@ -89,8 +89,10 @@ def add_ready(sub) -> None:
     ready = sub.add_parser(
         "ready",
         help="exit 0 when a source has rows for a date (for sensors)",
-        description="Exit 0 when the source table has rows for --date (a long layout: rows of its defined feature names), "
-        "3 when it has none yet.",
+        description="Exit 0 when the source table has rows for --date (a long layout: rows of its defined feature names; "
+        "by event time: rows of the day, UTC), 3 when it has none yet. A Delta table or Parquet files on this machine are "
+        "read without Spark (the Delta log or the Parquet footers, then the few files they cannot rule out); a catalog "
+        "table or a location behind a URI is asked of Spark.",
     )
     common_flags(ready)
     ready.add_argument("--date", required=True, type=date_arg)
@@ -200,14 +202,19 @@ def cmd_verify(args) -> int:
 
 
 def cmd_ready(args) -> int:
-    from jobs.pipeline.read import partition_rows
+    from jobs.pipeline.ready_files import has_rows
     from jobs.pipeline.source_table import check_catalog
-    from jobs.spark import build_spark
 
     conf, defs = load(args)
     source = defs.source(args.source)
     check_catalog(conf, [source])
-    if partition_rows(build_spark(conf.spark, conf.locations(defs)), conf, source, args.date):
+    found = has_rows(conf, source, args.date)  # the table's files, without a JVM: None where Spark must say
+    if found is None:
+        from jobs.pipeline.read import partition_rows
+        from jobs.spark import build_spark
+
+        found = bool(partition_rows(build_spark(conf.spark, conf.locations(defs)), conf, source, args.date))
+    if found:
         print(f"{source.name} has rows for {args.date}")
         return EXIT_OK
     print(f"{source.name} has no rows for {args.date} yet")
