@@ -78,7 +78,9 @@ def test_dag_files_load_and_follow_the_policy():
             assert (t.pool == POOL) == writes, f"{dag_id}.{t.task_id}: pool {t.pool}"
     nightly = bag.dags["fm_nightly_nightly"]
     for source in ("consumer_daily", "store_features_long"):
-        chain = [f"{source}.{name}" for name in ("wait_for_partition", "validate", "materialize", "verify", "report")]
+        # the run gates and verifies what it read: no task reads and prepares the snapshot again
+        chain = [f"{source}.{name}" for name in ("wait_for_partition", "materialize", "report")]
+        assert sorted(t.task_id for t in nightly.tasks if t.task_id.startswith(f"{source}.")) == sorted(chain)
         for upstream, downstream in zip(chain, chain[1:]):
             assert downstream in nightly.get_task(upstream).downstream_task_ids
         sensor = nightly.get_task(f"{source}.wait_for_partition")
@@ -141,8 +143,7 @@ def dag_env(monkeypatch, sample_root, redis_server, pg_server, pg_db, redis_db, 
         "ci",
         f"data_root: {sample_root}\ndefinitions_dir: {defs}\nreports_dir: {tmp_path / 'reports'}\nquarantine_root: {tmp_path / 'q'}\n"
         f"ledger_root: {tmp_path / 'ledger'}\nredis:\n  url: {redis_server.url}\n  sample_entities: 20\n"
-        f"sql:\n  dsn: {pg_server.dsn}\n  password_env: null\nquality:\n  max_bad_fraction: 0.05\n  verify_sample: 1000\n"
-        "  expectations: false\n",  # the run's own gate: the DAG's validate task runs the checks anyway
+        f"sql:\n  dsn: {pg_server.dsn}\n  password_env: null\nquality:\n  max_bad_fraction: 0.05\n  verify_sample: 1000\n",
     )
     env = {"FM_CONF_DIR": str(conf), "FM_ENV": "ci", "FM_DEFINITIONS_DIR": str(defs), "SPARK_LOCAL_IP": "127.0.0.1"}
     bag = load_dags(monkeypatch, **env)
@@ -152,7 +153,7 @@ def dag_env(monkeypatch, sample_root, redis_server, pg_server, pg_db, redis_db, 
 def test_nightly_dag_materializes_a_sample_date(spark, airflow_db, dag_env, sample_root, redis_db, pg_db):
     bag, tmp_path = dag_env
     dag = bag.dags["fm_nightly_nightly"]
-    assert [t.task_id.split(".")[0] for t in dag.tasks] == ["store_features_long"] * 5
+    assert [t.task_id.split(".")[0] for t in dag.tasks] == ["store_features_long"] * 3
     # the run triggered on DAY2 + 1 at 02:00 materializes DAY2
     run = dag.test(logical_date=dt.datetime.combine(DAY2 + dt.timedelta(days=1), dt.time(2), tzinfo=dt.UTC))
     assert str(run.state) in ("success", "DagRunState.SUCCESS"), run.state
@@ -179,14 +180,15 @@ def test_nightly_dag_materializes_a_sample_date(spark, airflow_db, dag_env, samp
         checked += 1
     assert checked > 200  # 60 sample stores x 5 features, less the nulls
     assert entity_count(redis_db) == good["store_id"].nunique()
+    # one run gated (great-expectations' checks included) and read a sample back: its summary says both
     report = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "summary.json").read_text())
     assert report["status"] == "succeeded"
-    validation = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "validation.json").read_text())
-    assert (
-        validation["status"] == "passed" and len(validation["expectations"]) > 10 and all(e["success"] for e in validation["expectations"])
-    )
-    verification = json.loads((tmp_path / "reports" / "store_features_long" / str(DAY2) / "verification.json").read_text())
-    assert verification["status"] == "verified" and verification["verification"]["redis"]["mismatches"] == 0
+    assert len(report["expectations"]) > 10 and all(e["success"] for e in report["expectations"])
+    assert {store: (v["checked"], v["mismatches"]) for store, v in report["verification"].items()} == {
+        "redis": (good["store_id"].nunique(), 0),
+        "sql": (good["store_id"].nunique(), 0),
+    }
+    assert not (tmp_path / "reports" / "store_features_long" / str(DAY2) / "validation.json").exists()  # no validate task
 
 
 def test_backfill_dag_params_reach_the_cli(spark, airflow_db, dag_env):
@@ -207,20 +209,17 @@ def test_a_failed_quality_gate_fails_the_run_with_the_reason_in_the_log(spark, a
     conf.write_text(
         conf.read_text().replace("max_bad_fraction: 0.05", "max_bad_fraction: 0.0001")
     )  # the sample's 2 bad rows are too many now
-    # the validate task on its own (the sensor and its Spark start are covered by the test above)
-    dag = bag.dags["fm_nightly_nightly"].partial_subset(task_ids=["store_features_long.validate"], include_upstream=False)
+    # the materialize task on its own (the sensor is covered by the test above): its run's gate stops it before any write
+    dag = bag.dags["fm_nightly_nightly"].partial_subset(task_ids=["store_features_long.materialize"], include_upstream=False)
     run = dag.test(logical_date=dt.datetime.combine(DAY2 + dt.timedelta(days=1), dt.time(2), tzinfo=dt.UTC))
     assert "failed" in str(run.state).lower()
     log = capfd.readouterr()
-    log = log.out + log.err  # the validate task's log
+    log = log.out + log.err  # the materialize task's log
     assert "error: store_features_long: QualityGateError: source 'store_features_long' 2026-11-20" in log
     assert "2 of 414 rows are bad input (0.48% > quality.max_bad_fraction 0.01%)" in log
-    assert (
-        "`materialize validate --env ci --date 2026-11-20 --source store_features_long` exited with 4 (the data-quality gate "
-        "failed): not retried" in log
-    )
-    assert log.count("error: store_features_long: QualityGateError") == 1  # validate ran once: failed fast, no retry
-    assert redis_db.dbsize() == 0  # materialize never ran
+    assert "jobs/materialize.py exited with 4 (the data-quality gate failed): not retried" in log
+    assert log.count("Spark-Submit cmd: ") == 1  # submitted once: failed fast, no retry
+    assert redis_db.dbsize() == 0  # nothing written
 
 
 @pytest.mark.parametrize(

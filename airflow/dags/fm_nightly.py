@@ -3,9 +3,10 @@
 
 The run triggered at 02:00 UTC on D+1 materializes D (Airflow 3 cron runs carry their
 trigger time as logical date). For each source of the group: wait for D's ETL partition
-(a sensor in reschedule mode), validate (the data-quality gate; a failure fails the run,
-not retried, with the failed checks in the task log), materialize (spark-submit of
-jobs/materialize.py, in the Redis pool), verify (read a sample back from the stores) and
+(a sensor in reschedule mode; `materialize ready` reads the table's files, no JVM), then
+materialize (spark-submit of jobs/materialize.py, in the Redis pool): one read of the
+snapshot, gated (a failed gate fails the run before anything is written, not retried, with
+the failed checks in the task log), written, and a sample read back from the stores; then
 report (the run's summary in the log). To repair a past date after fixing its data, use
 the fm_backfill DAG (replay): it applies the later dates again, so nothing ends older.
 
@@ -35,13 +36,8 @@ def _source_tasks(source: str) -> None:
                 check_exit(done.returncode, f"`materialize ready` of {source} {day}")
             return PokeReturnValue(is_done=done.returncode == fm.EXIT_OK)
 
-        @task(task_id="validate")
-        def validate(logical_date=None) -> None:
-            # A failed gate is not retried: the same data fails again (the failed checks are in the log).
-            # No rows now, after the sensor saw some: the partition is being rewritten (retried).
-            day = (logical_date - dt.timedelta(days=1)).date().isoformat()
-            cli_task("validate", "--env", fm.ENV, "--date", day, "--source", source)
-
+        # the run gates the snapshot it read before writing (a failed gate: exit 4, not retried) and
+        # reads a sample back: no validate or verify task reads and prepares it again
         materialize = MaterializeSubmit(
             task_id="materialize",
             conn_id=fm.SPARK_CONN_ID,
@@ -54,15 +50,11 @@ def _source_tasks(source: str) -> None:
             pool=fm.REDIS_POOL,
         )
 
-        @task(task_id="verify")
-        def verify(ds=None) -> None:
-            cli_task("verify", "--env", fm.ENV, "--date", _day_before(ds), "--source", source)
-
         @task(task_id="report", execution_timeout=dt.timedelta(minutes=5))
         def report(ds=None) -> None:
             cli_task("report", "--env", fm.ENV, "--date", _day_before(ds), "--source", source)
 
-        wait_for_partition() >> validate() >> materialize >> verify() >> report()
+        wait_for_partition() >> materialize >> report()
 
 
 def _day_before(ds: str) -> str:
