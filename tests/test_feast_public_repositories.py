@@ -31,9 +31,8 @@ import pytest
 from jobs.cli import main
 from throwaway import feast_venv
 
-from .support.confs import env_conf
 from .support.feast_example import feast
-from .support.feast_reading import feast_reads, remote_client, served_reads
+from .support.feast_reading import feast_reads, remote_client, run_as_readme_says, served_reads
 from .support.serving import serve
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
@@ -157,14 +156,7 @@ def carried(request, tmp_path_factory, spark, redis_server):
     with redirect_stdout(printed):
         assert main(["import-feast", str(repo), "--out", str(defs), "--feast-python", str(feast_venv.python())]) == 0
     settings = {"definitions_dir": str(defs), "sinks": ["redis"], "redis": {"url": f"{base}/{OUR_DB}", "password_env": None}}
-    folder = env_conf(
-        root / "conf", "moved",
-        f"data_root: {root}\ndefinitions_dir: {defs}\nledger_root: {root / 'ledger'}\nquarantine_root: {root / 'q'}\n"
-        f"reports_dir: {root / 'reports'}\nsinks: [redis]\nredis:\n  url: {base}/{OUR_DB}\n",
-    )  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FM_CONF_DIR", str(folder))
-        assert main(["run", "--env", "moved", "--incremental"]) == 0
+    folder = run_as_readme_says(root, defs, f"{base}/{OUR_DB}")
 
     # Feast, as the repository's README says
     feast(repo, "apply")

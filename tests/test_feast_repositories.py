@@ -27,11 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.cli import main
 from throwaway import feast_venv
 
-from .support.confs import env_conf
-from .support.feast_reading import feast_reads, remote_client, served_reads
+from .support.feast_reading import feast_reads, remote_client, run_as_readme_says, served_reads
 from .support.serving import serve
 
 pytestmark = pytest.mark.install  # Feast runs from a venv of its own
@@ -431,15 +429,7 @@ def side_by_side(request, tmp_path_factory, spark, redis_server):
     redis_server.client(OUR_DB).flushdb()
     base = redis_server.url.rsplit("/", 1)[0]
     url = f"{base}/{OUR_DB}"
-    # README's run of an imported repository: the first incremental run loads every row up to now
-    folder = env_conf(
-        root / "conf", "moved",
-        f"data_root: {root}\ndefinitions_dir: {defs_dir}\nledger_root: {root / 'ledger'}\nquarantine_root: {root / 'q'}\n"
-        f"reports_dir: {root / 'reports'}\nsinks: [redis]\nredis:\n  url: {url}\nquality:\n  expectations: false\n",
-    )  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FM_CONF_DIR", str(folder))
-        assert main(["run", "--env", "moved", "--incremental"]) == 0  # every source succeeded
+    run_as_readme_says(root, defs_dir, url, "quality:\n  expectations: false\n")
 
     # Feast: a copy of the repository, its online store a Redis database of its own
     feast_repo = root / "feast-repo"

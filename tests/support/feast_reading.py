@@ -10,9 +10,29 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from jobs.cli import main
 from throwaway import feast_venv
 
+from .confs import env_conf
+
 SCRIPT = Path(__file__).resolve().parent.parent / "feast_reads.py"
+
+
+def run_as_readme_says(root: Path, defs: Path, redis_url: str, more: str = "") -> Path:
+    """README's load of an imported repository, `materialize run --env moved --incremental` (its
+    first run loads every row up to now), into Redis at ``redis_url``, its files under ``root``;
+    ``more``: further settings (YAML). The env's config folder."""
+    folder = env_conf(
+        root / "conf", "moved",
+        f"data_root: {root}\ndefinitions_dir: {defs}\nledger_root: {root / 'ledger'}\nquarantine_root: {root / 'q'}\n"
+        f"reports_dir: {root / 'reports'}\nsinks: [redis]\nredis:\n  url: {redis_url}\n{more}",
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FM_CONF_DIR", str(folder))
+        assert main(["run", "--env", "moved", "--incremental"]) == 0  # every source succeeded
+    return folder
 
 
 def feast_reads(client_dir: Path, reads: list[dict]) -> list[dict]:
