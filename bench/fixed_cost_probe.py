@@ -57,6 +57,7 @@ def _wrap(owner, name: str, step: str) -> None:
 def _patch() -> None:
     import jobs.spark
     from jobs.cli import common
+    from jobs.cli import run as run_commands
     from jobs.operations import backfill
     from jobs.operations.ledger import events, lease
     from jobs.pipeline.gate import checks
@@ -64,6 +65,7 @@ def _patch() -> None:
     for owner, name, step in (
         (jobs.spark, "build_spark", "JVM and Spark session"),
         (common, "load", "config and definitions"),
+        (run_commands, "load", "config and definitions"),  # ready and report call it by the name they imported
         (events.Ledger, "create", "ledger: create"),
         (events.Ledger, "start", "ledger: record start"),
         (events.Ledger, "finish", "ledger: record end"),

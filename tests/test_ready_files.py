@@ -45,6 +45,7 @@ source:
 
 
 def long(name: str, location: str) -> str:
+    # the feature's rows are named by its column (`column:`), not by its name
     return f"""\
 source:
   name: {name}
@@ -56,7 +57,7 @@ source:
   name_column: feature_name
   value_column: value
   features:
-    - {{name: orders, type: int, stored_as: orders_{name}}}  # one entity type: a stored name each
+    - {{name: orders, type: int, column: order_count, stored_as: orders_{name}}}  # one entity type: a stored name each
 """
 
 
@@ -91,7 +92,7 @@ def tables(tmp_path_factory) -> tuple[RunConf, object, dict[str, set[dt.date]]]:
     write_delta(data / "date_ds", pa.table({"consumer_id": ids, "orders": ids, "ds": pa.array([D2, D2], pa.date32())}))
     define("date_ds", wide("date_ds", "date_ds", "delta", "date_column: ds"), {D2})
     # long layout: D1 has rows of an undefined name only, D2 of a defined one
-    rows = {"consumer_id": [1, 1], "feature_name": ["other", "orders"], "value": ["1", "2"], "ds": ["2026-11-19", "2026-11-20"]}
+    rows = {"consumer_id": [1, 1], "feature_name": ["orders", "order_count"], "value": ["1", "2"], "ds": ["2026-11-19", "2026-11-20"]}
     write_delta(data / "long", pa.table(rows), ["ds"])
     define("long_source", long("long_source", "long"), {D2})
     # event times with a zone, in nanoseconds: the last instant of D1 and none of D2 (D2's midnight excluded from D1)
@@ -109,6 +110,11 @@ def tables(tmp_path_factory) -> tuple[RunConf, object, dict[str, set[dt.date]]]:
     (data / "event_dates").mkdir()
     pq.write_table(pa.table({"consumer_id": [1], "orders": [1], "day": pa.array([D1], pa.date32())}), data / "event_dates" / "x.parquet")
     define("event_dates", wide("event_dates", "event_dates", "parquet", "select_by: event_time\n  timestamp_column: day"), {D1})
+    # the location a single file; times in milliseconds in another zone: 2026-11-20 01:00 in Los Angeles is D2 09:00 UTC,
+    # and 2026-11-19 20:00 there is D2 04:00 UTC: D2 only, whatever the local dates
+    la = pa.array([at(D2, 9), at(D2, 4)], pa.timestamp("ms", tz="America/Los_Angeles"))
+    pq.write_table(pa.table({"consumer_id": [1, 2], "orders": [1, 2], "ts": la}), data / "one_file.parquet")
+    define("one_file", wide("one_file", "one_file.parquet", "parquet", "select_by: event_time\n  timestamp_column: ts"), {D2})
     # no table yet
     define("not_yet", wide("not_yet", "not_yet", "delta", "date_column: ds"), set())
     conf = RunConf(env="test", data_root=str(data), definitions_dir=str(defs), sinks=["redis"])
@@ -129,6 +135,13 @@ def test_what_it_cannot_answer_as_spark_would_is_left_to_spark(tables, tmp_path)
     write_delta(tmp_path / "int_ds", pa.table({"consumer_id": [1], "orders": [1], "ds": [20261119]}))
     odd = defs.source("text_ds").model_copy(update={"location": str(tmp_path / "int_ds")})
     assert has_rows(conf, odd, D1) is None
+    # files of one folder that disagree on the date column's type: Spark reads each in its own, or refuses the folder
+    for n, value in enumerate(["2026-11-19", D1]):
+        folder = tmp_path / "mixed" / f"part={n}"
+        folder.mkdir(parents=True)
+        pq.write_table(pa.table({"consumer_id": [1], "orders": [1], "ds": [value]}), folder / "f.parquet")
+    mixed = defs.source("text_ds").model_copy(update={"location": str(tmp_path / "mixed"), "format": "parquet"})
+    assert has_rows(conf, mixed, D1) is None
     # a file that is not Parquet in a Parquet folder: read by Spark, which names it
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "x.parquet").write_bytes(b"not parquet")
@@ -161,3 +174,16 @@ def test_spark_answers_the_same_on_every_table(tables, spark):
     for name in days:
         source = defs.source(name)
         assert {d for d in ASKED if partition_rows(spark, conf, source, d)} == days[name], name
+
+
+def test_a_delta_table_with_column_mapping_is_left_to_spark(tables, spark, tmp_path):
+    # its files name the columns by physical names, which delta-rs 1.6 would read as nulls: a "no rows" for ever
+    from jobs.pipeline.read import partition_rows
+
+    conf, defs, _ = tables
+    path = tmp_path / "mapped"
+    frame = spark.createDataFrame([(1, 1, "2026-11-19")], "consumer_id long, orders long, ds string")
+    frame.write.format("delta").option("delta.columnMapping.mode", "name").save(str(path))
+    mapped = defs.source("text_ds").model_copy(update={"location": str(path)})
+    assert has_rows(conf, mapped, D1) is None
+    assert partition_rows(spark, conf, mapped, D1) == 1

@@ -6,7 +6,8 @@ trigger time as logical date). For each source of the group: wait for D's ETL pa
 (a sensor in reschedule mode; `materialize ready` reads the table's files, no JVM), then
 materialize (spark-submit of jobs/materialize.py, in the Redis pool): one read of the
 snapshot, gated (a failed gate fails the run before anything is written, not retried, with
-the failed checks in the task log), written, and a sample read back from the stores; then
+the failed checks in the task log; in spark-submit's cluster deploy mode the exit code is not
+known and every failure is retried), written, and a sample read back from the stores; then
 report (the run's summary in the log). To repair a past date after fixing its data, use
 the fm_backfill DAG (replay): it applies the later dates again, so nothing ends older.
 

@@ -8,8 +8,10 @@ date partition (a date or a ``yyyy-MM-dd`` text column), a long layout's defined
 an event time within the day (UTC; a time without a zone read as UTC, a date as its midnight).
 
 Where it cannot answer as Spark would, it answers None and the caller asks Spark: a catalog
-table, a location behind a URI, a column of another type, files it cannot read as one
-(Spark reads each Parquet file in its own types: jobs/pipeline/parquet_files.py).
+table, a location behind a URI, a column of another type, a Delta table whose reader needs
+more than its log and files (column mapping: delta-rs 1.6 would read its columns as nulls),
+Parquet files that disagree on a filtered column's type (Spark reads each file in its own
+types or refuses the folder: jobs/pipeline/parquet_files.py), a file it cannot read.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def has_rows(conf: RunConf, source: SourceDef, date: dt.date) -> bool | None:
         if dataset is None:
             return False  # no table yet, as a run finds it (jobs/pipeline/source_table.py _check_local)
         condition = _condition(dataset.schema, source, date)
-        if condition is None:
+        if condition is None or (ref.format == "parquet" and not _files_agree(dataset, _columns(source))):
             return None
         return dataset.scanner(filter=condition, columns=[]).head(1).num_rows > 0
     except Exception as exc:  # noqa: BLE001 (any file or type pyarrow or delta-rs cannot take: Spark reads it)
@@ -54,10 +56,45 @@ def _dataset(path: Path, fmt: str):
             return None
         from deltalake import DeltaTable
 
-        return DeltaTable(str(path)).to_pyarrow_dataset()
-    if not path.exists() or (path.is_dir() and not any(path.rglob("*.parquet"))):
+        table = DeltaTable(str(path))
+        if not _plain_reader(table):
+            raise _SparkMustRead("a reader feature beyond the log and the files")
+        return table.to_pyarrow_dataset()
+    if not path.exists():
         return None
-    return ds.dataset(str(path), format="parquet", partitioning="hive")
+    dataset = ds.dataset(str(path), format="parquet", partitioning="hive")  # `_` and `.` files left out, as Spark does
+    return dataset if dataset.files else None
+
+
+class _SparkMustRead(Exception):
+    """What this module does not read as Spark would: the caller asks Spark."""
+
+
+def _plain_reader(table) -> bool:
+    """A table delta-rs reads from its log and files alone: reader version 1, or only the
+    timestampNtz reader feature, and no column mapping (files keyed by physical names)."""
+    protocol = table.protocol()
+    features = set(protocol.reader_features or [])
+    mapping = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+    return (protocol.min_reader_version == 1 or features <= {"timestampNtz"}) and mapping == "none"
+
+
+def _columns(source: SourceDef) -> list[str]:
+    if source.by_event_time:
+        return [source.timestamp_column]
+    return [source.date_column] + ([source.name_column] if source.layout == "long" else [])
+
+
+def _files_agree(dataset, columns: list[str]) -> bool:
+    """Whether every file holds the filtered columns in the dataset's types (a partition
+    column, in no file, is the folder's), as Spark would read them without a cast."""
+    want = {c: dataset.schema.field(c).type for c in columns}
+    for fragment in dataset.get_fragments():
+        schema = fragment.physical_schema
+        for column, kind in want.items():
+            if column in schema.names and schema.field(column).type != kind:
+                return False
+    return True
 
 
 def _condition(schema, source: SourceDef, date: dt.date):
