@@ -10,8 +10,8 @@ an event time within the day (UTC; a time without a zone read as UTC, a date as 
 Where it cannot answer as Spark would, it answers None and the caller asks Spark: a catalog
 table, a location behind a URI, a column of another type, a Delta table whose reader needs
 more than its log and files (column mapping: delta-rs 1.6 would read its columns as nulls),
-Parquet files that disagree on a filtered column's type (Spark reads each file in its own
-types or refuses the folder: jobs/pipeline/parquet_files.py), a file it cannot read.
+Parquet files that disagree on a column's type (Spark reads each file in its own types or
+refuses the folder: jobs/pipeline/parquet_files.py), a file it cannot read.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def has_rows(conf: RunConf, source: SourceDef, date: dt.date) -> bool | None:
         if dataset is None:
             return False  # no table yet, as a run finds it (jobs/pipeline/source_table.py _check_local)
         condition = _condition(dataset.schema, source, date)
-        if condition is None or (ref.format == "parquet" and not _files_agree(dataset, _columns(source))):
+        if condition is None or (ref.format == "parquet" and not _files_agree(dataset)):
             return None
         return dataset.scanner(filter=condition, columns=[]).head(1).num_rows > 0
     except Exception as exc:  # noqa: BLE001 (any file or type pyarrow or delta-rs cannot take: Spark reads it)
@@ -79,20 +79,14 @@ def _plain_reader(table) -> bool:
     return (protocol.min_reader_version == 1 or features <= {"timestampNtz"}) and mapping == "none"
 
 
-def _columns(source: SourceDef) -> list[str]:
-    if source.by_event_time:
-        return [source.timestamp_column]
-    return [source.date_column] + ([source.name_column] if source.layout == "long" else [])
-
-
-def _files_agree(dataset, columns: list[str]) -> bool:
-    """Whether every file holds the filtered columns in the dataset's types (a partition
-    column, in no file, is the folder's), as Spark would read them without a cast."""
-    want = {c: dataset.schema.field(c).type for c in columns}
+def _files_agree(dataset) -> bool:
+    """Whether every file holds its columns in the dataset's types. Spark reads each file in its
+    own types and widens them, or refuses the folder in one line (jobs/pipeline/parquet_files.py):
+    files that differ are left to it, so `ready` says what the run will say."""
+    want = dataset.schema
     for fragment in dataset.get_fragments():
-        schema = fragment.physical_schema
-        for column, kind in want.items():
-            if column in schema.names and schema.field(column).type != kind:
+        for field in fragment.physical_schema:
+            if field.name in want.names and want.field(field.name).type != field.type:
                 return False
     return True
 
