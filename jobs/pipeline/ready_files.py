@@ -39,6 +39,8 @@ def has_rows(conf: RunConf, source: SourceDef, date: dt.date) -> bool | None:
         dataset = _dataset(path, ref.format)
         if dataset is None:
             return False  # no table yet, as a run finds it (jobs/pipeline/source_table.py _check_local)
+        if dataset is _SPARK:
+            return None
         condition = _condition(dataset.schema, source, date)
         if condition is None or (ref.format == "parquet" and not _files_agree(dataset)):
             return None
@@ -57,17 +59,15 @@ def _dataset(path: Path, fmt: str):
         from deltalake import DeltaTable
 
         table = DeltaTable(str(path))
-        if not _plain_reader(table):
-            raise _SparkMustRead("a reader feature beyond the log and the files")
-        return table.to_pyarrow_dataset()
+        return table.to_pyarrow_dataset() if _plain_reader(table) else _SPARK
     if not path.exists():
         return None
     dataset = ds.dataset(str(path), format="parquet", partitioning="hive")  # `_` and `.` files left out, as Spark does
     return dataset if dataset.files else None
 
 
-class _SparkMustRead(Exception):
-    """What this module does not read as Spark would: the caller asks Spark."""
+_SPARK = object()
+"""A table this module does not read as Spark would: the caller asks Spark."""
 
 
 def _plain_reader(table) -> bool:
